@@ -1,0 +1,103 @@
+/* backend_cpu.c: the CPU backend table: host memory, memcpy, casts.
+ * The reference backend: every other backend is tested against it. */
+#define _GNU_SOURCE /* sysconf page counts */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cblas.h> /* scipy-openblas32: symbols carry a scipy_ prefix */
+
+#include "../backend.h"
+#include "cpu.h"
+
+static int cpu_device_count(void) { return 1; }
+
+static size_t phys_bytes(int name) {
+    long pages = sysconf(name), page = sysconf(_SC_PAGESIZE);
+    return (pages > 0 && page > 0) ? (size_t)pages * (size_t)page : 0;
+}
+
+static int cpu_device_props(int index, pxt_device_props *out) {
+    (void)index;
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, "cpu");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f) { /* "model name	: Intel(R) Xeon(R) ..." */
+        char line[512];
+        while (fgets(line, sizeof line, f)) {
+            char *colon = strchr(line, ':');
+            if (strncmp(line, "model name", 10) == 0 && colon) {
+                colon += 2;
+                colon[strcspn(colon, "\n")] = 0;
+                snprintf(out->name, sizeof out->name, "%s", colon);
+                break;
+            }
+        }
+        fclose(f);
+    }
+    out->total_memory = phys_bytes(_SC_PHYS_PAGES);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    out->multiprocessors = cores > 0 ? (int)cores : 1;
+    return PXT_OK;
+}
+
+static int cpu_mem_info(int index, size_t *free_bytes, size_t *total_bytes) {
+    (void)index;
+    *free_bytes = phys_bytes(_SC_AVPHYS_PAGES);
+    *total_bytes = phys_bytes(_SC_PHYS_PAGES);
+    return PXT_OK;
+}
+
+static int cpu_raw_alloc(int index, size_t nbytes, void **ptr) {
+    (void)index;
+    void *p = NULL;
+    /* page alignment for segments (they are 2 MiB or more), 256 is the contract */
+    size_t align = nbytes >= 4096 ? 4096 : 256;
+    if (posix_memalign(&p, align, nbytes) != 0 || p == NULL)
+        return pxt_error(PXT_ERR_OOM, "host allocation of %zu bytes failed", nbytes);
+    *ptr = p;
+    return PXT_OK;
+}
+
+static void cpu_raw_free(int index, void *ptr) {
+    (void)index;
+    free(ptr);
+}
+
+static int cpu_copy(int index, void *dst, const void *src, size_t nbytes, pxt_copy_kind kind) {
+    (void)index;
+    (void)kind;
+    if (nbytes)
+        memcpy(dst, src, nbytes);
+    return PXT_OK;
+}
+
+static int cpu_memset_zero(int index, void *dst, size_t nbytes) {
+    (void)index;
+    if (nbytes)
+        memset(dst, 0, nbytes);
+    return PXT_OK;
+}
+
+static int cpu_synchronize(int index) {
+    (void)index;
+    return PXT_OK;
+}
+
+static const pxt_backend cpu_backend = {
+    .name = "cpu",
+    .device_count = cpu_device_count,
+    .device_props = cpu_device_props,
+    .mem_info = cpu_mem_info,
+    .raw_alloc = cpu_raw_alloc,
+    .raw_free = cpu_raw_free,
+    .copy = cpu_copy,
+    .memset_zero = cpu_memset_zero,
+    .cast = pxt_cpu_cast,
+    .synchronize = cpu_synchronize,
+};
+
+const pxt_backend *pxt_cpu_backend(void) { return &cpu_backend; }
+
+const char *pxt_cpu_blas_config(void) { return scipy_openblas_get_config(); }

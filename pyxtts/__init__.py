@@ -1,0 +1,45 @@
+"""pyxtts: train XTTS-style text-to-speech transformers without running out of memory."""
+from __future__ import annotations
+
+from pyxtts._C import (
+    OutOfMemoryError,
+    Tensor,
+    bfloat16,
+    bool,
+    build_info,
+    cuda_available,
+    device_count,
+    device_info,
+    dtype,
+    empty,
+    empty_cache,
+    float16,
+    float32,
+    from_dlpack,
+    int32,
+    int64,
+    max_memory_allocated,
+    max_memory_reserved,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    reset_peak_memory_stats,
+    set_memory_fraction,
+    set_memory_limit,
+    synchronize,
+    tensor,
+    uint8,
+    zeros,
+)
+from pyxtts.memory import cleanup_gpu_memory, memory_summary
+
+__version__: str = build_info()["version"]
+
+__all__ = [
+    "OutOfMemoryError", "Tensor", "bfloat16", "bool", "build_info", "cleanup_gpu_memory",
+    "cuda_available", "device_count", "device_info", "dtype", "empty", "empty_cache", "float16",
+    "float32", "from_dlpack", "int32", "int64", "max_memory_allocated", "max_memory_reserved",
+    "memory_allocated", "memory_reserved", "memory_stats", "memory_summary",
+    "reset_peak_memory_stats", "set_memory_fraction", "set_memory_limit", "synchronize", "tensor",
+    "uint8", "zeros",
+]

@@ -1,0 +1,61 @@
+"""Memory helpers over the native allocator: summaries and cleanup."""
+from __future__ import annotations
+
+import gc
+
+from pyxtts import _C
+
+DeviceLike = str | int | None
+
+
+def _devices() -> list[str]:
+    return ["cpu"] + [f"cuda:{i}" for i in range(_C.device_count())]
+
+
+def cleanup_gpu_memory(device: DeviceLike = None) -> int:
+    """Collect garbage, then return every unused cached segment to its device.
+
+    With ``device=None`` every device is cleaned (the CPU included). Returns the
+    bytes released. Live tensors are never touched.
+    """
+    gc.collect()
+    devices = _devices() if device is None else [device]
+    return sum(_C.empty_cache(d) for d in devices)
+
+
+def _fmt(n: int | None) -> str:
+    if n is None:
+        return "none"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024.0 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024.0
+    return str(n)
+
+
+def memory_summary(device: DeviceLike = None) -> str:
+    """A readable table of the allocator's statistics for one device."""
+    s = _C.memory_stats(device)
+    rows = [
+        ("allocated", _fmt(s["allocated_bytes"]), _fmt(s["peak_allocated_bytes"])),
+        ("reserved", _fmt(s["reserved_bytes"]), _fmt(s["peak_reserved_bytes"])),
+        ("cached (free, reserved)", _fmt(s["cached_bytes"]), ""),
+        ("inactive split", _fmt(s["inactive_split_bytes"]), ""),
+        ("limit", _fmt(s["limit_bytes"]), ""),
+        ("device total", _fmt(s["device_total_bytes"]), ""),
+    ]
+    counts = [
+        ("allocations", s["num_allocs"]), ("frees", s["num_frees"]),
+        ("active blocks", s["num_active_blocks"]), ("segments", s["num_segments"]),
+        ("device allocations", s["num_raw_allocs"]), ("device frees", s["num_raw_frees"]),
+        ("retries after releasing cache", s["num_alloc_retries"]), ("out-of-memory errors", s["num_ooms"]),
+    ]
+    width = 32
+    lines = [f"pyxtts memory summary: {s['device']}", "=" * 60,
+             f"{'':{width}}{'current':>14}{'peak':>14}", "-" * 60]
+    lines += [f"{name:{width}}{cur:>14}{peak:>14}" for name, cur, peak in rows]
+    lines.append("-" * 60)
+    lines += [f"{name:{width}}{value:>14}" for name, value in counts]
+    lines.append("=" * 60)
+    return "\n".join(lines)
