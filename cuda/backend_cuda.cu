@@ -37,13 +37,14 @@ static int cuda_mem_info(int index, size_t *free_bytes, size_t *total_bytes) {
 static int cuda_raw_alloc(int index, size_t nbytes, void **ptr) {
     PXT_CUDA_CHECK(cudaSetDevice(index));
     cudaError_t err = cudaMalloc(ptr, nbytes); /* 256-byte aligned at least */
-    if (err == cudaErrorMemoryAllocation) {
-        (void)cudaGetLastError(); /* not sticky: the device stays usable */
+    if (err == cudaSuccess)
+        return PXT_OK;
+    (void)cudaGetLastError(); /* OOM is not sticky: the device stays usable */
+    if (err == cudaErrorMemoryAllocation)
         return pxt_error(PXT_ERR_OOM, "cuda:%d: allocation of %zu bytes failed: out of memory", index,
                          nbytes);
-    }
-    PXT_CUDA_CHECK(err);
-    return PXT_OK;
+    return pxt_error(PXT_ERR_DEVICE, "cudaMalloc(%zu bytes) on cuda:%d failed: %s", nbytes, index,
+                     cudaGetErrorString(err));
 }
 
 static void cuda_raw_free(int index, void *ptr) {
