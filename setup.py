@@ -47,11 +47,6 @@ if cuda is None:
     print("pyxtts: building the CPU-only module ("
           + ("PYXTTS_CUDA=0" if cudafind.mode() == "0" else "nvcc not found in $CUDA_HOME, /usr/local/cuda or PATH")
           + ")", flush=True)
-elif cuda.cublas_include is None:
-    raise SystemExit(
-        f"pyxtts: nvcc {cuda.version[0]}.{cuda.version[1]} found but no cuBLAS headers in {cuda.home}/include "
-        f"nor in an installed wheel; `pip install '{cudafind.cublas_wheel_requirement(cuda.version[0])}'` "
-        "or set PYXTTS_CUDA=0 for a CPU-only build")
 
 sanitize = flag("PYXTTS_SANITIZE")
 debug = flag("PYXTTS_DEBUG")
@@ -63,27 +58,35 @@ cu_sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "cuda").glob("*.cu
 opt = ["-O0", "-g"] if debug else ["-O2", "-g1"]
 san = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"] if sanitize else []
 compile_args = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden", *opt, *san]
-link_args = [*san, f"-Wl,-rpath,$ORIGIN/../scipy_openblas32/lib", f"-Wl,-rpath,{blas_lib}"]
-macros = [("PXT_VERSION", f'"{VERSION}"')]
-libraries = [blas_name]
-library_dirs = [blas_lib]
-include_dirs = ["csrc", blas_inc, numpy.get_include()]
-extra_objects: list[str] = []
+link_args = [*san, "-Wl,-rpath,$ORIGIN/../scipy_openblas32/lib", f"-Wl,-rpath,{blas_lib}"]
 install_requires = ["numpy>=2.0", "ml-dtypes>=0.4", "scipy-openblas32>=0.3.27"]
+if cuda and cuda.cublas_from_wheel:
+    install_requires.append(cudafind.cublas_wheel_requirement(cuda.version[0]))
 
-if cuda:
+
+def configure_cuda(ext: Extension) -> None:
+    """Adds the CUDA backend to the extension. Runs at build time: when cuBLAS comes
+    from its wheel, the wheel is only installed once the build requirements are."""
+    global cuda
+    if cuda.cublas_include is None:
+        cuda = cudafind.find()
+    if cuda.cublas_include is None:
+        raise SystemExit(
+            f"pyxtts: nvcc {cuda.version[0]}.{cuda.version[1]} found but no cuBLAS headers in {cuda.home}/include "
+            f"nor in an installed wheel; `pip install '{cudafind.cublas_wheel_requirement(cuda.version[0])}'` "
+            "or set PYXTTS_CUDA=0 for a CPU-only build")
     arch_list = archs(cuda)
-    macros += [("PXT_WITH_CUDA", "1"), ("PXT_CUDA_ARCHS", '"' + " ".join(f"sm_{a}" for a in arch_list) + '"')]
-    include_dirs.append(str(cuda.cublas_include))
+    ext.define_macros += [("PXT_WITH_CUDA", "1"),
+                          ("PXT_CUDA_ARCHS", '"' + " ".join(f"sm_{a}" for a in arch_list) + '"')]
+    ext.include_dirs.append(str(cuda.cublas_include))
     libdir = cuda.home / "lib64" if (cuda.home / "lib64").is_dir() else cuda.home / "lib"
-    cublas_so = f"libcublas.so.{cuda.version[0]}"  # wheels ship no unversioned .so
-    # cudart statically (no runtime dependency on a toolkit), cuBLAS from its wheel or toolkit
-    extra_objects.append(str(libdir / "libcudart_static.a"))
-    link_args += [f"-L{cuda.cublas_lib}", f"-l:{cublas_so}", "-lrt", "-ldl", "-lpthread", "-lstdc++",
-                  f"-Wl,-rpath,{cuda.cublas_lib}"]
+    # cudart statically (no runtime dependency on a toolkit); cuBLAS from its wheel or the
+    # toolkit (wheels ship no unversioned libcublas.so); nvcc's launch stubs need libstdc++
+    ext.extra_objects.append(str(libdir / "libcudart_static.a"))
+    ext.extra_link_args += [f"-L{cuda.cublas_lib}", f"-l:libcublas.so.{cuda.version[0]}", "-lrt", "-ldl",
+                            "-lpthread", "-lstdc++", f"-Wl,-rpath,{cuda.cublas_lib}"]
     if cuda.cublas_from_wheel:
-        link_args.append(f"-Wl,-rpath,$ORIGIN/../nvidia/cu{cuda.version[0]}/lib")
-        install_requires.append(cudafind.cublas_wheel_requirement(cuda.version[0]))
+        ext.extra_link_args.append(f"-Wl,-rpath,$ORIGIN/../nvidia/cu{cuda.version[0]}/lib")
     print(f"pyxtts: building with CUDA {cuda.version[0]}.{cuda.version[1]} ({cuda.nvcc}) for "
           + ", ".join(f"sm_{a}" for a in arch_list), flush=True)
 
@@ -92,7 +95,8 @@ class BuildExt(build_ext):
     """Compiles cuda/*.cu with nvcc first; their objects join the extension."""
 
     def build_extension(self, ext):
-        if cuda and cu_sources:
+        if cuda:
+            configure_cuda(ext)
             ext.extra_objects = self.compile_cuda() + ext.extra_objects
         super().build_extension(ext)
 
@@ -123,13 +127,12 @@ setup(
     ext_modules=[Extension(
         "pyxtts._C",
         sources=c_sources,
-        include_dirs=include_dirs,
-        define_macros=macros,
-        libraries=libraries,
-        library_dirs=library_dirs,
+        include_dirs=["csrc", blas_inc, numpy.get_include()],
+        define_macros=[("PXT_VERSION", f'"{VERSION}"')],
+        libraries=[blas_name],
+        library_dirs=[blas_lib],
         extra_compile_args=compile_args,
         extra_link_args=link_args,
-        extra_objects=extra_objects,
     )],
     cmdclass={"build_ext": BuildExt},
     package_data={"pyxtts": ["configs/*.yaml", "py.typed"]},

@@ -210,6 +210,7 @@ static PyMethodDef methods[] = {
     {"set_memory_limit", KW(pxt_py_set_memory_limit), "set_memory_limit(nbytes|None, device=None)."},
     {"set_memory_fraction", KW(pxt_py_set_memory_fraction), "set_memory_fraction(f, device=None)."},
     {"_inject_oom", KW(pxt_py_inject_oom), "Test hook; see pyxtts.testing.inject_oom."},
+    {"_bench_alloc", KW(pxt_py_bench_alloc), "Benchmark hook: ns per cached alloc+free vs malloc."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -24,4 +24,7 @@ PyObject *pxt_py_set_memory_limit(PyObject *m, PyObject *args, PyObject *kwargs)
 PyObject *pxt_py_set_memory_fraction(PyObject *m, PyObject *args, PyObject *kwargs);
 PyObject *pxt_py_inject_oom(PyObject *m, PyObject *args, PyObject *kwargs);
 
+/* bench.c */
+PyObject *pxt_py_bench_alloc(PyObject *m, PyObject *args, PyObject *kwargs);
+
 #endif

@@ -1,36 +1,43 @@
 """pyxtts: train XTTS-style text-to-speech transformers without running out of memory."""
 from __future__ import annotations
 
-from pyxtts._C import (
-    OutOfMemoryError,
-    Tensor,
-    bfloat16,
-    bool,
-    build_info,
-    cuda_available,
-    device_count,
-    device_info,
-    dtype,
-    empty,
-    empty_cache,
-    float16,
-    float32,
-    from_dlpack,
-    int32,
-    int64,
-    max_memory_allocated,
-    max_memory_reserved,
-    memory_allocated,
-    memory_reserved,
-    memory_stats,
-    reset_peak_memory_stats,
-    set_memory_fraction,
-    set_memory_limit,
-    synchronize,
-    tensor,
-    uint8,
-    zeros,
-)
+try:
+    from pyxtts._C import (
+        OutOfMemoryError,
+        Tensor,
+        bfloat16,
+        bool,
+        build_info,
+        cuda_available,
+        device_count,
+        device_info,
+        dtype,
+        empty,
+        empty_cache,
+        float16,
+        float32,
+        from_dlpack,
+        int32,
+        int64,
+        max_memory_allocated,
+        max_memory_reserved,
+        memory_allocated,
+        memory_reserved,
+        memory_stats,
+        reset_peak_memory_stats,
+        set_memory_fraction,
+        set_memory_limit,
+        synchronize,
+        tensor,
+        uint8,
+        zeros,
+    )
+except ImportError as exc:  # a source checkout that was never built
+    raise ImportError(
+        "pyxtts's C extension (pyxtts._C) is not built here. Install the package with "
+        "`pip install .` and run from outside the source tree, or build in place with "
+        "`python setup.py build_ext --inplace`."
+    ) from exc
 from pyxtts.memory import cleanup_gpu_memory, memory_summary
 
 __version__: str = build_info()["version"]

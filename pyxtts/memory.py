@@ -23,7 +23,8 @@ def cleanup_gpu_memory(device: DeviceLike = None) -> int:
     return sum(_C.empty_cache(d) for d in devices)
 
 
-def _fmt(n: int | None) -> str:
+def format_bytes(n: int | None) -> str:
+    """1536 -> '1.50 KiB'; None (no limit) -> 'none'."""
     if n is None:
         return "none"
     value = float(n)
@@ -38,12 +39,12 @@ def memory_summary(device: DeviceLike = None) -> str:
     """A readable table of the allocator's statistics for one device."""
     s = _C.memory_stats(device)
     rows = [
-        ("allocated", _fmt(s["allocated_bytes"]), _fmt(s["peak_allocated_bytes"])),
-        ("reserved", _fmt(s["reserved_bytes"]), _fmt(s["peak_reserved_bytes"])),
-        ("cached (free, reserved)", _fmt(s["cached_bytes"]), ""),
-        ("inactive split", _fmt(s["inactive_split_bytes"]), ""),
-        ("limit", _fmt(s["limit_bytes"]), ""),
-        ("device total", _fmt(s["device_total_bytes"]), ""),
+        ("allocated", format_bytes(s["allocated_bytes"]), format_bytes(s["peak_allocated_bytes"])),
+        ("reserved", format_bytes(s["reserved_bytes"]), format_bytes(s["peak_reserved_bytes"])),
+        ("cached (free, reserved)", format_bytes(s["cached_bytes"]), ""),
+        ("inactive split", format_bytes(s["inactive_split_bytes"]), ""),
+        ("limit", format_bytes(s["limit_bytes"]), ""),
+        ("device total", format_bytes(s["device_total_bytes"]), ""),
     ]
     counts = [
         ("allocations", s["num_allocs"]), ("frees", s["num_frees"]),

@@ -1,0 +1,5 @@
+import sys
+
+from pyxtts.cli import main
+
+sys.exit(main())
