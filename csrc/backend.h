@@ -27,6 +27,23 @@ typedef struct {
     int multiprocessors;       /* SMs, or online CPU cores */
 } pxt_device_props;
 
+/* Element strides of a (B, H, T, D) operand whose last dim is contiguous: the
+ * model hands q, k, v as views into its (B, T, 3C) QKV buffer, no permute. */
+typedef struct {
+    int64_t b, h, t;
+} pxt_strides;
+
+typedef struct pxt_attn_args {
+    int B, H, Tq, Tk, D;
+    int causal;                /* query i sees keys j <= i (top-left, as torch) */
+    float scale;               /* usually 1 / sqrt(D) */
+    const int32_t *q_lengths;  /* (B) on the device, or NULL: rows >= length are zeros */
+    const int32_t *k_lengths;  /* (B) or NULL: keys >= length are masked */
+    const uint8_t *key_mask;   /* (B, Tk) or NULL: 0 masks the key */
+    pxt_strides q, k, v, o;    /* layouts of q, k, v and out (dout shares o's) */
+    pxt_dtype dt;
+} pxt_attn_args;
+
 typedef struct pxt_backend {
     const char *name; /* "cpu", "cuda" */
 
@@ -49,6 +66,72 @@ typedef struct pxt_backend {
                 size_t n);
     /* Waits for all queued work on the device. */
     int (*synchronize)(int index);
+
+    /* ---- kernels ---------------------------------------------------------------
+     * Row-major. "(N, C)" is N rows of C contiguous elements. `dt` is the dtype of
+     * activations and parameters (float32, or 16-bit with fp32 arithmetic);
+     * gradients of parameters, layernorm statistics, lse, logits and losses are
+     * always float32. "+=" marks outputs that accumulate. A kernel allocates
+     * nothing: scratch memory comes in `workspace`, sized by its *_workspace
+     * entry, so the memory plan can count it. A NULL entry is an op the backend
+     * does not have yet (the engine raises instead of calling it). */
+
+    /* C (M, N) = alpha * op(A) (M, K) . op(B) (K, N) + beta * C.
+     * op(A) is A stored (M, K), or with trans_a A stored (K, M) and transposed;
+     * likewise B: (K, N), or (N, K) with trans_b. A and B are dt_ab, C is dt_c;
+     * accumulation in fp32. */
+    int (*gemm)(int index, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                const void *A, const void *B, float beta, void *C, pxt_dtype dt_ab,
+                pxt_dtype dt_c, void *workspace);
+    size_t (*gemm_workspace)(int M, int N, int K, pxt_dtype dt_ab);
+    /* out (M, N) += bias (N), broadcast over rows. */
+    int (*add_bias)(int index, void *out, const void *bias, int M, int N, pxt_dtype dt);
+    /* dbias (N) += sum over rows of dout (M, N). Deterministic. */
+    int (*bias_backward)(int index, float *dbias, const void *dout, int M, int N, pxt_dtype dt);
+
+    /* out (N, C) = (inp - mean) * rstd * weight + bias; mean, rstd (N) saved. */
+    int (*layernorm_forward)(int index, void *out, float *mean, float *rstd, const void *inp,
+                             const void *weight, const void *bias, int N, int C, float eps,
+                             pxt_dtype dt);
+    /* dinp (N, C) +=, dweight (C) +=, dbias (C) +=. Deterministic. */
+    int (*layernorm_backward)(int index, void *dinp, float *dweight, float *dbias,
+                              const void *dout, const void *inp, const void *weight,
+                              const float *mean, const float *rstd, int N, int C, pxt_dtype dt);
+
+    /* out (n) = gelu_tanh(inp (n)). */
+    int (*gelu_forward)(int index, void *out, const void *inp, size_t n, pxt_dtype dt);
+    /* dinp (n) = dout * gelu_tanh'(inp); dinp may alias dout. */
+    int (*gelu_backward)(int index, void *dinp, const void *inp, const void *dout, size_t n,
+                         pxt_dtype dt);
+    /* out (n) = a + b; out may alias a or b. */
+    int (*add)(int index, void *out, const void *a, const void *b, size_t n, pxt_dtype dt);
+
+    /* out (N, C) (+)= table (V, C)[ids (N)]; ids are in [0, V) (checked by the caller). */
+    int (*embedding_forward)(int index, void *out, const int32_t *ids, const void *table,
+                             int N, int C, int accumulate, pxt_dtype dt);
+    /* dtable (V, C) += scatter of dout (N, C) by ids (N). Deterministic. */
+    int (*embedding_backward)(int index, float *dtable, const void *dout, const int32_t *ids,
+                              int N, int C, pxt_dtype dt);
+
+    /* Softmax cross-entropy on fp32 logits (N, V) against targets (N); a target
+     * of -1 is ignored (loss 0, zero gradient). losses (N) = -log softmax[target].
+     * With backward, logits are overwritten by dlogits = scale * (softmax - onehot). */
+    int (*softmax_xent)(int index, float *logits, float *losses, const int32_t *targets, int N,
+                        int V, float scale, int backward);
+    /* *out = sum of x (n), in double on the host, in a fixed order (deterministic). */
+    int (*sum)(int index, double *out, const float *x, size_t n);
+
+    /* Exact attention, tiled with an online softmax: no Tq x Tk buffer. See
+     * pxt_attn_args. out has o_stride layout; lse (B, H, Tq) fp32, -inf for a
+     * query row that sees no valid key (its output row is zeros). */
+    int (*attention_forward)(int index, const struct pxt_attn_args *args, void *out, float *lse,
+                             const void *q, const void *k, const void *v, void *workspace);
+    /* dq, dk, dv (written, same layouts as q, k, v) from dout (layout of out). */
+    int (*attention_backward)(int index, const struct pxt_attn_args *args, void *dq, void *dk,
+                              void *dv, const void *dout, const void *q, const void *k,
+                              const void *v, const void *out, const float *lse,
+                              void *workspace);
+    size_t (*attention_workspace)(const struct pxt_attn_args *args, int backward);
 } pxt_backend;
 
 /* The backend of a device type, or NULL when this build has none (CPU-only). */

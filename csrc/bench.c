@@ -3,11 +3,10 @@
  * The cost of a cached allocation is a few tens of nanoseconds, far below
  * what a Python-level loop can resolve, so it is timed here in C next to
  * the C library's allocator doing the same work. */
-#define _POSIX_C_SOURCE 200809L
+#include "module.h" /* Python.h first: it sets the POSIX feature macros */
+
 #include <stdlib.h>
 #include <time.h>
-
-#include "module.h"
 
 static double now_ns(void) {
     struct timespec ts;

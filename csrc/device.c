@@ -1,8 +1,8 @@
 /* device.c: device names ("cpu", "cuda:N"), discovery and properties. */
+#include "module.h" /* Python.h before any system header */
+
 #include <stdlib.h>
 #include <string.h>
-
-#include "module.h"
 
 int pxt_parse_device(PyObject *obj, pxt_device *out, const char *arg, int must_exist) {
     PyObject *str = NULL;
@@ -29,12 +29,15 @@ int pxt_parse_device(PyObject *obj, pxt_device *out, const char *arg, int must_e
                          arg, Py_TYPE(obj)->tp_name);
             return -1;
         }
-        const char *s = PyUnicode_AsUTF8(str);
+        Py_ssize_t len = 0;
+        const char *s = PyUnicode_AsUTF8AndSize(str, &len);
         if (!s) {
             Py_DECREF(str);
             return -1;
         }
         char *end = NULL;
+        if ((size_t)len != strlen(s)) /* "cpu\0junk" must not pass as "cpu" */
+            s = "";
         if (strcmp(s, "cpu") == 0 || strcmp(s, "cpu:0") == 0)
             *out = (pxt_device){PXT_CPU, 0};
         else if (strcmp(s, "cuda") == 0)

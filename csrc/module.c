@@ -241,7 +241,9 @@ PyMODINIT_FUNC PyInit__C(void) {
         Py_DECREF(pxt_OutOfMemoryError);
         goto fail;
     }
-    if (pxt_dtype_init(m) < 0 || pxt_tensor_init_type(m) < 0)
+    if (pxt_dtype_init(m) < 0 || pxt_tensor_init_type(m) < 0 ||
+        PyModule_AddFunctions(m, pxt_ops_methods) < 0 ||
+        PyModule_AddFunctions(m, pxt_attention_methods) < 0)
         goto fail;
     return m;
 fail:

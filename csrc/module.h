@@ -24,6 +24,21 @@ PyObject *pxt_py_set_memory_limit(PyObject *m, PyObject *args, PyObject *kwargs)
 PyObject *pxt_py_set_memory_fraction(PyObject *m, PyObject *args, PyObject *kwargs);
 PyObject *pxt_py_inject_oom(PyObject *m, PyObject *args, PyObject *kwargs);
 
+/* pyargs.c: argument checks (ValueError/TypeError naming the argument, -1) */
+PyObject *pxt_arg_tensor(PyObject *obj, const char *name, const pxt_tensor *like);
+int pxt_check_dtype(const pxt_tensor *t, const char *name, pxt_dtype want);
+int pxt_check_shape(const pxt_tensor *t, const char *name, int ndim, const int64_t *dims);
+int pxt_check_device(const pxt_tensor *t, const char *name, pxt_device want);
+int pxt_check_writable(const pxt_tensor *t, const char *name);
+/* The device's backend when it has `op` (a table entry), else NotImplementedError. */
+const pxt_backend *pxt_backend_with(pxt_device dev, const void *op, const char *op_name);
+#define PXT_BACKEND_OP(dev, field) \
+    pxt_backend_with((dev), pxt_backend_for((dev).type) ? (const void *)pxt_backend_for((dev).type)->field : NULL, #field)
+
+/* Method tables of the files that add Python functions (NULL-terminated). */
+extern PyMethodDef pxt_ops_methods[];       /* ops_py.c: _op_* kernel bindings for tests */
+extern PyMethodDef pxt_attention_methods[]; /* attention.c: attention_forward/backward */
+
 /* bench.c */
 PyObject *pxt_py_bench_alloc(PyObject *m, PyObject *args, PyObject *kwargs);
 

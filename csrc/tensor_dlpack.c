@@ -2,11 +2,12 @@
  *
  * Zero-copy whenever the devices agree and the producer's memory is
  * C-contiguous; a strided CPU producer is gathered into a fresh tensor. */
+#include "tensor.h" /* Python.h before any system header */
+
 #include <stdlib.h>
 #include <string.h>
 
 #include "dlpack.h"
-#include "tensor.h"
 
 /* ---- export ---------------------------------------------------------------- */
 

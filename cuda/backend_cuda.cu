@@ -119,18 +119,18 @@ int pxt_cuda_cublas(int index, cublasHandle_t *out) {
 }
 
 /* ---- the table ------------------------------------------------------------------- */
-/* positional: C++17 has no designated initializers; order is backend.h's */
+/* designated initializers (C++20): the kernels this backend lacks stay NULL */
 static const pxt_backend cuda_backend = {
-    "cuda",
-    cuda_device_count,
-    cuda_device_props,
-    cuda_mem_info,
-    cuda_raw_alloc,
-    cuda_raw_free,
-    cuda_copy,
-    cuda_memset_zero,
-    pxt_cuda_cast,
-    cuda_synchronize,
+    .name = "cuda",
+    .device_count = cuda_device_count,
+    .device_props = cuda_device_props,
+    .mem_info = cuda_mem_info,
+    .raw_alloc = cuda_raw_alloc,
+    .raw_free = cuda_raw_free,
+    .copy = cuda_copy,
+    .memset_zero = cuda_memset_zero,
+    .cast = pxt_cuda_cast,
+    .synchronize = cuda_synchronize,
 };
 
 const pxt_backend *pxt_cuda_backend(void) { return &cuda_backend; }
