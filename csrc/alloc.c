@@ -13,7 +13,8 @@
  * through empty_cache, or when a request would exceed the budget.
  *
  * Every stat changes only on success, so a failed request leaves allocated
- * and reserved bytes exactly as they were. */
+ * bytes exactly as they were; reserved bytes too, unless the retry released
+ * unused segments on the way. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -232,21 +233,23 @@ static void segment_sizes(int pool, size_t size, size_t out[2]) {
         out[1] = 0;
 }
 
+/* A whole segment first. When the budget or the device says no, hand every
+ * unused segment back and try again; only then settle for a segment of just
+ * the block (near the limit). Trying the small fallback before releasing the
+ * cache would pile up tiny segments (one raw allocation per block) while the
+ * cache sits on memory that a whole segment could use. */
 static int grow(pxt_allocator *a, int pool, size_t size) {
     size_t sizes[2];
     segment_sizes(pool, size, sizes);
-    int rc = PXT_ERR_OOM;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        for (int i = 0; i < 2 && sizes[i]; i++) {
-            rc = segment_new(a, pool, sizes[i]);
-            if (rc != PXT_ERR_OOM)
-                return rc; /* success, or a device error that is not "full" */
-        }
-        /* full: hand every unused segment back to the device, then once more */
-        if (attempt == 0) {
-            a->st.num_alloc_retries++;
-            release_cached(a);
-        }
+    int rc = segment_new(a, pool, sizes[0]);
+    if (rc != PXT_ERR_OOM)
+        return rc; /* success, or a device error that is not "full" */
+    a->st.num_alloc_retries++;
+    release_cached(a);
+    for (int i = 0; i < 2 && sizes[i]; i++) {
+        rc = segment_new(a, pool, sizes[i]);
+        if (rc != PXT_ERR_OOM)
+            return rc;
     }
     return rc;
 }
@@ -314,8 +317,12 @@ int pxt_alloc(pxt_allocator *a, size_t nbytes, pxt_block **out) {
         goto done;
     }
     rc = spare_reserve(a, 2); /* a segment's block and a split's remainder */
-    if (rc != PXT_OK)
+    if (rc != PXT_OK) {
+        /* through fail_oom: the exception reads this request's numbers, not
+         * the last failure's */
+        rc = fail_oom(a, nbytes, "out of host memory for allocator bookkeeping");
         goto done;
+    }
     size_t size = round_up(nbytes, PXT_ALIGN);
     int pool = size <= PXT_SMALL_SIZE ? 0 : 1;
     pxt_block *b = bin_find(a, pool, size);

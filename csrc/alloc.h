@@ -46,7 +46,8 @@ const pxt_backend *pxt_allocator_backend(const pxt_allocator *a);
 
 /* A block of at least nbytes (nbytes > 0), 256-byte aligned. On failure
  * returns PXT_ERR_OOM (or PXT_ERR_DEVICE) with *out == NULL and every stat but
- * num_ooms / num_alloc_retries exactly as before. */
+ * num_ooms / num_alloc_retries exactly as before, except that unused segments
+ * the retry handed back stay released (reserved bytes drop by them). */
 int pxt_alloc(pxt_allocator *a, size_t nbytes, pxt_block **out);
 void pxt_free(pxt_allocator *a, pxt_block *b);
 void *pxt_block_ptr(const pxt_block *b);

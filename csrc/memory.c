@@ -106,12 +106,14 @@ PyObject *pxt_py_set_memory_limit(PyObject *m, PyObject *args, PyObject *kwargs)
         if (!PyLong_Check(nbytes) || PyBool_Check(nbytes))
             return PyErr_Format(PyExc_TypeError, "nbytes: expected an int or None, got %.100s",
                                 Py_TYPE(nbytes)->tp_name);
-        long long v = PyLong_AsLongLong(nbytes);
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(nbytes, &overflow);
         if (v == -1 && PyErr_Occurred())
             return NULL;
-        if (v < 0)
-            return PyErr_Format(PyExc_ValueError, "nbytes: must be >= 0 or None, got %lld", v);
-        limit = (size_t)v;
+        if (overflow < 0 || (!overflow && v < 0))
+            return PyErr_Format(PyExc_ValueError, "nbytes: must be >= 0 or None, got %R", nbytes);
+        /* a limit past 2**63 bytes limits nothing: same as None, not OverflowError */
+        limit = overflow > 0 ? PXT_NO_LIMIT : (size_t)v;
     }
     pxt_allocator *a = arg_allocator(dev);
     if (!a)
@@ -129,9 +131,15 @@ PyObject *pxt_py_set_memory_fraction(PyObject *m, PyObject *args, PyObject *kwar
     PyObject *dev = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "d|O:set_memory_fraction", kw, &f, &dev))
         return NULL;
-    if (!(f > 0.0 && f <= 1.0))
-        return PyErr_Format(PyExc_ValueError, "fraction: must be in (0, 1], got %R",
-                            PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : Py_None);
+    if (!(f > 0.0 && f <= 1.0)) { /* NaN fails too */
+        /* from f itself: the argument may have come as a keyword */
+        PyObject *fo = PyFloat_FromDouble(f);
+        if (fo) {
+            PyErr_Format(PyExc_ValueError, "fraction: must be in (0, 1], got %R", fo);
+            Py_DECREF(fo);
+        }
+        return NULL;
+    }
     pxt_allocator *a = arg_allocator(dev);
     if (!a)
         return NULL;

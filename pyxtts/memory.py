@@ -55,7 +55,7 @@ def memory_summary(device: DeviceLike = None) -> str:
     width = 32
     lines = [f"pyxtts memory summary: {s['device']}", "=" * 60,
              f"{'':{width}}{'current':>14}{'peak':>14}", "-" * 60]
-    lines += [f"{name:{width}}{cur:>14}{peak:>14}" for name, cur, peak in rows]
+    lines += [f"{name:{width}}{cur:>14}{peak:>14}".rstrip() for name, cur, peak in rows]
     lines.append("-" * 60)
     lines += [f"{name:{width}}{value:>14}" for name, value in counts]
     lines.append("=" * 60)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def load_cudafind():
     spec = importlib.util.spec_from_file_location("cudafind", ROOT / "build_support" / "cudafind.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules["cudafind"] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
@@ -49,14 +51,19 @@ def test_device_info_cpu():
     assert info["multiprocessors"] >= 1
 
 
+def run_python(code: str) -> str:
+    """Runs code in a fresh interpreter that imports the same pyxtts as this one."""
+    env = {**os.environ, "PYTHONPATH": str(Path(pyxtts.__file__).resolve().parent.parent)}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd="/", env=env).stdout
+
+
 def test_cli_gpu_info_runs():
-    out = subprocess.run([sys.executable, "-c", "from pyxtts.cli import main; main(['gpu-info', '--json'])"],
-                         capture_output=True, text=True, check=True, cwd="/")
-    data = json.loads(out.stdout)
+    out = run_python("from pyxtts.cli import main; main(['gpu-info', '--json'])")
+    data = json.loads(out)
     assert data["build"]["version"] == pyxtts.__version__
     assert data["devices"][0]["device"] == "cpu"
-    text = subprocess.run([sys.executable, "-c", "from pyxtts.cli import main; main([])"],
-                          capture_output=True, text=True, check=True, cwd="/").stdout
+    text = run_python("from pyxtts.cli import main; main([])")
     assert "devices:" in text and "cpu" in text and "BLAS" in text
 
 
