@@ -238,6 +238,20 @@ static void segment_sizes(int pool, size_t size, size_t out[2]) {
  * the block (near the limit). Trying the small fallback before releasing the
  * cache would pile up tiny segments (one raw allocation per block) while the
  * cache sits on memory that a whole segment could use. */
+/* Whether a free block of block_size splits off the rest after serving size. */
+static int splits(int pool, size_t block_size, size_t size) {
+    size_t rest = block_size - size;
+    return pool == 0 ? rest >= PXT_ALIGN : rest > PXT_SMALL_SIZE;
+}
+
+size_t pxt_alloc_block_size(size_t nbytes) {
+    size_t size = round_up(nbytes ? nbytes : 1, PXT_ALIGN);
+    int pool = size <= PXT_SMALL_SIZE ? 0 : 1;
+    size_t seg[2];
+    segment_sizes(pool, size, seg);
+    return splits(pool, seg[0], size) ? size : seg[0];
+}
+
 static int grow(pxt_allocator *a, int pool, size_t size) {
     size_t sizes[2];
     segment_sizes(pool, size, sizes);
@@ -339,7 +353,7 @@ int pxt_alloc(pxt_allocator *a, size_t nbytes, pxt_block **out) {
     }
     bin_remove(a, pool, b);
     size_t rest = b->size - size;
-    if (pool == 0 ? rest >= PXT_ALIGN : rest > PXT_SMALL_SIZE) {
+    if (splits(pool, b->size, size)) {
         pxt_block *r = spare_take(a); /* the tail stays free */
         r->ptr = b->ptr + size;
         r->size = rest;

@@ -53,6 +53,10 @@ void pxt_free(pxt_allocator *a, pxt_block *b);
 void *pxt_block_ptr(const pxt_block *b);
 size_t pxt_block_size(const pxt_block *b);
 
+/* The bytes a request of nbytes takes from a fresh segment (allocated_bytes
+ * counts blocks: rounding, and large-pool remainders too small to split). */
+size_t pxt_alloc_block_size(size_t nbytes);
+
 /* Returns every wholly free segment to the device; the bytes released. */
 size_t pxt_empty_cache(pxt_allocator *a);
 void pxt_set_limit(pxt_allocator *a, size_t limit);

@@ -51,6 +51,9 @@ PyObject *pxt_raise(int code) {
     case PXT_ERR_OOM: raise_oom(); break;
     case PXT_ERR_VALUE: PyErr_SetString(PyExc_ValueError, pxt_error_message()); break;
     case PXT_ERR_TYPE: PyErr_SetString(PyExc_TypeError, pxt_error_message()); break;
+    case PXT_ERR_NOT_IMPLEMENTED:
+        PyErr_SetString(PyExc_NotImplementedError, pxt_error_message());
+        break;
     default: PyErr_SetString(PyExc_RuntimeError, pxt_error_message()); break;
     }
     return NULL;
@@ -241,9 +244,10 @@ PyMODINIT_FUNC PyInit__C(void) {
         Py_DECREF(pxt_OutOfMemoryError);
         goto fail;
     }
-    if (pxt_dtype_init(m) < 0 || pxt_tensor_init_type(m) < 0 ||
+    if (pxt_dtype_init(m) < 0 || pxt_tensor_init_type(m) < 0 || pxt_gpt_init_type(m) < 0 ||
         PyModule_AddFunctions(m, pxt_ops_methods) < 0 ||
-        PyModule_AddFunctions(m, pxt_attention_methods) < 0)
+        PyModule_AddFunctions(m, pxt_attention_methods) < 0 ||
+        PyModule_AddFunctions(m, pxt_model_methods) < 0)
         goto fail;
     return m;
 fail:

@@ -38,6 +38,10 @@ const pxt_backend *pxt_backend_with(pxt_device dev, const void *op, const char *
 /* Method tables of the files that add Python functions (NULL-terminated). */
 extern PyMethodDef pxt_ops_methods[];       /* ops_py.c: _op_* kernel bindings for tests */
 extern PyMethodDef pxt_attention_methods[]; /* attention.c: attention_forward/backward */
+extern PyMethodDef pxt_model_methods[];     /* model.c: plan_memory */
+
+/* model.c: pyxtts._C.GPT */
+int pxt_gpt_init_type(PyObject *module);
 
 /* bench.c */
 PyObject *pxt_py_bench_alloc(PyObject *m, PyObject *args, PyObject *kwargs);

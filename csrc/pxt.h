@@ -19,6 +19,7 @@ enum {
     PXT_ERR_VALUE = 2,   /* -> ValueError */
     PXT_ERR_TYPE = 3,    /* -> TypeError */
     PXT_ERR_DEVICE = 4,  /* a CUDA/cuBLAS/OS call failed -> RuntimeError */
+    PXT_ERR_NOT_IMPLEMENTED = 5, /* a backend lacks an op -> NotImplementedError */
 };
 
 /* Sets the calling thread's error message (printf-style) and returns code,

@@ -402,6 +402,45 @@ static PyObject *tensor_to(PyObject *op, PyObject *args, PyObject *kwargs) {
     return pxt_tensor_convert(self, dev, dt);
 }
 
+static PyObject *shape_tuple(pxt_tensor *t);
+
+/* copy_(src): this tensor's elements := src's (any device, any dtype, same shape).
+ * Writes in place, so views (named parameters) see the new values. */
+static PyObject *tensor_copy_(PyObject *op, PyObject *arg) {
+    pxt_tensor *self = (pxt_tensor *)op;
+    if (self->readonly)
+        return PyErr_Format(PyExc_ValueError, "copy_: the tensor is read-only");
+    PyObject *src = pxt_tensor_check(arg) ? Py_NewRef(arg) : pxt_tensor_from_data(arg, NULL, NULL);
+    if (!src)
+        return NULL;
+    pxt_tensor *s = (pxt_tensor *)src;
+    int same = s->ndim == self->ndim;
+    for (int i = 0; same && i < s->ndim; i++) same = s->shape[i] == self->shape[i];
+    if (!same) {
+        PyObject *a = shape_tuple(self), *b = shape_tuple(s);
+        if (a && b)
+            PyErr_Format(PyExc_ValueError, "copy_: expected a source of shape %R, got %R", a, b);
+        Py_XDECREF(a);
+        Py_XDECREF(b);
+        Py_DECREF(src);
+        return NULL;
+    }
+    /* bring the source to our device and dtype, then move the bytes */
+    PyObject *conv = (same_device(s->device, self->device) && s->dtype == self->dtype)
+                         ? Py_NewRef(src) : pxt_tensor_convert(s, self->device, self->dtype);
+    Py_DECREF(src);
+    if (!conv)
+        return NULL;
+    pxt_tensor *c = (pxt_tensor *)conv;
+    int rc = c->nbytes ? run_copy(pxt_backend_for(self->device.type), self->device.index,
+                                  self->data, c->data, c->nbytes, PXT_COPY_D2D)
+                       : PXT_OK;
+    Py_DECREF(conv);
+    if (rc != PXT_OK)
+        return pxt_raise(rc);
+    Py_RETURN_NONE;
+}
+
 static PyObject *tensor_data_ptr(PyObject *op, PyObject *unused) {
     (void)unused;
     return PyLong_FromVoidPtr(((pxt_tensor *)op)->data);
@@ -510,6 +549,7 @@ static PyMethodDef tensor_methods[] = {
      "to(device=None, dtype=None, *, copy=False) -> the tensor on that device and dtype.\n"
      "Returns self when nothing changes (unless copy=True). Floats round to nearest even."},
     {"data_ptr", tensor_data_ptr, METH_NOARGS, "Address of the first element (device pointer)."},
+    {"copy_", tensor_copy_, METH_O, "copy_(src): overwrite the elements with src's (converted)."},
     {"numel", tensor_numel, METH_NOARGS, "Number of elements."},
     {"__array__", (PyCFunction)(void (*)(void))tensor_array, METH_VARARGS | METH_KEYWORDS, NULL},
     {"__dlpack__", (PyCFunction)(void (*)(void))pxt_tensor_dlpack, METH_VARARGS | METH_KEYWORDS,

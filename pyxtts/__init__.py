@@ -5,6 +5,9 @@ try:
     from pyxtts._C import (
         OutOfMemoryError,
         Tensor,
+        attention,
+        attention_backward,
+        attention_forward,
         bfloat16,
         bool,
         build_info,
@@ -39,10 +42,13 @@ except ImportError as exc:  # a source checkout that was never built
         "`python setup.py build_ext --inplace`."
     ) from exc
 from pyxtts.memory import cleanup_gpu_memory, memory_summary
+from pyxtts.model import MemoryPlan, ModelConfig, XTTSGPT, estimate_memory
 
 __version__: str = build_info()["version"]
 
 __all__ = [
+    "MemoryPlan", "ModelConfig", "XTTSGPT", "estimate_memory",
+    "attention", "attention_backward", "attention_forward",
     "OutOfMemoryError", "Tensor", "bfloat16", "bool", "build_info", "cleanup_gpu_memory",
     "cuda_available", "device_count", "device_info", "dtype", "empty", "empty_cache", "float16",
     "float32", "from_dlpack", "int32", "int64", "max_memory_allocated", "max_memory_reserved",

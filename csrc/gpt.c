@@ -1,0 +1,132 @@
+/* gpt.c: the XTTS GPT parameter layout and config checks. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpt.h"
+
+#define ALIGN_ELEMS 64 /* 256 bytes of fp32: every tensor starts aligned */
+
+static const char *block_suffix[PXT_BLOCK_TENSORS] = {
+    "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+    "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
+    "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias",
+};
+
+static int add(pxt_param_layout *l, int cap, const char *name, int ndim, int64_t d0, int64_t d1,
+               int decay) {
+    if (l->count >= cap)
+        return -1;
+    pxt_param_info *p = &l->params[l->count];
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->ndim = ndim;
+    p->shape[0] = d0;
+    p->shape[1] = ndim == 2 ? d1 : 1;
+    p->numel = (size_t)d0 * (size_t)(ndim == 2 ? d1 : 1);
+    p->offset = l->numel;
+    p->decay = decay;
+    l->numel += (p->numel + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS;
+    return l->count++;
+}
+
+/* The 12 tensors of a block, named prefix + suffix; returns the first index. */
+static int add_block(pxt_param_layout *l, int cap, const char *prefix, int64_t C) {
+    char name[PXT_NAME_LEN];
+    int first = -1;
+    static const int shape_kind[PXT_BLOCK_TENSORS][3] = {
+        /* ndim, rows (in units of C), cols (in units of C) */
+        {1, 1, 0}, {1, 1, 0}, {2, 1, 3}, {1, 3, 0}, {2, 1, 1}, {1, 1, 0},
+        {1, 1, 0}, {1, 1, 0}, {2, 1, 4}, {1, 4, 0}, {2, 4, 1}, {1, 1, 0},
+    };
+    for (int j = 0; j < PXT_BLOCK_TENSORS; j++) {
+        snprintf(name, sizeof name, "%s%s", prefix, block_suffix[j]);
+        int nd = shape_kind[j][0];
+        int i = add(l, cap, name, nd, shape_kind[j][1] * C, shape_kind[j][2] * C, nd == 2);
+        if (i < 0)
+            return -1;
+        if (j == 0)
+            first = i;
+    }
+    return first;
+}
+
+int pxt_param_layout_init(pxt_param_layout *l, const pxt_gpt_config *c) {
+    memset(l, 0, sizeof *l);
+    int cap = 16 + PXT_BLOCK_TENSORS * c->n_layers;
+    l->params = calloc((size_t)cap, sizeof *l->params);
+    if (!l->params)
+        return pxt_error(PXT_ERR_OOM, "out of host memory for the parameter table");
+    int64_t C = c->d_model;
+    l->text_emb = add(l, cap, "text_embedding.weight", 2, c->text_vocab, C, 1);
+    l->mel_emb = add(l, cap, "mel_embedding.weight", 2, c->audio_vocab, C, 1);
+    l->text_pos = add(l, cap, "text_pos_embedding.emb.weight", 2, c->max_text, C, 1);
+    l->mel_pos = add(l, cap, "mel_pos_embedding.emb.weight", 2, c->max_audio, C, 1);
+    for (int i = 0; i < c->n_layers; i++) {
+        char prefix[PXT_NAME_LEN];
+        snprintf(prefix, sizeof prefix, "gpt.h.%d.", i);
+        int first = add_block(l, cap, prefix, C);
+        if (i == 0)
+            l->block0 = first;
+    }
+    l->ln_f_w = add(l, cap, "gpt.ln_f.weight", 1, C, 0, 0);
+    l->ln_f_b = add(l, cap, "gpt.ln_f.bias", 1, C, 0, 0);
+    l->fnorm_w = add(l, cap, "final_norm.weight", 1, C, 0, 0);
+    l->fnorm_b = add(l, cap, "final_norm.bias", 1, C, 0, 0);
+    l->text_head_w = add(l, cap, "text_head.weight", 2, c->text_vocab, C, 1);
+    l->text_head_b = add(l, cap, "text_head.bias", 1, c->text_vocab, 0, 0);
+    l->mel_head_w = add(l, cap, "mel_head.weight", 2, c->audio_vocab, C, 1);
+    l->mel_head_b = add(l, cap, "mel_head.bias", 1, c->audio_vocab, 0, 0);
+    return PXT_OK;
+}
+
+int pxt_block_layout_init(pxt_param_layout *l, int d_model, int layer) {
+    (void)layer;
+    memset(l, 0, sizeof *l);
+    l->params = calloc(PXT_BLOCK_TENSORS, sizeof *l->params);
+    if (!l->params)
+        return pxt_error(PXT_ERR_OOM, "out of host memory for the parameter table");
+    l->block0 = add_block(l, PXT_BLOCK_TENSORS, "", d_model);
+    l->text_emb = l->mel_emb = l->text_pos = l->mel_pos = -1;
+    l->ln_f_w = l->ln_f_b = l->fnorm_w = l->fnorm_b = -1;
+    l->text_head_w = l->text_head_b = l->mel_head_w = l->mel_head_b = -1;
+    return PXT_OK;
+}
+
+void pxt_param_layout_free(pxt_param_layout *l) {
+    free(l->params);
+    l->params = NULL;
+    l->count = 0;
+}
+
+#define POSITIVE(field)                                                                   \
+    if (c->field <= 0)                                                                    \
+        return pxt_error(PXT_ERR_VALUE, "ModelConfig." #field ": must be > 0, got %d",    \
+                         (int)c->field);
+
+int pxt_gpt_config_check(const pxt_gpt_config *c) {
+    POSITIVE(n_layers)
+    POSITIVE(d_model)
+    POSITIVE(n_heads)
+    POSITIVE(text_vocab)
+    POSITIVE(audio_vocab)
+    POSITIVE(max_text)
+    POSITIVE(max_audio)
+    POSITIVE(max_seq)
+    if (c->d_model % c->n_heads != 0)
+        return pxt_error(PXT_ERR_VALUE, "ModelConfig.d_model: must be divisible by n_heads (%d), "
+                         "got %d", c->n_heads, c->d_model);
+    if (c->n_cond < 0)
+        return pxt_error(PXT_ERR_VALUE, "ModelConfig.n_cond_latents: must be >= 0, got %d",
+                         c->n_cond);
+    if (!(c->eps > 0.0f))
+        return pxt_error(PXT_ERR_VALUE, "ModelConfig.layer_norm_eps: must be > 0, got %g",
+                         (double)c->eps);
+    if (!(c->text_w >= 0.0f) || !(c->audio_w >= 0.0f))
+        return pxt_error(PXT_ERR_VALUE, "ModelConfig loss weights: must be finite and >= 0, got "
+                         "text %g, audio %g", (double)c->text_w, (double)c->audio_w);
+    /* sizes the kernels index with int: keep every (rows x cols) product in range */
+    if ((int64_t)c->d_model * 4 * c->max_seq > INT32_MAX / 4)
+        return pxt_error(PXT_ERR_VALUE, "ModelConfig: d_model x max_attention_sequence_length "
+                         "(%d x %d) is too large", c->d_model, c->max_seq);
+    return PXT_OK;
+}

@@ -1,0 +1,376 @@
+"""The XTTS v2 GPT: configuration, memory plans, and the model over the native core."""
+from __future__ import annotations
+
+import difflib
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Mapping
+
+import numpy as np
+
+from pyxtts import _C
+
+BATCH_KEYS = ("text_inputs", "text_targets", "audio_inputs", "audio_targets", "text_lengths",
+              "audio_lengths")
+OPTIONAL_BATCH_KEYS = ("cond_latents",)
+
+
+@dataclass
+class ModelConfig:
+    """Sizes of the XTTS GPT. Defaults are XTTS v2's."""
+
+    n_layers: int = 30
+    d_model: int = 1024
+    n_heads: int = 16
+    text_vocab_size: int = 6681
+    audio_vocab_size: int = 1026
+    max_text_tokens: int = 404
+    max_audio_tokens: int = 608
+    n_cond_latents: int = 32
+    layer_norm_eps: float = 1e-5
+    text_loss_weight: float = 0.01
+    audio_loss_weight: float = 1.0
+    # None: n_cond_latents + max_text_tokens + max_audio_tokens
+    max_attention_sequence_length: int | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "max_attention_sequence_length" and value is None:
+                continue
+            want = float if f.name in ("layer_norm_eps", "text_loss_weight", "audio_loss_weight") else int
+            if isinstance(value, bool) or not isinstance(value, (int, float) if want is float else int):
+                raise TypeError(f"ModelConfig.{f.name}: expected {want.__name__}, got {value!r}")
+        if self.max_attention_sequence_length is None:
+            self.max_attention_sequence_length = (self.n_cond_latents + self.max_text_tokens
+                                                  + self.max_audio_tokens)
+        for name in ("n_layers", "d_model", "n_heads", "text_vocab_size", "audio_vocab_size",
+                     "max_text_tokens", "max_audio_tokens", "max_attention_sequence_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ModelConfig.{name}: must be >= 1, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"ModelConfig.d_model: must be divisible by n_heads={self.n_heads}, "
+                             f"got {self.d_model}")
+        if self.n_cond_latents < 0:
+            raise ValueError(f"ModelConfig.n_cond_latents: must be >= 0, got {self.n_cond_latents}")
+        if not self.layer_norm_eps > 0:
+            raise ValueError(f"ModelConfig.layer_norm_eps: must be > 0, got {self.layer_norm_eps}")
+        for name in ("text_loss_weight", "audio_loss_weight"):
+            v = getattr(self, name)
+            if not (np.isfinite(v) and v >= 0):
+                raise ValueError(f"ModelConfig.{name}: must be finite and >= 0, got {v}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+@dataclass
+class MemoryPlan:
+    """Bytes of one training step by component; `total` is what the step peaks at
+    (parameters and gradients included; optimizer state arrives with the optimizer)."""
+
+    parameters: int
+    gradients: int
+    optimizer: int
+    inputs: int
+    residuals: int
+    saved_per_block: list[int]
+    policies: list[str]
+    final_norms: int
+    work: int
+    attention_workspace: int
+    logits: int
+    gemm_workspace: int
+    activation_gradients: int
+    saved: int
+    scratch: int
+    arena: int
+    total: int
+    batch_size: int
+    sequence_length: int
+    logits_rows: int
+    train: bool
+    allocator_rounding: int = 0  # block rounding the allocator adds (in total)
+    n_layers: int = field(repr=False, default=0)
+
+    @classmethod
+    def _from_native(cls, d: Mapping[str, Any]) -> "MemoryPlan":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    @property
+    def saved_activations(self) -> int:
+        return sum(self.saved_per_block)
+
+    def __str__(self) -> str:
+        from pyxtts.memory import format_bytes as fb
+
+        pol = {p: self.policies.count(p) for p in dict.fromkeys(self.policies)}
+        rows = [
+            ("parameters", self.parameters), ("gradients (fp32)", self.gradients),
+            ("optimizer state", self.optimizer), ("inputs", self.inputs),
+            ("residual stream", self.residuals), ("saved activations (blocks)", self.saved_activations),
+            ("final norms", self.final_norms), ("block work area", self.work),
+            ("attention workspace", self.attention_workspace), ("logits chunk", self.logits),
+            ("activation gradients", self.activation_gradients), ("GEMM workspace", self.gemm_workspace),
+            ("allocator rounding", self.allocator_rounding),
+        ]
+        lines = [f"memory plan: batch {self.batch_size} x {self.sequence_length} tokens, "
+                 + ", ".join(f"{n} blocks {p}" for p, n in pol.items()), "-" * 52]
+        lines += [f"{name:34}{fb(v):>18}" for name, v in rows]
+        lines += ["-" * 52, f"{'total':34}{fb(self.total):>18}"]
+        return "\n".join(lines)
+
+
+def estimate_memory(config: ModelConfig, batch_size: int, text_len: int, audio_len: int,
+                    cond_len: int | None = None, checkpointing: str = "none", train: bool = True,
+                    budget: int | None = None, device: str = "cpu") -> MemoryPlan:
+    """The memory plan of one step of a model of this config, without building the model:
+    nothing is allocated, so the plan of the full XTTS v2 size prints on any machine."""
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"config: expected a ModelConfig, got {type(config).__name__}")
+    return MemoryPlan._from_native(_C.plan_memory(
+        **asdict(config), batch_size=batch_size, text_len=text_len, audio_len=audio_len,
+        cond_len=cond_len, checkpointing=checkpointing, train=train, budget=budget, device=device))
+
+
+def _as_array(value: Any, key: str) -> np.ndarray:
+    if isinstance(value, _C.Tensor):
+        return value.numpy()
+    try:
+        return np.asarray(value)
+    except Exception as exc:  # noqa: BLE001 - any conversion failure is the user's input
+        raise TypeError(f"batch[{key!r}]: expected an array, got {type(value).__name__}") from exc
+
+
+def _int_array(batch: Mapping[str, Any], key: str, ndim: int) -> np.ndarray:
+    a = _as_array(batch[key], key)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"batch[{key!r}]: expected an integer array, got dtype {a.dtype}")
+    if a.ndim != ndim:
+        raise ValueError(f"batch[{key!r}]: expected {ndim} dimensions, got shape {a.shape}")
+    return a.astype(np.int64, copy=False)
+
+
+def _first_bad(mask: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.argwhere(mask)[0])
+
+
+class XTTSGPT:
+    """The GPT of XTTS v2 (weights compatible), trained by a C engine.
+
+    ``forward_backward`` adds into the gradients; ``forward`` evaluates. Memory for a
+    step is planned and reserved before it starts (``estimate_memory``)."""
+
+    def __init__(self, config: ModelConfig | None = None, device: str = "cpu",
+                 precision: str = "fp32", checkpointing: str = "none", seed: int = 0) -> None:
+        self.config = config if config is not None else ModelConfig()
+        if not isinstance(self.config, ModelConfig):
+            raise TypeError(f"config: expected a ModelConfig, got {type(config).__name__}")
+        self.precision = precision
+        self._core = _C.GPT(**asdict(self.config), device=device, precision=precision,
+                            checkpointing=checkpointing, seed=int(seed))
+        self._names = list(self._core.parameters())
+
+    # ---- attributes -----------------------------------------------------------
+    @property
+    def device(self) -> str:
+        return self._core.device
+
+    @property
+    def dtype(self) -> _C.dtype:
+        return self._core.dtype
+
+    @property
+    def checkpointing(self) -> str:
+        return self._core.checkpointing
+
+    @checkpointing.setter
+    def checkpointing(self, value: str) -> None:
+        self._core.checkpointing = value
+
+    @property
+    def num_parameters(self) -> int:
+        return self._core.num_parameters
+
+    # ---- parameters -----------------------------------------------------------
+    def parameters(self) -> dict[str, _C.Tensor]:
+        """name -> Tensor view of the flat parameter buffer."""
+        return self._core.parameters()
+
+    def gradients(self) -> dict[str, _C.Tensor]:
+        """name -> Tensor view of the flat fp32 gradient buffer."""
+        return self._core.gradients()
+
+    def zero_grad(self) -> None:
+        self._core.zero_grad()
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """name -> NumPy copy, names and shapes as in an XTTS v2 checkpoint's GPT."""
+        return {k: v.numpy() for k, v in self._core.parameters().items()}
+
+    def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> tuple[list[str], list[str]]:
+        """Loads parameters; also accepts the keys of a full XTTS v2 checkpoint, whose
+        GPT keys carry one more ``gpt.`` prefix. Everything is checked before anything
+        is written. Returns (missing, unexpected) key lists (strict=False)."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state: expected a mapping of name -> array, got {type(state).__name__}")
+        params = self._core.parameters()
+        chosen: dict[str, tuple[str, np.ndarray]] = {}
+        unexpected: list[str] = []
+        for key, value in state.items():
+            name = key if key in params else key[4:] if key.startswith("gpt.") and key[4:] in params else None
+            if name is None:
+                unexpected.append(key)
+                continue
+            if name in chosen:
+                raise ValueError(f"state: keys {chosen[name][0]!r} and {key!r} both name {name!r}")
+            chosen[name] = (key, value)
+        missing = [n for n in params if n not in chosen]
+        if strict and (missing or unexpected):
+            parts = []
+            if missing:
+                parts.append(f"missing {len(missing)} keys (e.g. {missing[:3]})")
+            if unexpected:
+                hints = [f"{u!r}" + (f" (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(u, params, 1)) else "")
+                         for u in unexpected[:3]]
+                parts.append(f"unexpected {len(unexpected)} keys (e.g. {', '.join(hints)})")
+            raise KeyError("load_state_dict(strict=True): " + "; ".join(parts)
+                           + "; pass strict=False to load a subset or a full XTTS checkpoint")
+        arrays: dict[str, np.ndarray] = {}
+        for name, (key, value) in chosen.items():
+            a = _as_array(value, key)
+            if a.dtype.kind not in "fV":
+                raise TypeError(f"state[{key!r}]: expected a floating-point array, got dtype {a.dtype}")
+            if tuple(a.shape) != params[name].shape:
+                raise ValueError(f"state[{key!r}]: expected shape {params[name].shape} for {name!r}, "
+                                 f"got {tuple(a.shape)}")
+            if not np.isfinite(a.astype(np.float32)).all():
+                raise ValueError(f"state[{key!r}]: contains NaN or infinity at {_first_bad(~np.isfinite(a.astype(np.float32)))}")
+            arrays[name] = a
+        for name, a in arrays.items():  # all checked: now write
+            params[name].copy_(np.ascontiguousarray(a, dtype=np.float32) if a.dtype.kind == "f" else a)
+        return missing, unexpected
+
+    # ---- memory ---------------------------------------------------------------
+    def estimate_memory(self, batch_size: int, text_len: int, audio_len: int, cond_len: int | None = None,
+                        checkpointing: str | None = None, train: bool = True,
+                        budget: int | None = None) -> MemoryPlan:
+        """The plan of a step at this shape, computed without allocating anything.
+        ``budget`` (bytes in all) guides checkpointing='auto'; default: the device's limit."""
+        return MemoryPlan._from_native(self._core.estimate_memory(
+            batch_size, text_len, audio_len, cond_len, checkpointing, train, budget))
+
+    def release_memory(self) -> int:
+        """Frees the cached step arena (it is re-reserved by the next step); bytes freed."""
+        return self._core.release_arena()
+
+    # ---- steps ----------------------------------------------------------------
+    def _prepare(self, batch: Mapping[str, Any]) -> tuple:
+        if not isinstance(batch, Mapping):
+            raise TypeError(f"batch: expected a dict of arrays, got {type(batch).__name__}")
+        for k in batch:
+            if k not in BATCH_KEYS and k not in OPTIONAL_BATCH_KEYS:
+                close = difflib.get_close_matches(k, BATCH_KEYS + OPTIONAL_BATCH_KEYS, 1)
+                raise KeyError(f"batch: unknown key {k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        for k in BATCH_KEYS:
+            if k not in batch:
+                raise KeyError(f"batch: missing key {k!r} (a batch holds {', '.join(BATCH_KEYS)} "
+                               "and optionally cond_latents)")
+        c = self.config
+        ti, tt = _int_array(batch, "text_inputs", 2), _int_array(batch, "text_targets", 2)
+        ai, at = _int_array(batch, "audio_inputs", 2), _int_array(batch, "audio_targets", 2)
+        tl, al = _int_array(batch, "text_lengths", 1), _int_array(batch, "audio_lengths", 1)
+        B, Lt = ti.shape
+        La = ai.shape[1]
+        for key, a, want in (("text_targets", tt, (B, Lt)), ("audio_inputs", ai, (B, La)),
+                             ("audio_targets", at, (B, La)), ("text_lengths", tl, (B,)),
+                             ("audio_lengths", al, (B,))):
+            if a.shape != want:
+                raise ValueError(f"batch[{key!r}]: expected shape {want}, got {a.shape}")
+        if B < 1 or Lt < 1 or La < 1:
+            raise ValueError(f"batch: empty batch (text_inputs {ti.shape}, audio_inputs {ai.shape})")
+        if Lt > c.max_text_tokens:
+            raise ValueError(f"batch['text_inputs']: {Lt} text positions exceed max_text_tokens="
+                             f"{c.max_text_tokens}; pyxtts never truncates")
+        if La > c.max_audio_tokens:
+            raise ValueError(f"batch['audio_inputs']: {La} audio positions exceed max_audio_tokens="
+                             f"{c.max_audio_tokens}; pyxtts never truncates")
+        for key, lens, width in (("text_lengths", tl, Lt), ("audio_lengths", al, La)):
+            bad = (lens < 0) | (lens > width)
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise ValueError(f"batch[{key!r}][{i}] = {int(lens[i])}: must be in [0, {width}] "
+                                 "(the array's length)")
+        t_valid = np.arange(Lt)[None, :] < tl[:, None]
+        a_valid = np.arange(La)[None, :] < al[:, None]
+        for key, ids, valid, vocab, lo in (("text_inputs", ti, t_valid, c.text_vocab_size, 0),
+                                           ("text_targets", tt, t_valid, c.text_vocab_size, -1),
+                                           ("audio_inputs", ai, a_valid, c.audio_vocab_size, 0),
+                                           ("audio_targets", at, a_valid, c.audio_vocab_size, -1)):
+            bad = valid & ((ids < lo) | (ids >= vocab))
+            if bad.any():
+                pos = _first_bad(bad)
+                raise ValueError(f"batch[{key!r}]{list(pos)} = {int(ids[pos])}: out of range "
+                                 f"[{lo}, {vocab})")
+        cond = batch.get("cond_latents")
+        if cond is not None:
+            cond = _as_array(cond, "cond_latents")
+            if cond.dtype.kind not in "fV":
+                raise TypeError(f"batch['cond_latents']: expected a float array, got dtype {cond.dtype}")
+            if cond.ndim != 3 or cond.shape[0] != B or cond.shape[2] != c.d_model:
+                raise ValueError(f"batch['cond_latents']: expected shape ({B}, n_cond, {c.d_model}), "
+                                 f"got {cond.shape}")
+            cond = np.ascontiguousarray(cond, dtype=np.float32)
+            if not np.isfinite(cond).all():
+                raise ValueError(f"batch['cond_latents']{list(_first_bad(~np.isfinite(cond)))}: NaN or infinity")
+            if cond.shape[1] == 0:
+                cond = None
+        Nc = 0 if cond is None else cond.shape[1]
+        T = Nc + Lt + La
+        if T > c.max_attention_sequence_length:
+            raise ValueError(f"batch: sequence length {T} ({Nc} conditioning + {Lt} text + {La} audio) "
+                             f"exceeds max_attention_sequence_length={c.max_attention_sequence_length}; "
+                             "pyxtts never truncates: shorten the sample or raise the maximum")
+        # padding never matters: its ids become 0 and its targets are ignored
+        i32 = np.int32
+        text_ids = np.where(t_valid, ti, 0).astype(i32)
+        audio_ids = np.where(a_valid, ai, 0).astype(i32)
+        text_tgt = np.where(t_valid, tt, -1).astype(i32)
+        audio_tgt = np.where(a_valid, at, -1).astype(i32)
+        text_pos = np.ascontiguousarray(np.broadcast_to(np.arange(Lt, dtype=i32), (B, Lt)))
+        audio_pos = np.ascontiguousarray(np.broadcast_to(np.arange(La, dtype=i32), (B, La)))
+        key_mask = np.concatenate([np.ones((B, Nc), bool), t_valid, a_valid], axis=1).astype(np.uint8)
+        counts = (int((text_tgt >= 0).sum()), int((audio_tgt >= 0).sum()))
+        return (text_ids, audio_ids, text_tgt, audio_tgt, text_pos, audio_pos, key_mask,
+                tl.astype(i32), al.astype(i32), cond), counts
+
+    def _run(self, batch: Mapping[str, Any], token_counts: tuple[int, int] | None, train: bool) -> dict:
+        arrays, (n_text, n_audio) = self._prepare(batch)
+        norm = (n_text, n_audio)
+        if token_counts is not None:
+            if (not isinstance(token_counts, (tuple, list)) or len(token_counts) != 2
+                    or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in token_counts)):
+                raise TypeError(f"token_counts: expected (n_text, n_audio) ints, got {token_counts!r}")
+            if token_counts[0] < n_text or token_counts[1] < n_audio:
+                raise ValueError(f"token_counts: {tuple(token_counts)} counts fewer targets than this "
+                                 f"batch holds ({n_text}, {n_audio}); pass the whole effective batch's counts")
+            norm = (int(token_counts[0]), int(token_counts[1]))
+        text_sum, audio_sum = self._core._step(*arrays, float(norm[0]), float(norm[1]), train)
+        text_loss = text_sum / norm[0] if norm[0] else 0.0
+        audio_loss = audio_sum / norm[1] if norm[1] else 0.0
+        c = self.config
+        return {"loss": c.text_loss_weight * text_loss + c.audio_loss_weight * audio_loss,
+                "text_loss": text_loss, "audio_loss": audio_loss,
+                "text_tokens": n_text, "audio_tokens": n_audio}
+
+    def forward_backward(self, batch: Mapping[str, Any], token_counts: tuple[int, int] | None = None) -> dict:
+        """Loss of the batch, with its gradients added into ``gradients()``.
+
+        With ``token_counts=(n_text, n_audio)`` of a whole effective batch, the means use
+        those counts, so micro-batches add up to exactly the big batch's gradient."""
+        return self._run(batch, token_counts, train=True)
+
+    def forward(self, batch: Mapping[str, Any], token_counts: tuple[int, int] | None = None) -> dict:
+        """Loss of the batch for evaluation: nothing saved, no gradients."""
+        return self._run(batch, token_counts, train=False)

@@ -1,0 +1,127 @@
+"""A PyTorch implementation of the XTTS GPT written from DESIGN.md alone (plain torch,
+no transformers), the reference the engine is tested against."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+class RefGPT(torch.nn.Module):
+    def __init__(self, cfg, dtype=torch.float64):
+        super().__init__()
+        self.cfg = cfg
+        d, L = cfg.d_model, cfg.n_layers
+        P = lambda *shape: torch.nn.Parameter(torch.zeros(*shape, dtype=dtype))  # noqa: E731
+        self.p = torch.nn.ParameterDict()
+        self.names = []
+
+        def add(name, *shape):
+            self.p[name.replace(".", "__")] = P(*shape)
+            self.names.append(name)
+
+        add("text_embedding.weight", cfg.text_vocab_size, d)
+        add("mel_embedding.weight", cfg.audio_vocab_size, d)
+        add("text_pos_embedding.emb.weight", cfg.max_text_tokens, d)
+        add("mel_pos_embedding.emb.weight", cfg.max_audio_tokens, d)
+        for i in range(L):
+            h = f"gpt.h.{i}."
+            add(h + "ln_1.weight", d); add(h + "ln_1.bias", d)
+            add(h + "attn.c_attn.weight", d, 3 * d); add(h + "attn.c_attn.bias", 3 * d)
+            add(h + "attn.c_proj.weight", d, d); add(h + "attn.c_proj.bias", d)
+            add(h + "ln_2.weight", d); add(h + "ln_2.bias", d)
+            add(h + "mlp.c_fc.weight", d, 4 * d); add(h + "mlp.c_fc.bias", 4 * d)
+            add(h + "mlp.c_proj.weight", 4 * d, d); add(h + "mlp.c_proj.bias", d)
+        add("gpt.ln_f.weight", d); add("gpt.ln_f.bias", d)
+        add("final_norm.weight", d); add("final_norm.bias", d)
+        add("text_head.weight", cfg.text_vocab_size, d); add("text_head.bias", cfg.text_vocab_size)
+        add("mel_head.weight", cfg.audio_vocab_size, d); add("mel_head.bias", cfg.audio_vocab_size)
+
+    def w(self, name):
+        return self.p[name.replace(".", "__")]
+
+    def load(self, state):
+        with torch.no_grad():
+            for n in self.names:
+                self.w(n).copy_(torch.from_numpy(np.asarray(state[n], dtype=np.float64)))
+
+    def grads(self):
+        return {n: self.w(n).grad.detach().numpy().copy() for n in self.names}
+
+    def forward(self, batch, token_counts=None):
+        cfg, w = self.cfg, self.w
+        dt = self.w("gpt.ln_f.weight").dtype
+        ti = torch.as_tensor(np.asarray(batch["text_inputs"]), dtype=torch.long)
+        ai = torch.as_tensor(np.asarray(batch["audio_inputs"]), dtype=torch.long)
+        tt = torch.as_tensor(np.asarray(batch["text_targets"]), dtype=torch.long)
+        at = torch.as_tensor(np.asarray(batch["audio_targets"]), dtype=torch.long)
+        tl = torch.as_tensor(np.asarray(batch["text_lengths"]), dtype=torch.long)
+        al = torch.as_tensor(np.asarray(batch["audio_lengths"]), dtype=torch.long)
+        B, Lt = ti.shape
+        La = ai.shape[1]
+        tv = torch.arange(Lt)[None] < tl[:, None]
+        av = torch.arange(La)[None] < al[:, None]
+        ti, ai = torch.where(tv, ti, 0), torch.where(av, ai, 0)
+        tt, at = torch.where(tv, tt, -1), torch.where(av, at, -1)
+        xt = w("text_embedding.weight")[ti] + w("text_pos_embedding.emb.weight")[:Lt][None]
+        xa = w("mel_embedding.weight")[ai] + w("mel_pos_embedding.emb.weight")[:La][None]
+        parts, valid = [xt, xa], [tv, av]
+        if batch.get("cond_latents") is not None:
+            cond = torch.as_tensor(np.asarray(batch["cond_latents"], dtype=np.float64)).to(dt)
+            parts.insert(0, cond)
+            valid.insert(0, torch.ones(B, cond.shape[1], dtype=torch.bool))
+        x = torch.cat(parts, 1)
+        key_valid = torch.cat(valid, 1)
+        T, d, H = x.shape[1], cfg.d_model, cfg.n_heads
+        Dh = d // H
+        allowed = torch.tril(torch.ones(T, T, dtype=torch.bool))[None] & key_valid[:, None, :]  # (B, T, T)
+        for i in range(cfg.n_layers):
+            h = f"gpt.h.{i}."
+            a = F.layer_norm(x, (d,), w(h + "ln_1.weight"), w(h + "ln_1.bias"), cfg.layer_norm_eps)
+            qkv = a @ w(h + "attn.c_attn.weight") + w(h + "attn.c_attn.bias")
+            q, k, v = (t.view(B, T, H, Dh).transpose(1, 2) for t in qkv.split(d, dim=2))
+            s = (q @ k.transpose(-1, -2)) / math.sqrt(Dh)
+            s = s.masked_fill(~allowed[:, None], float("-inf"))
+            p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # a row with no valid key: zeros
+            o = (p @ v).transpose(1, 2).reshape(B, T, d)
+            x = x + o @ w(h + "attn.c_proj.weight") + w(h + "attn.c_proj.bias")
+            a = F.layer_norm(x, (d,), w(h + "ln_2.weight"), w(h + "ln_2.bias"), cfg.layer_norm_eps)
+            f = F.gelu(a @ w(h + "mlp.c_fc.weight") + w(h + "mlp.c_fc.bias"), approximate="tanh")
+            x = x + f @ w(h + "mlp.c_proj.weight") + w(h + "mlp.c_proj.bias")
+        x = F.layer_norm(x, (d,), w("gpt.ln_f.weight"), w("gpt.ln_f.bias"), cfg.layer_norm_eps)
+        x = F.layer_norm(x, (d,), w("final_norm.weight"), w("final_norm.bias"), cfg.layer_norm_eps)
+        Nc = T - Lt - La
+        text_logits = x[:, Nc:Nc + Lt] @ w("text_head.weight").T + w("text_head.bias")
+        audio_logits = x[:, Nc + Lt:] @ w("mel_head.weight").T + w("mel_head.bias")
+        t_sum = F.cross_entropy(text_logits.reshape(-1, text_logits.shape[-1]), tt.reshape(-1),
+                                ignore_index=-1, reduction="sum")
+        a_sum = F.cross_entropy(audio_logits.reshape(-1, audio_logits.shape[-1]), at.reshape(-1),
+                                ignore_index=-1, reduction="sum")
+        n_text, n_audio = int((tt >= 0).sum()), int((at >= 0).sum())
+        if token_counts is not None:
+            n_text, n_audio = token_counts
+        text_loss = t_sum / n_text if n_text else t_sum * 0
+        audio_loss = a_sum / n_audio if n_audio else a_sum * 0
+        loss = cfg.text_loss_weight * text_loss + cfg.audio_loss_weight * audio_loss
+        return loss, text_loss, audio_loss
+
+
+def random_batch(rng, cfg, B, Lt, La, n_cond=None, full=False):
+    """A batch with varied lengths (padding in the middle), some ignored targets."""
+    tl = np.full(B, Lt) if full else rng.integers(max(1, Lt // 2), Lt + 1, B)
+    al = np.full(B, La) if full else rng.integers(max(1, La // 2), La + 1, B)
+    tl[0], al[0] = Lt, La  # the longest sample sets the padded width
+    batch = {
+        "text_inputs": rng.integers(0, cfg.text_vocab_size, (B, Lt)),
+        "text_targets": rng.integers(0, cfg.text_vocab_size, (B, Lt)),
+        "audio_inputs": rng.integers(0, cfg.audio_vocab_size, (B, La)),
+        "audio_targets": rng.integers(0, cfg.audio_vocab_size, (B, La)),
+        "text_lengths": tl, "audio_lengths": al,
+    }
+    batch["audio_targets"][rng.random((B, La)) < 0.1] = -1
+    nc = cfg.n_cond_latents if n_cond is None else n_cond
+    if nc:
+        batch["cond_latents"] = rng.standard_normal((B, nc, cfg.d_model)).astype(np.float32)
+    return batch
