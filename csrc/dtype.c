@@ -178,9 +178,12 @@ int pxt_parse_dtype(PyObject *obj, pxt_dtype *out, const char *arg) {
         return 0;
     }
     if (PyUnicode_Check(obj)) {
-        const char *s = PyUnicode_AsUTF8(obj);
+        Py_ssize_t len = 0;
+        const char *s = PyUnicode_AsUTF8AndSize(obj, &len);
         if (!s)
             return -1;
+        if ((size_t)len != strlen(s)) /* an embedded NUL must not pass as a name */
+            s = "";
         if (strncmp(s, "torch.", 6) == 0) /* str(torch.bfloat16) */
             s += 6;
         for (size_t i = 0; i < sizeof dtype_aliases / sizeof dtype_aliases[0]; i++)
@@ -190,7 +193,7 @@ int pxt_parse_dtype(PyObject *obj, pxt_dtype *out, const char *arg) {
             }
         PyErr_Format(PyExc_ValueError,
                      "%s: expected one of float32, float16, bfloat16, int32, int64, uint8, "
-                     "bool, got '%s'", arg, s);
+                     "bool, got %R", arg, obj);
         return -1;
     }
     /* torch.dtype: go by its name */

@@ -70,12 +70,33 @@ static PyObject *py_tensor(PyObject *m, PyObject *args, PyObject *kwargs) {
     return pxt_tensor_from_data(data, dtype, device);
 }
 
+/* One size of a shape: an int or anything with __index__ (NumPy integers). */
+static int shape_entry(PyObject *it, int dim, int64_t *out) {
+    if (!PyIndex_Check(it) || PyBool_Check(it)) {
+        PyErr_Format(PyExc_TypeError, "shape: expected ints, got %.100s at dim %d",
+                     Py_TYPE(it)->tp_name, dim);
+        return -1;
+    }
+    PyObject *v = PyNumber_Index(it);
+    if (!v)
+        return -1;
+    int overflow = 0;
+    long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
+    Py_DECREF(v);
+    if (overflow || (n == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "shape: size at dim %d does not fit in 64 bits", dim);
+        return -1;
+    }
+    *out = n;
+    return 0;
+}
+
 /* A shape argument: an int or a sequence of ints. */
 static int parse_shape(PyObject *obj, int *ndim, int64_t *shape) {
-    if (PyLong_Check(obj)) {
+    if (PyIndex_Check(obj) && !PySequence_Check(obj)) { /* an int, or a NumPy integer */
         *ndim = 1;
-        shape[0] = PyLong_AsLongLong(obj);
-        return (shape[0] == -1 && PyErr_Occurred()) ? -1 : 0;
+        return shape_entry(obj, 0, &shape[0]);
     }
     PyObject *seq = PySequence_Fast(obj, "shape: expected an int or a sequence of ints");
     if (!seq) {
@@ -91,15 +112,7 @@ static int parse_shape(PyObject *obj, int *ndim, int64_t *shape) {
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *it = PySequence_Fast_GET_ITEM(seq, i);
-        if (!PyLong_Check(it)) {
-            Py_DECREF(seq);
-            PyErr_Format(PyExc_TypeError, "shape: expected ints, got %.100s at dim %zd",
-                         Py_TYPE(it)->tp_name, i);
-            return -1;
-        }
-        shape[i] = PyLong_AsLongLong(it);
-        if (shape[i] == -1 && PyErr_Occurred()) {
+        if (shape_entry(PySequence_Fast_GET_ITEM(seq, i), (int)i, &shape[i]) < 0) {
             Py_DECREF(seq);
             return -1;
         }

@@ -6,6 +6,9 @@
 #define NPY_NO_DEPRECATED_API NPY_2_0_API_VERSION
 #include <numpy/arrayobject.h>
 
+/* cpu/cast.c: float64 into an integer dtype by pyxtts's cast rules */
+void pxt_cpu_cast_f64_to_int(void *dst, pxt_dtype dt, const double *src, size_t n);
+
 /* ---- construction ---------------------------------------------------------- */
 
 /* numel and nbytes of a shape, or -1 with ValueError on negative sizes or overflow. */
@@ -260,8 +263,12 @@ PyObject *pxt_tensor_from_data(PyObject *data, PyObject *dtype_arg, PyObject *de
     }
     PyArrayObject *arr = (PyArrayObject *)PyArray_FromAny(data, NULL, 0, 0, 0, NULL);
     if (!arr) {
+#if PY_VERSION_HEX >= 0x030C0000 /* PyErr_Fetch is deprecated there (-Werror) */
+        PyObject *type = NULL, *value = PyErr_GetRaisedException(), *tb = NULL;
+#else
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
+#endif
         PyErr_Format(PyExc_TypeError, "data: expected something NumPy can view as an array, "
                      "got %.100s (%S)", Py_TYPE(data)->tp_name, value ? value : Py_None);
         Py_XDECREF(type);
@@ -292,9 +299,13 @@ PyObject *pxt_tensor_from_data(PyObject *data, PyObject *dtype_arg, PyObject *de
     else if (default_dtype(d, &dt) < 0)
         goto done;
     /* NumPy brings the data to native byte order and C order; when the source
-     * dtype is ours the element conversion is ours too (same rules as .to). */
+     * dtype is ours the element conversion is ours too (same rules as .to).
+     * Wider floats (float64) into integers also follow our rules (truncate,
+     * saturate, NaN -> 0): NumPy would do C's undefined out-of-range cast. */
     pxt_dtype stage_dt = ours ? src_dt : dt;
-    PyObject *stage_descr = pxt_dtype_to_descr(stage_dt);
+    int via_f64 = !ours && d->kind == 'f' && !pxt_dtype_is_float(dt) && dt != PXT_BOOL;
+    PyObject *stage_descr = via_f64 ? (PyObject *)PyArray_DescrFromType(NPY_FLOAT64)
+                                    : pxt_dtype_to_descr(stage_dt);
     if (!stage_descr)
         goto done;
     PyArrayObject *c = (PyArrayObject *)PyArray_FromAny(
@@ -305,7 +316,7 @@ PyObject *pxt_tensor_from_data(PyObject *data, PyObject *dtype_arg, PyObject *de
     int64_t shape[PXT_MAX_DIMS];
     for (int i = 0; i < PyArray_NDIM(c); i++) shape[i] = PyArray_DIM(c, i);
     pxt_device cpu = {PXT_CPU, 0};
-    if (stage_dt == dt) {
+    if (stage_dt == dt && !via_f64) {
         result = pxt_tensor_empty(dev, dt, PyArray_NDIM(c), shape);
         if (result && copy_from_host((pxt_tensor *)result, PyArray_DATA(c)) < 0)
             Py_CLEAR(result);
@@ -313,9 +324,12 @@ PyObject *pxt_tensor_from_data(PyObject *data, PyObject *dtype_arg, PyObject *de
         PyObject *host = pxt_tensor_empty(cpu, dt, PyArray_NDIM(c), shape);
         if (host) {
             pxt_tensor *h = (pxt_tensor *)host;
-            int rc = h->numel ? run_cast(pxt_cpu_backend(), 0, h->data, dt, PyArray_DATA(c),
-                                         stage_dt, (size_t)h->numel)
-                              : PXT_OK;
+            int rc = PXT_OK;
+            if (via_f64)
+                pxt_cpu_cast_f64_to_int(h->data, dt, PyArray_DATA(c), (size_t)h->numel);
+            else if (h->numel)
+                rc = run_cast(pxt_cpu_backend(), 0, h->data, dt, PyArray_DATA(c), stage_dt,
+                              (size_t)h->numel);
             if (rc != PXT_OK)
                 pxt_raise(rc);
             else if (dev.type == PXT_CPU) {

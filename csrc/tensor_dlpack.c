@@ -122,7 +122,15 @@ PyObject *pxt_tensor_dlpack(PyObject *self, PyObject *args, PyObject *kwargs) {
     pxt_tensor *o = (pxt_tensor *)owner;
     /* our queue is the legacy default stream: finishing it makes the data safe
      * for any consumer stream (stream -1 means the consumer will not wait) */
-    if (o->device.type == PXT_CUDA && !(PyLong_Check(stream) && PyLong_AsLong(stream) == -1)) {
+    int no_wait = 0;
+    if (PyLong_Check(stream)) {
+        long long sv = PyLong_AsLongLong(stream);
+        if (sv == -1 && PyErr_Occurred())
+            PyErr_Clear(); /* a stream handle beyond long long: not -1 */
+        else
+            no_wait = sv == -1;
+    }
+    if (o->device.type == PXT_CUDA && !no_wait) {
         int rc = pxt_backend_for(PXT_CUDA)->synchronize(o->device.index);
         if (rc != PXT_OK) {
             Py_DECREF(owner);
@@ -186,7 +194,15 @@ typedef struct {
     int versioned;
 } import_ctx;
 
+/* Called with the GIL. The producer's deleter may run Python code (a capsule
+ * from Python, a finaliser), which must not see an exception we are raising. */
 static void import_release(import_ctx *c) {
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *pending = PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+#endif
     if (c->versioned) {
         DLManagedTensorVersioned *m = c->managed;
         if (m->deleter)
@@ -197,6 +213,11 @@ static void import_release(import_ctx *c) {
             m->deleter(m);
     }
     free(c);
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(pending);
+#else
+    PyErr_Restore(type, value, tb);
+#endif
 }
 
 static void owner_destructor(PyObject *cap) {
@@ -348,6 +369,13 @@ PyObject *pxt_from_dlpack(PyObject *module, PyObject *args, PyObject *kwargs) {
                      PXT_MAX_DIMS, (int)dl->ndim);
         goto fail;
     }
+    /* checked before the capsule is consumed, so a rejected one stays the caller's */
+    for (int i = 0; i < dl->ndim; i++)
+        if (dl->shape[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "from_dlpack: shape: sizes must be >= 0, got %lld at "
+                         "dim %d", (long long)dl->shape[i], i);
+            goto fail;
+        }
     int contiguous = 1;
     if (dl->strides) {
         int64_t expect = 1;

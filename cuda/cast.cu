@@ -7,6 +7,8 @@
  * integer goes through double exactly as the CPU does: truncate, saturate,
  * NaN -> 0. Build without -ftz=true / --use_fast_math: they flush float32
  * subnormals, which the CPU keeps. */
+#include <stdint.h>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -57,14 +59,15 @@ __device__ static int64_t load_int(const void *src, pxt_dtype t, size_t i) {
 }
 
 /* double, as on the CPU, so the bounds compare exactly the same way */
-__device__ static int64_t float_to_int64_sat(double v, double lo, double hi) {
+/* saturate at the integer's own bounds (inf -> INT64_MAX), NaN -> 0: as cast.c */
+__device__ static int64_t float_to_int64_sat(double v, int64_t lo, int64_t hi, double hi_plus_1) {
     if (isnan(v))
         return 0;
-    if (v <= lo)
-        return (int64_t)lo;
-    if (v >= hi)
-        return (int64_t)hi;
-    return (int64_t)v; /* truncates toward zero */
+    if (v <= (double)lo)
+        return lo;
+    if (v >= hi_plus_1)
+        return hi;
+    return (int64_t)v; /* truncates toward zero; in range here */
 }
 
 __device__ static void store_float(void *dst, pxt_dtype t, size_t i, float v) {
@@ -73,11 +76,11 @@ __device__ static void store_float(void *dst, pxt_dtype t, size_t i, float v) {
     case PXT_FLOAT16: ((uint16_t *)dst)[i] = f32_to_f16(v); break;
     case PXT_BFLOAT16: ((uint16_t *)dst)[i] = f32_to_bf16(v); break;
     /* the CPU's bounds; int64's top is the largest double below 2^63 */
-    case PXT_INT32: ((int32_t *)dst)[i] = (int32_t)float_to_int64_sat(v, -2147483648.0, 2147483647.0); break;
+    case PXT_INT32: ((int32_t *)dst)[i] = (int32_t)float_to_int64_sat(v, INT32_MIN, INT32_MAX, 2147483648.0); break;
     case PXT_INT64:
-        ((int64_t *)dst)[i] = float_to_int64_sat(v, -9223372036854775808.0, 9223372036854774784.0);
+        ((int64_t *)dst)[i] = float_to_int64_sat(v, INT64_MIN, INT64_MAX, 9223372036854775808.0);
         break;
-    case PXT_UINT8: ((uint8_t *)dst)[i] = (uint8_t)float_to_int64_sat(v, 0.0, 255.0); break;
+    case PXT_UINT8: ((uint8_t *)dst)[i] = (uint8_t)float_to_int64_sat(v, 0, UINT8_MAX, 256.0); break;
     case PXT_BOOL: ((uint8_t *)dst)[i] = (uint8_t)(v != 0.0f); break; /* NaN != 0: true */
     default: break;
     }
