@@ -96,6 +96,22 @@ static const pxt_backend cpu_backend = {
     .memset_zero = cpu_memset_zero,
     .cast = pxt_cpu_cast,
     .synchronize = cpu_synchronize,
+    .gemm = pxt_cpu_gemm,
+    .gemm_workspace = pxt_cpu_gemm_workspace,
+    .add_bias = pxt_cpu_add_bias,
+    .bias_backward = pxt_cpu_bias_backward,
+    .layernorm_forward = pxt_cpu_layernorm_forward,
+    .layernorm_backward = pxt_cpu_layernorm_backward,
+    .gelu_forward = pxt_cpu_gelu_forward,
+    .gelu_backward = pxt_cpu_gelu_backward,
+    .add = pxt_cpu_add,
+    .embedding_forward = pxt_cpu_embedding_forward,
+    .embedding_backward = pxt_cpu_embedding_backward,
+    .softmax_xent = pxt_cpu_softmax_xent,
+    .sum = pxt_cpu_sum,
+    .attention_forward = pxt_cpu_attention_forward,
+    .attention_backward = pxt_cpu_attention_backward,
+    .attention_workspace = pxt_cpu_attention_workspace,
 };
 
 const pxt_backend *pxt_cpu_backend(void) { return &cpu_backend; }

@@ -1,0 +1,147 @@
+/* matmul.c: gemm through OpenBLAS, the bias add and its backward.
+ *
+ * gemm with 16-bit operands. OpenBLAS multiplies float32 only, so:
+ *   - 16-bit A and B are widened into float32 copies in the workspace, whose
+ *     layout is [A32 (M*K) | B32 (K*N)] (gemm_workspace: (M*K + K*N) * 4 bytes
+ *     for a 16-bit dt_ab, 0 for float32); the transposes apply to the copies.
+ *   - a 16-bit C is computed in float32 tiles of at most GEMM_TILE elements
+ *     (128 KiB on the stack, so the workspace does not depend on dt_c, which
+ *     gemm_workspace does not see): each tile is one sgemm over the whole K,
+ *     with beta * C added in float32, then rounded once into C. A tile is
+ *     GEMM_TILE_N columns wide and as many rows as fit (128), which keeps each
+ *     sgemm call large enough for OpenBLAS's blocking: at (3440, 1024) x
+ *     (1024, 4096) a bf16 C costs ~1.3x a float32 C on one thread (smaller
+ *     tiles cost more, from re-packing B per tile).
+ * So every result is the float32 sum of products, rounded once to dt_c. */
+#include <cblas.h> /* scipy-openblas32: symbols carry a scipy_ prefix */
+
+#include "cpu.h"
+#include "elem.h"
+
+#define GEMM_TILE 32768  /* floats in a 16-bit C's staging tile (128 KiB) */
+#define GEMM_TILE_N 256  /* its width in columns (at most) */
+
+size_t pxt_cpu_gemm_workspace(int M, int N, int K, pxt_dtype dt_ab) {
+    if (dt_ab == PXT_FLOAT32 || M <= 0 || N <= 0 || K <= 0)
+        return 0;
+    return ((size_t)M * (size_t)K + (size_t)K * (size_t)N) * sizeof(float);
+}
+
+/* dst (n) = (float) src (n), in parallel chunks (a cast is memory bound). */
+static void widen(float *dst, const void *src, size_t n, pxt_dtype dt) {
+    const size_t chunk = 1 << 16;
+    long nchunks = (long)((n + chunk - 1) / chunk);
+#pragma omp parallel for schedule(static) if (nchunks > 1)
+    for (long c = 0; c < nchunks; c++) {
+        size_t lo = (size_t)c * chunk, len = n - lo < chunk ? n - lo : chunk;
+        pxt_cpu_cast(0, dst + lo, PXT_FLOAT32, (const uint16_t *)src + lo, dt, len);
+    }
+}
+
+int pxt_cpu_gemm(int index, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                 const void *A, const void *B, float beta, void *C, pxt_dtype dt_ab,
+                 pxt_dtype dt_c, void *workspace) {
+    (void)index;
+    int rc = pxt_cpu_check_float(dt_ab, "gemm (A, B)");
+    if (rc == PXT_OK)
+        rc = pxt_cpu_check_float(dt_c, "gemm (C)");
+    if (rc != PXT_OK)
+        return rc;
+    if (M < 0 || N < 0 || K < 0)
+        return pxt_error(PXT_ERR_VALUE, "gemm: negative size M=%d N=%d K=%d", M, N, K);
+    if (M == 0 || N == 0)
+        return PXT_OK;
+    size_t mn = (size_t)M * N;
+    if (K == 0) { /* no products: C = beta * C (beta = 0 ignores what C held) */
+        for (size_t i = 0; i < mn; i++)
+            pxt_st(C, i, dt_c, beta == 0.0f ? 0.0f : beta * pxt_ld(C, i, dt_c));
+        return PXT_OK;
+    }
+    const float *a = A; /* op(A) (M, K): stored (M, K), or (K, M) with trans_a */
+    const float *b = B; /* op(B) (K, N): stored (K, N), or (N, K) with trans_b */
+    if (dt_ab != PXT_FLOAT32) {
+        if (!workspace)
+            return pxt_error(PXT_ERR_VALUE, "gemm: 16-bit operands need a workspace of "
+                             "gemm_workspace() bytes, got NULL");
+        float *a32 = workspace;              /* (M*K) */
+        float *b32 = a32 + (size_t)M * K;    /* (K*N) */
+        widen(a32, A, (size_t)M * K, dt_ab);
+        widen(b32, B, (size_t)K * N, dt_ab);
+        a = a32;
+        b = b32;
+    }
+    enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+    enum CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+    int lda = trans_a ? M : K, ldb = trans_b ? K : N;
+    if (dt_c == PXT_FLOAT32) {
+        /* BLAS semantics: beta = 0 never reads C, so garbage (even NaN) is fine */
+        scipy_cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, N);
+        return PXT_OK;
+    }
+    /* 16-bit C: float32 tiles (mb, nb), each rounded once into C */
+    float tile[GEMM_TILE]; /* (mb, nb) */
+    int nb = N < GEMM_TILE_N ? N : GEMM_TILE_N;
+    int mb = GEMM_TILE / nb;
+    for (int i0 = 0; i0 < M; i0 += mb) {
+        int mi = M - i0 < mb ? M - i0 : mb;
+        /* rows i0.. of op(A): rows of A, or columns of the stored (K, M) */
+        const float *ap = trans_a ? a + i0 : a + (size_t)i0 * K;
+        for (int j0 = 0; j0 < N; j0 += nb) {
+            int nj = N - j0 < nb ? N - j0 : nb;
+            /* columns j0.. of op(B): columns of B, or rows of the stored (N, K) */
+            const float *bp = trans_b ? b + (size_t)j0 * K : b + j0;
+            if (beta != 0.0f) /* beta = 0: C is not read (it may hold NaN) */
+                for (int i = 0; i < mi; i++)
+                    for (int j = 0; j < nj; j++)
+                        tile[i * nj + j] = pxt_ld(C, (size_t)(i0 + i) * N + j0 + j, dt_c);
+            scipy_cblas_sgemm(CblasRowMajor, ta, tb, mi, nj, K, alpha, ap, lda, bp, ldb, beta,
+                              tile, nj);
+            for (int i = 0; i < mi; i++)
+                for (int j = 0; j < nj; j++)
+                    pxt_st(C, (size_t)(i0 + i) * N + j0 + j, dt_c, tile[i * nj + j]);
+        }
+    }
+    return PXT_OK;
+}
+
+/* out (M, N) += bias (N): each row is independent. */
+int pxt_cpu_add_bias(int index, void *out, const void *bias, int M, int N, pxt_dtype dt) {
+    (void)index;
+    int rc = pxt_cpu_check_float(dt, "add_bias");
+    if (rc != PXT_OK)
+        return rc;
+    if (M < 0 || N < 0)
+        return pxt_error(PXT_ERR_VALUE, "add_bias: negative size M=%d N=%d", M, N);
+#pragma omp parallel for schedule(static) if ((size_t)M * N >= PXT_OMP_MIN_WORK)
+    for (int i = 0; i < M; i++) {
+        size_t row = (size_t)i * N;
+        for (int j = 0; j < N; j++)
+            pxt_st(out, row + j, dt, pxt_ld(out, row + j, dt) + pxt_ld(bias, j, dt));
+    }
+    return PXT_OK;
+}
+
+/* dbias (N) += sum over rows of dout (M, N). A column slice per task, rows added
+ * in order into double accumulators: the same bits for any thread count. */
+int pxt_cpu_bias_backward(int index, float *dbias, const void *dout, int M, int N, pxt_dtype dt) {
+    (void)index;
+    int rc = pxt_cpu_check_float(dt, "bias_backward");
+    if (rc != PXT_OK)
+        return rc;
+    if (M < 0 || N < 0)
+        return pxt_error(PXT_ERR_VALUE, "bias_backward: negative size M=%d N=%d", M, N);
+    int nslices = (N + PXT_COL_SLICE - 1) / PXT_COL_SLICE;
+#pragma omp parallel for schedule(static) if ((size_t)M * N >= PXT_OMP_MIN_WORK)
+    for (int s = 0; s < nslices; s++) {
+        int c0 = s * PXT_COL_SLICE, w = N - c0 < PXT_COL_SLICE ? N - c0 : PXT_COL_SLICE;
+        double acc[PXT_COL_SLICE] = {0}; /* (w) */
+        for (int i = 0; i < M; i++) {
+            size_t row = (size_t)i * N + c0;
+            for (int j = 0; j < w; j++)
+                acc[j] += pxt_ld(dout, row + j, dt);
+        }
+        for (int j = 0; j < w; j++)
+            dbias[c0 + j] = (float)(dbias[c0 + j] + acc[j]);
+    }
+    return PXT_OK;
+}
