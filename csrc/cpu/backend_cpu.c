@@ -117,3 +117,8 @@ static const pxt_backend cpu_backend = {
 const pxt_backend *pxt_cpu_backend(void) { return &cpu_backend; }
 
 const char *pxt_cpu_blas_config(void) { return scipy_openblas_get_config(); }
+
+/* OpenBLAS keeps its own thread pool, whose idle threads spin; beside OpenMP's
+ * on the same cores that made steps up to 25x slower. The engine threads with
+ * OpenMP alone and OpenBLAS runs inside its panels (matmul.c). */
+void pxt_cpu_init(void) { scipy_openblas_set_num_threads(1); }

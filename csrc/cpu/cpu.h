@@ -50,6 +50,9 @@ size_t pxt_cpu_attention_workspace(const struct pxt_attn_args *args, int backwar
 int pxt_cpu_attention_set_isa(const char *name);
 const char *pxt_cpu_attention_isa(void);
 
+/* Once at import: one thread pool (OpenMP) for the whole CPU backend. */
+void pxt_cpu_init(void);
+
 /* OpenBLAS's build configuration string, for build_info(). */
 const char *pxt_cpu_blas_config(void);
 

@@ -12,8 +12,13 @@
  *     sgemm call large enough for OpenBLAS's blocking: at (3440, 1024) x
  *     (1024, 4096) a bf16 C costs ~1.3x a float32 C on one thread (smaller
  *     tiles cost more, from re-packing B per tile).
- * So every result is the float32 sum of products, rounded once to dt_c. */
+ * So every result is the float32 sum of products, rounded once to dt_c.
+ *
+ * Threads: OpenBLAS runs single-threaded (pxt_cpu_init) and the engine's one
+ * thread pool, OpenMP's, splits each product into panels of C. Two pools on
+ * the same cores spin against each other: measured 25x slower steps. */
 #include <cblas.h> /* scipy-openblas32: symbols carry a scipy_ prefix */
+#include <omp.h>
 
 #include "cpu.h"
 #include "elem.h"
@@ -25,6 +30,39 @@ size_t pxt_cpu_gemm_workspace(int M, int N, int K, pxt_dtype dt_ab) {
     if (dt_ab == PXT_FLOAT32 || M <= 0 || N <= 0 || K <= 0)
         return 0;
     return ((size_t)M * (size_t)K + (size_t)K * (size_t)N) * sizeof(float);
+}
+
+#define PANEL_ALIGN 16        /* panel edges on multiples of 16 rows / columns */
+#define PARALLEL_MIN_FLOPS (1 << 21) /* smaller products run on one thread */
+
+/* C (M, N) = alpha op(A) op(B) + beta C in float32, ldc = N, split into one panel of
+ * rows (or columns, whichever dimension is longer) per thread. Each element is one
+ * single-threaded sgemm over the whole K, so the split does not change its bits. */
+static void sgemm_panels(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K,
+                         float alpha, const float *a, int lda, const float *b, int ldb,
+                         float beta, float *C, int ldc) {
+    int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+    int split_m = M >= N, dim = split_m ? M : N;
+    int parts = dim / PANEL_ALIGN < nt ? dim / PANEL_ALIGN : nt;
+    if (parts <= 1 || (double)M * N * K < PARALLEL_MIN_FLOPS) {
+        scipy_cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
+        return;
+    }
+#pragma omp parallel for schedule(static) num_threads(parts)
+    for (int p = 0; p < parts; p++) {
+        int lo = (int)((long long)dim * p / parts) / PANEL_ALIGN * PANEL_ALIGN;
+        int hi = p == parts - 1 ? dim : (int)((long long)dim * (p + 1) / parts) / PANEL_ALIGN * PANEL_ALIGN;
+        if (hi <= lo)
+            continue;
+        if (split_m) /* rows lo..hi of op(A): rows of A, or columns of the stored (K, M) */
+            scipy_cblas_sgemm(CblasRowMajor, ta, tb, hi - lo, N, K, alpha,
+                              ta == CblasTrans ? a + lo : a + (size_t)lo * lda, lda, b, ldb, beta,
+                              C + (size_t)lo * ldc, ldc);
+        else /* columns lo..hi of op(B): columns of B, or rows of the stored (N, K) */
+            scipy_cblas_sgemm(CblasRowMajor, ta, tb, M, hi - lo, K, alpha, a, lda,
+                              tb == CblasTrans ? b + (size_t)lo * ldb : b + lo, ldb, beta, C + lo,
+                              ldc);
+    }
 }
 
 /* dst (n) = (float) src (n), in parallel chunks (a cast is memory bound). */
@@ -75,14 +113,18 @@ int pxt_cpu_gemm(int index, int trans_a, int trans_b, int M, int N, int K, float
     int lda = trans_a ? M : K, ldb = trans_b ? K : N;
     if (dt_c == PXT_FLOAT32) {
         /* BLAS semantics: beta = 0 never reads C, so garbage (even NaN) is fine */
-        scipy_cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, N);
+        sgemm_panels(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, N);
         return PXT_OK;
     }
-    /* 16-bit C: float32 tiles (mb, nb), each rounded once into C */
-    float tile[GEMM_TILE]; /* (mb, nb) */
+    /* 16-bit C: float32 tiles (mb, nb), each rounded once into C; tiles of rows
+     * go to threads, each with its own staging tile on its stack */
     int nb = N < GEMM_TILE_N ? N : GEMM_TILE_N;
     int mb = GEMM_TILE / nb;
-    for (int i0 = 0; i0 < M; i0 += mb) {
+    int mtiles = (M + mb - 1) / mb;
+#pragma omp parallel for schedule(static) if (mtiles > 1 && !omp_in_parallel())
+    for (int t = 0; t < mtiles; t++) {
+        float tile[GEMM_TILE]; /* (mb, nb) */
+        int i0 = t * mb;
         int mi = M - i0 < mb ? M - i0 : mb;
         /* rows i0.. of op(A): rows of A, or columns of the stored (K, M) */
         const float *ap = trans_a ? a + i0 : a + (size_t)i0 * K;
