@@ -40,12 +40,25 @@ int pxt_ctx_check_ops(const pxt_backend *be, const char *dev) {
 }
 
 /* q, k, v are thirds of the (B, T, 3C) qkv rows; the output is (B, T, C). */
-static pxt_attn_args attn_args(const pxt_ctx *x) {
+pxt_attn_args pxt_block_self_attn_args(const pxt_ctx *x) {
     int64_t C = x->C, T = x->T, D = x->C / x->H;
     pxt_attn_args a = {
-        .B = x->B, .H = x->H, .Tq = x->T, .Tk = x->T, .D = (int)D, .causal = 1,
+        .B = x->B, .H = x->H, .Tq = x->T, .Tk = x->T, .D = (int)D, .causal = !x->non_causal,
         .scale = 1.0f / sqrtf((float)D), .key_mask = x->key_mask,
         .q = {T * 3 * C, D, 3 * C}, .k = {T * 3 * C, D, 3 * C}, .v = {T * 3 * C, D, 3 * C},
+        .o = {T * C, D, C}, .dt = x->dt,
+    };
+    return a;
+}
+
+/* Queries (B, T, C) against the halves of the (B, Tc, 2C) xkv rows, every
+ * unmasked context key visible; the output is (B, T, C). */
+pxt_attn_args pxt_block_cross_attn_args(const pxt_ctx *x) {
+    int64_t C = x->C, T = x->T, Tc = x->Tc, D = x->C / x->H;
+    pxt_attn_args a = {
+        .B = x->B, .H = x->H, .Tq = x->T, .Tk = x->Tc, .D = (int)D, .causal = 0,
+        .scale = 1.0f / sqrtf((float)D), .key_mask = x->context_mask,
+        .q = {T * C, D, C}, .k = {Tc * 2 * C, D, 2 * C}, .v = {Tc * 2 * C, D, 2 * C},
         .o = {T * C, D, C}, .dt = x->dt,
     };
     return a;
@@ -55,7 +68,86 @@ static char *at(const void *base, size_t elems, pxt_dtype dt) {
     return (char *)base + elems * pxt_dtype_size(dt);
 }
 
+/* ---- the activations one by one ---------------------------------------------- */
+
+int pxt_block_saves(pxt_ckpt policy, int act) {
+    switch (policy) {
+    case PXT_CKPT_NONE: return 1;
+    case PXT_CKPT_SELECTIVE:
+        return act != PXT_ACT_LN1 && act != PXT_ACT_LN2 && act != PXT_ACT_GELU &&
+               act != PXT_ACT_LNX;
+    default: return 0;
+    }
+}
+
+size_t pxt_block_act_bytes(int act, int B, int T, int Tc, int C, int H, pxt_dtype dt) {
+    size_t N = (size_t)B * (size_t)T, es = pxt_dtype_size(dt);
+    switch (act) {
+    case PXT_ACT_LN1: case PXT_ACT_ATT: case PXT_ACT_X2: case PXT_ACT_LN2:
+    case PXT_ACT_LNX: case PXT_ACT_XQ: case PXT_ACT_XATT: case PXT_ACT_X3:
+        return N * (size_t)C * es;
+    case PXT_ACT_QKV: return N * 3 * (size_t)C * es;
+    case PXT_ACT_FC: case PXT_ACT_GELU: return N * 4 * (size_t)C * es;
+    case PXT_ACT_XKV: return (size_t)B * (size_t)Tc * 2 * (size_t)C * es;
+    case PXT_ACT_MEAN1: case PXT_ACT_RSTD1: case PXT_ACT_MEAN2: case PXT_ACT_RSTD2:
+    case PXT_ACT_MEANX: case PXT_ACT_RSTDX:
+        return N * sizeof(float);
+    case PXT_ACT_LSE: case PXT_ACT_XLSE: return N * (size_t)H * sizeof(float);
+    default: return 0;
+    }
+}
+
+void pxt_block_acts_set(pxt_block_acts *a, int act, void *ptr) {
+    switch (act) {
+    case PXT_ACT_LN1: a->ln1 = ptr; break;
+    case PXT_ACT_MEAN1: a->mean1 = ptr; break;
+    case PXT_ACT_RSTD1: a->rstd1 = ptr; break;
+    case PXT_ACT_QKV: a->qkv = ptr; break;
+    case PXT_ACT_ATT: a->att = ptr; break;
+    case PXT_ACT_LSE: a->lse = ptr; break;
+    case PXT_ACT_X2: a->x2 = ptr; break;
+    case PXT_ACT_LN2: a->ln2 = ptr; break;
+    case PXT_ACT_MEAN2: a->mean2 = ptr; break;
+    case PXT_ACT_RSTD2: a->rstd2 = ptr; break;
+    case PXT_ACT_FC: a->fc = ptr; break;
+    case PXT_ACT_GELU: a->gelu = ptr; break;
+    case PXT_ACT_LNX: a->lnx = ptr; break;
+    case PXT_ACT_MEANX: a->meanx = ptr; break;
+    case PXT_ACT_RSTDX: a->rstdx = ptr; break;
+    case PXT_ACT_XQ: a->xq = ptr; break;
+    case PXT_ACT_XKV: a->xkv = ptr; break;
+    case PXT_ACT_XATT: a->xatt = ptr; break;
+    case PXT_ACT_XLSE: a->xlse = ptr; break;
+    case PXT_ACT_X3: a->x3 = ptr; break;
+    default: break;
+    }
+}
+
 /* ---- forward --------------------------------------------------------------- */
+
+/* Cross-attention sublayer: x3 (N, C) = x2 + attention(LN(x2) W_q, context W_kv) W_cp. */
+static int cross_forward(const pxt_ctx *x, const pxt_block_params *p, const pxt_block_acts *a) {
+    const pxt_backend *be = x->be;
+    int d = x->dev, N = x->B * x->T, Nc = x->B * x->Tc, C = x->C;
+    pxt_dtype dt = x->dt;
+    /* queries: lnx (N, C) -> xq (N, C); keys | values: context (Nc, C) -> xkv (Nc, 2C) */
+    TRY(be->layernorm_forward(d, a->lnx, a->meanx, a->rstdx, a->x2, p->w[PXT_XLN_W],
+                              p->w[PXT_XLN_B], N, C, x->eps, dt));
+    TRY(be->gemm(d, 0, 0, N, C, C, 1.0f, a->lnx, p->w[PXT_XQ_W], 0.0f, a->xq, dt, dt,
+                 x->gemm_ws));
+    TRY(be->add_bias(d, a->xq, p->w[PXT_XQ_B], N, C, dt));
+    TRY(be->gemm(d, 0, 0, Nc, 2 * C, C, 1.0f, x->context, p->w[PXT_XKV_W], 0.0f, a->xkv, dt, dt,
+                 x->gemm_ws));
+    TRY(be->add_bias(d, a->xkv, p->w[PXT_XKV_B], Nc, 2 * C, dt));
+    pxt_attn_args args = pxt_block_cross_attn_args(x);
+    TRY(be->attention_forward(d, &args, a->xatt, a->xlse, a->xq, a->xkv,
+                              at(a->xkv, (size_t)C, dt), x->attn_ws));
+    TRY(be->copy(d, a->x3, a->x2, (size_t)N * C * pxt_dtype_size(dt), PXT_COPY_D2D));
+    TRY(be->gemm(d, 0, 0, N, C, C, 1.0f, a->xatt, p->w[PXT_XPROJ_W], 1.0f, a->x3, dt, dt,
+                 x->gemm_ws));
+    return be->add_bias(d, a->x3, p->w[PXT_XPROJ_B], N, C, dt);
+}
+
 
 int pxt_block_forward(const pxt_ctx *x, const pxt_block_params *p, const pxt_block_acts *a,
                       const void *inp, void *out) {
@@ -69,7 +161,7 @@ int pxt_block_forward(const pxt_ctx *x, const pxt_block_params *p, const pxt_blo
     TRY(be->gemm(d, 0, 0, N, 3 * C, C, 1.0f, a->ln1, p->w[PXT_ATTN_W], 0.0f, a->qkv, dt, dt,
                  x->gemm_ws));
     TRY(be->add_bias(d, a->qkv, p->w[PXT_ATTN_B], N, 3 * C, dt));
-    pxt_attn_args args = attn_args(x);
+    pxt_attn_args args = pxt_block_self_attn_args(x);
     TRY(be->attention_forward(d, &args, a->att, a->lse, a->qkv, at(a->qkv, (size_t)C, dt),
                               at(a->qkv, 2 * (size_t)C, dt), x->attn_ws));
     /* the projection accumulates onto a copy of the residual: no (N, C) temporary */
@@ -77,8 +169,14 @@ int pxt_block_forward(const pxt_ctx *x, const pxt_block_params *p, const pxt_blo
     TRY(be->gemm(d, 0, 0, N, C, C, 1.0f, a->att, p->w[PXT_PROJ_W], 1.0f, a->x2, dt, dt,
                  x->gemm_ws));
     TRY(be->add_bias(d, a->x2, p->w[PXT_PROJ_B], N, C, dt));
-    /* MLP half: ln2 (N, C) -> fc (N, 4C) -> gelu (N, 4C) -> y = x2 + proj */
-    TRY(be->layernorm_forward(d, a->ln2, a->mean2, a->rstd2, a->x2, p->w[PXT_LN2_W],
+    /* cross-attention half (with a context): x3 = x2 + cross-attention */
+    const void *r = a->x2; /* the residual entering the MLP */
+    if (x->context) {
+        TRY(cross_forward(x, p, a));
+        r = a->x3;
+    }
+    /* MLP half: ln2 (N, C) -> fc (N, 4C) -> gelu (N, 4C) -> y = r + proj */
+    TRY(be->layernorm_forward(d, a->ln2, a->mean2, a->rstd2, r, p->w[PXT_LN2_W],
                               p->w[PXT_LN2_B], N, C, x->eps, dt));
     TRY(be->gemm(d, 0, 0, N, 4 * C, C, 1.0f, a->ln2, p->w[PXT_FC_W], 0.0f, a->fc, dt, dt,
                  x->gemm_ws));
@@ -86,7 +184,7 @@ int pxt_block_forward(const pxt_ctx *x, const pxt_block_params *p, const pxt_blo
     TRY(be->gelu_forward(d, a->gelu, a->fc, NC * 4, dt));
     if (!out)
         return PXT_OK;
-    TRY(be->copy(d, out, a->x2, NC * pxt_dtype_size(dt), PXT_COPY_D2D));
+    TRY(be->copy(d, out, r, NC * pxt_dtype_size(dt), PXT_COPY_D2D));
     TRY(be->gemm(d, 0, 0, N, C, 4 * C, 1.0f, a->gelu, p->w[PXT_FCP_W], 1.0f, out, dt, dt,
                  x->gemm_ws));
     return be->add_bias(d, out, p->w[PXT_FCP_B], N, C, dt);
@@ -113,8 +211,14 @@ static int recompute(const pxt_ctx *x, const pxt_block_params *p, const pxt_bloc
         acts->gelu = work->gelu;
         TRY(be->layernorm_forward(d, acts->ln1, acts->mean1, acts->rstd1, inp, p->w[PXT_LN1_W],
                                   p->w[PXT_LN1_B], N, C, x->eps, x->dt));
-        TRY(be->layernorm_forward(d, acts->ln2, acts->mean2, acts->rstd2, acts->x2,
-                                  p->w[PXT_LN2_W], p->w[PXT_LN2_B], N, C, x->eps, x->dt));
+        if (x->context) {
+            acts->lnx = work->lnx;
+            TRY(be->layernorm_forward(d, acts->lnx, acts->meanx, acts->rstdx, acts->x2,
+                                      p->w[PXT_XLN_W], p->w[PXT_XLN_B], N, C, x->eps, x->dt));
+        }
+        TRY(be->layernorm_forward(d, acts->ln2, acts->mean2, acts->rstd2,
+                                  x->context ? acts->x3 : acts->x2, p->w[PXT_LN2_W],
+                                  p->w[PXT_LN2_B], N, C, x->eps, x->dt));
         return be->gelu_forward(d, acts->gelu, acts->fc, (size_t)N * 4 * C, x->dt);
     default: /* full: the whole block again, from its input */
         *acts = *work;
@@ -123,6 +227,37 @@ static int recompute(const pxt_ctx *x, const pxt_block_params *p, const pxt_bloc
 }
 
 /* ---- backward -------------------------------------------------------------- */
+
+/* dres: dx3 on entry, dx2 on exit; dcontext +=. dA holds dxq (N, C), dB dxatt
+ * then dlnx (N, C), x->dkv the context keys' and values' gradient (Nc, 2C). */
+static int cross_backward(const pxt_ctx *x, const pxt_block_params *p, const pxt_block_grads *g,
+                          const pxt_block_acts *a, void *dres, void *dA, void *dB) {
+    const pxt_backend *be = x->be;
+    int d = x->dev, N = x->B * x->T, Nc = x->B * x->Tc, C = x->C;
+    pxt_dtype dt = x->dt, f32 = PXT_FLOAT32;
+    /* out: dxatt (N, C) = dx3 W_cp^T; dW_cp (C, C) += xatt^T dx3 */
+    TRY(be->gemm(d, 0, 1, N, C, C, 1.0f, dres, p->w[PXT_XPROJ_W], 0.0f, dB, dt, dt, x->gemm_ws));
+    TRY(be->gemm(d, 1, 0, C, C, N, 1.0f, a->xatt, dres, 1.0f, g->g[PXT_XPROJ_W], dt, f32,
+                 x->gemm_ws));
+    TRY(be->bias_backward(d, g->g[PXT_XPROJ_B], dres, N, C, dt));
+    /* attention: dxq (N, C) into dA, dk | dv (Nc, 2C) into dkv, laid out like xkv */
+    pxt_attn_args args = pxt_block_cross_attn_args(x);
+    TRY(be->attention_backward(d, &args, dA, x->dkv, at(x->dkv, (size_t)C, dt), dB, a->xq,
+                               a->xkv, at(a->xkv, (size_t)C, dt), a->xatt, a->xlse, x->attn_ws));
+    /* queries: dlnx (N, C) = dxq W_q^T; dW_q (C, C) += lnx^T dxq */
+    TRY(be->gemm(d, 0, 1, N, C, C, 1.0f, dA, p->w[PXT_XQ_W], 0.0f, dB, dt, dt, x->gemm_ws));
+    TRY(be->gemm(d, 1, 0, C, C, N, 1.0f, a->lnx, dA, 1.0f, g->g[PXT_XQ_W], dt, f32, x->gemm_ws));
+    TRY(be->bias_backward(d, g->g[PXT_XQ_B], dA, N, C, dt));
+    /* keys | values: dcontext (Nc, C) += dkv W_kv^T; dW_kv (C, 2C) += context^T dkv */
+    TRY(be->gemm(d, 0, 1, Nc, C, 2 * C, 1.0f, x->dkv, p->w[PXT_XKV_W], 1.0f, x->dcontext, dt, dt,
+                 x->gemm_ws));
+    TRY(be->gemm(d, 1, 0, C, 2 * C, Nc, 1.0f, x->context, x->dkv, 1.0f, g->g[PXT_XKV_W], dt, f32,
+                 x->gemm_ws));
+    TRY(be->bias_backward(d, g->g[PXT_XKV_B], x->dkv, Nc, 2 * C, dt));
+    /* lnx: dx2 = dx3 + LNx'(dlnx), accumulated into dres */
+    return be->layernorm_backward(d, dres, g->g[PXT_XLN_W], g->g[PXT_XLN_B], dB, a->x2,
+                                  p->w[PXT_XLN_W], a->meanx, a->rstdx, N, C, dt);
+}
 
 int pxt_block_backward(const pxt_ctx *x, const pxt_block_params *p, const pxt_block_grads *g,
                        const pxt_block_acts *saved, const pxt_block_acts *work, pxt_ckpt policy,
@@ -145,16 +280,20 @@ int pxt_block_backward(const pxt_ctx *x, const pxt_block_params *p, const pxt_bl
     TRY(be->gemm(d, 1, 0, C, 4 * C, N, 1.0f, a.ln2, dA, 1.0f, g->g[PXT_FC_W], dt, f32,
                  x->gemm_ws));
     TRY(be->bias_backward(d, g->g[PXT_FC_B], dA, N, 4 * C, dt));
-    /* ln2: dx2 = dy + LN2'(dln2), accumulated into dres */
-    TRY(be->layernorm_backward(d, dres, g->g[PXT_LN2_W], g->g[PXT_LN2_B], dB, a.x2,
-                               p->w[PXT_LN2_W], a.mean2, a.rstd2, N, C, dt));
+    /* ln2: dr = dy + LN2'(dln2), accumulated into dres (r = x3 or x2) */
+    TRY(be->layernorm_backward(d, dres, g->g[PXT_LN2_W], g->g[PXT_LN2_B], dB,
+                               x->context ? a.x3 : a.x2, p->w[PXT_LN2_W], a.mean2, a.rstd2, N,
+                               C, dt));
+    /* cross-attention: dres becomes dx2, dcontext accumulates */
+    if (x->context)
+        TRY(cross_backward(x, p, g, &a, dres, dA, dB));
     /* attention out: datt (N, C) = dx2 W_proj^T; dW_proj (C, C) += att^T dx2 */
     TRY(be->gemm(d, 0, 1, N, C, C, 1.0f, dres, p->w[PXT_PROJ_W], 0.0f, dB, dt, dt, x->gemm_ws));
     TRY(be->gemm(d, 1, 0, C, C, N, 1.0f, a.att, dres, 1.0f, g->g[PXT_PROJ_W], dt, f32,
                  x->gemm_ws));
     TRY(be->bias_backward(d, g->g[PXT_PROJ_B], dres, N, C, dt));
     /* attention: dqkv (N, 3C) into dA, laid out like qkv */
-    pxt_attn_args args = attn_args(x);
+    pxt_attn_args args = pxt_block_self_attn_args(x);
     TRY(be->attention_backward(d, &args, dA, at(dA, (size_t)C, dt), at(dA, 2 * (size_t)C, dt), dB,
                                a.qkv, at(a.qkv, (size_t)C, dt), at(a.qkv, 2 * (size_t)C, dt),
                                a.att, a.lse, x->attn_ws));

@@ -79,13 +79,26 @@ int pxt_param_layout_init(pxt_param_layout *l, const pxt_gpt_config *c) {
     return PXT_OK;
 }
 
-int pxt_block_layout_init(pxt_param_layout *l, int d_model, int layer) {
-    (void)layer;
+int pxt_block_layout_init(pxt_param_layout *l, int d_model, int cross) {
+    static const char *cross_name[] = {
+        "crossattn.ln.weight", "crossattn.ln.bias", "crossattn.q.weight", "crossattn.q.bias",
+        "crossattn.kv.weight", "crossattn.kv.bias", "crossattn.c_proj.weight",
+        "crossattn.c_proj.bias",
+    };
+    static const int cross_shape[][3] = { /* ndim, rows, cols in units of C */
+        {1, 1, 0}, {1, 1, 0}, {2, 1, 1}, {1, 1, 0}, {2, 1, 2}, {1, 2, 0}, {2, 1, 1}, {1, 1, 0},
+    };
+    int cap = cross ? PXT_BLOCK_TENSORS_CROSS : PXT_BLOCK_TENSORS;
     memset(l, 0, sizeof *l);
-    l->params = calloc(PXT_BLOCK_TENSORS, sizeof *l->params);
+    l->params = calloc((size_t)cap, sizeof *l->params);
     if (!l->params)
         return pxt_error(PXT_ERR_OOM, "out of host memory for the parameter table");
-    l->block0 = add_block(l, PXT_BLOCK_TENSORS, "", d_model);
+    int64_t C = d_model;
+    l->block0 = add_block(l, cap, "", C);
+    for (int j = PXT_BLOCK_TENSORS; j < cap; j++) {
+        const int *k = cross_shape[j - PXT_BLOCK_TENSORS];
+        add(l, cap, cross_name[j - PXT_BLOCK_TENSORS], k[0], k[1] * C, k[2] * C, k[0] == 2);
+    }
     l->text_emb = l->mel_emb = l->text_pos = l->mel_pos = -1;
     l->ln_f_w = l->ln_f_b = l->fnorm_w = l->fnorm_b = -1;
     l->text_head_w = l->text_head_b = l->mel_head_w = l->mel_head_b = -1;

@@ -24,6 +24,16 @@ enum {
     PXT_BLOCK_TENSORS
 };
 
+/* A block with cross-attention (pyxtts.Block(cross_attention=True)) has 8 more,
+ * after the 12 above: crossattn.ln.weight/bias (C), crossattn.q.weight (C, C) +
+ * bias (C), crossattn.kv.weight (C, 2C) + bias (2C), crossattn.c_proj.weight
+ * (C, C) + bias (C). The GPT's blocks have none (its layout is unchanged). */
+enum {
+    PXT_XLN_W = PXT_BLOCK_TENSORS, PXT_XLN_B, PXT_XQ_W, PXT_XQ_B, PXT_XKV_W, PXT_XKV_B,
+    PXT_XPROJ_W, PXT_XPROJ_B,
+    PXT_BLOCK_TENSORS_CROSS
+};
+
 #define PXT_NAME_LEN 64
 
 typedef struct {
@@ -49,8 +59,10 @@ typedef struct {
 int pxt_param_layout_init(pxt_param_layout *l, const pxt_gpt_config *c);
 void pxt_param_layout_free(pxt_param_layout *l);
 
-/* The layout of a single block's parameters (pyxtts.Block), prefix "" . */
-int pxt_block_layout_init(pxt_param_layout *l, int d_model, int prefix_layer);
+/* The layout of a single block's parameters (pyxtts.Block), names without a
+ * prefix ("ln_1.weight", ...): the 12 tensors of a GPT block, then with cross
+ * the 8 of its cross-attention; params[j] is tensor j of the enums above. */
+int pxt_block_layout_init(pxt_param_layout *l, int d_model, int cross);
 
 /* Checks a config; PXT_ERR_VALUE with the field, value and rule. */
 int pxt_gpt_config_check(const pxt_gpt_config *c);

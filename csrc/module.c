@@ -238,6 +238,7 @@ static struct PyModuleDef module_def = {
 
 PyMODINIT_FUNC PyInit__C(void) {
     import_array();
+    pxt_cpu_init();
     PyObject *m = PyModule_Create(&module_def);
     if (!m)
         return NULL;
@@ -258,6 +259,7 @@ PyMODINIT_FUNC PyInit__C(void) {
         goto fail;
     }
     if (pxt_dtype_init(m) < 0 || pxt_tensor_init_type(m) < 0 || pxt_gpt_init_type(m) < 0 ||
+        pxt_block_init_type(m) < 0 ||
         PyModule_AddFunctions(m, pxt_ops_methods) < 0 ||
         PyModule_AddFunctions(m, pxt_attention_methods) < 0 ||
         PyModule_AddFunctions(m, pxt_model_methods) < 0)

@@ -42,6 +42,8 @@ extern PyMethodDef pxt_model_methods[];     /* model.c: plan_memory */
 
 /* model.c: pyxtts._C.GPT */
 int pxt_gpt_init_type(PyObject *module);
+/* block_py.c: pyxtts._C.Block */
+int pxt_block_init_type(PyObject *module);
 
 /* bench.c */
 PyObject *pxt_py_bench_alloc(PyObject *m, PyObject *args, PyObject *kwargs);

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 try:
     from pyxtts._C import (
+        Block,
         OutOfMemoryError,
         Tensor,
         attention,
@@ -47,7 +48,7 @@ from pyxtts.model import MemoryPlan, ModelConfig, XTTSGPT, estimate_memory
 __version__: str = build_info()["version"]
 
 __all__ = [
-    "MemoryPlan", "ModelConfig", "XTTSGPT", "estimate_memory",
+    "Block", "MemoryPlan", "ModelConfig", "XTTSGPT", "estimate_memory",
     "attention", "attention_backward", "attention_forward",
     "OutOfMemoryError", "Tensor", "bfloat16", "bool", "build_info", "cleanup_gpu_memory",
     "cuda_available", "device_count", "device_info", "dtype", "empty", "empty_cache", "float16",
