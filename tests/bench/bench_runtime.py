@@ -58,18 +58,24 @@ def round_trips(device: str) -> list[dict]:
     return rows
 
 
+def create_drop(make: Callable[[], object], n: int = 1000) -> None:
+    """n objects created and dropped one after another (one alive at a time)."""
+    for _ in range(n):
+        make()
+
+
 def allocations(device: str) -> list[dict]:
     rows = []
     for size in (256, 4 << 10, 1 << 20, 16 << 20):
         c = _C._bench_alloc(size, 100_000, device)
-        t_px = best_of(lambda: [pyxtts.empty(size, dtype=pyxtts.uint8, device=device) for _ in range(1000)], 20) / 1000
-        t_np = best_of(lambda: [np.empty(size, dtype=np.uint8) for _ in range(1000)], 20) / 1000
+        t_px = best_of(lambda: create_drop(lambda: pyxtts.empty(size, dtype=pyxtts.uint8, device=device)), 20) / 1000
+        t_np = best_of(lambda: create_drop(lambda: np.empty(size, dtype=np.uint8)), 20) / 1000
         row = {"bytes": size, "c_cached_ns": c["cached_ns"], "c_malloc_ns": c["malloc_ns"],
                "c_posix_memalign_ns": c["posix_memalign_ns"], "py_pyxtts_empty_ns": t_px * 1e9,
                "py_numpy_empty_ns": t_np * 1e9}
         if torch is not None:
             tdev = "cuda" if device.startswith("cuda") else "cpu"
-            t_th = best_of(lambda: [torch.empty(size, dtype=torch.uint8, device=tdev) for _ in range(1000)], 20) / 1000
+            t_th = best_of(lambda: create_drop(lambda: torch.empty(size, dtype=torch.uint8, device=tdev)), 20) / 1000
             row["py_torch_empty_ns"] = t_th * 1e9
         rows.append(row)
     return rows
