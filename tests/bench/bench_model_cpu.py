@@ -35,7 +35,7 @@ def worker(impl: str, name: str, policy: str, steps: int) -> dict:
 
     sys.path.insert(0, str(HERE.parent))
     import pyxtts
-    from reference import random_batch
+    from batches import random_batch  # NumPy only: torch stays out of pyxtts's RSS
 
     kwargs, B, Lt, La = CONFIGS[name]
     cfg = pyxtts.ModelConfig(**kwargs)
