@@ -363,3 +363,25 @@ def test_load_state_dict_refuses_bad_input_and_changes_nothing():
         with pytest.raises(exc, match=msg):
             m.load_state_dict(state)
         assert all(np.array_equal(v, before[k]) for k, v in m.state_dict().items())
+
+
+def test_fault_at_every_allocation_of_a_step():
+    rng = np.random.default_rng()
+    m = pyxtts.XTTSGPT(SMALL, checkpointing="auto")
+    batch = random_batch(rng, SMALL, B=2, Lt=12, La=20)
+    before = pyxtts.memory_stats("cpu")["num_allocs"]
+    m.forward_backward(batch)
+    n_allocs = pyxtts.memory_stats("cpu")["num_allocs"] - before
+    assert n_allocs >= 1  # the arena; the planner allows nothing else
+    m.zero_grad()
+    params = m.state_dict()
+    for i in range(n_allocs):
+        m.release_memory()
+        allocated = pyxtts.memory_allocated("cpu")
+        inject_oom(i, "cpu")
+        with pytest.raises(pyxtts.OutOfMemoryError):
+            m.forward_backward(batch)
+        inject_oom(None, "cpu")
+        assert pyxtts.memory_allocated("cpu") == allocated
+        assert all(np.array_equal(v, params[k]) for k, v in m.state_dict().items())
+        assert all(np.all(g.numpy() == 0) for g in m.gradients().values())
