@@ -156,3 +156,20 @@ def assert_floats_equal(actual, expected, msg: str = "") -> None:
     np.testing.assert_array_equal(np.signbit(a32[nan]), np.signbit(e32[nan]),
                                   err_msg=f"NaN signs differ; {msg}")
     np.testing.assert_array_equal(bits(actual)[~nan], bits(expected)[~nan], err_msg=msg)
+
+
+def run_python(code: str, *args: str, env: dict | None = None, timeout: float = 120):
+    """Runs code in a fresh interpreter that imports this very pyxtts (the installed
+    one in CI, the in-place build in a checkout), never the unbuilt source folder:
+    the child starts outside the repository, with the package's parent first on
+    PYTHONPATH. Returns the CompletedProcess (text output)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(pyxtts.__file__).resolve().parent.parent)
+    here = str(Path(__file__).resolve().parent)
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, here, full_env.get("PYTHONPATH", "")) if p)
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          env=full_env, cwd="/", timeout=timeout)

@@ -15,8 +15,6 @@ differs. Elements the contract fixes (masked rows and keys) must be exactly 0.
 from __future__ import annotations
 
 import gc
-import os
-import subprocess
 import sys
 import textwrap
 
@@ -25,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DEVICES
+from conftest import run_python
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import pyxtts
@@ -450,12 +448,8 @@ def test_backward_is_bit_identical_across_runs(rng, seed):
 def test_bit_identical_for_any_thread_count(seed):
     """OMP_NUM_THREADS=1 (one pass per head) and 2 (dK/dV and dQ passes) agree bit for bit."""
     digests = []
-    root = os.path.dirname(os.path.dirname(os.path.abspath(pyxtts.__file__)))
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     for threads in ("1", "2"):
-        env = dict(os.environ, OMP_NUM_THREADS=threads, PYTHONPATH=path)
-        res = subprocess.run([sys.executable, "-c", DETERMINISM_SCRIPT, str(seed % 2**31)],
-                             env=env, capture_output=True, text=True, timeout=120)
+        res = run_python(DETERMINISM_SCRIPT, str(seed % 2**31), env={"OMP_NUM_THREADS": threads})
         assert res.returncode == 0, res.stderr
         digests.append(res.stdout.strip())
     assert digests[0] == digests[1], f"seed={seed}: results depend on the thread count"

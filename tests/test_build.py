@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 import pyxtts
+from conftest import run_python
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,19 +50,14 @@ def test_device_info_cpu():
     assert info["multiprocessors"] >= 1
 
 
-def run_python(code: str) -> str:
-    """Runs code in a fresh interpreter that imports the same pyxtts as this one."""
-    env = {**os.environ, "PYTHONPATH": str(Path(pyxtts.__file__).resolve().parent.parent)}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                          cwd="/", env=env).stdout
-
-
 def test_cli_gpu_info_runs():
-    out = run_python("from pyxtts.cli import main; main(['gpu-info', '--json'])")
+    res = run_python("from pyxtts.cli import main; main(['gpu-info', '--json'])")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
     data = json.loads(out)
     assert data["build"]["version"] == pyxtts.__version__
     assert data["devices"][0]["device"] == "cpu"
-    text = run_python("from pyxtts.cli import main; main([])")
+    text = run_python("from pyxtts.cli import main; main([])").stdout
     assert "devices:" in text and "cpu" in text and "BLAS" in text
 
 

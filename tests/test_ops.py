@@ -18,7 +18,6 @@ repeats a run); failure messages carry the seed and the shapes.
 from __future__ import annotations
 
 import math
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import NP_DTYPE, assert_bits_equal, requires_cuda
+from conftest import NP_DTYPE, assert_bits_equal, requires_cuda, run_python
 
 import pyxtts
 from pyxtts import _C
@@ -811,9 +810,7 @@ def test_determinism_across_runs_and_threads(rng, seed):
     # OMP_NUM_THREADS = 1, 2, 3 in fresh processes: the same bits
     digests = {}
     for threads in (1, 2, 3):
-        env = {**__import__("os").environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
-        res = subprocess.run([sys.executable, "-c", DETERMINISM_SCRIPT, str(seed)], capture_output=True,
-                             text=True, env=env, cwd=str(ROOT), timeout=120)
+        res = run_python(DETERMINISM_SCRIPT, str(seed), env={"OMP_NUM_THREADS": str(threads)})
         assert res.returncode == 0, res.stderr
         digests[threads] = res.stdout.strip()
     assert len(set(digests.values())) == 1, f"seed={seed}: results depend on the thread count: {digests}"
