@@ -3,12 +3,6 @@
 
 #include "block.h"
 
-#define TRY(call)                       \
-    do {                                \
-        int rc_ = (call);               \
-        if (rc_ != PXT_OK)              \
-            return rc_;                 \
-    } while (0)
 
 int pxt_ctx_check_ops(const pxt_backend *be, const char *dev) {
     struct {
@@ -131,19 +125,19 @@ static int cross_forward(const pxt_ctx *x, const pxt_block_params *p, const pxt_
     int d = x->dev, N = x->B * x->T, Nc = x->B * x->Tc, C = x->C;
     pxt_dtype dt = x->dt;
     /* queries: lnx (N, C) -> xq (N, C); keys | values: context (Nc, C) -> xkv (Nc, 2C) */
-    TRY(be->layernorm_forward(d, a->lnx, a->meanx, a->rstdx, a->x2, p->w[PXT_XLN_W],
+    PXT_TRY(be->layernorm_forward(d, a->lnx, a->meanx, a->rstdx, a->x2, p->w[PXT_XLN_W],
                               p->w[PXT_XLN_B], N, C, x->eps, dt));
-    TRY(be->gemm(d, 0, 0, N, C, C, 1.0f, a->lnx, p->w[PXT_XQ_W], 0.0f, a->xq, dt, dt,
+    PXT_TRY(be->gemm(d, 0, 0, N, C, C, 1.0f, a->lnx, p->w[PXT_XQ_W], 0.0f, a->xq, dt, dt,
                  x->gemm_ws));
-    TRY(be->add_bias(d, a->xq, p->w[PXT_XQ_B], N, C, dt));
-    TRY(be->gemm(d, 0, 0, Nc, 2 * C, C, 1.0f, x->context, p->w[PXT_XKV_W], 0.0f, a->xkv, dt, dt,
+    PXT_TRY(be->add_bias(d, a->xq, p->w[PXT_XQ_B], N, C, dt));
+    PXT_TRY(be->gemm(d, 0, 0, Nc, 2 * C, C, 1.0f, x->context, p->w[PXT_XKV_W], 0.0f, a->xkv, dt, dt,
                  x->gemm_ws));
-    TRY(be->add_bias(d, a->xkv, p->w[PXT_XKV_B], Nc, 2 * C, dt));
+    PXT_TRY(be->add_bias(d, a->xkv, p->w[PXT_XKV_B], Nc, 2 * C, dt));
     pxt_attn_args args = pxt_block_cross_attn_args(x);
-    TRY(be->attention_forward(d, &args, a->xatt, a->xlse, a->xq, a->xkv,
+    PXT_TRY(be->attention_forward(d, &args, a->xatt, a->xlse, a->xq, a->xkv,
                               at(a->xkv, (size_t)C, dt), x->attn_ws));
-    TRY(be->copy(d, a->x3, a->x2, (size_t)N * C * pxt_dtype_size(dt), PXT_COPY_D2D));
-    TRY(be->gemm(d, 0, 0, N, C, C, 1.0f, a->xatt, p->w[PXT_XPROJ_W], 1.0f, a->x3, dt, dt,
+    PXT_TRY(be->copy(d, a->x3, a->x2, (size_t)N * C * pxt_dtype_size(dt), PXT_COPY_D2D));
+    PXT_TRY(be->gemm(d, 0, 0, N, C, C, 1.0f, a->xatt, p->w[PXT_XPROJ_W], 1.0f, a->x3, dt, dt,
                  x->gemm_ws));
     return be->add_bias(d, a->x3, p->w[PXT_XPROJ_B], N, C, dt);
 }
@@ -156,36 +150,36 @@ int pxt_block_forward(const pxt_ctx *x, const pxt_block_params *p, const pxt_blo
     pxt_dtype dt = x->dt;
     size_t NC = (size_t)N * C;
     /* attention half: ln1 (N, C) -> qkv (N, 3C) -> att (N, C) -> x2 = x + proj */
-    TRY(be->layernorm_forward(d, a->ln1, a->mean1, a->rstd1, inp, p->w[PXT_LN1_W],
+    PXT_TRY(be->layernorm_forward(d, a->ln1, a->mean1, a->rstd1, inp, p->w[PXT_LN1_W],
                               p->w[PXT_LN1_B], N, C, x->eps, dt));
-    TRY(be->gemm(d, 0, 0, N, 3 * C, C, 1.0f, a->ln1, p->w[PXT_ATTN_W], 0.0f, a->qkv, dt, dt,
+    PXT_TRY(be->gemm(d, 0, 0, N, 3 * C, C, 1.0f, a->ln1, p->w[PXT_ATTN_W], 0.0f, a->qkv, dt, dt,
                  x->gemm_ws));
-    TRY(be->add_bias(d, a->qkv, p->w[PXT_ATTN_B], N, 3 * C, dt));
+    PXT_TRY(be->add_bias(d, a->qkv, p->w[PXT_ATTN_B], N, 3 * C, dt));
     pxt_attn_args args = pxt_block_self_attn_args(x);
-    TRY(be->attention_forward(d, &args, a->att, a->lse, a->qkv, at(a->qkv, (size_t)C, dt),
+    PXT_TRY(be->attention_forward(d, &args, a->att, a->lse, a->qkv, at(a->qkv, (size_t)C, dt),
                               at(a->qkv, 2 * (size_t)C, dt), x->attn_ws));
     /* the projection accumulates onto a copy of the residual: no (N, C) temporary */
-    TRY(be->copy(d, a->x2, inp, NC * pxt_dtype_size(dt), PXT_COPY_D2D));
-    TRY(be->gemm(d, 0, 0, N, C, C, 1.0f, a->att, p->w[PXT_PROJ_W], 1.0f, a->x2, dt, dt,
+    PXT_TRY(be->copy(d, a->x2, inp, NC * pxt_dtype_size(dt), PXT_COPY_D2D));
+    PXT_TRY(be->gemm(d, 0, 0, N, C, C, 1.0f, a->att, p->w[PXT_PROJ_W], 1.0f, a->x2, dt, dt,
                  x->gemm_ws));
-    TRY(be->add_bias(d, a->x2, p->w[PXT_PROJ_B], N, C, dt));
+    PXT_TRY(be->add_bias(d, a->x2, p->w[PXT_PROJ_B], N, C, dt));
     /* cross-attention half (with a context): x3 = x2 + cross-attention */
     const void *r = a->x2; /* the residual entering the MLP */
     if (x->context) {
-        TRY(cross_forward(x, p, a));
+        PXT_TRY(cross_forward(x, p, a));
         r = a->x3;
     }
     /* MLP half: ln2 (N, C) -> fc (N, 4C) -> gelu (N, 4C) -> y = r + proj */
-    TRY(be->layernorm_forward(d, a->ln2, a->mean2, a->rstd2, r, p->w[PXT_LN2_W],
+    PXT_TRY(be->layernorm_forward(d, a->ln2, a->mean2, a->rstd2, r, p->w[PXT_LN2_W],
                               p->w[PXT_LN2_B], N, C, x->eps, dt));
-    TRY(be->gemm(d, 0, 0, N, 4 * C, C, 1.0f, a->ln2, p->w[PXT_FC_W], 0.0f, a->fc, dt, dt,
+    PXT_TRY(be->gemm(d, 0, 0, N, 4 * C, C, 1.0f, a->ln2, p->w[PXT_FC_W], 0.0f, a->fc, dt, dt,
                  x->gemm_ws));
-    TRY(be->add_bias(d, a->fc, p->w[PXT_FC_B], N, 4 * C, dt));
-    TRY(be->gelu_forward(d, a->gelu, a->fc, NC * 4, dt));
+    PXT_TRY(be->add_bias(d, a->fc, p->w[PXT_FC_B], N, 4 * C, dt));
+    PXT_TRY(be->gelu_forward(d, a->gelu, a->fc, NC * 4, dt));
     if (!out)
         return PXT_OK;
-    TRY(be->copy(d, out, r, NC * pxt_dtype_size(dt), PXT_COPY_D2D));
-    TRY(be->gemm(d, 0, 0, N, C, 4 * C, 1.0f, a->gelu, p->w[PXT_FCP_W], 1.0f, out, dt, dt,
+    PXT_TRY(be->copy(d, out, r, NC * pxt_dtype_size(dt), PXT_COPY_D2D));
+    PXT_TRY(be->gemm(d, 0, 0, N, C, 4 * C, 1.0f, a->gelu, p->w[PXT_FCP_W], 1.0f, out, dt, dt,
                  x->gemm_ws));
     return be->add_bias(d, out, p->w[PXT_FCP_B], N, C, dt);
 }
@@ -209,14 +203,14 @@ static int recompute(const pxt_ctx *x, const pxt_block_params *p, const pxt_bloc
         acts->ln1 = work->ln1;
         acts->ln2 = work->ln2;
         acts->gelu = work->gelu;
-        TRY(be->layernorm_forward(d, acts->ln1, acts->mean1, acts->rstd1, inp, p->w[PXT_LN1_W],
+        PXT_TRY(be->layernorm_forward(d, acts->ln1, acts->mean1, acts->rstd1, inp, p->w[PXT_LN1_W],
                                   p->w[PXT_LN1_B], N, C, x->eps, x->dt));
         if (x->context) {
             acts->lnx = work->lnx;
-            TRY(be->layernorm_forward(d, acts->lnx, acts->meanx, acts->rstdx, acts->x2,
+            PXT_TRY(be->layernorm_forward(d, acts->lnx, acts->meanx, acts->rstdx, acts->x2,
                                       p->w[PXT_XLN_W], p->w[PXT_XLN_B], N, C, x->eps, x->dt));
         }
-        TRY(be->layernorm_forward(d, acts->ln2, acts->mean2, acts->rstd2,
+        PXT_TRY(be->layernorm_forward(d, acts->ln2, acts->mean2, acts->rstd2,
                                   x->context ? acts->x3 : acts->x2, p->w[PXT_LN2_W],
                                   p->w[PXT_LN2_B], N, C, x->eps, x->dt));
         return be->gelu_forward(d, acts->gelu, acts->fc, (size_t)N * 4 * C, x->dt);
@@ -236,24 +230,24 @@ static int cross_backward(const pxt_ctx *x, const pxt_block_params *p, const pxt
     int d = x->dev, N = x->B * x->T, Nc = x->B * x->Tc, C = x->C;
     pxt_dtype dt = x->dt, f32 = PXT_FLOAT32;
     /* out: dxatt (N, C) = dx3 W_cp^T; dW_cp (C, C) += xatt^T dx3 */
-    TRY(be->gemm(d, 0, 1, N, C, C, 1.0f, dres, p->w[PXT_XPROJ_W], 0.0f, dB, dt, dt, x->gemm_ws));
-    TRY(be->gemm(d, 1, 0, C, C, N, 1.0f, a->xatt, dres, 1.0f, g->g[PXT_XPROJ_W], dt, f32,
+    PXT_TRY(be->gemm(d, 0, 1, N, C, C, 1.0f, dres, p->w[PXT_XPROJ_W], 0.0f, dB, dt, dt, x->gemm_ws));
+    PXT_TRY(be->gemm(d, 1, 0, C, C, N, 1.0f, a->xatt, dres, 1.0f, g->g[PXT_XPROJ_W], dt, f32,
                  x->gemm_ws));
-    TRY(be->bias_backward(d, g->g[PXT_XPROJ_B], dres, N, C, dt));
+    PXT_TRY(be->bias_backward(d, g->g[PXT_XPROJ_B], dres, N, C, dt));
     /* attention: dxq (N, C) into dA, dk | dv (Nc, 2C) into dkv, laid out like xkv */
     pxt_attn_args args = pxt_block_cross_attn_args(x);
-    TRY(be->attention_backward(d, &args, dA, x->dkv, at(x->dkv, (size_t)C, dt), dB, a->xq,
+    PXT_TRY(be->attention_backward(d, &args, dA, x->dkv, at(x->dkv, (size_t)C, dt), dB, a->xq,
                                a->xkv, at(a->xkv, (size_t)C, dt), a->xatt, a->xlse, x->attn_ws));
     /* queries: dlnx (N, C) = dxq W_q^T; dW_q (C, C) += lnx^T dxq */
-    TRY(be->gemm(d, 0, 1, N, C, C, 1.0f, dA, p->w[PXT_XQ_W], 0.0f, dB, dt, dt, x->gemm_ws));
-    TRY(be->gemm(d, 1, 0, C, C, N, 1.0f, a->lnx, dA, 1.0f, g->g[PXT_XQ_W], dt, f32, x->gemm_ws));
-    TRY(be->bias_backward(d, g->g[PXT_XQ_B], dA, N, C, dt));
+    PXT_TRY(be->gemm(d, 0, 1, N, C, C, 1.0f, dA, p->w[PXT_XQ_W], 0.0f, dB, dt, dt, x->gemm_ws));
+    PXT_TRY(be->gemm(d, 1, 0, C, C, N, 1.0f, a->lnx, dA, 1.0f, g->g[PXT_XQ_W], dt, f32, x->gemm_ws));
+    PXT_TRY(be->bias_backward(d, g->g[PXT_XQ_B], dA, N, C, dt));
     /* keys | values: dcontext (Nc, C) += dkv W_kv^T; dW_kv (C, 2C) += context^T dkv */
-    TRY(be->gemm(d, 0, 1, Nc, C, 2 * C, 1.0f, x->dkv, p->w[PXT_XKV_W], 1.0f, x->dcontext, dt, dt,
+    PXT_TRY(be->gemm(d, 0, 1, Nc, C, 2 * C, 1.0f, x->dkv, p->w[PXT_XKV_W], 1.0f, x->dcontext, dt, dt,
                  x->gemm_ws));
-    TRY(be->gemm(d, 1, 0, C, 2 * C, Nc, 1.0f, x->context, x->dkv, 1.0f, g->g[PXT_XKV_W], dt, f32,
+    PXT_TRY(be->gemm(d, 1, 0, C, 2 * C, Nc, 1.0f, x->context, x->dkv, 1.0f, g->g[PXT_XKV_W], dt, f32,
                  x->gemm_ws));
-    TRY(be->bias_backward(d, g->g[PXT_XKV_B], x->dkv, Nc, 2 * C, dt));
+    PXT_TRY(be->bias_backward(d, g->g[PXT_XKV_B], x->dkv, Nc, 2 * C, dt));
     /* lnx: dx2 = dx3 + LNx'(dlnx), accumulated into dres */
     return be->layernorm_backward(d, dres, g->g[PXT_XLN_W], g->g[PXT_XLN_B], dB, a->x2,
                                   p->w[PXT_XLN_W], a->meanx, a->rstdx, N, C, dt);
@@ -266,43 +260,43 @@ int pxt_block_backward(const pxt_ctx *x, const pxt_block_params *p, const pxt_bl
     int d = x->dev, N = x->B * x->T, C = x->C;
     pxt_dtype dt = x->dt, f32 = PXT_FLOAT32;
     pxt_block_acts a;
-    TRY(recompute(x, p, saved, work, policy, inp, &a));
+    PXT_TRY(recompute(x, p, saved, work, policy, inp, &a));
     /* MLP out: dgelu (N, 4C) = dy W_fcp^T; dW_fcp (4C, C) += gelu^T dy */
-    TRY(be->gemm(d, 0, 1, N, 4 * C, C, 1.0f, dres, p->w[PXT_FCP_W], 0.0f, dA, dt, dt,
+    PXT_TRY(be->gemm(d, 0, 1, N, 4 * C, C, 1.0f, dres, p->w[PXT_FCP_W], 0.0f, dA, dt, dt,
                  x->gemm_ws));
-    TRY(be->gemm(d, 1, 0, 4 * C, C, N, 1.0f, a.gelu, dres, 1.0f, g->g[PXT_FCP_W], dt, f32,
+    PXT_TRY(be->gemm(d, 1, 0, 4 * C, C, N, 1.0f, a.gelu, dres, 1.0f, g->g[PXT_FCP_W], dt, f32,
                  x->gemm_ws));
-    TRY(be->bias_backward(d, g->g[PXT_FCP_B], dres, N, C, dt));
+    PXT_TRY(be->bias_backward(d, g->g[PXT_FCP_B], dres, N, C, dt));
     /* GELU, in place: dfc (N, 4C) */
-    TRY(be->gelu_backward(d, dA, a.fc, dA, (size_t)N * 4 * C, dt));
+    PXT_TRY(be->gelu_backward(d, dA, a.fc, dA, (size_t)N * 4 * C, dt));
     /* MLP in: dln2 (N, C) = dfc W_fc^T; dW_fc (C, 4C) += ln2^T dfc */
-    TRY(be->gemm(d, 0, 1, N, C, 4 * C, 1.0f, dA, p->w[PXT_FC_W], 0.0f, dB, dt, dt, x->gemm_ws));
-    TRY(be->gemm(d, 1, 0, C, 4 * C, N, 1.0f, a.ln2, dA, 1.0f, g->g[PXT_FC_W], dt, f32,
+    PXT_TRY(be->gemm(d, 0, 1, N, C, 4 * C, 1.0f, dA, p->w[PXT_FC_W], 0.0f, dB, dt, dt, x->gemm_ws));
+    PXT_TRY(be->gemm(d, 1, 0, C, 4 * C, N, 1.0f, a.ln2, dA, 1.0f, g->g[PXT_FC_W], dt, f32,
                  x->gemm_ws));
-    TRY(be->bias_backward(d, g->g[PXT_FC_B], dA, N, 4 * C, dt));
+    PXT_TRY(be->bias_backward(d, g->g[PXT_FC_B], dA, N, 4 * C, dt));
     /* ln2: dr = dy + LN2'(dln2), accumulated into dres (r = x3 or x2) */
-    TRY(be->layernorm_backward(d, dres, g->g[PXT_LN2_W], g->g[PXT_LN2_B], dB,
+    PXT_TRY(be->layernorm_backward(d, dres, g->g[PXT_LN2_W], g->g[PXT_LN2_B], dB,
                                x->context ? a.x3 : a.x2, p->w[PXT_LN2_W], a.mean2, a.rstd2, N,
                                C, dt));
     /* cross-attention: dres becomes dx2, dcontext accumulates */
     if (x->context)
-        TRY(cross_backward(x, p, g, &a, dres, dA, dB));
+        PXT_TRY(cross_backward(x, p, g, &a, dres, dA, dB));
     /* attention out: datt (N, C) = dx2 W_proj^T; dW_proj (C, C) += att^T dx2 */
-    TRY(be->gemm(d, 0, 1, N, C, C, 1.0f, dres, p->w[PXT_PROJ_W], 0.0f, dB, dt, dt, x->gemm_ws));
-    TRY(be->gemm(d, 1, 0, C, C, N, 1.0f, a.att, dres, 1.0f, g->g[PXT_PROJ_W], dt, f32,
+    PXT_TRY(be->gemm(d, 0, 1, N, C, C, 1.0f, dres, p->w[PXT_PROJ_W], 0.0f, dB, dt, dt, x->gemm_ws));
+    PXT_TRY(be->gemm(d, 1, 0, C, C, N, 1.0f, a.att, dres, 1.0f, g->g[PXT_PROJ_W], dt, f32,
                  x->gemm_ws));
-    TRY(be->bias_backward(d, g->g[PXT_PROJ_B], dres, N, C, dt));
+    PXT_TRY(be->bias_backward(d, g->g[PXT_PROJ_B], dres, N, C, dt));
     /* attention: dqkv (N, 3C) into dA, laid out like qkv */
     pxt_attn_args args = pxt_block_self_attn_args(x);
-    TRY(be->attention_backward(d, &args, dA, at(dA, (size_t)C, dt), at(dA, 2 * (size_t)C, dt), dB,
+    PXT_TRY(be->attention_backward(d, &args, dA, at(dA, (size_t)C, dt), at(dA, 2 * (size_t)C, dt), dB,
                                a.qkv, at(a.qkv, (size_t)C, dt), at(a.qkv, 2 * (size_t)C, dt),
                                a.att, a.lse, x->attn_ws));
     /* QKV: dln1 (N, C) = dqkv W_attn^T; dW_attn (C, 3C) += ln1^T dqkv */
-    TRY(be->gemm(d, 0, 1, N, C, 3 * C, 1.0f, dA, p->w[PXT_ATTN_W], 0.0f, dB, dt, dt,
+    PXT_TRY(be->gemm(d, 0, 1, N, C, 3 * C, 1.0f, dA, p->w[PXT_ATTN_W], 0.0f, dB, dt, dt,
                  x->gemm_ws));
-    TRY(be->gemm(d, 1, 0, C, 3 * C, N, 1.0f, a.ln1, dA, 1.0f, g->g[PXT_ATTN_W], dt, f32,
+    PXT_TRY(be->gemm(d, 1, 0, C, 3 * C, N, 1.0f, a.ln1, dA, 1.0f, g->g[PXT_ATTN_W], dt, f32,
                  x->gemm_ws));
-    TRY(be->bias_backward(d, g->g[PXT_ATTN_B], dA, N, 3 * C, dt));
+    PXT_TRY(be->bias_backward(d, g->g[PXT_ATTN_B], dA, N, 3 * C, dt));
     /* ln1: dx = dx2 + LN1'(dln1), accumulated into dres */
     return be->layernorm_backward(d, dres, g->g[PXT_LN1_W], g->g[PXT_LN1_B], dB, inp,
                                   p->w[PXT_LN1_W], a.mean1, a.rstd1, N, C, dt);

@@ -599,12 +599,6 @@ static pxt_copy_kind copy_kind(const pxt_block_obj *m, int host_src) {
     return m->device.type == PXT_CPU || !host_src ? PXT_COPY_D2D : PXT_COPY_H2D;
 }
 
-#define TRY(call)                       \
-    do {                                \
-        int rc_ = (call);               \
-        if (rc_ != PXT_OK)              \
-            return rc_;                 \
-    } while (0)
 
 /* Sizes the kernels index with int: rows x widest row (4C; 2C for the context). */
 static int check_sizes(const char *name, int64_t B, int64_t T, int64_t Tc, int C) {
@@ -637,15 +631,15 @@ static int upload_and_run(pxt_block_obj *m, const fwd_inputs *in) {
     size_t es = pxt_dtype_size(m->dt), N = (size_t)p->B * p->T, Nc = (size_t)p->B * p->Tc;
     char *base = m->arena->data;
     if (base + p->x != in->x.data)
-        TRY(be->copy(d, base + p->x, in->x.data, N * m->C * es, copy_kind(m, in->x.host)));
+        PXT_TRY(be->copy(d, base + p->x, in->x.data, N * m->C * es, copy_kind(m, in->x.host)));
     if (in->key_mask)
-        TRY(be->copy(d, base + p->key_mask, PyArray_DATA(in->key_mask), N, copy_kind(m, 1)));
+        PXT_TRY(be->copy(d, base + p->key_mask, PyArray_DATA(in->key_mask), N, copy_kind(m, 1)));
     if (p->cross) {
         if (base + p->context != in->ctx.data)
-            TRY(be->copy(d, base + p->context, in->ctx.data, Nc * m->C * es,
+            PXT_TRY(be->copy(d, base + p->context, in->ctx.data, Nc * m->C * es,
                          copy_kind(m, in->ctx.host)));
         if (in->ctx_mask)
-            TRY(be->copy(d, base + p->context_mask, PyArray_DATA(in->ctx_mask), Nc,
+            PXT_TRY(be->copy(d, base + p->context_mask, PyArray_DATA(in->ctx_mask), Nc,
                          copy_kind(m, 1)));
     }
     pxt_block_params bp;
@@ -758,9 +752,9 @@ static int run_backward(pxt_block_obj *m, const float_input *dy) {
     size_t es = pxt_dtype_size(m->dt), N = (size_t)p->B * p->T, Nc = (size_t)p->B * p->Tc;
     char *base = m->arena->data;
     if (base + p->dres != dy->data)
-        TRY(be->copy(d, base + p->dres, dy->data, N * m->C * es, copy_kind(m, dy->host)));
+        PXT_TRY(be->copy(d, base + p->dres, dy->data, N * m->C * es, copy_kind(m, dy->host)));
     if (p->cross)
-        TRY(be->memset_zero(d, base + p->dcontext, Nc * m->C * es));
+        PXT_TRY(be->memset_zero(d, base + p->dcontext, Nc * m->C * es));
     pxt_block_params bp;
     pxt_block_grads bg;
     block_views(m, &bp, &bg);

@@ -55,14 +55,15 @@ static void block_views(pxt_gpt *m, int layer, pxt_block_params *p, pxt_block_gr
     }
 }
 
-static pxt_block_acts acts_at(char *base, const pxt_block_offsets *o) {
-    pxt_block_acts a = {
-        .ln1 = base + o->ln1, .mean1 = (float *)(base + o->mean1),
-        .rstd1 = (float *)(base + o->rstd1), .qkv = base + o->qkv, .att = base + o->att,
-        .lse = (float *)(base + o->lse), .x2 = base + o->x2, .ln2 = base + o->ln2,
-        .mean2 = (float *)(base + o->mean2), .rstd2 = (float *)(base + o->rstd2),
-        .fc = base + o->fc, .gelu = base + o->gelu,
-    };
+/* Block l's activations: where its policy saves them, else in the work area
+ * (recomputed there in backward). l < 0: everything in the work area. */
+static pxt_block_acts block_acts(char *base, const pxt_plan *p, int l) {
+    pxt_block_acts a = {0};
+    pxt_block_offsets saved = l >= 0 ? p->blocks[l] : p->work, work = p->work;
+    for (int act = 0; act < PXT_ACT_PLAIN; act++) {
+        int keep = l >= 0 && pxt_block_saves(p->policy[l], act);
+        pxt_block_acts_set(&a, act, base + *pxt_plan_slot(keep ? &saved : &work, act));
+    }
     return a;
 }
 
@@ -463,12 +464,6 @@ typedef struct {
     double text_sum, audio_sum;
 } step_losses;
 
-#define TRY(call)                       \
-    do {                                \
-        int rc_ = (call);               \
-        if (rc_ != PXT_OK)              \
-            return rc_;                 \
-    } while (0)
 
 /* Copies the batch into the arena's input region. */
 static int upload(pxt_gpt *m, const pxt_plan *p, char *base, const step_inputs *in) {
@@ -476,13 +471,13 @@ static int upload(pxt_gpt *m, const pxt_plan *p, char *base, const step_inputs *
     int d = m->device.index;
     pxt_copy_kind k = m->device.type == PXT_CPU ? PXT_COPY_D2D : PXT_COPY_H2D;
     size_t bt = (size_t)p->B * p->Lt * 4, ba = (size_t)p->B * p->La * 4;
-    TRY(be->copy(d, base + p->text_ids, in->text_ids, bt, k));
-    TRY(be->copy(d, base + p->audio_ids, in->audio_ids, ba, k));
-    TRY(be->copy(d, base + p->text_tgt, in->text_tgt, bt, k));
-    TRY(be->copy(d, base + p->audio_tgt, in->audio_tgt, ba, k));
-    TRY(be->copy(d, base + p->text_pos, in->text_pos, bt, k));
-    TRY(be->copy(d, base + p->audio_pos, in->audio_pos, ba, k));
-    TRY(be->copy(d, base + p->key_mask, in->key_mask, (size_t)p->N, k));
+    PXT_TRY(be->copy(d, base + p->text_ids, in->text_ids, bt, k));
+    PXT_TRY(be->copy(d, base + p->audio_ids, in->audio_ids, ba, k));
+    PXT_TRY(be->copy(d, base + p->text_tgt, in->text_tgt, bt, k));
+    PXT_TRY(be->copy(d, base + p->audio_tgt, in->audio_tgt, ba, k));
+    PXT_TRY(be->copy(d, base + p->text_pos, in->text_pos, bt, k));
+    PXT_TRY(be->copy(d, base + p->audio_pos, in->audio_pos, ba, k));
+    PXT_TRY(be->copy(d, base + p->key_mask, in->key_mask, (size_t)p->N, k));
     return be->memset_zero(d, base + p->losses, (size_t)p->B * (p->Lt + p->La) * sizeof(float));
 }
 
@@ -495,16 +490,16 @@ static int embed(pxt_gpt *m, const pxt_plan *p, char *base, const step_inputs *i
     for (int b = 0; b < p->B; b++) {
         char *xb = x0 + (size_t)b * T * row;
         if (p->Nc)
-            TRY(be->copy(d, xb, in->cond + (size_t)b * p->Nc * row, (size_t)p->Nc * row, k));
+            PXT_TRY(be->copy(d, xb, in->cond + (size_t)b * p->Nc * row, (size_t)p->Nc * row, k));
         char *xt = xb + (size_t)p->Nc * row, *xa = xt + (size_t)p->Lt * row;
         const int32_t *ti = (const int32_t *)(base + p->text_ids) + (size_t)b * p->Lt;
         const int32_t *tp = (const int32_t *)(base + p->text_pos) + (size_t)b * p->Lt;
         const int32_t *ai = (const int32_t *)(base + p->audio_ids) + (size_t)b * p->La;
         const int32_t *ap = (const int32_t *)(base + p->audio_pos) + (size_t)b * p->La;
-        TRY(be->embedding_forward(d, xt, ti, param_ptr(m, m->layout.text_emb), p->Lt, C, 0, m->dt));
-        TRY(be->embedding_forward(d, xt, tp, param_ptr(m, m->layout.text_pos), p->Lt, C, 1, m->dt));
-        TRY(be->embedding_forward(d, xa, ai, param_ptr(m, m->layout.mel_emb), p->La, C, 0, m->dt));
-        TRY(be->embedding_forward(d, xa, ap, param_ptr(m, m->layout.mel_pos), p->La, C, 1, m->dt));
+        PXT_TRY(be->embedding_forward(d, xt, ti, param_ptr(m, m->layout.text_emb), p->Lt, C, 0, m->dt));
+        PXT_TRY(be->embedding_forward(d, xt, tp, param_ptr(m, m->layout.text_pos), p->Lt, C, 1, m->dt));
+        PXT_TRY(be->embedding_forward(d, xa, ai, param_ptr(m, m->layout.mel_emb), p->La, C, 0, m->dt));
+        PXT_TRY(be->embedding_forward(d, xa, ap, param_ptr(m, m->layout.mel_pos), p->La, C, 1, m->dt));
     }
     return PXT_OK;
 }
@@ -519,10 +514,10 @@ static int embed_backward(pxt_gpt *m, const pxt_plan *p, char *base, const char 
         const int32_t *tp = (const int32_t *)(base + p->text_pos) + (size_t)b * p->Lt;
         const int32_t *ai = (const int32_t *)(base + p->audio_ids) + (size_t)b * p->La;
         const int32_t *ap = (const int32_t *)(base + p->audio_pos) + (size_t)b * p->La;
-        TRY(be->embedding_backward(d, grad_ptr(m, m->layout.text_emb), dt_, ti, p->Lt, C, m->dt));
-        TRY(be->embedding_backward(d, grad_ptr(m, m->layout.text_pos), dt_, tp, p->Lt, C, m->dt));
-        TRY(be->embedding_backward(d, grad_ptr(m, m->layout.mel_emb), da, ai, p->La, C, m->dt));
-        TRY(be->embedding_backward(d, grad_ptr(m, m->layout.mel_pos), da, ap, p->La, C, m->dt));
+        PXT_TRY(be->embedding_backward(d, grad_ptr(m, m->layout.text_emb), dt_, ti, p->Lt, C, m->dt));
+        PXT_TRY(be->embedding_backward(d, grad_ptr(m, m->layout.text_pos), dt_, tp, p->Lt, C, m->dt));
+        PXT_TRY(be->embedding_backward(d, grad_ptr(m, m->layout.mel_emb), da, ai, p->La, C, m->dt));
+        PXT_TRY(be->embedding_backward(d, grad_ptr(m, m->layout.mel_pos), da, ap, p->La, C, m->dt));
     }
     return PXT_OK;
 }
@@ -539,18 +534,18 @@ static int head_segment(pxt_gpt *m, const pxt_plan *p, char *base, const pxt_ctx
     for (int r = 0; r < rows; r += p->logits_rows) {
         int n = rows - r < p->logits_rows ? rows - r : p->logits_rows;
         const char *h = base + p->h2 + (row0 + (size_t)r) * C * es;
-        TRY(be->gemm(d, 0, 1, n, V, C, 1.0f, h, param_ptr(m, head_w), 0.0f, logits, m->dt,
+        PXT_TRY(be->gemm(d, 0, 1, n, V, C, 1.0f, h, param_ptr(m, head_w), 0.0f, logits, m->dt,
                      PXT_FLOAT32, x->gemm_ws));
-        TRY(be->add_bias(d, logits, param_ptr(m, head_b), n, V, PXT_FLOAT32));
-        TRY(be->softmax_xent(d, logits, losses + r, tgt + r, n, V, scale, p->train));
+        PXT_TRY(be->add_bias(d, logits, param_ptr(m, head_b), n, V, PXT_FLOAT32));
+        PXT_TRY(be->softmax_xent(d, logits, losses + r, tgt + r, n, V, scale, p->train));
         if (!p->train)
             continue;
         char *dh = base + p->dB + (row0 + (size_t)r) * C * es;
-        TRY(be->gemm(d, 0, 0, n, C, V, 1.0f, logits, param_ptr(m, head_w), 0.0f, dh, m->dt,
+        PXT_TRY(be->gemm(d, 0, 0, n, C, V, 1.0f, logits, param_ptr(m, head_w), 0.0f, dh, m->dt,
                      m->dt, x->gemm_ws));
-        TRY(be->gemm(d, 1, 0, V, C, n, 1.0f, logits, h, 1.0f, grad_ptr(m, head_w), m->dt,
+        PXT_TRY(be->gemm(d, 1, 0, V, C, n, 1.0f, logits, h, 1.0f, grad_ptr(m, head_w), m->dt,
                      PXT_FLOAT32, x->gemm_ws));
-        TRY(be->bias_backward(d, grad_ptr(m, head_b), logits, n, V, PXT_FLOAT32));
+        PXT_TRY(be->bias_backward(d, grad_ptr(m, head_b), logits, n, V, PXT_FLOAT32));
     }
     return PXT_OK;
 }
@@ -566,65 +561,58 @@ static int run_step(pxt_gpt *m, const step_inputs *in, step_losses *out) {
         .eps = m->cfg.eps, .key_mask = (const uint8_t *)(base + p->key_mask),
         .attn_ws = base + p->attn_ws, .gemm_ws = base + p->gemm_ws,
     };
-    TRY(upload(m, p, base, in));
+    PXT_TRY(upload(m, p, base, in));
     /* forward: block l reads resid[l], writes resid[l + 1] (evaluation ping-pongs two) */
     char *resid = base + p->resid;
-    TRY(embed(m, p, base, in, resid));
-    pxt_block_acts work = acts_at(base, &p->work);
+    PXT_TRY(embed(m, p, base, in, resid));
+    pxt_block_acts work = block_acts(base, p, -1);
     for (int l = 0; l < L; l++) {
         pxt_block_params bp;
         pxt_block_grads bg;
         block_views(m, l, &bp, &bg);
-        pxt_block_acts a = acts_at(base, &p->blocks[l]);
-        pxt_block_acts w = acts_at(base, &p->work);
-        /* what the policy does not keep goes to the work area */
-        if (p->policy[l] != PXT_CKPT_NONE) {
-            a.ln1 = w.ln1, a.ln2 = w.ln2, a.gelu = w.gelu;
-            if (p->policy[l] == PXT_CKPT_FULL)
-                a = w;
-        }
+        pxt_block_acts a = block_acts(base, p, l);
         size_t in_slot = p->train ? (size_t)l : (size_t)(l % 2);
         size_t out_slot = p->train ? (size_t)l + 1 : (size_t)((l + 1) % 2);
-        TRY(pxt_block_forward(&x, &bp, &a, resid + in_slot * NC * es, resid + out_slot * NC * es));
+        PXT_TRY(pxt_block_forward(&x, &bp, &a, resid + in_slot * NC * es, resid + out_slot * NC * es));
     }
     char *top = resid + (p->train ? (size_t)L : (size_t)(L % 2)) * NC * es;
-    TRY(be->layernorm_forward(d, base + p->hf, (float *)(base + p->hf_mean),
+    PXT_TRY(be->layernorm_forward(d, base + p->hf, (float *)(base + p->hf_mean),
                               (float *)(base + p->hf_rstd), top, param_ptr(m, m->layout.ln_f_w),
                               param_ptr(m, m->layout.ln_f_b), N, C, m->cfg.eps, m->dt));
-    TRY(be->layernorm_forward(d, base + p->h2, (float *)(base + p->h2_mean),
+    PXT_TRY(be->layernorm_forward(d, base + p->h2, (float *)(base + p->h2_mean),
                               (float *)(base + p->h2_rstd), base + p->hf,
                               param_ptr(m, m->layout.fnorm_w), param_ptr(m, m->layout.fnorm_b), N,
                               C, m->cfg.eps, m->dt));
     /* heads on each sample's valid rows only; padding rows keep loss 0 and dh2 0 */
     if (p->train)
-        TRY(be->memset_zero(d, base + p->dB, NC * es));
+        PXT_TRY(be->memset_zero(d, base + p->dB, NC * es));
     float *tl = (float *)(base + p->losses), *al = tl + (size_t)p->B * p->Lt;
     float ts = in->n_text > 0 ? (float)(m->cfg.text_w / in->n_text) : 0.0f;
     float as = in->n_audio > 0 ? (float)(m->cfg.audio_w / in->n_audio) : 0.0f;
     for (int b = 0; b < p->B; b++) {
         size_t row = (size_t)b * p->T + p->Nc;
-        TRY(head_segment(m, p, base, &x, m->layout.text_head_w, m->layout.text_head_b,
+        PXT_TRY(head_segment(m, p, base, &x, m->layout.text_head_w, m->layout.text_head_b,
                          p->text_vocab, row, in->text_len[b],
                          (const int32_t *)(base + p->text_tgt) + (size_t)b * p->Lt,
                          tl + (size_t)b * p->Lt, ts));
-        TRY(head_segment(m, p, base, &x, m->layout.mel_head_w, m->layout.mel_head_b,
+        PXT_TRY(head_segment(m, p, base, &x, m->layout.mel_head_w, m->layout.mel_head_b,
                          p->audio_vocab, row + p->Lt, in->audio_len[b],
                          (const int32_t *)(base + p->audio_tgt) + (size_t)b * p->La,
                          al + (size_t)b * p->La, as));
     }
-    TRY(be->sum(d, &out->text_sum, tl, (size_t)p->B * p->Lt));
-    TRY(be->sum(d, &out->audio_sum, al, (size_t)p->B * p->La));
+    PXT_TRY(be->sum(d, &out->text_sum, tl, (size_t)p->B * p->Lt));
+    PXT_TRY(be->sum(d, &out->audio_sum, al, (size_t)p->B * p->La));
     if (!p->train)
         return PXT_OK;
     /* backward: final_norm, ln_f, then the blocks top-down; dres carries dx */
     char *dres = base + p->dres, *dA = base + p->dA, *dB = base + p->dB;
-    TRY(be->memset_zero(d, dA, NC * es));
-    TRY(be->layernorm_backward(d, dA, grad_ptr(m, m->layout.fnorm_w),
+    PXT_TRY(be->memset_zero(d, dA, NC * es));
+    PXT_TRY(be->layernorm_backward(d, dA, grad_ptr(m, m->layout.fnorm_w),
                                grad_ptr(m, m->layout.fnorm_b), dB, base + p->hf,
                                param_ptr(m, m->layout.fnorm_w), (float *)(base + p->h2_mean),
                                (float *)(base + p->h2_rstd), N, C, m->dt));
-    TRY(be->memset_zero(d, dres, NC * es));
-    TRY(be->layernorm_backward(d, dres, grad_ptr(m, m->layout.ln_f_w),
+    PXT_TRY(be->memset_zero(d, dres, NC * es));
+    PXT_TRY(be->layernorm_backward(d, dres, grad_ptr(m, m->layout.ln_f_w),
                                grad_ptr(m, m->layout.ln_f_b), dA, top,
                                param_ptr(m, m->layout.ln_f_w), (float *)(base + p->hf_mean),
                                (float *)(base + p->hf_rstd), N, C, m->dt));
@@ -632,8 +620,8 @@ static int run_step(pxt_gpt *m, const step_inputs *in, step_losses *out) {
         pxt_block_params bp;
         pxt_block_grads bg;
         block_views(m, l, &bp, &bg);
-        pxt_block_acts saved = acts_at(base, &p->blocks[l]);
-        TRY(pxt_block_backward(&x, &bp, &bg, &saved, &work, p->policy[l],
+        pxt_block_acts saved = block_acts(base, p, l);
+        PXT_TRY(pxt_block_backward(&x, &bp, &bg, &saved, &work, p->policy[l],
                                resid + (size_t)l * NC * es, dres, dA, dB));
     }
     return embed_backward(m, p, base, dres);
@@ -725,6 +713,9 @@ static PyObject *gpt_step(PyObject *op, PyObject *args) {
 static PyObject *gpt_release_arena(PyObject *op, PyObject *unused) {
     (void)unused;
     pxt_gpt *m = (pxt_gpt *)op;
+    if (m->busy)
+        return PyErr_Format(PyExc_RuntimeError, "release_arena: a step of this model is running "
+                            "(in another thread); its arena cannot be freed now");
     size_t n = m->arena ? m->arena->nbytes : 0;
     Py_CLEAR(m->arena);
     pxt_plan_free(&m->plan);

@@ -11,37 +11,19 @@
 #include <string.h>
 
 #include "plan.h"
+#include "block.h" /* which activations a policy saves, and their sizes */
 
 #define ARENA_ALIGN 256
 #define LOGITS_ROWS 256 /* rows of logits per chunk: big enough for an efficient GEMM */
 
-enum { A_LN1, A_MEAN1, A_RSTD1, A_QKV, A_ATT, A_LSE, A_X2, A_LN2, A_MEAN2, A_RSTD2, A_FC, A_GELU, A_COUNT };
-
-/* Which activations a policy saves (the rest are recomputed from the block input). */
-static int saves(pxt_ckpt policy, int a) {
-    switch (policy) {
-    case PXT_CKPT_NONE: return 1;
-    case PXT_CKPT_SELECTIVE: return a != A_LN1 && a != A_LN2 && a != A_GELU;
-    default: return 0;
-    }
+size_t *pxt_plan_slot(pxt_block_offsets *o, int act) {
+    size_t *s[PXT_ACT_PLAIN] = {&o->ln1, &o->mean1, &o->rstd1, &o->qkv, &o->att, &o->lse,
+                                &o->x2, &o->ln2, &o->mean2, &o->rstd2, &o->fc, &o->gelu};
+    return s[act];
 }
 
-static size_t act_bytes(const pxt_plan *p, int a) {
-    size_t N = (size_t)p->N, C = (size_t)p->C, es = pxt_dtype_size(p->dt);
-    switch (a) {
-    case A_LN1: case A_ATT: case A_X2: case A_LN2: return N * C * es;
-    case A_QKV: return N * 3 * C * es;
-    case A_FC: case A_GELU: return N * 4 * C * es;
-    case A_MEAN1: case A_RSTD1: case A_MEAN2: case A_RSTD2: return N * sizeof(float);
-    case A_LSE: return (size_t)p->B * (size_t)p->H * (size_t)p->T * sizeof(float);
-    default: return 0;
-    }
-}
-
-static size_t *slot(pxt_block_offsets *o, int a) {
-    size_t *s[A_COUNT] = {&o->ln1, &o->mean1, &o->rstd1, &o->qkv, &o->att, &o->lse,
-                          &o->x2, &o->ln2, &o->mean2, &o->rstd2, &o->fc, &o->gelu};
-    return s[a];
+static size_t act_bytes(const pxt_plan *p, int act) {
+    return pxt_block_act_bytes(act, p->B, p->T, 0, p->C, p->H, p->dt);
 }
 
 static size_t align(size_t n) { return (n + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN; }
@@ -55,8 +37,8 @@ static size_t take(size_t *cursor, size_t bytes) {
 
 size_t pxt_plan_block_bytes(const pxt_plan *p, pxt_ckpt policy) {
     size_t total = 0;
-    for (int a = 0; a < A_COUNT; a++)
-        if (saves(policy, a))
+    for (int a = 0; a < PXT_ACT_PLAIN; a++)
+        if (pxt_block_saves(policy, a))
             total += align(act_bytes(p, a));
     return total;
 }
@@ -147,12 +129,12 @@ int pxt_plan_make(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, i
     size_t nres = train ? (size_t)L + 1 : 2; /* evaluation ping-pongs two buffers */
     p->resid = take(&cur, nres * N * C * es);
     p->resid_bytes = cur - p->resid;
-    int needs_work[A_COUNT] = {0};
+    int needs_work[PXT_ACT_PLAIN] = {0};
     for (int l = 0; l < L; l++) {
         size_t start = cur;
-        for (int a = 0; a < A_COUNT; a++) {
-            if (saves(p->policy[l], a))
-                *slot(&p->blocks[l], a) = take(&cur, act_bytes(p, a));
+        for (int a = 0; a < PXT_ACT_PLAIN; a++) {
+            if (pxt_block_saves(p->policy[l], a))
+                *pxt_plan_slot(&p->blocks[l], a) = take(&cur, act_bytes(p, a));
             else
                 needs_work[a] = 1;
         }
@@ -177,9 +159,9 @@ int pxt_plan_make(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, i
     }
     p->grad_bytes = cur - p->scratch;
     size_t after_grads = cur;
-    for (int a = 0; a < A_COUNT; a++)
+    for (int a = 0; a < PXT_ACT_PLAIN; a++)
         if (needs_work[a])
-            *slot(&p->work, a) = take(&cur, act_bytes(p, a));
+            *pxt_plan_slot(&p->work, a) = take(&cur, act_bytes(p, a));
     p->work_bytes = cur - after_grads;
     p->attn_ws_bytes = max_sz(attn_ws(p, be, 0), train ? attn_ws(p, be, 1) : 0);
     p->attn_ws = take(&cur, p->attn_ws_bytes);

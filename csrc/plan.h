@@ -61,6 +61,9 @@ int pxt_plan_make(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, i
                   int La, int Nc, pxt_dtype dt, const pxt_ckpt *policy, int train);
 void pxt_plan_free(pxt_plan *p);
 
+/* The offset field of activation `act` (PXT_ACT_*, block.h) in o. */
+size_t *pxt_plan_slot(pxt_block_offsets *o, int act);
+
 /* Bytes a block's saved activations take under a policy. */
 size_t pxt_plan_block_bytes(const pxt_plan *p, pxt_ckpt policy);
 

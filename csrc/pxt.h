@@ -31,6 +31,14 @@ int pxt_error(int code, const char *fmt, ...)
     ;
 const char *pxt_error_message(void);
 
+/* Returns the status of `call` from the enclosing function unless it is PXT_OK. */
+#define PXT_TRY(call)                                                                    \
+    do {                                                                                 \
+        int pxt_rc_ = (call);                                                            \
+        if (pxt_rc_ != PXT_OK)                                                           \
+            return pxt_rc_;                                                              \
+    } while (0)
+
 /* ---- dtypes --------------------------------------------------------------- */
 typedef enum {
     PXT_FLOAT32 = 0,

@@ -6,8 +6,7 @@
 #define NPY_NO_DEPRECATED_API NPY_2_0_API_VERSION
 #include <numpy/arrayobject.h>
 
-/* cpu/cast.c: float64 into an integer dtype by pyxtts's cast rules */
-void pxt_cpu_cast_f64_to_int(void *dst, pxt_dtype dt, const double *src, size_t n);
+#include "cpu/cpu.h" /* pxt_cpu_cast_f64_to_int: float64 input by pyxtts's cast rules */
 
 /* ---- construction ---------------------------------------------------------- */
 

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import pyxtts
+import pyxtts.testing
 
 HAS_CUDA = pyxtts.cuda_available()
 NO_GPU_REASON = "no CUDA device here (pyxtts.cuda_available() is False)"
@@ -173,3 +174,33 @@ def run_python(code: str, *args: str, env: dict | None = None, timeout: float = 
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, here, full_env.get("PYTHONPATH", "")) if p)
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                           env=full_env, cwd="/", timeout=timeout)
+
+
+# ---- allocator tests: every test starts and ends with a clean allocator -------
+
+def reset(device: str) -> None:
+    """No limit, no injected fault, no cached segments."""
+    pyxtts.set_memory_limit(None, device)
+    pyxtts.testing.inject_oom(None, device)
+    pyxtts.empty_cache(device)
+
+
+@pytest.fixture(params=DEVICES)
+def dev(request):
+    """A device with a clean allocator; fails the test if it leaves blocks, segments
+    or a limit behind."""
+    device = request.param
+    gc.collect()
+    for d in {"cpu", device}:
+        reset(d)
+    start = pyxtts.memory_stats(device)
+    yield device
+    for d in {"cpu", device}:
+        reset(d)
+    rep = getattr(request.node, "_pxt_rep_call", None)  # set by the report hook above
+    if rep is not None and rep.failed:
+        return  # the traceback holds the test's tensors; one failure is enough
+    end = pyxtts.memory_stats(device)
+    assert end["allocated_bytes"] == start["allocated_bytes"], "the test left live blocks"
+    assert end["reserved_bytes"] == start["reserved_bytes"], "the test left segments behind"
+    assert end["limit_bytes"] is None

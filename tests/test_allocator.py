@@ -8,7 +8,6 @@ blocks behind.
 """
 from __future__ import annotations
 
-import gc
 import itertools
 import random
 import threading
@@ -20,6 +19,7 @@ from hypothesis import strategies as st
 
 import pyxtts
 import pyxtts.testing
+from conftest import reset
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -35,28 +35,6 @@ CUDA_SKIP = pytest.mark.skipif(not pyxtts.cuda_available(),
 DEVICES = ["cpu", pytest.param("cuda:0", marks=CUDA_SKIP)]
 
 
-def reset(device: str) -> None:
-    pyxtts.set_memory_limit(None, device)
-    pyxtts.testing.inject_oom(None, device)
-    pyxtts.empty_cache(device)
-
-
-@pytest.fixture(params=DEVICES)
-def dev(request):
-    device = request.param
-    gc.collect()
-    for d in {"cpu", device}:
-        reset(d)
-    start = pyxtts.memory_stats(device)
-    yield device
-    for d in {"cpu", device}:
-        reset(d)
-    rep = getattr(request.node, "_pxt_rep_call", None)  # set by conftest's report hook
-    if rep is not None and rep.failed:
-        return  # the traceback holds the test's tensors; one failure is enough
-    end = pyxtts.memory_stats(device)
-    assert end["allocated_bytes"] == start["allocated_bytes"], "the test left live blocks"
-    assert end["reserved_bytes"] == start["reserved_bytes"], "the test left segments behind"
 
 
 def stats(device: str) -> dict:

@@ -14,6 +14,7 @@ import pytest
 
 import pyxtts
 import pyxtts.testing
+from conftest import reset
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -32,29 +33,6 @@ STAT_KEYS = {
 }
 
 
-def reset(device: str) -> None:
-    pyxtts.set_memory_limit(None, device)
-    pyxtts.testing.inject_oom(None, device)
-    pyxtts.empty_cache(device)
-
-
-@pytest.fixture(params=DEVICES)
-def dev(request):
-    device = request.param
-    gc.collect()
-    for d in {"cpu", device}:
-        reset(d)
-    start = pyxtts.memory_stats(device)
-    yield device
-    for d in {"cpu", device}:
-        reset(d)
-    rep = getattr(request.node, "_pxt_rep_call", None)  # set by conftest's report hook
-    if rep is not None and rep.failed:
-        return  # the traceback holds the test's tensors; one failure is enough
-    end = pyxtts.memory_stats(device)
-    assert end["allocated_bytes"] == start["allocated_bytes"], "the test left live blocks"
-    assert end["reserved_bytes"] == start["reserved_bytes"], "the test left segments behind"
-    assert end["limit_bytes"] is None
 
 
 def stats(device: str) -> dict:

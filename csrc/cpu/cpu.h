@@ -5,6 +5,8 @@
 #include "../pxt.h"
 
 int pxt_cpu_cast(int index, void *dst, pxt_dtype dt, const void *src, pxt_dtype st, size_t n);
+/* float64 (NumPy input) into an integer dtype, with pxt_cpu_cast's float rules. */
+void pxt_cpu_cast_f64_to_int(void *dst, pxt_dtype dt, const double *src, size_t n);
 
 /* Kernels of the backend table (semantics in backend.h). */
 /* matmul.c */
