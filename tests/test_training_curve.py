@@ -21,7 +21,7 @@ def test_sgd_loss_curves_agree_over_100_steps():
     rng = np.random.default_rng()
     # a learnable task: a fixed small set of batches seen repeatedly
     batches = [random_batch(rng, CFG, B=4, Lt=10, La=16) for _ in range(4)]
-    lr = 0.05  # larger steps make this tiny problem chaotic: any rounding then diverges
+    lr = 0.02  # at 0.05 some seeds turn chaotic near step 90 and any rounding then diverges
     model = pyxtts.XTTSGPT(CFG, seed=int(rng.integers(1 << 30)), checkpointing="selective")
     ref = RefGPT(CFG, dtype=torch.float64)
     ref.load(model.state_dict())
@@ -38,6 +38,6 @@ def test_sgd_loss_curves_agree_over_100_steps():
         opt.step()
         theirs.append(float(loss.detach()))
     ours, theirs = np.array(ours), np.array(theirs)
-    # fp32 against float64: rounding differences grow slowly through 100 updates: 1e-3 relative
-    np.testing.assert_allclose(ours, theirs, rtol=1e-3)
-    assert ours[-4:].mean() < 0.8 * ours[:4].mean(), "the model did not learn"
+    # fp32 against float64: at this rate 10 seeds stayed within 4e-6 over 100 updates: 1e-4
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4)
+    assert ours[-4:].mean() < 0.9 * ours[:4].mean(), "the model did not learn"
