@@ -44,6 +44,34 @@ typedef struct pxt_attn_args {
     pxt_dtype dt;
 } pxt_attn_args;
 
+/* Fixed number of parts of grad_sumsq's deterministic reduction. */
+#define PXT_SUMSQ_PARTS 256
+
+/* One tensor of the flat buffers: elements [offset, offset + numel). */
+typedef struct pxt_adamw_segment {
+    size_t offset, numel;
+    int decay; /* 1: decoupled weight decay applies (tensors of 2+ dims) */
+} pxt_adamw_segment;
+
+/* Scalars of one AdamW step, computed on the host in double and rounded to
+ * float once, as torch does with its Python-float hyper-parameters. Per element
+ * of each segment (all float arithmetic):
+ *   g  = grads * grad_scale                  (unscale by 1/loss_scale, clip)
+ *   p  = master; p *= decay_factor           (decay segments only: 1 - lr * wd)
+ *   m  = m + one_minus_beta1 * (g - m)       (torch's lerp, weight < 0.5)
+ *   v  = v * beta2 + one_minus_beta2 * g * g
+ *   p += neg_step_size * (m / (sqrt(v) / bias_correction2_sqrt + eps))
+ *   master = p; ema = ema_decay * ema + one_minus_ema_decay * p   (ema != NULL)
+ *   params = (dt) p                          (skipped when params == master) */
+typedef struct pxt_adamw_args {
+    const pxt_adamw_segment *segments; /* (n_segments), device memory */
+    int n_segments;
+    float grad_scale, decay_factor, one_minus_beta1, beta2, one_minus_beta2;
+    float neg_step_size, bias_correction2_sqrt, eps;
+    float ema_decay, one_minus_ema_decay;
+    pxt_dtype dt; /* of params */
+} pxt_adamw_args;
+
 typedef struct pxt_backend {
     const char *name; /* "cpu", "cuda" */
 
@@ -132,6 +160,22 @@ typedef struct pxt_backend {
                               const void *v, const void *out, const float *lse,
                               void *workspace);
     size_t (*attention_workspace)(const struct pxt_attn_args *args, int backward);
+
+    /* ---- optimizer (single passes over the flat buffers, see csrc/optim.c) ---- */
+    /* *sumsq = sum of g[i]^2 over g (n) fp32, accumulated in double over
+     * PXT_SUMSQ_PARTS fixed contiguous parts added in order: the bits depend on n
+     * alone, never on the thread count. *nonfinite = 1 when some g[i] is inf or
+     * NaN (the double sum of finite fp32 squares cannot overflow), else 0.
+     * workspace: PXT_SUMSQ_PARTS doubles of device memory. */
+    int (*grad_sumsq)(int index, double *sumsq, int *nonfinite, const float *g, size_t n,
+                      void *workspace);
+    /* One AdamW step (torch.optim.AdamW, non-amsgrad, foreach=False) over the
+     * segments of pxt_adamw_args; elements outside every segment (padding
+     * between tensors) are never read nor written. See pxt_adamw_args. */
+    int (*adamw)(int index, const struct pxt_adamw_args *args, float *master, float *m, float *v,
+                 float *ema, void *params, const float *grads);
+    /* Exchanges a (n) and b (n) of dtype dt (swap_ema with fp32 parameters). */
+    int (*swap)(int index, void *a, void *b, size_t n, pxt_dtype dt);
 } pxt_backend;
 
 /* The backend of a device type, or NULL when this build has none (CPU-only). */

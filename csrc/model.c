@@ -33,6 +33,7 @@ typedef struct {
     pxt_tensor *arena;   /* uint8, plan.arena_bytes; NULL until the first step */
     pxt_plan plan;       /* the arena's plan */
     int busy;            /* a step is running (the GIL is released during it) */
+    size_t opt_bytes;    /* optimizer state attached (pyxtts._C.AdamW), allocator bytes */
 } pxt_gpt;
 
 static PyTypeObject gpt_type;
@@ -287,12 +288,13 @@ static int make_plan(pxt_gpt *m, pxt_plan *p, int B, int Lt, int La, int Nc, int
     return plan_for(&m->cfg, m->be, m->dt, p, B, Lt, La, Nc, ckpt, train, budget);
 }
 
-static PyObject *plan_dict(size_t n_params, pxt_dtype dt, const pxt_plan *p) {
+static PyObject *plan_dict(size_t n_params, pxt_dtype dt, const pxt_plan *p, size_t opt_bytes) {
     size_t param_bytes = n_params * pxt_dtype_size(dt);
     size_t grad_bytes = p->train ? n_params * sizeof(float) : 0;
-    /* what the allocator will count: each buffer as a block of a fresh segment */
+    /* what the allocator will count: each buffer as a block of a fresh segment
+     * (opt_bytes is already in allocator blocks: pxt_adamw_state_bytes) */
     size_t total = pxt_alloc_block_size(param_bytes) + pxt_alloc_block_size(p->arena_bytes) +
-                   (p->train ? pxt_alloc_block_size(grad_bytes) : 0);
+                   (p->train ? pxt_alloc_block_size(grad_bytes) : 0) + opt_bytes;
     PyObject *blocks = PyList_New(p->L), *policies = PyList_New(p->L);
     if (!blocks || !policies) {
         Py_XDECREF(blocks);
@@ -306,7 +308,7 @@ static PyObject *plan_dict(size_t n_params, pxt_dtype dt, const pxt_plan *p) {
     return Py_BuildValue(
         "{s:n,s:n,s:n,s:n,s:n,s:n,s:N,s:N,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:i,s:i,s:i,s:i}",
         "parameters", (Py_ssize_t)param_bytes, "gradients", (Py_ssize_t)grad_bytes,
-        "optimizer", (Py_ssize_t)0, "inputs", (Py_ssize_t)p->inputs_bytes,
+        "optimizer", (Py_ssize_t)opt_bytes, "inputs", (Py_ssize_t)p->inputs_bytes,
         "residuals", (Py_ssize_t)p->resid_bytes, "final_norms", (Py_ssize_t)p->final_bytes,
         "saved_per_block", blocks, "policies", policies,
         "work", (Py_ssize_t)p->work_bytes, "attention_workspace", (Py_ssize_t)p->attn_ws_bytes,
@@ -314,23 +316,36 @@ static PyObject *plan_dict(size_t n_params, pxt_dtype dt, const pxt_plan *p) {
         "activation_gradients", (Py_ssize_t)p->grad_bytes, "saved", (Py_ssize_t)p->saved_bytes,
         "scratch", (Py_ssize_t)p->scratch_bytes, "arena", (Py_ssize_t)p->arena_bytes,
         "total", (Py_ssize_t)total, "allocator_rounding",
-        (Py_ssize_t)(total - param_bytes - grad_bytes - p->arena_bytes),
+        (Py_ssize_t)(total - param_bytes - grad_bytes - p->arena_bytes - opt_bytes),
         "sequence_length", (Py_ssize_t)p->T, "batch_size", p->B, "logits_rows", p->logits_rows,
         "train", p->train, "n_layers", p->L);
 }
 
 /* estimate_memory(batch_size, text_len, audio_len, cond_len=None, checkpointing=None,
- *                 train=True, budget=None) -> dict */
+ *                 train=True, budget=None, optimizer=None) -> dict
+ * optimizer: None counts the optimizer state attached to this model (0 without
+ * one), True that or else a default AdamW's, False none. */
 static PyObject *gpt_estimate(PyObject *op, PyObject *args, PyObject *kwargs) {
     pxt_gpt *m = (pxt_gpt *)op;
     static char *kw[] = {"batch_size", "text_len", "audio_len", "cond_len", "checkpointing",
-                         "train", "budget", NULL};
+                         "train", "budget", "optimizer", NULL};
     int B, Lt, La, train = 1;
-    PyObject *nc_arg = Py_None, *budget_arg = Py_None;
+    PyObject *nc_arg = Py_None, *budget_arg = Py_None, *opt_arg = Py_None;
     const char *ckpt_s = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iii|OzpO:estimate_memory", kw, &B, &Lt, &La,
-                                     &nc_arg, &ckpt_s, &train, &budget_arg))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iii|OzpOO:estimate_memory", kw, &B, &Lt, &La,
+                                     &nc_arg, &ckpt_s, &train, &budget_arg, &opt_arg))
         return NULL;
+    size_t opt_bytes = m->opt_bytes; /* optimizer=None: what is attached */
+    if (opt_arg != Py_None) {
+        int want = PyObject_IsTrue(opt_arg);
+        if (want < 0)
+            return NULL;
+        opt_bytes = !want ? 0
+                    : m->opt_bytes ? m->opt_bytes
+                                   : pxt_adamw_state_bytes(m->layout.numel, m->layout.count, m->dt, 0);
+    }
+    if (!train)
+        opt_bytes = 0;
     int Nc = m->cfg.n_cond;
     if (nc_arg != Py_None && (Nc = (int)PyLong_AsLong(nc_arg)) == -1 && PyErr_Occurred())
         return NULL;
@@ -345,14 +360,14 @@ static PyObject *gpt_estimate(PyObject *op, PyObject *args, PyObject *kwargs) {
         long long b = PyLong_AsLongLong(budget_arg);
         if (b == -1 && PyErr_Occurred())
             return NULL;
-        size_t fixed = m->layout.numel * (pxt_dtype_size(m->dt) + sizeof(float));
+        size_t fixed = m->layout.numel * (pxt_dtype_size(m->dt) + sizeof(float)) + opt_bytes;
         budget = (size_t)(b > 0 ? b : 0) > fixed ? (size_t)b - fixed : 0;
     }
     pxt_plan p;
     int rc = make_plan(m, &p, B, Lt, La, Nc, ckpt, train, budget);
     if (rc != PXT_OK)
         return pxt_raise(rc);
-    PyObject *d = plan_dict(m->layout.numel, m->dt, &p);
+    PyObject *d = plan_dict(m->layout.numel, m->dt, &p, opt_bytes);
     pxt_plan_free(&p);
     return d;
 }
@@ -366,16 +381,16 @@ static PyObject *py_plan_memory(PyObject *mod, PyObject *args, PyObject *kwargs)
                          "max_text_tokens", "max_audio_tokens", "n_cond_latents",
                          "layer_norm_eps", "text_loss_weight", "audio_loss_weight",
                          "max_attention_sequence_length", "batch_size", "text_len", "audio_len",
-                         "cond_len", "checkpointing", "train", "budget", "device", NULL};
+                         "cond_len", "checkpointing", "train", "budget", "device", "optimizer", NULL};
     pxt_gpt_config c;
-    int B, Lt, La, train = 1;
+    int B, Lt, La, train = 1, optimizer = 0;
     PyObject *nc_arg = Py_None, *budget_arg = Py_None, *dev_arg = Py_None;
     const char *ckpt_s = "none";
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiiiiiiifffiiii|OspOO:plan_memory", kw,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiiiiiiifffiiii|OspOOp:plan_memory", kw,
                                      &c.n_layers, &c.d_model, &c.n_heads, &c.text_vocab,
                                      &c.audio_vocab, &c.max_text, &c.max_audio, &c.n_cond, &c.eps,
                                      &c.text_w, &c.audio_w, &c.max_seq, &B, &Lt, &La, &nc_arg,
-                                     &ckpt_s, &train, &budget_arg, &dev_arg))
+                                     &ckpt_s, &train, &budget_arg, &dev_arg, &optimizer))
         return NULL;
     int rc = pxt_gpt_config_check(&c);
     if (rc != PXT_OK)
@@ -396,8 +411,10 @@ static PyObject *py_plan_memory(PyObject *mod, PyObject *args, PyObject *kwargs)
     if (pxt_param_layout_init(&layout, &c) != PXT_OK)
         return pxt_raise(PXT_ERR_OOM);
     size_t n_params = layout.numel;
+    size_t opt_bytes = optimizer && train
+                           ? pxt_adamw_state_bytes(n_params, layout.count, PXT_FLOAT32, 0) : 0;
     pxt_param_layout_free(&layout);
-    size_t fixed = n_params * (sizeof(float) + (train ? sizeof(float) : 0));
+    size_t fixed = n_params * (sizeof(float) + (train ? sizeof(float) : 0)) + opt_bytes;
     size_t budget = (size_t)-1;
     if (budget_arg != Py_None) {
         long long b = PyLong_AsLongLong(budget_arg);
@@ -409,7 +426,7 @@ static PyObject *py_plan_memory(PyObject *mod, PyObject *args, PyObject *kwargs)
     rc = plan_for(&c, be, PXT_FLOAT32, &p, B, Lt, La, Nc, ckpt, train, budget);
     if (rc != PXT_OK)
         return pxt_raise(rc);
-    PyObject *d = plan_dict(n_params, PXT_FLOAT32, &p);
+    PyObject *d = plan_dict(n_params, PXT_FLOAT32, &p, opt_bytes);
     pxt_plan_free(&p);
     return d;
 }
@@ -720,6 +737,22 @@ static PyObject *gpt_release_arena(PyObject *op, PyObject *unused) {
     Py_CLEAR(m->arena);
     pxt_plan_free(&m->plan);
     return PyLong_FromSize_t(n);
+}
+
+/* ---- the optimizer's access (pyxtts._C.AdamW, csrc/optim.c) -------------------- */
+
+int pxt_gpt_view_of(PyObject *obj, pxt_gpt_view *out) {
+    if (!PyObject_TypeCheck(obj, &gpt_type) || !((pxt_gpt *)obj)->params)
+        return -1;
+    pxt_gpt *m = (pxt_gpt *)obj;
+    *out = (pxt_gpt_view){.params = m->params, .grads = m->grads, .layout = &m->layout,
+                          .device = m->device, .be = m->be, .dt = m->dt, .busy = &m->busy};
+    return 0;
+}
+
+void pxt_gpt_add_optimizer_bytes(PyObject *obj, Py_ssize_t delta) {
+    pxt_gpt *m = (pxt_gpt *)obj;
+    m->opt_bytes = (size_t)((Py_ssize_t)m->opt_bytes + delta);
 }
 
 /* ---- attributes ----------------------------------------------------------- */

@@ -259,7 +259,7 @@ PyMODINIT_FUNC PyInit__C(void) {
         goto fail;
     }
     if (pxt_dtype_init(m) < 0 || pxt_tensor_init_type(m) < 0 || pxt_gpt_init_type(m) < 0 ||
-        pxt_block_init_type(m) < 0 ||
+        pxt_block_init_type(m) < 0 || pxt_adamw_init_type(m) < 0 ||
         PyModule_AddFunctions(m, pxt_ops_methods) < 0 ||
         PyModule_AddFunctions(m, pxt_attention_methods) < 0 ||
         PyModule_AddFunctions(m, pxt_model_methods) < 0)

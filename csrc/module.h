@@ -3,6 +3,7 @@
 #define PXT_MODULE_H
 
 #include "tensor.h"
+#include "gpt.h"
 
 extern PyObject *pxt_OutOfMemoryError;
 
@@ -42,6 +43,27 @@ extern PyMethodDef pxt_model_methods[];     /* model.c: plan_memory */
 
 /* model.c: pyxtts._C.GPT */
 int pxt_gpt_init_type(PyObject *module);
+/* What pyxtts._C.AdamW needs of a GPT: its flat buffers (borrowed), layout,
+ * device, backend, parameter dtype and step flag. 0, or -1 (no exception set)
+ * when obj is not an initialised GPT. */
+typedef struct {
+    pxt_tensor *params, *grads; /* (layout->numel) dt, fp32 */
+    const pxt_param_layout *layout;
+    pxt_device device;
+    const pxt_backend *be;
+    pxt_dtype dt;
+    int *busy; /* set while a step of the model (or its optimizer) runs */
+} pxt_gpt_view;
+int pxt_gpt_view_of(PyObject *obj, pxt_gpt_view *out);
+/* Adds delta to the optimizer bytes the model's plans count (AdamW's constructor
+ * and destructor). */
+void pxt_gpt_add_optimizer_bytes(PyObject *obj, Py_ssize_t delta);
+
+/* optim.c: pyxtts._C.AdamW */
+int pxt_adamw_init_type(PyObject *module);
+/* Allocator bytes of an AdamW's state for a flat buffer of numel elements in
+ * n_tensors tensors, parameters of dtype dt, with or without an EMA. */
+size_t pxt_adamw_state_bytes(size_t numel, int n_tensors, pxt_dtype dt, int ema);
 /* block_py.c: pyxtts._C.Block */
 int pxt_block_init_type(PyObject *module);
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 try:
     from pyxtts._C import (
+        AdamW,
         Block,
         OutOfMemoryError,
         Tensor,
@@ -44,11 +45,15 @@ except ImportError as exc:  # a source checkout that was never built
     ) from exc
 from pyxtts.memory import cleanup_gpu_memory, memory_summary
 from pyxtts.model import MemoryPlan, ModelConfig, XTTSGPT, estimate_memory
+from pyxtts.checkpoint import CheckpointError, import_xtts_checkpoint, load_checkpoint, save_checkpoint
+from pyxtts.schedule import ConstantLR, LRSchedule, MultiStepLR, WarmupCosineLR
 
 __version__: str = build_info()["version"]
 
 __all__ = [
-    "Block", "MemoryPlan", "ModelConfig", "XTTSGPT", "estimate_memory",
+    "AdamW", "Block", "MemoryPlan", "ModelConfig", "XTTSGPT", "estimate_memory",
+    "CheckpointError", "import_xtts_checkpoint", "load_checkpoint", "save_checkpoint",
+    "ConstantLR", "LRSchedule", "MultiStepLR", "WarmupCosineLR",
     "attention", "attention_backward", "attention_forward",
     "OutOfMemoryError", "Tensor", "bfloat16", "bool", "build_info", "cleanup_gpu_memory",
     "cuda_available", "device_count", "device_info", "dtype", "empty", "empty_cache", "float16",

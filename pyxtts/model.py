@@ -67,7 +67,7 @@ class ModelConfig:
 @dataclass
 class MemoryPlan:
     """Bytes of one training step by component; `total` is what the step peaks at
-    (parameters and gradients included; optimizer state arrives with the optimizer)."""
+    (parameters, gradients and, with an optimizer, its state included)."""
 
     parameters: int
     gradients: int
@@ -124,14 +124,16 @@ class MemoryPlan:
 
 def estimate_memory(config: ModelConfig, batch_size: int, text_len: int, audio_len: int,
                     cond_len: int | None = None, checkpointing: str = "none", train: bool = True,
-                    budget: int | None = None, device: str = "cpu") -> MemoryPlan:
+                    budget: int | None = None, device: str = "cpu", optimizer: bool = False) -> MemoryPlan:
     """The memory plan of one step of a model of this config, without building the model:
-    nothing is allocated, so the plan of the full XTTS v2 size prints on any machine."""
+    nothing is allocated, so the plan of the full XTTS v2 size prints on any machine.
+    ``optimizer=True`` counts the state of a default ``AdamW`` (moments, no EMA)."""
     if not isinstance(config, ModelConfig):
         raise TypeError(f"config: expected a ModelConfig, got {type(config).__name__}")
     return MemoryPlan._from_native(_C.plan_memory(
         **asdict(config), batch_size=batch_size, text_len=text_len, audio_len=audio_len,
-        cond_len=cond_len, checkpointing=checkpointing, train=train, budget=budget, device=device))
+        cond_len=cond_len, checkpointing=checkpointing, train=train, budget=budget, device=device,
+        optimizer=bool(optimizer)))
 
 
 def _as_array(value: Any, key: str) -> np.ndarray:
@@ -255,11 +257,13 @@ class XTTSGPT:
     # ---- memory ---------------------------------------------------------------
     def estimate_memory(self, batch_size: int, text_len: int, audio_len: int, cond_len: int | None = None,
                         checkpointing: str | None = None, train: bool = True,
-                        budget: int | None = None) -> MemoryPlan:
+                        budget: int | None = None, optimizer: bool | None = None) -> MemoryPlan:
         """The plan of a step at this shape, computed without allocating anything.
-        ``budget`` (bytes in all) guides checkpointing='auto'; default: the device's limit."""
+        ``budget`` (bytes in all) guides checkpointing='auto'; default: the device's limit.
+        ``optimizer``: None counts the state of the AdamW attached to this model (none: 0),
+        True that or else a default AdamW's, False leaves optimizer state out."""
         return MemoryPlan._from_native(self._core.estimate_memory(
-            batch_size, text_len, audio_len, cond_len, checkpointing, train, budget))
+            batch_size, text_len, audio_len, cond_len, checkpointing, train, budget, optimizer))
 
     def release_memory(self) -> int:
         """Frees the cached step arena (it is re-reserved by the next step); bytes freed."""

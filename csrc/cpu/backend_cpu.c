@@ -112,6 +112,9 @@ static const pxt_backend cpu_backend = {
     .attention_forward = pxt_cpu_attention_forward,
     .attention_backward = pxt_cpu_attention_backward,
     .attention_workspace = pxt_cpu_attention_workspace,
+    .grad_sumsq = pxt_cpu_grad_sumsq,
+    .adamw = pxt_cpu_adamw,
+    .swap = pxt_cpu_swap,
 };
 
 const pxt_backend *pxt_cpu_backend(void) { return &cpu_backend; }

@@ -52,6 +52,14 @@ size_t pxt_cpu_attention_workspace(const struct pxt_attn_args *args, int backwar
 int pxt_cpu_attention_set_isa(const char *name);
 const char *pxt_cpu_attention_isa(void);
 
+/* optim.c */
+struct pxt_adamw_args;
+int pxt_cpu_grad_sumsq(int index, double *sumsq, int *nonfinite, const float *g, size_t n,
+                       void *workspace);
+int pxt_cpu_adamw(int index, const struct pxt_adamw_args *args, float *master, float *m, float *v,
+                  float *ema, void *params, const float *grads);
+int pxt_cpu_swap(int index, void *a, void *b, size_t n, pxt_dtype dt);
+
 /* Once at import: one thread pool (OpenMP) for the whole CPU backend. */
 void pxt_cpu_init(void);
 

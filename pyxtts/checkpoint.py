@@ -1,0 +1,499 @@
+"""Crash-safe checkpoints in the safetensors format, and the XTTS v2 ``.pth`` importer.
+
+A checkpoint is one ``.safetensors`` file:
+
+- tensors ``model.<name>`` (the parameters, names as in ``XTTSGPT.state_dict()``) and
+  ``optimizer.<key>`` (the arrays of ``optimizer.state_dict()``; nested keys joined by
+  ``.``); bfloat16 arrays are stored as their uint16 bit patterns and named in the
+  metadata, so every bit round-trips;
+- one string metadata entry ``"pyxtts"``: JSON with the format marker and version, the
+  pyxtts version, the model config, precision, step, the optimizer's non-array state
+  (learning rate, step count, loss scale, ...), and the caller's ``extra`` (for example
+  ``{"rng": rng.bit_generator.state}``).
+
+Saving writes ``<path>.tmp-<pid>`` in the same directory, flushes and fsyncs it, renames
+it over ``path`` and fsyncs the directory: a process killed at any moment leaves either
+the previous checkpoint or the new one, never a mix. Loading checks the whole file
+against the model (and optimizer) before writing anything, and nothing is unpickled.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "CheckpointError", "import_xtts_checkpoint", "load_checkpoint",
+           "read_checkpoint", "save_checkpoint"]
+
+FORMAT = "pyxtts.checkpoint"
+FORMAT_VERSION = 1
+META_KEY = "pyxtts"
+MODEL_PREFIX = "model."
+OPTIM_PREFIX = "optimizer."
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+_TMP_RE = re.compile(r"\.tmp-(\d+)$")
+_SCALAR_TYPES = (bool, int, float, str, type(None))
+
+
+class CheckpointError(ValueError):
+    """A file that is not a usable pyxtts checkpoint for this model/optimizer. Raised
+    before anything is written: the model and optimizer are unchanged."""
+
+
+# ---- helpers -----------------------------------------------------------------
+
+def _version() -> str:
+    from pyxtts import _C
+
+    return str(_C.build_info()["version"])
+
+
+def _tensor_of(key: str, value: Any) -> tuple[np.ndarray, str | None]:
+    """A contiguous array safetensors can store, and the dtype note for bfloat16."""
+    a = value.numpy() if hasattr(value, "numpy") and not isinstance(value, np.ndarray) else np.asarray(value)
+    if a.dtype == _BF16:
+        return np.ascontiguousarray(a).view(np.uint16), "bfloat16"
+    if a.dtype.kind not in "fiub":
+        raise TypeError(f"{key}: cannot store an array of dtype {a.dtype}")
+    return np.ascontiguousarray(a), None
+
+
+def _flatten_optimizer(state: Mapping[str, Any]) -> tuple[Any, dict[str, np.ndarray], dict[str, str]]:
+    """optimizer.state_dict() -> (JSON skeleton, tensors, bf16 notes). In the skeleton
+    each array is replaced by {"__tensor__": key} (plus "scalar": true for a NumPy
+    scalar), so nested dicts and lists round-trip exactly."""
+    tensors: dict[str, np.ndarray] = {}
+    notes: dict[str, str] = {}
+
+    def walk(value: Any, path: list[str]) -> Any:
+        where = "optimizer.state_dict()" + "".join(f"[{p!r}]" for p in path)
+        if isinstance(value, Mapping):
+            out = {}
+            for k, v in value.items():
+                if not isinstance(k, str):
+                    raise TypeError(f"{where}: keys must be strings, got {k!r}")
+                out[k] = walk(v, path + [k])
+            return out
+        if isinstance(value, (list, tuple)):
+            return [walk(v, path + [str(i)]) for i, v in enumerate(value)]
+        if isinstance(value, (np.ndarray, np.generic)) or hasattr(value, "__dlpack__"):
+            key = OPTIM_PREFIX + ".".join(path)
+            if key in tensors:
+                raise ValueError(f"{where}: two arrays map to the tensor name {key!r}")
+            a, note = _tensor_of(key, value)
+            tensors[key] = a.reshape(1) if a.ndim == 0 else a  # safetensors stores 0-d as (1,)
+            if note:
+                notes[key] = note
+            if isinstance(value, np.generic):
+                return {"__tensor__": key, "scalar": True}
+            return {"__tensor__": key, "shape": []} if a.ndim == 0 else {"__tensor__": key}
+        if isinstance(value, _SCALAR_TYPES):
+            return value
+        raise TypeError(f"{where}: cannot store a {type(value).__name__}")
+
+    if not isinstance(state, Mapping):
+        raise TypeError(f"optimizer.state_dict(): expected a dict, got {type(state).__name__}")
+    return walk(state, []), tensors, notes
+
+
+def _unflatten_optimizer(skeleton: Any, tensors: Mapping[str, np.ndarray]) -> Any:
+    if isinstance(skeleton, dict):
+        if "__tensor__" in skeleton:
+            key = skeleton["__tensor__"]
+            if key not in tensors:
+                raise CheckpointError(f"optimizer state names tensor {key!r}, which the file lacks")
+            a = tensors[key]
+            if skeleton.get("scalar") or skeleton.get("shape") == []:
+                if a.size != 1:
+                    raise CheckpointError(f"optimizer tensor {key!r}: expected one element, got shape {a.shape}")
+                a = a.reshape(())
+            return a[()] if skeleton.get("scalar") else a
+        return {k: _unflatten_optimizer(v, tensors) for k, v in skeleton.items()}
+    if isinstance(skeleton, list):
+        return [_unflatten_optimizer(v, tensors) for v in skeleton]
+    return skeleton
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (np.ndarray, np.generic)):
+        return f"array {np.dtype(value.dtype)} {tuple(np.shape(value))}"
+    return type(value).__name__
+
+
+def _check_like(got: Any, want: Any, where: str) -> None:
+    """The loaded optimizer state has the structure of the live one: same keys, arrays of
+    the same shapes and dtypes, scalars of compatible types."""
+    if isinstance(want, Mapping):
+        if not isinstance(got, Mapping):
+            raise CheckpointError(f"{where}: expected a dict, the checkpoint has {_describe(got)}")
+        missing = [k for k in want if k not in got]
+        unexpected = [k for k in got if k not in want]
+        if missing or unexpected:
+            raise CheckpointError(f"{where}: keys differ from this optimizer's (missing {missing[:5]}, "
+                                  f"unexpected {unexpected[:5]})")
+        for k in want:
+            _check_like(got[k], want[k], f"{where}[{k!r}]")
+    elif isinstance(want, (list, tuple)):
+        if not isinstance(got, list) or len(got) != len(want):
+            raise CheckpointError(f"{where}: expected a list of {len(want)}, the checkpoint has {_describe(got)}")
+        for i, (g, w) in enumerate(zip(got, want)):
+            _check_like(g, w, f"{where}[{i}]")
+    elif isinstance(want, (np.ndarray, np.generic)) or hasattr(want, "__dlpack__"):
+        w = want.numpy() if hasattr(want, "numpy") and not isinstance(want, (np.ndarray, np.generic)) else np.asarray(want)
+        g = np.asarray(got) if isinstance(got, (np.ndarray, np.generic)) else None
+        if g is None or g.shape != w.shape or g.dtype != w.dtype:
+            raise CheckpointError(f"{where}: expected array {w.dtype} {w.shape}, the checkpoint has {_describe(got)}")
+    elif isinstance(want, bool) or want is None or isinstance(want, str):
+        if type(got) is not type(want) and not (want is None or got is None):
+            raise CheckpointError(f"{where}: expected {type(want).__name__}, the checkpoint has {_describe(got)}")
+    elif isinstance(want, (int, float)) and (isinstance(got, bool) or not isinstance(got, (int, float))):
+        raise CheckpointError(f"{where}: expected a number, the checkpoint has {_describe(got)}")
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Temporary files of earlier saves to this path whose process is gone."""
+    try:
+        siblings = list(path.parent.iterdir())
+    except OSError:
+        return
+    prefix = path.name + ".tmp-"
+    for p in siblings:
+        m = _TMP_RE.search(p.name)
+        if (m and p.name == prefix + m.group(1) and int(m.group(1)) != os.getpid()
+                and not _pid_alive(int(m.group(1)))):
+            try:
+                p.unlink()
+            except OSError:
+                pass
+
+
+def _write_atomic(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
+    from safetensors.numpy import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(path)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    try:
+        save_file(tensors, str(tmp), metadata=metadata)
+        fd = os.open(tmp, os.O_RDWR)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+# ---- save --------------------------------------------------------------------
+
+def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, step: int = 0,
+                    extra: Any = None) -> None:
+    """Writes model (and optimizer) state to ``path`` atomically (see the module doc).
+
+    ``extra`` is any JSON-serialisable value (dicts, lists, str, int, float, bool, None),
+    e.g. ``{"epoch": 3, "rng": rng.bit_generator.state}``; it comes back from
+    ``load_checkpoint`` (tuples as lists)."""
+    if isinstance(step, bool) or not hasattr(step, "__index__"):
+        raise TypeError(f"step: expected an int, got {step!r}")
+    if int(step) < 0:
+        raise ValueError(f"step: must be >= 0, got {step!r}")
+    try:
+        json.dumps(extra, allow_nan=True)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"extra: must be JSON-serialisable (dicts with str keys, lists, str, numbers, "
+                        f"bool, None): {exc}") from exc
+    if not hasattr(model, "state_dict") or not hasattr(model, "config"):
+        raise TypeError(f"model: expected an XTTSGPT, got {type(model).__name__}")
+    path = Path(path)
+    tensors: dict[str, np.ndarray] = {}
+    dtypes: dict[str, str] = {}
+    for name, value in model.state_dict().items():
+        key = MODEL_PREFIX + name
+        tensors[key], note = _tensor_of(key, value)
+        if note:
+            dtypes[key] = note
+    opt_meta = None
+    if optimizer is not None:
+        if not hasattr(optimizer, "state_dict"):
+            raise TypeError(f"optimizer: expected an optimizer with state_dict(), got {type(optimizer).__name__}")
+        skeleton, opt_tensors, notes = _flatten_optimizer(optimizer.state_dict())
+        tensors.update(opt_tensors)
+        dtypes.update(notes)
+        opt_meta = {"type": type(optimizer).__name__, "state": skeleton}
+    meta = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "pyxtts_version": _version(),
+        "config": asdict(model.config),
+        "precision": getattr(model, "precision", None),
+        "step": int(step),
+        "optimizer": opt_meta,
+        "dtypes": dtypes,
+        "extra": extra,
+    }
+    _write_atomic(path, tensors, {META_KEY: json.dumps(meta, allow_nan=True)})
+
+
+# ---- read and load -----------------------------------------------------------
+
+def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:
+    """(metadata, tensors) of a pyxtts checkpoint, bfloat16 restored; checks the
+    container and the format marker and version only. Raises CheckpointError."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if _TMP_RE.search(path.name):
+        raise CheckpointError(f"{path}: is the temporary file of an unfinished save (name ends with "
+                              "'.tmp-<pid>'), not a checkpoint")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such checkpoint file")
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            raw_meta = f.metadata() or {}
+            if META_KEY not in raw_meta:
+                raise CheckpointError(f"{path}: a safetensors file but not a pyxtts checkpoint "
+                                      f"(no {META_KEY!r} metadata; found {sorted(raw_meta)[:5]})")
+            meta = _parse_meta(path, raw_meta[META_KEY])
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open is not iterable
+    except CheckpointError:
+        raise
+    except Exception as exc:  # safetensors raises its own error types
+        raise CheckpointError(f"{path}: not a readable safetensors file (truncated, corrupt, or another "
+                              f"format such as a pickled .pth; nothing is unpickled): "
+                              f"{type(exc).__name__}: {exc}") from exc
+    dtypes = meta.get("dtypes") or {}
+    if not isinstance(dtypes, dict):
+        raise CheckpointError(f"{path}: metadata 'dtypes' must be a dict")
+    for key, note in dtypes.items():
+        if note != "bfloat16" or key not in tensors or tensors[key].dtype != np.uint16:
+            raise CheckpointError(f"{path}: bad dtype note {key!r}: {note!r}")
+        tensors[key] = tensors[key].view(_BF16)
+    return meta, tensors
+
+
+def _parse_meta(path: Path, text: str) -> dict:
+    try:
+        meta = json.loads(text)
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: pyxtts metadata is not valid JSON: {exc}") from exc
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a pyxtts checkpoint (format marker "
+                              f"{meta.get('format') if isinstance(meta, dict) else meta!r}, expected {FORMAT!r})")
+    version = meta.get("format_version")
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+        raise CheckpointError(f"{path}: unknown checkpoint format version {version!r} (this pyxtts "
+                              f"{_version()} reads versions 1 to {FORMAT_VERSION}); upgrade pyxtts")
+    for key, kind in (("config", dict), ("step", int)):
+        if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
+            raise CheckpointError(f"{path}: metadata {key!r} missing or not a {kind.__name__}")
+    return meta
+
+
+def _validate_model(path: Path, meta: dict, tensors: Mapping[str, np.ndarray], model: Any,
+                    has_optimizer: bool) -> dict[str, np.ndarray]:
+    want = asdict(model.config)
+    got = meta["config"]
+    diffs = [f"{k}: checkpoint {got.get(k, '<absent>')!r}, model {want.get(k, '<absent>')!r}"
+             for k in list(want) + [k for k in got if k not in want] if got.get(k, "<absent>") != want.get(k, "<absent>")]
+    if diffs:
+        raise CheckpointError(f"{path}: another architecture; the config differs in "
+                              f"{len(diffs)} field(s): " + "; ".join(diffs))
+    if has_optimizer and meta.get("precision") != getattr(model, "precision", None):
+        raise CheckpointError(f"{path}: precision differs (checkpoint {meta.get('precision')!r}, model "
+                              f"{getattr(model, 'precision', None)!r}); the optimizer state would not fit")
+    params = model.parameters()
+    state = {k[len(MODEL_PREFIX):]: v for k, v in tensors.items() if k.startswith(MODEL_PREFIX)}
+    missing = [n for n in params if n not in state]
+    unexpected = [n for n in state if n not in params]
+    if missing or unexpected:
+        raise CheckpointError(f"{path}: parameter names differ (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    for name, a in state.items():
+        if tuple(a.shape) != tuple(params[name].shape):
+            raise CheckpointError(f"{path}: model.{name} has shape {tuple(a.shape)}, the model expects "
+                                  f"{tuple(params[name].shape)}")
+        if a.dtype.kind != "f" and a.dtype != _BF16:
+            raise CheckpointError(f"{path}: model.{name} has dtype {a.dtype}, expected floating point")
+        if not np.isfinite(a.astype(np.float32)).all():
+            raise CheckpointError(f"{path}: model.{name} contains NaN or infinity")
+    return state
+
+
+def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None) -> dict:
+    """Loads a checkpoint written by ``save_checkpoint`` into ``model`` (and ``optimizer``)
+    and returns its metadata (``step``, ``extra``, ``config``, ``precision``,
+    ``pyxtts_version``, ``optimizer`` (its non-array state), ...).
+
+    Everything is validated first (container, marker, format version, config, names,
+    shapes, dtypes, finiteness, optimizer state structure); a refusal is a
+    ``CheckpointError`` naming the problem, with model and optimizer unchanged."""
+    path = Path(path)
+    meta, tensors = read_checkpoint(path)
+    known = {k for k in tensors if k.startswith((MODEL_PREFIX, OPTIM_PREFIX))}
+    if len(known) != len(tensors):
+        strange = sorted(set(tensors) - known)[:3]
+        raise CheckpointError(f"{path}: unexpected tensors {strange} (neither 'model.' nor 'optimizer.')")
+    state = _validate_model(path, meta, tensors, model, optimizer is not None)
+    opt_state = None
+    if optimizer is not None:
+        opt_meta = meta.get("optimizer")
+        if not isinstance(opt_meta, dict) or "state" not in opt_meta:
+            raise CheckpointError(f"{path}: holds no optimizer state (saved without an optimizer); "
+                                  "load with optimizer=None for the model only")
+        if opt_meta.get("type") != type(optimizer).__name__:
+            raise CheckpointError(f"{path}: optimizer state of a {opt_meta.get('type')!r}, not of a "
+                                  f"{type(optimizer).__name__!r}")
+        opt_tensors = {k: v for k, v in tensors.items() if k.startswith(OPTIM_PREFIX)}
+        opt_state = _unflatten_optimizer(opt_meta["state"], opt_tensors)
+        _check_like(opt_state, optimizer.state_dict(), "optimizer state")
+    # everything checked: write the model, then the optimizer; should the optimizer
+    # still refuse, the model is put back as it was
+    backup = model.state_dict() if opt_state is not None else None
+    model.load_state_dict(state, strict=True)
+    if opt_state is not None:
+        try:
+            optimizer.load_state_dict(opt_state)
+        except Exception as exc:
+            model.load_state_dict(backup, strict=True)
+            if isinstance(exc, (ValueError, TypeError, KeyError)):
+                raise CheckpointError(f"{path}: the optimizer refused its state: {exc}") from exc
+            raise
+    out = dict(meta)
+    out.pop("dtypes", None)
+    if isinstance(out.get("optimizer"), dict):  # the non-array optimizer state, for reading
+        out["optimizer"] = {"type": out["optimizer"].get("type"),
+                            "state": _strip_tensors(out["optimizer"].get("state"))}
+    return out
+
+
+def _strip_tensors(skeleton: Any) -> Any:
+    if isinstance(skeleton, dict):
+        return {k: _strip_tensors(v) for k, v in skeleton.items()
+                if not (isinstance(v, dict) and "__tensor__" in v)}
+    if isinstance(skeleton, list):
+        return [v for v in (_strip_tensors(x) for x in skeleton)]
+    return skeleton
+
+
+# ---- XTTS v2 .pth import -------------------------------------------------------
+
+def _infer_config(gpt: Mapping[str, np.ndarray], base: Any) -> Any:
+    from pyxtts.model import ModelConfig
+
+    def shape(name: str) -> tuple[int, ...]:
+        if name not in gpt:
+            raise CheckpointError(f"cannot infer the config: the checkpoint lacks {name!r}")
+        return tuple(gpt[name].shape)
+
+    layers = {int(m.group(1)) for k in gpt if (m := re.match(r"gpt\.h\.(\d+)\.", k))}
+    if not layers:
+        raise CheckpointError("cannot infer the config: no 'gpt.h.<i>.' keys (is this an XTTS GPT?)")
+    text_vocab, d = shape("text_embedding.weight")
+    audio_vocab, _ = shape("mel_embedding.weight")
+    max_text, _ = shape("text_pos_embedding.emb.weight")
+    max_audio, _ = shape("mel_pos_embedding.emb.weight")
+    kw = {f.name: getattr(base, f.name) for f in fields(base)}
+    kw.update(n_layers=max(layers) + 1, d_model=d, text_vocab_size=text_vocab,
+              audio_vocab_size=audio_vocab, max_text_tokens=max_text, max_audio_tokens=max_audio,
+              max_attention_sequence_length=None)
+    if d % kw["n_heads"]:
+        kw["n_heads"] = max(h for h in (16, 8, 4, 2, 1) if d % h == 0)
+    return ModelConfig(**kw)
+
+
+def import_xtts_checkpoint(pth_path: str | os.PathLike, out_path: str | os.PathLike,
+                           config: Any = None) -> dict:
+    """Converts the GPT of an XTTS v2 ``.pth`` into a pyxtts checkpoint at ``out_path``.
+
+    The file is read with ``torch.load(..., map_location="cpu", weights_only=True)``
+    (PyTorch's restricted loader: tensors and plain containers, no arbitrary objects),
+    so torch must be installed. The ``"model"`` entry is used when present; of its keys,
+    those of the GPT (``gpt.`` prefix, stripped) are kept, everything else (HiFi-GAN
+    decoder, DVAE, conditioning encoder, ...) is left out. Without ``config`` the sizes
+    are inferred from the shapes (n_heads stays XTTS v2's 16 when it divides d_model).
+    Returns the metadata written (as ``load_checkpoint`` would)."""
+    try:
+        import torch
+    except ImportError as exc:
+        raise ImportError("import_xtts_checkpoint reads PyTorch .pth files and needs torch: "
+                          "`pip install torch` (the CPU build is enough)") from exc
+    from pyxtts.model import XTTSGPT, ModelConfig
+
+    pth_path = Path(pth_path)
+    try:
+        obj = torch.load(str(pth_path), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"{pth_path}: not a loadable PyTorch checkpoint with weights_only=True: "
+                              f"{type(exc).__name__}: {exc}") from exc
+    sd = obj.get("model", obj) if isinstance(obj, Mapping) else None
+    if not isinstance(sd, Mapping):
+        raise CheckpointError(f"{pth_path}: expected a dict of tensors (or one under 'model'), "
+                              f"got {type(obj).__name__}")
+    gpt: dict[str, np.ndarray] = {}
+    for key, value in sd.items():
+        if not isinstance(key, str) or not key.startswith("gpt.") or not isinstance(value, torch.Tensor):
+            continue
+        t = value.detach().cpu()
+        gpt[key[4:]] = (t.view(torch.int16).numpy().view(_BF16) if t.dtype == torch.bfloat16
+                        else t.float().numpy() if t.dtype == torch.float16 else t.numpy())
+    if not gpt:
+        raise CheckpointError(f"{pth_path}: no 'gpt.' keys: not an XTTS checkpoint")
+    if config is None:
+        config = _infer_config(gpt, ModelConfig())
+    elif not isinstance(config, ModelConfig):
+        raise TypeError(f"config: expected a ModelConfig or None, got {type(config).__name__}")
+    model = XTTSGPT(config, device="cpu", precision="fp32", seed=0)
+    params = model.parameters()
+    kept = {k: v for k, v in gpt.items() if k in params}
+    missing = [k for k in params if k not in kept]
+    if missing:
+        raise CheckpointError(f"{pth_path}: the GPT lacks {len(missing)} parameters of this config "
+                              f"(e.g. {missing[:3]})")
+    for k, v in kept.items():
+        if tuple(v.shape) != tuple(params[k].shape):
+            raise CheckpointError(f"{pth_path}: gpt.{k} has shape {tuple(v.shape)}, the config expects "
+                                  f"{tuple(params[k].shape)} (pass the right ModelConfig)")
+    try:
+        model.load_state_dict(kept, strict=True)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CheckpointError(f"{pth_path}: {exc}") from exc
+    ignored = sorted(k for k in gpt if k not in params)
+    extra = {"imported_from": str(pth_path), "ignored_gpt_keys": ignored}
+    save_checkpoint(out_path, model, step=0, extra=extra)
+    return {"format": FORMAT, "format_version": FORMAT_VERSION, "config": asdict(config),
+            "step": 0, "extra": extra}
