@@ -81,6 +81,18 @@ static int parse_ckpt(const char *s, int *out) {
     return 0;
 }
 
+/* "fp32" | "bf16" | "fp16" -> the dtype of parameters and activations. */
+static int parse_precision(const char *s, pxt_dtype *out) {
+    if (!strcmp(s, "fp32")) *out = PXT_FLOAT32;
+    else if (!strcmp(s, "bf16")) *out = PXT_BFLOAT16;
+    else if (!strcmp(s, "fp16")) *out = PXT_FLOAT16;
+    else {
+        PyErr_Format(PyExc_ValueError, "precision: '%s' is not one of 'fp32', 'bf16', 'fp16'", s);
+        return -1;
+    }
+    return 0;
+}
+
 static const char *ckpt_name(int c) {
     static const char *names[] = {"none", "selective", "full", "auto"};
     return names[c];
@@ -112,8 +124,28 @@ static int init_params(pxt_gpt *m, uint64_t seed) {
             for (size_t k = 0; k < p->numel; k++) dst[k] = 1.0f; /* layernorm gains */
         } /* biases stay 0 */
     }
-    /* drawn in fp32 on the host; the model is fp32 (16-bit copies come with mixed precision) */
-    int rc = m->be->copy(m->device.index, m->params->data, host, n * sizeof(float),
+    /* drawn in fp32 on the host; a 16-bit model's copy is cast (round to nearest
+     * even) on the host first, so only dt bytes travel to a device */
+    int rc = PXT_OK;
+    void *src = host;
+    if (m->dt != PXT_FLOAT32) {
+        if (m->device.type == PXT_CPU) {
+            rc = m->be->cast(m->device.index, m->params->data, m->dt, host, PXT_FLOAT32, n);
+            src = NULL;
+        } else {
+            void *h16 = PyMem_RawMalloc(n * pxt_dtype_size(m->dt) + 1);
+            if (!h16) {
+                PyMem_RawFree(host);
+                PyErr_NoMemory();
+                return -1;
+            }
+            rc = pxt_cpu_backend()->cast(0, h16, m->dt, host, PXT_FLOAT32, n);
+            PyMem_RawFree(host);
+            host = src = h16;
+        }
+    }
+    if (rc == PXT_OK && src)
+        rc = m->be->copy(m->device.index, m->params->data, src, n * pxt_dtype_size(m->dt),
                          m->device.type == PXT_CPU ? PXT_COPY_D2D : PXT_COPY_H2D);
     PyMem_RawFree(host);
     if (rc != PXT_OK) {
@@ -148,15 +180,9 @@ static int gpt_init(PyObject *op, PyObject *args, PyObject *kwargs) {
         pxt_raise(rc);
         return -1;
     }
-    if (strcmp(precision, "fp32") != 0) {
-        PyErr_Format(strcmp(precision, "bf16") && strcmp(precision, "fp16") ? PyExc_ValueError
-                                                                            : PyExc_NotImplementedError,
-                     "precision: '%s' %s", precision,
-                     strcmp(precision, "bf16") && strcmp(precision, "fp16")
-                         ? "is not one of 'fp32', 'bf16', 'fp16'"
-                         : "(mixed precision) is not available in this version; use 'fp32'");
+    pxt_dtype dt;
+    if (parse_precision(precision, &dt) < 0)
         return -1;
-    }
     if (parse_ckpt(ckpt, &m->ckpt) < 0)
         return -1;
     m->device = (pxt_device){PXT_CPU, 0};
@@ -170,7 +196,7 @@ static int gpt_init(PyObject *op, PyObject *args, PyObject *kwargs) {
         return -1;
     }
     m->cfg = c;
-    m->dt = PXT_FLOAT32;
+    m->dt = dt;
     if (pxt_param_layout_init(&m->layout, &c) != PXT_OK) {
         pxt_raise(PXT_ERR_OOM);
         return -1;
@@ -306,7 +332,8 @@ static PyObject *plan_dict(size_t n_params, pxt_dtype dt, const pxt_plan *p, siz
         PyList_SET_ITEM(policies, l, PyUnicode_FromString(ckpt_name(p->policy[l])));
     }
     return Py_BuildValue(
-        "{s:n,s:n,s:n,s:n,s:n,s:n,s:N,s:N,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:i,s:i,s:i,s:i}",
+        "{s:n,s:n,s:n,s:n,s:n,s:n,s:N,s:N,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:i,s:i,s:i,s:i,"
+        "s:n,s:s}",
         "parameters", (Py_ssize_t)param_bytes, "gradients", (Py_ssize_t)grad_bytes,
         "optimizer", (Py_ssize_t)opt_bytes, "inputs", (Py_ssize_t)p->inputs_bytes,
         "residuals", (Py_ssize_t)p->resid_bytes, "final_norms", (Py_ssize_t)p->final_bytes,
@@ -318,7 +345,8 @@ static PyObject *plan_dict(size_t n_params, pxt_dtype dt, const pxt_plan *p, siz
         "total", (Py_ssize_t)total, "allocator_rounding",
         (Py_ssize_t)(total - param_bytes - grad_bytes - p->arena_bytes - opt_bytes),
         "sequence_length", (Py_ssize_t)p->T, "batch_size", p->B, "logits_rows", p->logits_rows,
-        "train", p->train, "n_layers", p->L);
+        "train", p->train, "n_layers", p->L, "head_casts", (Py_ssize_t)p->head_cast_bytes,
+        "precision", dt == PXT_BFLOAT16 ? "bf16" : dt == PXT_FLOAT16 ? "fp16" : "fp32");
 }
 
 /* estimate_memory(batch_size, text_len, audio_len, cond_len=None, checkpointing=None,
@@ -381,16 +409,20 @@ static PyObject *py_plan_memory(PyObject *mod, PyObject *args, PyObject *kwargs)
                          "max_text_tokens", "max_audio_tokens", "n_cond_latents",
                          "layer_norm_eps", "text_loss_weight", "audio_loss_weight",
                          "max_attention_sequence_length", "batch_size", "text_len", "audio_len",
-                         "cond_len", "checkpointing", "train", "budget", "device", "optimizer", NULL};
+                         "cond_len", "checkpointing", "train", "budget", "device", "optimizer",
+                         "precision", NULL};
     pxt_gpt_config c;
     int B, Lt, La, train = 1, optimizer = 0;
     PyObject *nc_arg = Py_None, *budget_arg = Py_None, *dev_arg = Py_None;
-    const char *ckpt_s = "none";
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiiiiiiifffiiii|OspOOp:plan_memory", kw,
+    const char *ckpt_s = "none", *prec_s = "fp32";
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iiiiiiiifffiiii|OspOOps:plan_memory", kw,
                                      &c.n_layers, &c.d_model, &c.n_heads, &c.text_vocab,
                                      &c.audio_vocab, &c.max_text, &c.max_audio, &c.n_cond, &c.eps,
                                      &c.text_w, &c.audio_w, &c.max_seq, &B, &Lt, &La, &nc_arg,
-                                     &ckpt_s, &train, &budget_arg, &dev_arg, &optimizer))
+                                     &ckpt_s, &train, &budget_arg, &dev_arg, &optimizer, &prec_s))
+        return NULL;
+    pxt_dtype dt;
+    if (parse_precision(prec_s, &dt) < 0)
         return NULL;
     int rc = pxt_gpt_config_check(&c);
     if (rc != PXT_OK)
@@ -412,9 +444,9 @@ static PyObject *py_plan_memory(PyObject *mod, PyObject *args, PyObject *kwargs)
         return pxt_raise(PXT_ERR_OOM);
     size_t n_params = layout.numel;
     size_t opt_bytes = optimizer && train
-                           ? pxt_adamw_state_bytes(n_params, layout.count, PXT_FLOAT32, 0) : 0;
+                           ? pxt_adamw_state_bytes(n_params, layout.count, dt, 0) : 0;
     pxt_param_layout_free(&layout);
-    size_t fixed = n_params * (sizeof(float) + (train ? sizeof(float) : 0)) + opt_bytes;
+    size_t fixed = n_params * (pxt_dtype_size(dt) + (train ? sizeof(float) : 0)) + opt_bytes;
     size_t budget = (size_t)-1;
     if (budget_arg != Py_None) {
         long long b = PyLong_AsLongLong(budget_arg);
@@ -423,10 +455,10 @@ static PyObject *py_plan_memory(PyObject *mod, PyObject *args, PyObject *kwargs)
         budget = (size_t)(b > 0 ? b : 0) > fixed ? (size_t)b - fixed : 0;
     }
     pxt_plan p;
-    rc = plan_for(&c, be, PXT_FLOAT32, &p, B, Lt, La, Nc, ckpt, train, budget);
+    rc = plan_for(&c, be, dt, &p, B, Lt, La, Nc, ckpt, train, budget);
     if (rc != PXT_OK)
         return pxt_raise(rc);
-    PyObject *d = plan_dict(n_params, PXT_FLOAT32, &p, opt_bytes);
+    PyObject *d = plan_dict(n_params, dt, &p, opt_bytes);
     pxt_plan_free(&p);
     return d;
 }
@@ -475,6 +507,7 @@ typedef struct {
     const char *cond;          /* (B, Nc, C) host, model dtype, or NULL */
     const int32_t *text_len, *audio_len; /* (B) host */
     double n_text, n_audio;    /* normalisers of the mean losses */
+    double loss_scale;         /* multiplies the loss gradient (1: none) */
 } step_inputs;
 
 typedef struct {
@@ -542,25 +575,32 @@ static int embed_backward(pxt_gpt *m, const pxt_plan *p, char *base, const char 
 /* One head over one sample's segment of valid rows, chunk by chunk: logits,
  * cross-entropy and (train) dh2 rows, dW, db, without the full logits. */
 static int head_segment(pxt_gpt *m, const pxt_plan *p, char *base, const pxt_ctx *x, int head_w,
-                        int head_b, int V, size_t row0, int rows, const int32_t *tgt,
-                        float *losses, float scale) {
+                        int head_b, const float *bias32, int V, size_t row0, int rows,
+                        const int32_t *tgt, float *losses, float scale) {
     const pxt_backend *be = m->be;
     int d = m->device.index, C = p->C;
     size_t es = pxt_dtype_size(m->dt);
     float *logits = (float *)(base + p->logits);
+    int wide = m->dt == PXT_FLOAT32;
+    /* the gemms' A and B share one dtype: a 16-bit model feeds them a dt copy of
+     * dlogits (the fp32 logits chunk stays for the bias gradient) */
+    void *dlog = wide ? (void *)logits : (void *)(base + p->dlogits16);
     for (int r = 0; r < rows; r += p->logits_rows) {
         int n = rows - r < p->logits_rows ? rows - r : p->logits_rows;
         const char *h = base + p->h2 + (row0 + (size_t)r) * C * es;
         PXT_TRY(be->gemm(d, 0, 1, n, V, C, 1.0f, h, param_ptr(m, head_w), 0.0f, logits, m->dt,
                      PXT_FLOAT32, x->gemm_ws));
-        PXT_TRY(be->add_bias(d, logits, param_ptr(m, head_b), n, V, PXT_FLOAT32));
+        PXT_TRY(be->add_bias(d, logits, wide ? (const void *)param_ptr(m, head_b) : bias32, n, V,
+                             PXT_FLOAT32));
         PXT_TRY(be->softmax_xent(d, logits, losses + r, tgt + r, n, V, scale, p->train));
         if (!p->train)
             continue;
         char *dh = base + p->dB + (row0 + (size_t)r) * C * es;
-        PXT_TRY(be->gemm(d, 0, 0, n, C, V, 1.0f, logits, param_ptr(m, head_w), 0.0f, dh, m->dt,
+        if (!wide)
+            PXT_TRY(be->cast(d, dlog, m->dt, logits, PXT_FLOAT32, (size_t)n * V));
+        PXT_TRY(be->gemm(d, 0, 0, n, C, V, 1.0f, dlog, param_ptr(m, head_w), 0.0f, dh, m->dt,
                      m->dt, x->gemm_ws));
-        PXT_TRY(be->gemm(d, 1, 0, V, C, n, 1.0f, logits, h, 1.0f, grad_ptr(m, head_w), m->dt,
+        PXT_TRY(be->gemm(d, 1, 0, V, C, n, 1.0f, dlog, h, 1.0f, grad_ptr(m, head_w), m->dt,
                      PXT_FLOAT32, x->gemm_ws));
         PXT_TRY(be->bias_backward(d, grad_ptr(m, head_b), logits, n, V, PXT_FLOAT32));
     }
@@ -604,15 +644,25 @@ static int run_step(pxt_gpt *m, const step_inputs *in, step_losses *out) {
     if (p->train)
         PXT_TRY(be->memset_zero(d, base + p->dB, NC * es));
     float *tl = (float *)(base + p->losses), *al = tl + (size_t)p->B * p->Lt;
-    float ts = in->n_text > 0 ? (float)(m->cfg.text_w / in->n_text) : 0.0f;
-    float as = in->n_audio > 0 ? (float)(m->cfg.audio_w / in->n_audio) : 0.0f;
+    /* loss_scale (fp16 training) scales only the gradient; the losses stay unscaled */
+    float ts = in->n_text > 0 ? (float)(m->cfg.text_w * in->loss_scale / in->n_text) : 0.0f;
+    float as = in->n_audio > 0 ? (float)(m->cfg.audio_w * in->loss_scale / in->n_audio) : 0.0f;
+    float *tb32 = NULL, *ab32 = NULL;
+    if (m->dt != PXT_FLOAT32) { /* add_bias takes out and bias of one dtype: fp32 biases */
+        tb32 = (float *)(base + p->head_bias32);
+        ab32 = tb32 + p->text_vocab;
+        PXT_TRY(be->cast(d, tb32, PXT_FLOAT32, param_ptr(m, m->layout.text_head_b), m->dt,
+                         (size_t)p->text_vocab));
+        PXT_TRY(be->cast(d, ab32, PXT_FLOAT32, param_ptr(m, m->layout.mel_head_b), m->dt,
+                         (size_t)p->audio_vocab));
+    }
     for (int b = 0; b < p->B; b++) {
         size_t row = (size_t)b * p->T + p->Nc;
-        PXT_TRY(head_segment(m, p, base, &x, m->layout.text_head_w, m->layout.text_head_b,
+        PXT_TRY(head_segment(m, p, base, &x, m->layout.text_head_w, m->layout.text_head_b, tb32,
                          p->text_vocab, row, in->text_len[b],
                          (const int32_t *)(base + p->text_tgt) + (size_t)b * p->Lt,
                          tl + (size_t)b * p->Lt, ts));
-        PXT_TRY(head_segment(m, p, base, &x, m->layout.mel_head_w, m->layout.mel_head_b,
+        PXT_TRY(head_segment(m, p, base, &x, m->layout.mel_head_w, m->layout.mel_head_b, ab32,
                          p->audio_vocab, row + p->Lt, in->audio_len[b],
                          (const int32_t *)(base + p->audio_tgt) + (size_t)b * p->La,
                          al + (size_t)b * p->La, as));
@@ -656,18 +706,40 @@ static const void *arr_data(PyObject *obj, const char *name, int npy_type, npy_i
     return PyArray_DATA((PyArrayObject *)obj);
 }
 
+/* Borrowed data of cond: C-contiguous, count elements, of the model's dtype. */
+static const void *cond_data(PyObject *obj, pxt_dtype dt, npy_intp count) {
+    PyObject *descr = pxt_dtype_to_descr(dt);
+    if (!descr)
+        return NULL;
+    int ok = PyArray_Check(obj) && PyArray_EquivTypes(PyArray_DESCR((PyArrayObject *)obj),
+                                                      (PyArray_Descr *)descr) &&
+             PyArray_IS_C_CONTIGUOUS((PyArrayObject *)obj) &&
+             PyArray_SIZE((PyArrayObject *)obj) == count;
+    Py_DECREF(descr);
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "_step: cond must be a C-contiguous array of %zd elements "
+                     "of the model's dtype (%s)", (Py_ssize_t)count, pxt_dtype_name(dt));
+        return NULL;
+    }
+    return PyArray_DATA((PyArrayObject *)obj);
+}
+
 /* _step(text_ids, audio_ids, text_tgt, audio_tgt, text_pos, audio_pos, key_mask,
- *       text_len, audio_len, cond, n_text, n_audio, train) -> (text_sum, audio_sum)
+ *       text_len, audio_len, cond, n_text, n_audio, train, loss_scale=1.0)
+ *       -> (text_sum, audio_sum)
  * Arrays come validated from pyxtts.XTTSGPT (int32, uint8 mask, cond in the
  * model's dtype). Losses are sums of -log p over valid targets. */
 static PyObject *gpt_step(PyObject *op, PyObject *args) {
     pxt_gpt *m = (pxt_gpt *)op;
     PyObject *a[10];
-    double n_text, n_audio;
+    double n_text, n_audio, loss_scale = 1.0;
     int train;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOddp:_step", &a[0], &a[1], &a[2], &a[3], &a[4], &a[5],
-                          &a[6], &a[7], &a[8], &a[9], &n_text, &n_audio, &train))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOddp|d:_step", &a[0], &a[1], &a[2], &a[3], &a[4], &a[5],
+                          &a[6], &a[7], &a[8], &a[9], &n_text, &n_audio, &train, &loss_scale))
         return NULL;
+    if (!(loss_scale > 0.0) || !isfinite(loss_scale))
+        return PyErr_Format(PyExc_ValueError, "loss_scale: must be a finite number > 0, got %g",
+                            loss_scale);
     if (m->busy)
         return PyErr_Format(PyExc_RuntimeError, "this model is already running a step (in "
                             "another thread); steps of one model must not overlap");
@@ -682,7 +754,6 @@ static PyObject *gpt_step(PyObject *op, PyObject *args) {
         return PyErr_Format(PyExc_TypeError, "_step: cond must be None or a 3-d array");
     npy_intp T = Nc + Lt + La;
     step_inputs in = {0};
-    int npy_dt = NPY_FLOAT32;
     if (!(in.text_ids = arr_data(a[0], "text_ids", NPY_INT32, B * Lt)) ||
         !(in.audio_ids = arr_data(a[1], "audio_ids", NPY_INT32, B * La)) ||
         !(in.text_tgt = arr_data(a[2], "text_tgt", NPY_INT32, B * Lt)) ||
@@ -692,7 +763,7 @@ static PyObject *gpt_step(PyObject *op, PyObject *args) {
         !(in.key_mask = arr_data(a[6], "key_mask", NPY_UINT8, B * T)) ||
         !(in.text_len = arr_data(a[7], "text_len", NPY_INT32, B)) ||
         !(in.audio_len = arr_data(a[8], "audio_len", NPY_INT32, B)) ||
-        (Nc && !(in.cond = arr_data(a[9], "cond", npy_dt, B * Nc * m->cfg.d_model))))
+        (Nc && !(in.cond = cond_data(a[9], m->dt, B * Nc * m->cfg.d_model))))
         return NULL;
     /* the kernels trust ids and lengths: the last line of defence is here */
     for (npy_intp b = 0; b < B; b++)
@@ -711,6 +782,7 @@ static PyObject *gpt_step(PyObject *op, PyObject *args) {
             return PyErr_Format(PyExc_ValueError, "_step: audio id, target or position out of range");
     in.n_text = n_text;
     in.n_audio = n_audio;
+    in.loss_scale = loss_scale;
     pxt_plan p;
     int rc = make_plan(m, &p, (int)B, (int)Lt, (int)La, (int)Nc, m->ckpt, train, arena_budget(m));
     if (rc != PXT_OK)

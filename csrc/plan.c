@@ -3,7 +3,8 @@
  * Arena (training):
  *   inputs  | resid (L+1, N, C) | per-block saved | ln_f, final_norm outputs | scratch
  *   scratch = dres (N,C) | dA (N,4C) | dB (N,C) | work + attention ws | gemm ws
- *             (the heads phase puts its logits chunk over work + attention ws)
+ *             (the heads phase puts its logits chunk over work + attention ws,
+ *              and for a 16-bit model the fp32 head biases and a dt copy of dlogits)
  * Phases run one after another, so the scratch is shared: forward uses work and
  * attention workspace, heads use dB (dh2) and the logits chunk, backward uses
  * all of it. Evaluation keeps two residual buffers and no gradients. */
@@ -171,6 +172,13 @@ int pxt_plan_make(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, i
     size_t lcur = after_grads;
     p->logits_bytes = (size_t)p->logits_rows * (size_t)V * sizeof(float);
     p->logits = take(&lcur, p->logits_bytes);
+    if (dt != PXT_FLOAT32) { /* the head GEMMs take one dtype for A and B; add_bias too */
+        size_t before = lcur;
+        p->head_bias32 = take(&lcur, ((size_t)c->text_vocab + (size_t)c->audio_vocab) * sizeof(float));
+        if (train)
+            p->dlogits16 = take(&lcur, (size_t)p->logits_rows * (size_t)V * es);
+        p->head_cast_bytes = lcur - before;
+    }
     cur = max_sz(block_phase_end, lcur);
     p->gemm_ws_bytes = gemm_ws_max(p, be);
     p->gemm_ws = take(&cur, p->gemm_ws_bytes);

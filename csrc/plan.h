@@ -48,6 +48,10 @@ typedef struct {
     size_t work_bytes;
     size_t attn_ws, attn_ws_bytes; /* attention workspace (max of forward, backward) */
     size_t logits, logits_bytes;   /* (logits_rows, max vocab) fp32 */
+    /* 16-bit models only (0 bytes in fp32): dlogits cast to dt for the head
+     * GEMMs (logits_rows, max vocab) dt, and both head biases cast to fp32 once
+     * per step (text_vocab + audio_vocab) fp32; both next to the logits chunk */
+    size_t dlogits16, head_bias32, head_cast_bytes;
     size_t gemm_ws, gemm_ws_bytes; /* widening buffers of 16-bit gemms */
     size_t dres, dA, dB;           /* backward: (N, C), (N, 4C), (N, C) */
     size_t grad_bytes;             /* dres + dA + dB */

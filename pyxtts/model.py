@@ -91,6 +91,8 @@ class MemoryPlan:
     logits_rows: int
     train: bool
     allocator_rounding: int = 0  # block rounding the allocator adds (in total)
+    head_casts: int = 0  # 16-bit models: fp32 head biases and a dt copy of dlogits (in scratch)
+    precision: str = "fp32"
     n_layers: int = field(repr=False, default=0)
 
     @classmethod
@@ -112,10 +114,11 @@ class MemoryPlan:
             ("residual stream", self.residuals), ("saved activations (blocks)", self.saved_activations),
             ("final norms", self.final_norms), ("block work area", self.work),
             ("attention workspace", self.attention_workspace), ("logits chunk", self.logits),
+            ("head casts (16-bit)", self.head_casts),
             ("activation gradients", self.activation_gradients), ("GEMM workspace", self.gemm_workspace),
             ("allocator rounding", self.allocator_rounding),
         ]
-        lines = [f"memory plan: batch {self.batch_size} x {self.sequence_length} tokens, "
+        lines = [f"memory plan ({self.precision}): batch {self.batch_size} x {self.sequence_length} tokens, "
                  + ", ".join(f"{n} blocks {p}" for p, n in pol.items()), "-" * 52]
         lines += [f"{name:34}{fb(v):>18}" for name, v in rows]
         lines += ["-" * 52, f"{'total':34}{fb(self.total):>18}"]
@@ -124,16 +127,18 @@ class MemoryPlan:
 
 def estimate_memory(config: ModelConfig, batch_size: int, text_len: int, audio_len: int,
                     cond_len: int | None = None, checkpointing: str = "none", train: bool = True,
-                    budget: int | None = None, device: str = "cpu", optimizer: bool = False) -> MemoryPlan:
+                    budget: int | None = None, device: str = "cpu", optimizer: bool = False,
+                    precision: str = "fp32") -> MemoryPlan:
     """The memory plan of one step of a model of this config, without building the model:
     nothing is allocated, so the plan of the full XTTS v2 size prints on any machine.
-    ``optimizer=True`` counts the state of a default ``AdamW`` (moments, no EMA)."""
+    ``optimizer=True`` counts the state of a default ``AdamW`` (moments, no EMA; with a
+    16-bit ``precision`` its fp32 master copy too). ``precision``: "fp32", "bf16", "fp16"."""
     if not isinstance(config, ModelConfig):
         raise TypeError(f"config: expected a ModelConfig, got {type(config).__name__}")
     return MemoryPlan._from_native(_C.plan_memory(
         **asdict(config), batch_size=batch_size, text_len=text_len, audio_len=audio_len,
         cond_len=cond_len, checkpointing=checkpointing, train=train, budget=budget, device=device,
-        optimizer=bool(optimizer)))
+        optimizer=bool(optimizer), precision=precision))
 
 
 def _as_array(value: Any, key: str) -> np.ndarray:
@@ -169,6 +174,8 @@ class XTTSGPT:
         self.config = config if config is not None else ModelConfig()
         if not isinstance(self.config, ModelConfig):
             raise TypeError(f"config: expected a ModelConfig, got {type(config).__name__}")
+        if not isinstance(precision, str):
+            raise TypeError(f"precision: expected 'fp32', 'bf16' or 'fp16', got {precision!r}")
         self.precision = precision
         self._core = _C.GPT(**asdict(self.config), device=device, precision=precision,
                             checkpointing=checkpointing, seed=int(seed))
@@ -208,13 +215,15 @@ class XTTSGPT:
         self._core.zero_grad()
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """name -> NumPy copy, names and shapes as in an XTTS v2 checkpoint's GPT."""
+        """name -> NumPy copy, names and shapes as in an XTTS v2 checkpoint's GPT, in the
+        model's dtype (float32; ml_dtypes.bfloat16 for bf16; float16 for fp16)."""
         return {k: v.numpy() for k, v in self._core.parameters().items()}
 
     def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> tuple[list[str], list[str]]:
         """Loads parameters; also accepts the keys of a full XTTS v2 checkpoint, whose
         GPT keys carry one more ``gpt.`` prefix. Everything is checked before anything
-        is written. Returns (missing, unexpected) key lists (strict=False)."""
+        is written; values are converted to the model's dtype (round to nearest even).
+        Returns (missing, unexpected) key lists (strict=False)."""
         if not isinstance(state, Mapping):
             raise TypeError(f"state: expected a mapping of name -> array, got {type(state).__name__}")
         params = self._core.parameters()
@@ -249,6 +258,11 @@ class XTTSGPT:
                                  f"got {tuple(a.shape)}")
             if not np.isfinite(a.astype(np.float32)).all():
                 raise ValueError(f"state[{key!r}]: contains NaN or infinity at {_first_bad(~np.isfinite(a.astype(np.float32)))}")
+            if self.precision != "fp32":
+                with np.errstate(over="ignore"):
+                    finite = np.isfinite(a.astype(self.dtype.numpy).astype(np.float32))
+                if not finite.all():
+                    raise ValueError(f"state[{key!r}]: overflows {self.dtype.name} at {_first_bad(~finite)}")
             arrays[name] = a
         for name, a in arrays.items():  # all checked: now write
             params[name].copy_(np.ascontiguousarray(a, dtype=np.float32) if a.dtype.kind == "f" else a)
@@ -328,6 +342,13 @@ class XTTSGPT:
             cond = np.ascontiguousarray(cond, dtype=np.float32)
             if not np.isfinite(cond).all():
                 raise ValueError(f"batch['cond_latents']{list(_first_bad(~np.isfinite(cond)))}: NaN or infinity")
+            if self.precision != "fp32":  # the model's dtype, rounded to nearest even
+                with np.errstate(over="ignore"):
+                    cond = np.ascontiguousarray(cond.astype(self.dtype.numpy))
+                finite = np.isfinite(cond.astype(np.float32))
+                if not finite.all():
+                    raise ValueError(f"batch['cond_latents']{list(_first_bad(~finite))}: "
+                                     f"overflows {self.dtype.name}")
             if cond.shape[1] == 0:
                 cond = None
         Nc = 0 if cond is None else cond.shape[1]
@@ -349,7 +370,8 @@ class XTTSGPT:
         return (text_ids, audio_ids, text_tgt, audio_tgt, text_pos, audio_pos, key_mask,
                 tl.astype(i32), al.astype(i32), cond), counts
 
-    def _run(self, batch: Mapping[str, Any], token_counts: tuple[int, int] | None, train: bool) -> dict:
+    def _run(self, batch: Mapping[str, Any], token_counts: tuple[int, int] | None, train: bool,
+             loss_scale: float | None = None) -> dict:
         arrays, (n_text, n_audio) = self._prepare(batch)
         norm = (n_text, n_audio)
         if token_counts is not None:
@@ -360,7 +382,14 @@ class XTTSGPT:
                 raise ValueError(f"token_counts: {tuple(token_counts)} counts fewer targets than this "
                                  f"batch holds ({n_text}, {n_audio}); pass the whole effective batch's counts")
             norm = (int(token_counts[0]), int(token_counts[1]))
-        text_sum, audio_sum = self._core._step(*arrays, float(norm[0]), float(norm[1]), train)
+        scale = 1.0
+        if loss_scale is not None:
+            if isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float, np.integer, np.floating)):
+                raise TypeError(f"loss_scale: expected None or a number, got {type(loss_scale).__name__}")
+            scale = float(loss_scale)
+            if not (np.isfinite(scale) and scale > 0):
+                raise ValueError(f"loss_scale: must be None or a finite number > 0, got {loss_scale!r}")
+        text_sum, audio_sum = self._core._step(*arrays, float(norm[0]), float(norm[1]), train, scale)
         text_loss = text_sum / norm[0] if norm[0] else 0.0
         audio_loss = audio_sum / norm[1] if norm[1] else 0.0
         c = self.config
@@ -368,12 +397,18 @@ class XTTSGPT:
                 "text_loss": text_loss, "audio_loss": audio_loss,
                 "text_tokens": n_text, "audio_tokens": n_audio}
 
-    def forward_backward(self, batch: Mapping[str, Any], token_counts: tuple[int, int] | None = None) -> dict:
+    def forward_backward(self, batch: Mapping[str, Any], token_counts: tuple[int, int] | None = None,
+                         loss_scale: float | None = None) -> dict:
         """Loss of the batch, with its gradients added into ``gradients()``.
 
         With ``token_counts=(n_text, n_audio)`` of a whole effective batch, the means use
-        those counts, so micro-batches add up to exactly the big batch's gradient."""
-        return self._run(batch, token_counts, train=True)
+        those counts, so micro-batches add up to exactly the big batch's gradient.
+        ``loss_scale`` multiplies the gradients (not the reported losses): fp16 training
+        passes its optimizer's dynamic scale explicitly,
+        ``model.forward_backward(batch, loss_scale=opt.loss_scale)`` with
+        ``AdamW(model, loss_scale=2.0**16)``, which unscales, skips non-finite steps and
+        adjusts the scale. Nothing is attached automatically."""
+        return self._run(batch, token_counts, train=True, loss_scale=loss_scale)
 
     def forward(self, batch: Mapping[str, Any], token_counts: tuple[int, int] | None = None) -> dict:
         """Loss of the batch for evaluation: nothing saved, no gradients."""
