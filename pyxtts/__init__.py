@@ -47,6 +47,9 @@ from pyxtts.memory import cleanup_gpu_memory, memory_summary
 from pyxtts.model import MemoryPlan, ModelConfig, XTTSGPT, estimate_memory
 from pyxtts.checkpoint import CheckpointError, import_xtts_checkpoint, load_checkpoint, save_checkpoint
 from pyxtts.schedule import ConstantLR, LRSchedule, MultiStepLR, WarmupCosineLR
+from pyxtts.batch import StepResult, find_optimal_batch_size, train_step_with_accumulation
+from pyxtts.data import DataError, Sample, SyntheticDataset, TTSDataset, bucketed_batches, collate, write_shards
+from pyxtts.config import DataConfig, TrainingConfig, XTTSConfig, optimize_config, parse_memory_size
 
 __version__: str = build_info()["version"]
 
@@ -54,6 +57,9 @@ __all__ = [
     "AdamW", "Block", "MemoryPlan", "ModelConfig", "XTTSGPT", "estimate_memory",
     "CheckpointError", "import_xtts_checkpoint", "load_checkpoint", "save_checkpoint",
     "ConstantLR", "LRSchedule", "MultiStepLR", "WarmupCosineLR",
+    "StepResult", "find_optimal_batch_size", "train_step_with_accumulation",
+    "DataError", "Sample", "SyntheticDataset", "TTSDataset", "bucketed_batches", "collate", "write_shards",
+    "DataConfig", "TrainingConfig", "XTTSConfig", "optimize_config", "parse_memory_size",
     "attention", "attention_backward", "attention_forward",
     "OutOfMemoryError", "Tensor", "bfloat16", "bool", "build_info", "cleanup_gpu_memory",
     "cuda_available", "device_count", "device_info", "dtype", "empty", "empty_cache", "float16",

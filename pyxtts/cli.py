@@ -34,12 +34,34 @@ def _gpu_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _optimize_config(args: argparse.Namespace) -> int:
+    from pyxtts.config import XTTSConfig, optimize_config
+
+    try:
+        config = XTTSConfig.load(args.config)
+        new, explanation = optimize_config(config, args.memory, device=args.device)
+    except (OSError, TypeError, ValueError) as exc:
+        print(f"pyxtts optimize-config: {exc}", file=sys.stderr)
+        return 2
+    new.save(args.output)
+    print(explanation)
+    print(f"written: {args.output}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pyxtts", description=pyxtts.__doc__)
     sub = parser.add_subparsers(dest="command")
     gi = sub.add_parser("gpu-info", help="build, devices and memory (the default command)")
     gi.add_argument("--json", action="store_true", help="machine-readable output")
     gi.set_defaults(func=_gpu_info)
+    oc = sub.add_parser("optimize-config", help="fit a training config's memory plan to a device")
+    oc.add_argument("--config", required=True, help="YAML config to start from (or a shipped one's name)")
+    oc.add_argument("--output", required=True, help="where to write the optimized YAML")
+    oc.add_argument("--memory", default=None,
+                    help="device memory, e.g. 12GiB, 12G, 12GB (10^9) or bytes; default: the device's total")
+    oc.add_argument("--device", default=None, help="device to plan for (default: the config's training.device)")
+    oc.set_defaults(func=_optimize_config)
     args = parser.parse_args(argv)
     if args.command is None:
         args = parser.parse_args(["gpu-info", *(argv or [])])

@@ -11,17 +11,16 @@ import pytest
 
 import pyxtts
 import pyxtts.testing
+from conftest import reset
 
 KiB = 1 << 10
 MiB = 1 << 20
 RSS_SLACK = 2 * MiB
 WARMUP = 1000
-
-
-def reset(device: str) -> None:
-    pyxtts.set_memory_limit(None, device)
-    pyxtts.testing.inject_oom(None, device)
-    pyxtts.empty_cache(device)
+# Under AddressSanitizer (CI's second run) freed host memory waits in ASan's
+# quarantine, so RSS grows by design there: the plain run checks RSS, the
+# sanitizer run checks the allocator's books and reference counts.
+SANITIZED = bool(os.environ.get("PYXTTS_SANITIZED"))
 
 
 @pytest.fixture
@@ -61,7 +60,7 @@ def run_flat(cycle, n: int, device: str = "cpu") -> None:
     gc.collect()
     assert books(device) == books0
     grown = rss() - rss0
-    assert grown <= RSS_SLACK, f"RSS grew by {grown / MiB:.1f} MiB over {n} cycles"
+    assert SANITIZED or grown <= RSS_SLACK, f"RSS grew by {grown / MiB:.1f} MiB over {n} cycles"
 
 
 def test_empty_and_tensor_cycles_are_flat(cpu):

@@ -1,0 +1,282 @@
+"""Batch size and accumulation: the largest batch the memory plan allows, verified by
+one real step, and an accumulating training step that survives out-of-memory errors."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from pyxtts import _C
+from pyxtts.memory import cleanup_gpu_memory
+
+_MAX_SEARCH = 1 << 20  # upper end of the exponential search when max_batch_size is None
+_MAX_VERIFY_STEPS = 3
+
+
+# ---- snapshots: a trial step never trains the model ---------------------------------
+
+def _snapshot(model, optimizer) -> tuple:
+    params = model.state_dict()
+    grads = {k: v.numpy() for k, v in model.gradients().items()}
+    opt = optimizer.state_dict() if optimizer is not None else None
+    return params, grads, opt
+
+
+def _restore(model, optimizer, snap: tuple) -> None:
+    params, grads, opt = snap
+    if optimizer is not None:
+        optimizer.load_state_dict(opt)
+    model.load_state_dict(params)
+    views = model.gradients()
+    for k, a in grads.items():
+        views[k].copy_(a)
+
+
+def _budget(device: str, safety_margin: float) -> int:
+    s = _C.memory_stats(device)
+    limit = s["limit_bytes"] if s["limit_bytes"] is not None else s["device_total_bytes"]
+    return int(limit * (1.0 - safety_margin))
+
+
+def _synthetic_batch(config, batch_size: int, text_len: int, audio_len: int, cond_len: int) -> dict:
+    """A full-length batch (every position valid) for the verification step."""
+    rng = np.random.default_rng(0)
+    B = batch_size
+    batch = {
+        "text_inputs": rng.integers(0, config.text_vocab_size, (B, text_len)),
+        "text_targets": rng.integers(0, config.text_vocab_size, (B, text_len)),
+        "audio_inputs": rng.integers(0, config.audio_vocab_size, (B, audio_len)),
+        "audio_targets": rng.integers(0, config.audio_vocab_size, (B, audio_len)),
+        "text_lengths": np.full(B, text_len), "audio_lengths": np.full(B, audio_len),
+    }
+    if cond_len:
+        batch["cond_latents"] = rng.standard_normal((B, cond_len, config.d_model)).astype(np.float32)
+    return batch
+
+
+def _positive_int(name: str, value: Any, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name}: expected an int >= 1{' or None' if allow_none else ''}, got {value!r}")
+    return int(value)
+
+
+def find_optimal_batch_size(model, optimizer=None, text_len: int | None = None,
+                            audio_len: int | None = None, start_batch_size: int = 1,
+                            max_batch_size: int | None = None, safety_margin: float = 0.05,
+                            verify: bool = True) -> int:
+    """The largest batch size whose step fits the device's memory budget.
+
+    The budget is the device's limit (``set_memory_limit``/``set_memory_fraction``) or, with
+    none set, its total memory, less ``safety_margin`` (a fraction) and less whatever else is
+    allocated on the device besides the model and the optimizer. The memory plan of a step at
+    the longest sequences (``text_len``/``audio_len``, default the config's maxima, with
+    ``n_cond_latents`` conditioning latents; the optimizer's state counted) is solved for the
+    batch size by bisection — nothing is allocated for that. With ``verify`` one real
+    forward, backward and optimizer step runs at the chosen size on a synthetic full-length
+    batch; on an out-of-memory error the next smaller size the plan allows (at least one less)
+    is tried, at most 3 real steps in all. Parameters, gradients and the optimizer's state are
+    restored exactly afterwards: the search never trains the model. With no ``optimizer`` a
+    temporary default ``AdamW`` takes the step. Raises ``OutOfMemoryError`` when not even
+    ``start_batch_size`` fits a real step, ``ValueError`` when the plan says it cannot."""
+    c = model.config
+    text_len = c.max_text_tokens if text_len is None else _positive_int("text_len", text_len)
+    audio_len = c.max_audio_tokens if audio_len is None else _positive_int("audio_len", audio_len)
+    start = _positive_int("start_batch_size", start_batch_size)
+    cap = _positive_int("max_batch_size", max_batch_size, allow_none=True)
+    if cap is not None and cap < start:
+        raise ValueError(f"max_batch_size: {cap} is smaller than start_batch_size={start}")
+    if isinstance(safety_margin, bool) or not isinstance(safety_margin, (int, float)) \
+            or not 0.0 <= safety_margin < 1.0:
+        raise ValueError(f"safety_margin: expected a fraction in [0, 1), got {safety_margin!r}")
+    cond_len = c.n_cond_latents
+    device = model.device
+    model.release_memory()  # a cached step arena is not part of the budget's "else"
+    budget = _budget(device, safety_margin)
+    base = model.estimate_memory(1, text_len, audio_len, cond_len, optimizer=True)
+    # bytes allocated on the device that are neither the model's nor the optimizer's
+    resident = base.parameters + base.gradients + base.optimizer
+    foreign = max(0, _C.memory_stats(device)["allocated_bytes"] - resident)
+
+    def fits(b: int, avail: int) -> bool:
+        plan = model.estimate_memory(b, text_len, audio_len, cond_len, budget=avail, optimizer=True)
+        return plan.total + foreign <= avail
+
+    def solve(avail: int, hi_cap: int | None) -> int | None:
+        """Largest b in [start, hi_cap] with fits(b), None if start does not fit."""
+        if not fits(start, avail):
+            return None
+        lo = start  # fits
+        hi = None  # first known size that does not fit
+        if hi_cap is not None:
+            if fits(hi_cap, avail):
+                return hi_cap
+            hi = hi_cap
+        else:
+            b = start
+            while True:
+                b = min(b * 2, _MAX_SEARCH)
+                if not fits(b, avail):
+                    hi = b
+                    break
+                lo = b
+                if b == _MAX_SEARCH:
+                    return b
+        while hi - lo > 1:  # the plan is monotone in the batch size
+            mid = (lo + hi) // 2
+            if fits(mid, avail):
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    size = solve(budget, cap)
+    if size is None:
+        plan = model.estimate_memory(start, text_len, audio_len, cond_len, budget=budget, optimizer=True)
+        raise ValueError(f"find_optimal_batch_size: a step at batch size {start} x {text_len} text + "
+                         f"{audio_len} audio tokens needs {plan.total + foreign} bytes, over the budget of "
+                         f"{budget} bytes on {device} (safety margin {safety_margin:.0%}); shorten the "
+                         "sequences, enable checkpointing or lower the precision")
+    if not verify:
+        return size
+
+    opt = optimizer if optimizer is not None else _C.AdamW(model)
+    snap = _snapshot(model, optimizer if optimizer is not None else None)
+    try:
+        for _ in range(_MAX_VERIFY_STEPS):
+            deficit = None
+            try:
+                opt.zero_grad()
+                model.forward_backward(_synthetic_batch(c, size, text_len, audio_len, cond_len),
+                                       loss_scale=opt.loss_scale)
+                opt.step()
+            except _C.OutOfMemoryError as exc:
+                deficit = 0
+                if exc.limit_bytes is not None:
+                    deficit = max(0, exc.requested_bytes + exc.reserved_bytes - exc.limit_bytes)
+            if deficit is None:
+                return size
+            # outside the except block: the traceback (and what its frames hold) is gone
+            model.release_memory()
+            cleanup_gpu_memory(device)
+            if size == start:
+                break
+            smaller = solve(budget - deficit, size - 1)
+            size = start if smaller is None else min(smaller, size - 1)
+        raise _C.OutOfMemoryError(
+            f"find_optimal_batch_size: out of memory: no batch size >= {start_batch_size} fits a real "
+            f"step of {text_len} text + {audio_len} audio tokens on {device} within {_MAX_VERIFY_STEPS} "
+            "tries")
+    finally:
+        _restore(model, optimizer, snap)
+        if optimizer is None:
+            del opt
+        model.release_memory()
+        cleanup_gpu_memory(device)
+
+
+# ---- accumulation ----------------------------------------------------------------------
+
+@dataclass
+class StepResult:
+    """One optimizer step over a whole batch, however many micro-batches it took."""
+
+    loss: float
+    text_loss: float
+    audio_loss: float
+    grad_norm: float
+    skipped: bool
+    micro_batch_size: int  # the micro-batch size that finally ran (the largest piece)
+    oom_splits: int  # how often the micro-batch was halved after an out-of-memory error
+    tokens_per_s: float  # valid targets (text + audio) of the batch per second of the call
+    peak_memory_bytes: int  # peak allocated bytes on the model's device during the call
+
+
+def _rows(batch: Mapping[str, Any], lo: int, hi: int) -> dict:
+    return {k: (v.numpy() if isinstance(v, _C.Tensor) else np.asarray(v))[lo:hi] for k, v in batch.items()}
+
+
+def _splits(n: int, pieces: int) -> list[tuple[int, int]]:
+    """n rows in `pieces` contiguous parts, sizes differing by at most one (10/4: 3,3,2,2)."""
+    q, r = divmod(n, pieces)
+    out, lo = [], 0
+    for i in range(pieces):
+        hi = lo + q + (1 if i < r else 0)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+def train_step_with_accumulation(model, optimizer, batch: Mapping[str, Any],
+                                 accumulation_steps: int) -> StepResult:
+    """One optimizer step over ``batch``, run as ``accumulation_steps`` micro-batches.
+
+    The rows are split into contiguous micro-batches whose sizes differ by at most one
+    (no row is dropped: 10 rows in 4 steps run as 3, 3, 2, 2). Each micro-batch is
+    normalised by the whole batch's valid-target counts and scaled by
+    ``optimizer.loss_scale``, so the accumulated gradient is the big batch's. The gradients
+    are zeroed first. On ``OutOfMemoryError`` the caches are released, the gradients zeroed,
+    the micro-batch halved and the whole batch redone — the resulting parameters are those of
+    a run that never ran out of memory; the error is raised only when a micro-batch of one
+    sample does not fit. Resets the device's peak-memory statistics."""
+    steps = _positive_int("accumulation_steps", accumulation_steps)
+    _, (n_text, n_audio) = model._prepare(batch)  # validates the whole batch before any work
+    first = next(iter(batch.values()))
+    n = int(first.shape[0] if isinstance(first, _C.Tensor) else np.asarray(first).shape[0])
+    device = model.device
+    _C.reset_peak_memory_stats(device)
+    t0 = time.perf_counter()
+    micro = -(-n // min(steps, n))  # ceil: the largest piece
+    pieces = min(steps, n)
+    splits = 0
+    while True:
+        out = None
+        failed = False
+        try:
+            optimizer.zero_grad()
+            text = audio = 0.0
+            for lo, hi in _splits(n, pieces):
+                r = model.forward_backward(_rows(batch, lo, hi), token_counts=(n_text, n_audio),
+                                           loss_scale=optimizer.loss_scale)
+                text += r["text_loss"]
+                audio += r["audio_loss"]
+            out = (text, audio)
+        except _C.OutOfMemoryError:
+            if micro == 1:
+                optimizer.zero_grad()
+                raise
+            failed = True
+        if not failed:
+            break
+        # outside the except block, so the traceback's frames are already released
+        cleanup_gpu_memory(device)
+        model.release_memory()
+        optimizer.zero_grad()
+        micro = max(1, micro // 2)
+        pieces = -(-n // micro)
+        micro = -(-n // pieces)
+        splits += 1
+    text, audio = out
+    step = None
+    for attempt in range(2):  # the optimizer's state is allocated at its first step
+        retry = False
+        try:
+            step = optimizer.step()
+        except _C.OutOfMemoryError:
+            if attempt:
+                raise
+            retry = True
+        if not retry:
+            break
+        model.release_memory()
+        cleanup_gpu_memory(device)
+    elapsed = time.perf_counter() - t0
+    c = model.config
+    return StepResult(
+        loss=c.text_loss_weight * text + c.audio_loss_weight * audio, text_loss=text, audio_loss=audio,
+        grad_norm=float(step["grad_norm"]), skipped=bool(step["skipped"]), micro_batch_size=micro,
+        oom_splits=splits, tokens_per_s=(n_text + n_audio) / elapsed if elapsed > 0 else float("inf"),
+        peak_memory_bytes=int(_C.memory_stats(device)["peak_allocated_bytes"]))

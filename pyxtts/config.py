@@ -1,0 +1,541 @@
+"""Training configuration: ``XTTSConfig(model, training, data)``, YAML load/save, and
+``optimize_config``, which picks precision, checkpoint policy, micro-batch and
+accumulation so that the memory plan of a step fits a device.
+
+Field names follow the XTTS v2 / MyXTTS recipes. Two pairs of fields are aliases:
+
+- ``training.checkpointing`` ("none", "selective", "full", "auto") is the policy the
+  model runs; ``training.enable_gradient_checkpointing`` is its boolean alias. Given
+  alone, ``True`` means ``"full"`` (recompute each block in backward, the classic meaning
+  of gradient checkpointing) and ``False`` means ``"none"``. Given both, they must agree
+  (``False`` only with ``"none"``, ``True`` with any other policy); a contradiction is a
+  ``ValueError``. The shipped tiers set ``checkpointing`` explicitly.
+- ``training.precision`` ("fp32", "bf16", "fp16") is what the model stores and computes
+  in; ``training.mixed_precision`` is its boolean alias. Given alone, ``True`` means
+  ``"bf16"`` and ``False`` ``"fp32"``; an explicit ``precision`` always wins, and given
+  both they must agree (``True`` with bf16/fp16, ``False`` with fp32).
+
+After construction both members of each pair are filled in and consistent, so a saved
+file loads back equal. ``enable_gradient_checkpointing`` written in the ``model``
+section (where some recipes keep it) is accepted and moved to ``training``.
+
+Memory sizes (``--memory``, ``device_memory``) are ints (bytes) or strings: "12GiB",
+"12 GiB", "12G" and "12g" are 12 * 2**30 bytes (binary, as nvidia-smi's and PyTorch's
+"GB" really are); "12GB" is 12 * 10**9 (SI); likewise K/M/T, KiB/MiB/TiB, KB/MB/TB.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+from pyxtts.model import ModelConfig, estimate_memory
+
+__all__ = ["DataConfig", "TrainingConfig", "XTTSConfig", "optimize_config", "parse_memory_size",
+           "CONFIGS_DIR", "shipped_configs"]
+
+CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+POLICIES = ("none", "selective", "full", "auto")
+SCHEDULES = ("constant", "warmup_cosine", "multistep")
+
+
+# ---- field checks ---------------------------------------------------------------
+
+def _type_name(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return " or ".join(_type_name(a) for a in args) + " or null"
+    if origin is tuple:
+        return "a list of " + ", ".join(_type_name(a) for a in typing.get_args(hint))
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(hint)[0])}"
+    return getattr(hint, "__name__", str(hint))
+
+
+def _coerce(where: str, value: Any, hint: Any) -> Any:
+    """value checked against a type hint; ints become floats where a float is wanted,
+    lists become tuples where a tuple is. TypeError names the field, value and type."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if args and type(None) in args:  # Optional[X]
+        if value is None:
+            return None
+        rest = [a for a in args if a is not type(None)]
+        return _coerce(where, value, rest[0]) if len(rest) == 1 else value
+    bad = TypeError(f"{where}: expected {_type_name(hint)}, got {value!r} ({type(value).__name__})")
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad
+        return int(value)
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise bad
+        return value
+    if origin is tuple:
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise bad
+        return tuple(_coerce(f"{where}[{i}]", v, a) for i, (v, a) in enumerate(zip(value, args)))
+    if origin is list:
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+            raise bad
+        return [_coerce(f"{where}[{i}]", v, args[0]) for i, v in enumerate(value)]
+    return value  # pragma: no cover - every field has one of the hints above
+
+
+def _check_types(obj: Any, section: str) -> None:
+    hints = typing.get_type_hints(type(obj))
+    for f in fields(obj):
+        setattr(obj, f.name, _coerce(f"{section}.{f.name}", getattr(obj, f.name), hints[f.name]))
+
+
+def _rule(ok: bool, where: str, value: Any, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"{where}: must be {rule}, got {value!r}")
+
+
+def _positive(where: str, value: float | int | None, *, allow_zero: bool = False) -> None:
+    if value is None:
+        return
+    if allow_zero:
+        _rule(math.isfinite(value) and value >= 0, where, value, "finite and >= 0")
+    else:
+        _rule(math.isfinite(value) and value > 0, where, value, "finite and > 0")
+
+
+def _unknown_key(section: str, key: Any, valid: list[str]) -> ValueError:
+    close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.5)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(valid)}"
+    return ValueError(f"{section}: unknown key {key!r}{hint}")
+
+
+# ---- sections -------------------------------------------------------------------
+
+@dataclass
+class TrainingConfig:
+    """Optimizer, precision, memory policy, schedule, length of the run, checkpoints."""
+
+    learning_rate: float = 5e-6
+    betas: tuple[float, float] = (0.9, 0.96)
+    eps: float = 1e-8
+    weight_decay: float = 1e-2
+    grad_clip: float | None = 1.0  # None: no clipping
+    gradient_accumulation_steps: int = 1
+    precision: str | None = None  # None: from mixed_precision (True -> bf16), else fp32
+    mixed_precision: bool | None = None
+    checkpointing: str | None = None  # None: from enable_gradient_checkpointing (True -> full)
+    enable_gradient_checkpointing: bool | None = None
+    max_memory_fraction: float = 0.9
+    enable_memory_cleanup: bool = True
+    cleanup_interval: int = 100
+    lr_schedule: str = "multistep"  # "constant", "warmup_cosine", "multistep"
+    warmup_steps: int = 0
+    min_lr: float = 0.0
+    lr_milestones: list[int] = field(default_factory=lambda: [900_000, 2_700_000, 5_400_000])
+    lr_gamma: float = 0.5
+    max_steps: int | None = None
+    epochs: int | None = 1000
+    checkpoint_dir: str = "checkpoints"
+    checkpoint_interval: int = 1000
+    eval_interval: int = 1000
+    log_interval: int = 50
+    seed: int = 0
+    device: str = "auto"  # "auto": cuda:0 when a GPU is available, else cpu
+
+    def __post_init__(self) -> None:
+        _check_types(self, "training")
+        w = "training."
+        # precision <-> mixed_precision: an explicit precision wins; both must agree
+        if self.precision is None:
+            self.precision = "bf16" if self.mixed_precision else "fp32"
+        _rule(self.precision in PRECISIONS, w + "precision", self.precision, f"one of {', '.join(PRECISIONS)}")
+        if self.mixed_precision is None:
+            self.mixed_precision = self.precision != "fp32"
+        elif self.mixed_precision != (self.precision != "fp32"):
+            raise ValueError(f"training.mixed_precision: {self.mixed_precision!r} contradicts "
+                             f"training.precision={self.precision!r} (mixed_precision must be "
+                             f"{self.precision != 'fp32'} with {self.precision}; set only one of them)")
+        # checkpointing <-> enable_gradient_checkpointing
+        if self.checkpointing is None:
+            self.checkpointing = "full" if self.enable_gradient_checkpointing else "none"
+        _rule(self.checkpointing in POLICIES, w + "checkpointing", self.checkpointing,
+              f"one of {', '.join(POLICIES)}")
+        if self.enable_gradient_checkpointing is None:
+            self.enable_gradient_checkpointing = self.checkpointing != "none"
+        elif self.enable_gradient_checkpointing != (self.checkpointing != "none"):
+            raise ValueError(f"training.enable_gradient_checkpointing: {self.enable_gradient_checkpointing!r} "
+                             f"contradicts training.checkpointing={self.checkpointing!r} "
+                             f"(it must be {self.checkpointing != 'none'} with {self.checkpointing!r}; "
+                             "set only one of them)")
+        _positive(w + "learning_rate", self.learning_rate)
+        for i, b in enumerate(self.betas):
+            _rule(0.0 <= b < 1.0, f"{w}betas[{i}]", b, "in [0, 1)")
+        _positive(w + "eps", self.eps)
+        _positive(w + "weight_decay", self.weight_decay, allow_zero=True)
+        _positive(w + "grad_clip", self.grad_clip)
+        _rule(self.gradient_accumulation_steps >= 1, w + "gradient_accumulation_steps",
+              self.gradient_accumulation_steps, ">= 1")
+        _rule(0.0 < self.max_memory_fraction <= 1.0, w + "max_memory_fraction", self.max_memory_fraction,
+              "in (0, 1]")
+        for name in ("cleanup_interval", "checkpoint_interval", "eval_interval", "log_interval"):
+            _rule(getattr(self, name) >= 1, w + name, getattr(self, name), ">= 1")
+        _rule(self.lr_schedule in SCHEDULES, w + "lr_schedule", self.lr_schedule, f"one of {', '.join(SCHEDULES)}")
+        _rule(self.warmup_steps >= 0, w + "warmup_steps", self.warmup_steps, ">= 0")
+        _positive(w + "min_lr", self.min_lr, allow_zero=True)
+        _rule(self.min_lr <= self.learning_rate, w + "min_lr", self.min_lr,
+              f"<= learning_rate={self.learning_rate!r}")
+        _rule(all(m >= 0 for m in self.lr_milestones) and
+              all(b > a for a, b in zip(self.lr_milestones, self.lr_milestones[1:])),
+              w + "lr_milestones", self.lr_milestones, "strictly increasing steps >= 0")
+        _positive(w + "lr_gamma", self.lr_gamma)
+        _rule(self.max_steps is None or self.max_steps >= 1, w + "max_steps", self.max_steps, ">= 1 or null")
+        _rule(self.epochs is None or self.epochs >= 1, w + "epochs", self.epochs, ">= 1 or null")
+        _rule(self.max_steps is not None or self.epochs is not None, w + "max_steps", self.max_steps,
+              "set when epochs is null (the run needs an end)")
+        if self.lr_schedule == "warmup_cosine":
+            _rule(self.max_steps is not None, w + "max_steps", self.max_steps,
+                  "set for lr_schedule 'warmup_cosine' (its total steps)")
+            _rule(self.warmup_steps < self.max_steps, w + "warmup_steps", self.warmup_steps,
+                  f"< max_steps={self.max_steps}")
+        _rule(self.checkpoint_dir != "", w + "checkpoint_dir", self.checkpoint_dir, "a non-empty path")
+        _rule(self.seed >= 0, w + "seed", self.seed, ">= 0")
+        _rule(self.device == "auto" or self.device == "cpu" or re.fullmatch(r"cuda(:\d+)?", self.device) is not None,
+              w + "device", self.device, "'auto', 'cpu', 'cuda' or 'cuda:N'")
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        from pyxtts import _C
+
+        return "cuda:0" if _C.cuda_available() else "cpu"
+
+
+@dataclass
+class DataConfig:
+    """Batches: micro-batch size, longest sequences, bucketing, shuffling, files."""
+
+    batch_size: int = 4  # micro-batch; the effective batch is this x gradient_accumulation_steps
+    max_text_tokens: int | None = None  # None: the model's max_text_tokens
+    max_audio_tokens: int | None = None  # None: the model's max_audio_tokens
+    bucketing: bool = True  # batch samples of similar length together
+    bucket_size_multiplier: int = 10  # a bucket holds this many batches before it is split
+    shuffle: bool = True
+    shuffle_seed: int = 0
+    num_workers: int = 2
+    train_metadata: str | None = None  # e.g. LJSpeech-style "metadata.csv"
+    eval_metadata: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_types(self, "data")
+        w = "data."
+        _rule(self.batch_size >= 1, w + "batch_size", self.batch_size, ">= 1")
+        for name in ("max_text_tokens", "max_audio_tokens"):
+            v = getattr(self, name)
+            _rule(v is None or v >= 1, w + name, v, ">= 1 or null")
+        _rule(self.bucket_size_multiplier >= 1, w + "bucket_size_multiplier", self.bucket_size_multiplier, ">= 1")
+        _rule(self.shuffle_seed >= 0, w + "shuffle_seed", self.shuffle_seed, ">= 0")
+        _rule(self.num_workers >= 0, w + "num_workers", self.num_workers, ">= 0")
+
+
+@dataclass
+class XTTSConfig:
+    """The whole configuration: ``model`` (a ``ModelConfig``), ``training``, ``data``."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def __post_init__(self) -> None:
+        for name, cls in (("model", ModelConfig), ("training", TrainingConfig), ("data", DataConfig)):
+            if not isinstance(getattr(self, name), cls):
+                raise TypeError(f"{name}: expected a {cls.__name__}, got {type(getattr(self, name)).__name__}")
+        m, d = self.model, self.data
+        if d.max_text_tokens is None:
+            d.max_text_tokens = m.max_text_tokens
+        if d.max_audio_tokens is None:
+            d.max_audio_tokens = m.max_audio_tokens
+        _rule(d.max_text_tokens <= m.max_text_tokens, "data.max_text_tokens", d.max_text_tokens,
+              f"<= model.max_text_tokens={m.max_text_tokens}")
+        _rule(d.max_audio_tokens <= m.max_audio_tokens, "data.max_audio_tokens", d.max_audio_tokens,
+              f"<= model.max_audio_tokens={m.max_audio_tokens}")
+        seq = m.n_cond_latents + d.max_text_tokens + d.max_audio_tokens
+        _rule(seq <= m.max_attention_sequence_length, "model.max_attention_sequence_length",
+              m.max_attention_sequence_length,
+              f">= n_cond_latents + data.max_text_tokens + data.max_audio_tokens = {seq}")
+
+    # ---- derived --------------------------------------------------------------
+    @property
+    def effective_batch_size(self) -> int:
+        return self.data.batch_size * self.training.gradient_accumulation_steps
+
+    @property
+    def sequence_length(self) -> int:
+        """The longest sequence the data allows: cond latents + text + audio."""
+        return self.model.n_cond_latents + self.data.max_text_tokens + self.data.max_audio_tokens
+
+    def memory_plan(self, device: str | None = None):
+        """``pyxtts.estimate_memory`` of one training step at the configured micro-batch,
+        precision and policy, the longest sequences and the AdamW state counted."""
+        t = self.training
+        return estimate_memory(self.model, self.data.batch_size, self.data.max_text_tokens,
+                               self.data.max_audio_tokens, cond_len=self.model.n_cond_latents,
+                               checkpointing=t.checkpointing, train=True,
+                               device=device or t.resolved_device(), optimizer=True,
+                               precision=t.precision)
+
+    # ---- dict / YAML ----------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        def plain(v: Any) -> Any:
+            if isinstance(v, tuple):
+                return [plain(x) for x in v]
+            if isinstance(v, list):
+                return [plain(x) for x in v]
+            return v
+
+        return {name: {f.name: plain(getattr(getattr(self, name), f.name)) for f in fields(getattr(self, name))}
+                for name in ("model", "training", "data")}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> "XTTSConfig":
+        if d is None:
+            d = {}
+        if not isinstance(d, Mapping):
+            raise TypeError(f"config: expected a mapping with sections model, training, data; got {d!r}")
+        sections = {"model": ModelConfig, "training": TrainingConfig, "data": DataConfig}
+        raw: dict[str, dict[str, Any]] = {}
+        for key, value in d.items():
+            if key not in sections:
+                raise _unknown_key("config", key, list(sections))
+            if value is None:
+                value = {}
+            if not isinstance(value, Mapping):
+                raise TypeError(f"{key}: expected a mapping of fields, got {value!r}")
+            raw[key] = dict(value)
+        # recipes keep enable_gradient_checkpointing in the model section: move it
+        model_raw = raw.setdefault("model", {})
+        if "enable_gradient_checkpointing" in model_raw:
+            train_raw = raw.setdefault("training", {})
+            if "enable_gradient_checkpointing" in train_raw:
+                raise ValueError("enable_gradient_checkpointing: given in both model and training; keep one")
+            train_raw["enable_gradient_checkpointing"] = model_raw.pop("enable_gradient_checkpointing")
+        built: dict[str, Any] = {}
+        for name, sc in sections.items():
+            values = raw.get(name, {})
+            valid = [f.name for f in fields(sc)]
+            for key in values:
+                if key not in valid:
+                    raise _unknown_key(name, key, valid)
+            built[name] = sc(**values)
+        return cls(**built)
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> "XTTSConfig":
+        import yaml
+
+        try:
+            d = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"config: not valid YAML: {exc}") from exc
+        return cls.from_dict(d)
+
+    def save(self, path: str | Path) -> None:
+        """Writes the config as YAML (every field, aliases resolved)."""
+        Path(path).write_text(self.to_yaml(), encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "XTTSConfig":
+        """Reads a YAML file; a shipped config may be named by its stem ("standard")."""
+        p = Path(path)
+        if not p.exists() and p.suffix == "" and (CONFIGS_DIR / f"{p.name}.yaml").exists():
+            p = CONFIGS_DIR / f"{p.name}.yaml"
+        return cls.from_yaml(p.read_text(encoding="utf-8"))
+
+    def replace(self, **sections: Any) -> "XTTSConfig":
+        """A copy with whole sections replaced (``cfg.replace(data=...)``)."""
+        return dataclasses.replace(self, **sections)
+
+
+def shipped_configs() -> dict[str, Path]:
+    """stem -> path of the YAML files in ``pyxtts/configs``."""
+    return {p.stem: p for p in sorted(CONFIGS_DIR.glob("*.yaml"))}
+
+
+# ---- memory sizes ---------------------------------------------------------------
+
+_UNITS = {"": 1, "b": 1,
+          "k": 2**10, "kib": 2**10, "kb": 10**3,
+          "m": 2**20, "mib": 2**20, "mb": 10**6,
+          "g": 2**30, "gib": 2**30, "gb": 10**9,
+          "t": 2**40, "tib": 2**40, "tb": 10**12}
+
+
+def parse_memory_size(value: int | str, name: str = "memory") -> int:
+    """Bytes from 12884901888, "12GiB", "12 GiB", "12G" (binary) or "12GB" (SI)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name}: expected bytes (int) or a size like '12GiB', got {value!r}")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, float) and value.is_integer():
+        n = int(value)
+    elif isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value)
+        if m is None or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"{name}: must be bytes or a number with a unit (B, KiB, MiB, GiB, TiB, "
+                             f"K, M, G, T, KB, MB, GB, TB), got {value!r}")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    else:
+        raise TypeError(f"{name}: expected bytes (int) or a size like '12GiB', got {value!r}")
+    if n <= 0:
+        raise ValueError(f"{name}: must be > 0 bytes, got {value!r}")
+    return n
+
+
+# ---- optimize_config ------------------------------------------------------------
+
+# Relative time of a training step, the figures optimize_config ranks plans by.
+# Recomputation: "selective" redoes layernorms and GELU (cheap, memory-bound), "full"
+# redoes each block's forward (training is ~3 forwards, so ~4/3).
+RECOMPUTE_COST = {"none": 1.0, "selective": 1.05, "full": 4.0 / 3.0}
+# Each micro-step pays a fixed price (kernel launches, reading every weight once,
+# narrower GEMMs), modelled as this fraction of one sample's compute.
+MICRO_STEP_OVERHEAD = 0.25
+DEFAULT_MARGIN = 0.10
+
+
+def _divisors(n: int) -> list[int]:
+    return sorted((d for d in range(1, n + 1) if n % d == 0), reverse=True)
+
+
+def _step_cost(policy: str, micro: int) -> float:
+    return RECOMPUTE_COST[policy] * (1.0 + MICRO_STEP_OVERHEAD / micro)
+
+
+def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, *,
+                    margin: float = DEFAULT_MARGIN, keep_precision: bool = False,
+                    device: str | None = None) -> tuple[XTTSConfig, str]:
+    """Chooses precision, checkpoint policy, micro-batch and accumulation steps so that
+    the memory plan of a step fits ``device_memory × max_memory_fraction`` with
+    ``margin`` to spare, keeping the effective batch (micro-batch × accumulation).
+
+    ``device_memory`` (bytes or "12GiB"): default, the total memory of the config's
+    device. Plans come from ``pyxtts.estimate_memory`` (nothing is allocated), with the
+    AdamW state and the longest sequences the data config allows. Candidates: every
+    micro-batch dividing the effective batch, policies none/selective/full, precisions
+    fp32 and bf16 (only the configured one with ``keep_precision=True`` or when it is
+    fp16); they are ranked by an estimated step time (recomputation × per-micro-step
+    overhead, see ``RECOMPUTE_COST``), ties going to the configured precision, then
+    fp32; the cheapest that fits wins. Returns ``(new_config, explanation)``; raises
+    ``ValueError`` when not even the smallest plan fits."""
+    if not isinstance(config, XTTSConfig):
+        raise TypeError(f"config: expected an XTTSConfig, got {type(config).__name__}")
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
+        raise ValueError(f"margin: must be in [0, 1), got {margin!r}")
+    from pyxtts import _C
+    from pyxtts.memory import format_bytes as fb
+
+    t = config.training
+    dev = device or t.resolved_device()
+    if device_memory is None:
+        total = int(_C.device_info(dev)["total_memory"])
+        source = f"total memory of {dev}"
+    else:
+        total = parse_memory_size(device_memory, "device_memory")
+        source = "given"
+    budget = int(total * t.max_memory_fraction)
+    limit = int(budget * (1.0 - margin))
+    effective = config.effective_batch_size
+    if keep_precision or t.precision == "fp16":
+        precisions = [t.precision]
+    else:
+        precisions = [t.precision] + [p for p in ("fp32", "bf16") if p != t.precision]
+    d = config.data
+    cands = []
+    for pi, prec in enumerate(precisions):
+        for policy in ("none", "selective", "full"):
+            for micro in _divisors(effective):
+                cands.append((_step_cost(policy, micro), pi, prec, policy, micro))
+    cands.sort(key=lambda c: (c[0], c[1]))
+    plans: dict[tuple[str, str, int], int] = {}
+
+    def plan_total(prec: str, policy: str, micro: int) -> int:
+        key = (prec, policy, micro)
+        if key not in plans:
+            plans[key] = estimate_memory(config.model, micro, d.max_text_tokens, d.max_audio_tokens,
+                                         cond_len=config.model.n_cond_latents, checkpointing=policy,
+                                         train=True, device=dev, optimizer=True, precision=prec).total
+        return plans[key]
+
+    chosen = None
+    for cost, _, prec, policy, micro in cands:
+        if plan_total(prec, policy, micro) <= limit:
+            chosen = (cost, prec, policy, micro)
+            break
+    seq = config.sequence_length
+    if chosen is None:
+        smallest = min(((plan_total(p, "full", 1), p) for p in precisions))
+        raise ValueError(
+            f"optimize_config: no plan fits: the smallest, micro-batch 1 with full checkpointing in "
+            f"{smallest[1]} at {seq} tokens ({d.max_text_tokens} text + {d.max_audio_tokens} audio + "
+            f"{config.model.n_cond_latents} cond), needs {fb(smallest[0])}, over the budget of "
+            f"{fb(limit)} ({fb(total)} x max_memory_fraction {t.max_memory_fraction:g} less a "
+            f"{margin:.0%} margin); lower data.max_text_tokens/max_audio_tokens, use a smaller model "
+            "or a device with more memory")
+    cost, prec, policy, micro = chosen
+    accum = effective // micro
+    new = XTTSConfig(
+        model=dataclasses.replace(config.model),
+        training=dataclasses.replace(t, precision=prec, mixed_precision=prec != "fp32",
+                                     checkpointing=policy, enable_gradient_checkpointing=policy != "none",
+                                     gradient_accumulation_steps=accum,
+                                     lr_milestones=list(t.lr_milestones)),
+        data=dataclasses.replace(d, batch_size=micro),
+    )
+    used = plan_total(prec, policy, micro)
+    best = min(cands, key=lambda c: (c[0], c[1]))
+    why = []
+    if (policy, micro) == (best[3], best[4]):
+        why.append("it is the cheapest candidate: no recomputation, the whole effective batch at once")
+    else:
+        cheaper = [c for c in cands if (c[0], c[1]) < (cost, precisions.index(prec))]
+        top = sorted(cheaper, key=lambda c: plan_total(c[2], c[3], c[4]))[:1]
+        why.append(f"{len(cheaper)} cheaper candidate(s) do not fit"
+                   + (f" (the smallest of them, {top[0][2]} {top[0][3]} micro-batch {top[0][4]}, needs "
+                      f"{fb(plan_total(top[0][2], top[0][3], top[0][4]))})" if top else ""))
+    if prec != t.precision:
+        why.append(f"precision changed from {t.precision} to {prec}: it lets a cheaper plan fit")
+    lines = [
+        f"device memory:      {fb(total)} ({source})",
+        f"budget:             {fb(budget)} (x max_memory_fraction {t.max_memory_fraction:g})",
+        f"plan limit:         {fb(limit)} (budget less a {margin:.0%} margin)",
+        f"longest sequence:   {seq} tokens ({config.model.n_cond_latents} cond + {d.max_text_tokens} text "
+        f"+ {d.max_audio_tokens} audio), AdamW state counted",
+        f"effective batch:    {effective} (kept)",
+        f"chosen:             precision {prec}, checkpointing {policy}, micro-batch {micro} x "
+        f"{accum} accumulation step(s)",
+        f"plan total:         {fb(used)} ({used / limit:.0%} of the limit)",
+        f"estimated step cost: {cost:.3f} (1.0 = no recomputation, no per-micro-step overhead)",
+        f"was:                precision {t.precision}, checkpointing {t.checkpointing}, micro-batch "
+        f"{d.batch_size} x {t.gradient_accumulation_steps}",
+        "why:                " + "; ".join(why),
+    ]
+    return new, "\n".join(lines)

@@ -1,0 +1,312 @@
+"""Data: pre-tokenised samples from `.npz` shards or a JSON-lines manifest, validation
+against a ModelConfig, length-bucketed padded batches, and a learnable synthetic set.
+
+Shard format: a folder of ``*.npz`` files read in sorted name order; a shard holding n
+samples has, for i in 0..n-1, the integer arrays ``text_<i>`` (Lt,) and ``audio_<i>``
+(La,) and optionally the float array ``cond_<i>`` (Nc, d_model). ``write_shards`` writes
+``shard-00000.npz``, ``shard-00001.npz``, ...
+
+Manifest format: a text file, one JSON object per line, ``{"text": ..., "audio": ...,
+"cond": ...}`` (``cond`` optional); each value is either a list (of ids, or of rows for
+``cond``) or the path of a ``.npy`` file, relative to the manifest's folder.
+
+Targets (next-token prediction, the XTTS GPT convention): for a sample of ids
+``x[0..n-1]`` the inputs are ``x`` and ``targets[t] = x[t+1]`` for ``t < n-1``;
+``targets[n-1]`` is the stop token when one is given (``text_stop_token`` /
+``audio_stop_token``), else -1 (ignored). Include start tokens in the ids when your
+recipe uses them (XTTS v2 frames audio codes with start 1024 and stop 1025). Padding
+past a sample's length has input id 0 and target -1.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+
+__all__ = ["DataError", "Sample", "TTSDataset", "SyntheticDataset", "write_shards", "collate",
+           "bucketed_batches"]
+
+
+class DataError(ValueError):
+    """A sample that does not fit the format or the model: names file, sample and position."""
+
+
+@dataclass
+class Sample:
+    text: np.ndarray  # (Lt,) int64
+    audio: np.ndarray  # (La,) int64
+    cond: np.ndarray | None = None  # (Nc, d_model) float32
+    source: str = ""  # file (and line) it came from, for error messages
+
+
+def _ids(value: Any, where: str, what: str) -> np.ndarray:
+    a = np.asarray(value)
+    if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+        raise DataError(f"{where}: {what} must be a 1-d integer array, got dtype {a.dtype} shape {a.shape}")
+    if a.size == 0:
+        raise DataError(f"{where}: {what} is empty")
+    return a.astype(np.int64)
+
+
+def _cond(value: Any, where: str) -> np.ndarray:
+    a = np.asarray(value)
+    if a.ndim != 2 or a.dtype.kind != "f":
+        raise DataError(f"{where}: cond must be a 2-d float array (n_cond, d_model), got dtype "
+                        f"{a.dtype} shape {a.shape}")
+    return a.astype(np.float32)
+
+
+def write_shards(samples: Iterable, folder: str | os.PathLike, samples_per_shard: int = 1000) -> list[Path]:
+    """Writes samples (``Sample`` or (text, audio[, cond]) tuples or dicts with those keys)
+    as ``shard-NNNNN.npz`` files into ``folder`` (created); returns the paths."""
+    if isinstance(samples_per_shard, bool) or not isinstance(samples_per_shard, int) or samples_per_shard < 1:
+        raise ValueError(f"samples_per_shard: expected an int >= 1, got {samples_per_shard!r}")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    arrays: dict[str, np.ndarray] = {}
+
+    def flush() -> None:
+        path = folder / f"shard-{len(paths):05d}.npz"
+        np.savez(path, **arrays)
+        paths.append(path)
+        arrays.clear()
+
+    i = 0
+    for s in samples:
+        if isinstance(s, Sample):
+            text, audio, cond = s.text, s.audio, s.cond
+        elif isinstance(s, dict):
+            text, audio, cond = s["text"], s["audio"], s.get("cond")
+        else:
+            text, audio, *rest = s
+            cond = rest[0] if rest else None
+        where = f"write_shards: sample {i}"
+        arrays[f"text_{i % samples_per_shard}"] = _ids(text, where, "text")
+        arrays[f"audio_{i % samples_per_shard}"] = _ids(audio, where, "audio")
+        if cond is not None:
+            arrays[f"cond_{i % samples_per_shard}"] = _cond(cond, where)
+        i += 1
+        if i % samples_per_shard == 0:
+            flush()
+    if arrays:
+        flush()
+    return paths
+
+
+class TTSDataset(Sequence):
+    """Pre-tokenised samples in memory. ``TTSDataset.from_shards(folder)``,
+    ``TTSDataset.from_manifest(path)`` or ``TTSDataset.load(path)`` (either); with a
+    ``config`` every sample is validated on load."""
+
+    def __init__(self, samples: Sequence[Sample], config=None) -> None:
+        self.samples = list(samples)
+        if config is not None:
+            self.validate(config)
+
+    # ---- loading --------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | os.PathLike, config=None) -> "TTSDataset":
+        p = Path(path)
+        return cls.from_shards(p, config) if p.is_dir() else cls.from_manifest(p, config)
+
+    @classmethod
+    def from_shards(cls, folder: str | os.PathLike, config=None) -> "TTSDataset":
+        folder = Path(folder)
+        files = sorted(folder.glob("*.npz"))
+        if not files:
+            raise DataError(f"{folder}: no .npz shards found")
+        samples: list[Sample] = []
+        for f in files:
+            with np.load(f, allow_pickle=False) as z:
+                keys = set(z.files)
+                n = sum(1 for k in keys if k.startswith("text_"))
+                for i in range(n):
+                    where = f"{f}: sample {i}"
+                    for k in (f"text_{i}", f"audio_{i}"):
+                        if k not in keys:
+                            raise DataError(f"{where}: array {k!r} missing (a shard holds text_<i>, "
+                                            "audio_<i> and optional cond_<i> for i = 0..n-1)")
+                    cond = _cond(z[f"cond_{i}"], where) if f"cond_{i}" in keys else None
+                    samples.append(Sample(_ids(z[f"text_{i}"], where, "text"),
+                                          _ids(z[f"audio_{i}"], where, "audio"), cond, where))
+                extra = keys - {f"{p}_{i}" for i in range(n) for p in ("text", "audio", "cond")}
+                if extra:
+                    raise DataError(f"{f}: unexpected arrays {sorted(extra)[:3]}")
+        return cls(samples, config)
+
+    @classmethod
+    def from_manifest(cls, path: str | os.PathLike, config=None) -> "TTSDataset":
+        path = Path(path)
+        base = path.parent
+        samples: list[Sample] = []
+
+        def value(v: Any, where: str, key: str) -> Any:
+            if isinstance(v, str):
+                p = Path(v) if Path(v).is_absolute() else base / v
+                try:
+                    return np.load(p, allow_pickle=False)
+                except (OSError, ValueError) as exc:
+                    raise DataError(f"{where}: cannot read {key} file {str(p)!r}: {exc}") from exc
+            return v
+
+        with open(path, encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{lineno}"
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{where}: not valid JSON: {exc}") from exc
+                if not isinstance(rec, dict) or "text" not in rec or "audio" not in rec:
+                    raise DataError(f"{where}: expected an object with 'text' and 'audio' (and optional 'cond')")
+                cond = rec.get("cond")
+                samples.append(Sample(_ids(value(rec["text"], where, "text"), where, "text"),
+                                      _ids(value(rec["audio"], where, "audio"), where, "audio"),
+                                      None if cond is None else _cond(value(cond, where, "cond"), where),
+                                      where))
+        if not samples:
+            raise DataError(f"{path}: the manifest holds no samples")
+        return cls(samples, config)
+
+    # ---- access -----------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self.samples[i]
+
+    def lengths(self) -> np.ndarray:
+        """(n, 2) text and audio lengths."""
+        return np.array([(len(s.text), len(s.audio)) for s in self.samples], dtype=np.int64).reshape(-1, 2)
+
+    def validate(self, config) -> None:
+        """Every id within the vocabularies, lengths within the maxima, conditioning latents
+        of width d_model, all or none of the samples conditioned; raises DataError."""
+        c = config
+        has_cond = None
+        for j, s in enumerate(self.samples):
+            where = s.source or f"sample {j}"
+            for what, ids, vocab, cap in (("text", s.text, c.text_vocab_size, c.max_text_tokens),
+                                          ("audio", s.audio, c.audio_vocab_size, c.max_audio_tokens)):
+                bad = (ids < 0) | (ids >= vocab)
+                if bad.any():
+                    pos = int(np.argmax(bad))
+                    raise DataError(f"{where}: {what}[{pos}] = {int(ids[pos])} is out of range [0, {vocab})")
+                if len(ids) > cap:
+                    raise DataError(f"{where}: {len(ids)} {what} tokens exceed the model's maximum of {cap} "
+                                    "(pyxtts never truncates)")
+            if has_cond is None:
+                has_cond = s.cond is not None
+            elif has_cond != (s.cond is not None):
+                raise DataError(f"{where}: conditioning latents on some samples only (all or none)")
+            nc = 0
+            if s.cond is not None:
+                nc = s.cond.shape[0]
+                if s.cond.shape[1] != c.d_model:
+                    raise DataError(f"{where}: cond has width {s.cond.shape[1]}, expected d_model={c.d_model}")
+                if not np.isfinite(s.cond).all():
+                    pos = tuple(int(i) for i in np.argwhere(~np.isfinite(s.cond))[0])
+                    raise DataError(f"{where}: cond{list(pos)} is NaN or infinite")
+            if nc + len(s.text) + len(s.audio) > c.max_attention_sequence_length:
+                raise DataError(f"{where}: sequence of {nc + len(s.text) + len(s.audio)} exceeds "
+                                f"max_attention_sequence_length={c.max_attention_sequence_length}")
+
+    def batches(self, batch_size: int, shuffle: bool = True, seed: int = 0, **kw) -> Iterator[dict]:
+        """``bucketed_batches(self, batch_size, shuffle=shuffle, seed=seed, ...)``."""
+        return bucketed_batches(self, batch_size, shuffle=shuffle, seed=seed, **kw)
+
+
+def _shift(ids: np.ndarray, stop: int | None) -> np.ndarray:
+    t = np.empty_like(ids)
+    t[:-1] = ids[1:]
+    t[-1] = -1 if stop is None else stop
+    return t
+
+
+def collate(samples: Sequence[Sample], text_stop_token: int | None = None,
+            audio_stop_token: int | None = None) -> dict:
+    """A batch dict padded to its longest text and audio (no other padding); targets are
+    the next-token shift described in the module docstring."""
+    if not samples:
+        raise ValueError("collate: no samples")
+    B = len(samples)
+    tl = np.array([len(s.text) for s in samples], dtype=np.int64)
+    al = np.array([len(s.audio) for s in samples], dtype=np.int64)
+    Lt, La = int(tl.max()), int(al.max())
+    out = {"text_inputs": np.zeros((B, Lt), np.int64), "text_targets": np.full((B, Lt), -1, np.int64),
+           "audio_inputs": np.zeros((B, La), np.int64), "audio_targets": np.full((B, La), -1, np.int64),
+           "text_lengths": tl, "audio_lengths": al}
+    for i, s in enumerate(samples):
+        out["text_inputs"][i, :len(s.text)] = s.text
+        out["text_targets"][i, :len(s.text)] = _shift(s.text, text_stop_token)
+        out["audio_inputs"][i, :len(s.audio)] = s.audio
+        out["audio_targets"][i, :len(s.audio)] = _shift(s.audio, audio_stop_token)
+    conds = [s.cond for s in samples]
+    if any(c is not None for c in conds):
+        if any(c is None for c in conds) or len({c.shape for c in conds}) != 1:
+            raise ValueError("collate: conditioning latents must be present on all samples, all of one shape")
+        out["cond_latents"] = np.stack(conds).astype(np.float32)
+    return out
+
+
+def bucketed_batches(dataset: Sequence[Sample], batch_size: int, shuffle: bool = True, seed: int = 0,
+                     bucket_factor: int = 8, drop_last: bool = False, text_stop_token: int | None = None,
+                     audio_stop_token: int | None = None) -> Iterator[dict]:
+    """Length-bucketed batches: the (seeded) shuffled indices are cut into pools of
+    ``batch_size * bucket_factor`` samples, each pool is sorted by total length and cut into
+    batches, and the batches are shuffled; so a batch holds samples of similar length and
+    pads little. The same seed gives the same batches in the same order. The last,
+    smaller batch is kept unless ``drop_last``."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
+    n = len(dataset)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(n) if shuffle else np.arange(n)
+    total = np.array([len(dataset[i].text) + len(dataset[i].audio) for i in range(n)])
+    pool = batch_size * max(1, int(bucket_factor))
+    groups: list[np.ndarray] = []
+    for lo in range(0, n, pool):
+        chunk = order[lo:lo + pool]
+        chunk = chunk[np.argsort(total[chunk], kind="stable")]
+        groups += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+    if drop_last:
+        groups = [g for g in groups if len(g) == batch_size]
+    if shuffle:
+        groups = [groups[i] for i in rng.permutation(len(groups))]
+    for g in groups:
+        yield collate([dataset[int(i)] for i in g], text_stop_token, audio_stop_token)
+
+
+class SyntheticDataset(TTSDataset):
+    """Samples whose audio codes are a learnable function of the text: a fixed random table
+    (drawn from ``seed``) maps each text id to an audio code, and each text token's code is
+    repeated ``repeat`` times (audio[j] = table[text[j // repeat]]), as speech holds each
+    sound for several frames. Text ids come from the first ``alphabet`` ids of the vocabulary;
+    lengths are uniform in [min_text, max_text] (default: up to max_text_tokens and to what
+    the audio maximum allows)."""
+
+    def __init__(self, config, n_samples: int, seed: int = 0, repeat: int = 2, alphabet: int = 16,
+                 min_text: int = 2, max_text: int | None = None, cond: bool = False) -> None:
+        rng = np.random.default_rng(seed)
+        c = config
+        alphabet = min(alphabet, c.text_vocab_size)
+        cap = min(c.max_text_tokens, c.max_audio_tokens // repeat)
+        max_text = cap if max_text is None else min(max_text, cap)
+        if max_text < min_text:
+            raise ValueError(f"SyntheticDataset: max_text={max_text} < min_text={min_text}")
+        self.table = rng.integers(0, c.audio_vocab_size, alphabet)
+        samples = []
+        for i in range(n_samples):
+            n = int(rng.integers(min_text, max_text + 1))
+            text = rng.integers(0, alphabet, n)
+            audio = np.repeat(self.table[text], repeat)
+            cnd = rng.standard_normal((c.n_cond_latents, c.d_model)).astype(np.float32) \
+                if cond and c.n_cond_latents else None
+            samples.append(Sample(text, audio, cnd, f"synthetic sample {i}"))
+        super().__init__(samples, config)

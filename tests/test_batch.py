@@ -1,0 +1,220 @@
+"""find_optimal_batch_size (plan, bisection, verified step, state untouched) and
+train_step_with_accumulation (remainder rows, exact accumulation, OOM recovery)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pyxtts
+import pyxtts.testing
+from batches import random_batch
+from pyxtts.batch import _synthetic_batch
+
+CFG = pyxtts.ModelConfig(n_layers=2, d_model=64, n_heads=4, text_vocab_size=101, audio_vocab_size=53,
+                         max_text_tokens=32, max_audio_tokens=48, n_cond_latents=4)
+
+
+@pytest.fixture(autouse=True)
+def clean_allocator():
+    pyxtts.testing.inject_oom(None, "cpu")
+    pyxtts.set_memory_limit(None, "cpu")
+    yield
+    pyxtts.testing.inject_oom(None, "cpu")
+    pyxtts.set_memory_limit(None, "cpu")
+
+
+def snapshot(model, opt):
+    return (model.state_dict(), {k: v.numpy() for k, v in model.gradients().items()}, opt.state_dict())
+
+
+def assert_same_state(a, b):
+    for x, y in zip(a[:2], b[:2]):
+        for k in x:
+            assert np.array_equal(x[k], y[k]), k
+    for k, v in a[2].items():
+        assert np.array_equal(v, b[2][k]) if isinstance(v, np.ndarray) else v == b[2][k], k
+
+
+def fits_real_step(model, opt, B):
+    """One real forward, backward and step at the full lengths (state restored)."""
+    snap = snapshot(model, opt)
+    ok = True
+    try:
+        opt.zero_grad()
+        model.forward_backward(_synthetic_batch(CFG, B, CFG.max_text_tokens, CFG.max_audio_tokens,
+                                                CFG.n_cond_latents))
+        opt.step()
+    except pyxtts.OutOfMemoryError:
+        ok = False
+    opt.load_state_dict(snap[2])
+    model.load_state_dict(snap[0])
+    for k, g in model.gradients().items():
+        g.copy_(snap[1][k])
+    model.release_memory()
+    pyxtts.cleanup_gpu_memory("cpu")
+    return ok
+
+
+@pytest.mark.parametrize("limit_mib", [30, 60])
+def test_found_batch_fits_and_is_close_to_the_true_largest(limit_mib):
+    m = pyxtts.XTTSGPT(CFG, seed=1)
+    opt = pyxtts.AdamW(m, lr=1e-3, ema_decay=0.9)
+    rng = np.random.default_rng(0)  # non-zero gradients and moments to preserve
+    m.forward_backward(random_batch(rng, CFG, 2, 8, 12))
+    opt.step()
+    m.forward_backward(random_batch(rng, CFG, 2, 8, 12))
+    before = snapshot(m, opt)
+    pyxtts.set_memory_limit(limit_mib << 20, "cpu")
+    found = pyxtts.find_optimal_batch_size(m, opt)
+    assert_same_state(snapshot(m, opt), before)
+    # brute force: real steps at growing sizes until one fails (memory is monotone)
+    true = 0
+    while fits_real_step(m, opt, true + 1):
+        true += 1
+    assert found <= true, "the chosen size does not fit a real step"
+    assert fits_real_step(m, opt, found)
+    assert found >= 0.85 * true, (found, true)
+    print(f"limit {limit_mib} MiB: found {found}, brute force {true}")
+    assert_same_state(snapshot(m, opt), before)
+
+
+def test_search_respects_bounds_and_needs_no_optimizer():
+    m = pyxtts.XTTSGPT(CFG, seed=2)
+    pyxtts.set_memory_limit(40 << 20, "cpu")
+    params = m.state_dict()
+    b = pyxtts.find_optimal_batch_size(m, text_len=8, audio_len=8, max_batch_size=5)
+    assert b == 5
+    assert pyxtts.find_optimal_batch_size(m, verify=False) >= 1
+    assert all(np.array_equal(v, params[k]) for k, v in m.state_dict().items())
+    assert m.estimate_memory(1, 4, 4).optimizer == 0  # the temporary AdamW is gone
+    with pytest.raises(ValueError, match="budget"):
+        pyxtts.set_memory_limit(1 << 20, "cpu")
+        pyxtts.find_optimal_batch_size(m)
+    with pytest.raises(ValueError, match="max_batch_size"):
+        pyxtts.find_optimal_batch_size(m, start_batch_size=4, max_batch_size=2)
+
+
+def test_verification_falls_back_after_an_oom():
+    m = pyxtts.XTTSGPT(CFG, seed=3)
+    opt = pyxtts.AdamW(m)
+    pyxtts.set_memory_limit(40 << 20, "cpu")
+    plain = pyxtts.find_optimal_batch_size(m, opt)
+    before = snapshot(m, opt)
+    pyxtts.testing.inject_oom(0, "cpu")  # the first real step fails as on a full device
+    after_oom = pyxtts.find_optimal_batch_size(m, opt)
+    assert after_oom < plain
+    assert fits_real_step(m, opt, after_oom)
+    assert_same_state(snapshot(m, opt), before)
+
+
+# ---- accumulation -------------------------------------------------------------------
+
+def fresh(seed=0):
+    """eps=1e-6: Adam's first step is lr * g / (|g| + eps), which for a gradient of ~1e-8
+    (a dead GELU unit) turns float rounding of the summation order into a visible step;
+    eps bounds that amplification so 1e-6 compares the accumulation, not Adam's sign()."""
+    m = pyxtts.XTTSGPT(CFG, seed=seed)
+    return m, pyxtts.AdamW(m, lr=1e-4, weight_decay=0.01, eps=1e-6)  # lr: AdamW's default
+
+
+def key_bias_free(name, a):
+    """The key third of c_attn.bias has a gradient of exactly 0 in exact arithmetic, so it
+    is rounding noise that Adam turns into full-size steps: left out (see test_optim)."""
+    d = CFG.d_model
+    return np.concatenate([a[:d], a[2 * d:]]) if name.endswith("c_attn.bias") else a
+
+
+def max_diff(a, b):
+    return max(np.abs(key_bias_free(k, a[k]) - key_bias_free(k, b[k])).max() for k in a)
+
+
+BATCH = random_batch(np.random.default_rng(11), CFG, 10, 20, 30)
+
+
+def clean_reference():
+    m, opt = fresh()
+    opt.zero_grad()
+    out = m.forward_backward(BATCH)
+    grads = {k: v.numpy() for k, v in m.gradients().items()}
+    step = opt.step()
+    return m.state_dict(), out, step, grads
+
+
+def test_splits_keep_remainder_rows():
+    from pyxtts.batch import _splits
+    assert [hi - lo for lo, hi in _splits(10, 4)] == [3, 3, 2, 2]
+    assert [hi - lo for lo, hi in _splits(7, 7)] == [1] * 7
+    assert _splits(10, 4)[-1][1] == 10
+
+
+@pytest.mark.parametrize("steps", [1, 3, 4, 10, 16])
+def test_accumulation_equals_one_big_step(steps):
+    ref, out, step, grads = clean_reference()
+    m, opt = fresh()
+    r = pyxtts.train_step_with_accumulation(m, opt, BATCH, steps)
+    assert r.oom_splits == 0 and not r.skipped
+    assert r.micro_batch_size == -(-10 // min(steps, 10))
+    assert r.loss == pytest.approx(out["loss"], rel=1e-6)
+    assert r.audio_loss == pytest.approx(out["audio_loss"], rel=1e-6)
+    assert r.grad_norm == pytest.approx(step["grad_norm"], rel=1e-5)
+    assert r.tokens_per_s > 0 and r.peak_memory_bytes > 0
+    for k, g in m.gradients().items():  # the step leaves the accumulated gradient
+        np.testing.assert_allclose(g.numpy(), grads[k], rtol=0, atol=1e-6 * np.abs(grads[k]).max() + 1e-12)
+    assert max_diff(m.state_dict(), ref) <= 1e-6
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_injected_oom_anywhere_gives_the_clean_parameters(raw):
+    ref = clean_reference()[0]
+    m, opt = fresh()
+    pyxtts.cleanup_gpu_memory("cpu")  # so that raw=True counts the step's new segments
+    n0 = pyxtts.memory_stats("cpu")["num_raw_allocs" if raw else "num_allocs"]
+    pyxtts.train_step_with_accumulation(m, opt, BATCH, 2)
+    n = pyxtts.memory_stats("cpu")["num_raw_allocs" if raw else "num_allocs"] - n0
+    assert n >= 1
+    for after in range(n + 1):
+        m, opt = fresh()
+        pyxtts.cleanup_gpu_memory("cpu")
+        pyxtts.testing.inject_oom(after, "cpu", raw=raw)
+        r = pyxtts.train_step_with_accumulation(m, opt, BATCH, 2)
+        pyxtts.testing.inject_oom(None, "cpu")
+        assert max_diff(m.state_dict(), ref) <= 1e-6, after
+        if not raw:
+            assert r.oom_splits == (1 if after < n else 0), after
+            if r.oom_splits:
+                assert r.micro_batch_size < 5
+
+
+def test_memory_limit_forces_splits_with_the_same_result():
+    ref = clean_reference()[0]
+    m, opt = fresh()
+    need_full = m.estimate_memory(10, 20, 30, CFG.n_cond_latents).total
+    need_two = m.estimate_memory(2, 20, 30, CFG.n_cond_latents).total
+    pyxtts.cleanup_gpu_memory("cpu")
+    pyxtts.set_memory_limit((need_full + need_two) // 2 + (2 << 20), "cpu")
+    r = pyxtts.train_step_with_accumulation(m, opt, BATCH, 1)
+    assert r.oom_splits >= 1 and r.micro_batch_size < 10
+    assert max_diff(m.state_dict(), ref) <= 1e-6
+
+
+def test_raises_when_one_sample_does_not_fit_and_validates_first():
+    m, opt = fresh()
+    before = m.state_dict()
+    pyxtts.cleanup_gpu_memory("cpu")
+    pyxtts.set_memory_limit(pyxtts.memory_reserved("cpu"), "cpu")
+    filler = []  # take the free space of the reserved segments: nothing else fits
+    try:
+        while True:
+            filler.append(pyxtts.empty((16384,)))
+    except pyxtts.OutOfMemoryError:
+        pass
+    with pytest.raises(pyxtts.OutOfMemoryError):
+        pyxtts.train_step_with_accumulation(m, opt, BATCH, 1)
+    del filler
+    pyxtts.set_memory_limit(None, "cpu")
+    assert all(np.array_equal(v, before[k]) for k, v in m.state_dict().items())
+    bad = dict(BATCH, audio_inputs=BATCH["audio_inputs"] + 100)
+    with pytest.raises(ValueError, match="audio_inputs"):
+        pyxtts.train_step_with_accumulation(m, opt, bad, 2)
+    with pytest.raises(ValueError, match="accumulation_steps"):
+        pyxtts.train_step_with_accumulation(m, opt, BATCH, 0)

@@ -1,0 +1,315 @@
+"""XTTSConfig: sections, aliases, validation messages, YAML round trips, the shipped
+tiers (their memory plans must fit their tier), optimize_config and its CLI."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import pyxtts
+import pyxtts.cli
+from pyxtts.config import (CONFIGS_DIR, DataConfig, TrainingConfig, XTTSConfig, optimize_config,
+                           parse_memory_size, shipped_configs)
+
+GB, GiB = 10**9, 2**30
+
+# tier -> (lower bound of the device memory it is for, in bytes)
+TIERS = {"standard": 20 * GB, "memory_optimized": 12 * GB, "extreme_memory_optimized": 8 * GB}
+MARGIN = 0.10
+
+
+def xtts_v2(batch=8, accum=4, **training) -> XTTSConfig:
+    return XTTSConfig(training=TrainingConfig(gradient_accumulation_steps=accum, **training),
+                      data=DataConfig(batch_size=batch))
+
+
+def plan_total(cfg: XTTSConfig, device="cuda:0") -> int:
+    return cfg.memory_plan(device).total
+
+
+# ---- sections and aliases -------------------------------------------------------
+
+def test_defaults_are_xtts_v2():
+    cfg = XTTSConfig()
+    assert cfg.model == pyxtts.ModelConfig()
+    assert cfg.data.max_text_tokens == 404 and cfg.data.max_audio_tokens == 608
+    assert cfg.sequence_length == 32 + 404 + 608
+    assert cfg.training.precision == "fp32" and cfg.training.mixed_precision is False
+    assert cfg.training.checkpointing == "none" and cfg.training.enable_gradient_checkpointing is False
+    assert pyxtts.XTTSConfig is XTTSConfig and pyxtts.optimize_config is optimize_config
+
+
+@pytest.mark.parametrize("kw, precision, mixed", [
+    ({"mixed_precision": True}, "bf16", True),
+    ({"mixed_precision": False}, "fp32", False),
+    ({"precision": "fp16"}, "fp16", True),
+    ({"precision": "bf16", "mixed_precision": True}, "bf16", True),
+    ({"precision": "fp32", "mixed_precision": False}, "fp32", False),
+])
+def test_mixed_precision_alias(kw, precision, mixed):
+    t = TrainingConfig(**kw)
+    assert (t.precision, t.mixed_precision) == (precision, mixed)
+
+
+@pytest.mark.parametrize("kw", [{"precision": "fp32", "mixed_precision": True},
+                                {"precision": "bf16", "mixed_precision": False}])
+def test_mixed_precision_contradiction(kw):
+    with pytest.raises(ValueError, match=r"training\.mixed_precision.*contradicts.*precision"):
+        TrainingConfig(**kw)
+
+
+@pytest.mark.parametrize("kw, policy, enabled", [
+    ({"enable_gradient_checkpointing": True}, "full", True),
+    ({"enable_gradient_checkpointing": False}, "none", False),
+    ({"checkpointing": "selective"}, "selective", True),
+    ({"checkpointing": "auto", "enable_gradient_checkpointing": True}, "auto", True),
+])
+def test_checkpointing_alias(kw, policy, enabled):
+    t = TrainingConfig(**kw)
+    assert (t.checkpointing, t.enable_gradient_checkpointing) == (policy, enabled)
+
+
+@pytest.mark.parametrize("kw", [{"checkpointing": "none", "enable_gradient_checkpointing": True},
+                                {"checkpointing": "full", "enable_gradient_checkpointing": False}])
+def test_checkpointing_contradiction(kw):
+    with pytest.raises(ValueError, match=r"enable_gradient_checkpointing.*contradicts.*checkpointing"):
+        TrainingConfig(**kw)
+
+
+def test_enable_gradient_checkpointing_in_model_section_moves_to_training():
+    cfg = XTTSConfig.from_dict({"model": {"n_layers": 2, "enable_gradient_checkpointing": True}})
+    assert cfg.training.checkpointing == "full" and cfg.model.n_layers == 2
+
+
+# ---- validation messages --------------------------------------------------------
+
+@pytest.mark.parametrize("section, key, value, pattern", [
+    ("training", "learning_rate", -1.0, r"training\.learning_rate: must be finite and > 0, got -1\.0"),
+    ("training", "betas", [0.9, 1.5], r"training\.betas\[1\]: must be in \[0, 1\), got 1\.5"),
+    ("training", "gradient_accumulation_steps", 0, r"training\.gradient_accumulation_steps: must be >= 1, got 0"),
+    ("training", "max_memory_fraction", 1.5, r"training\.max_memory_fraction: must be in \(0, 1\], got 1\.5"),
+    ("training", "precision", "fp8", r"training\.precision: must be one of fp32, bf16, fp16, got 'fp8'"),
+    ("training", "checkpointing", "some", r"training\.checkpointing: must be one of none, selective, full, auto"),
+    ("training", "lr_schedule", "linear", r"training\.lr_schedule: must be one of .*got 'linear'"),
+    ("training", "cleanup_interval", 0, r"training\.cleanup_interval: must be >= 1, got 0"),
+    ("training", "device", "tpu", r"training\.device: must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
+    ("data", "batch_size", 0, r"data\.batch_size: must be >= 1, got 0"),
+    ("data", "max_audio_tokens", 700, r"data\.max_audio_tokens: must be <= model\.max_audio_tokens=608, got 700"),
+    ("model", "d_model", 1000, r"ModelConfig\.d_model: must be divisible by n_heads=16, got 1000"),
+])
+def test_validation_names_field_value_rule(section, key, value, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        XTTSConfig.from_dict({section: {key: value}})
+
+
+@pytest.mark.parametrize("section, key, value, pattern", [
+    ("training", "learning_rate", "fast", r"training\.learning_rate: expected float, got 'fast'"),
+    ("training", "enable_memory_cleanup", 1, r"training\.enable_memory_cleanup: expected bool, got 1"),
+    ("data", "batch_size", 2.5, r"data\.batch_size: expected int, got 2\.5"),
+    ("training", "betas", 0.9, r"training\.betas: expected a list of float, float, got 0\.9"),
+    ("model", "n_layers", "30", r"ModelConfig\.n_layers: expected int"),
+])
+def test_types_are_checked(section, key, value, pattern):
+    with pytest.raises(TypeError, match=pattern):
+        XTTSConfig.from_dict({section: {key: value}})
+
+
+@pytest.mark.parametrize("doc, pattern", [
+    ({"training": {"learning_rte": 1e-4}}, r"training: unknown key 'learning_rte'; did you mean 'learning_rate'\?"),
+    ({"data": {"batchsize": 4}}, r"data: unknown key 'batchsize'; did you mean 'batch_size'\?"),
+    ({"model": {"n_layer": 4}}, r"model: unknown key 'n_layer'; did you mean 'n_layers'\?"),
+    ({"trainig": {}}, r"config: unknown key 'trainig'; did you mean 'training'\?"),
+])
+def test_unknown_key_names_closest(doc, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        XTTSConfig.from_dict(doc)
+
+
+def test_int_is_accepted_for_float_and_list_for_tuple():
+    cfg = XTTSConfig.from_dict({"training": {"learning_rate": 1, "betas": [0, 0.5]}})
+    assert cfg.training.learning_rate == 1.0 and isinstance(cfg.training.learning_rate, float)
+    assert cfg.training.betas == (0.0, 0.5)
+
+
+# ---- YAML -----------------------------------------------------------------------
+
+def test_yaml_round_trip(tmp_path):
+    cfg = XTTSConfig(model=pyxtts.ModelConfig(n_layers=3, d_model=96, n_heads=3),
+                     training=TrainingConfig(mixed_precision=True, enable_gradient_checkpointing=True,
+                                             learning_rate=3e-4, betas=(0.8, 0.99), grad_clip=None,
+                                             lr_schedule="warmup_cosine", warmup_steps=5, max_steps=50),
+                     data=DataConfig(batch_size=3, max_text_tokens=100, bucketing=False,
+                                     train_metadata="data/metadata.csv"))
+    path = tmp_path / "cfg.yaml"
+    cfg.save(path)
+    back = XTTSConfig.load(path)
+    assert back == cfg
+    assert back.to_yaml() == cfg.to_yaml()
+
+
+def test_yaml_errors(tmp_path):
+    with pytest.raises(ValueError, match="not valid YAML"):
+        XTTSConfig.from_yaml("model: [unclosed")
+    with pytest.raises(TypeError, match="expected a mapping"):
+        XTTSConfig.from_yaml("- a\n- b\n")
+    assert XTTSConfig.from_yaml("") == XTTSConfig()
+
+
+# ---- shipped configs ------------------------------------------------------------
+
+def test_shipped_configs_present():
+    assert set(shipped_configs()) == {"standard", "memory_optimized", "extreme_memory_optimized", "cpu_demo"}
+
+
+@pytest.mark.parametrize("name", ["standard", "memory_optimized", "extreme_memory_optimized", "cpu_demo"])
+def test_shipped_config_loads_and_round_trips(name, tmp_path):
+    cfg = XTTSConfig.load(CONFIGS_DIR / f"{name}.yaml")
+    assert XTTSConfig.load(name) == cfg  # by its stem
+    cfg.save(tmp_path / "x.yaml")
+    assert XTTSConfig.load(tmp_path / "x.yaml") == cfg
+
+
+@pytest.mark.parametrize("name", list(TIERS))
+def test_tier_is_xtts_v2_and_fits_its_lower_bound(name):
+    cfg = XTTSConfig.load(name)
+    assert cfg.model == pyxtts.ModelConfig(), "tiers train the XTTS v2 GPT"
+    assert (cfg.data.max_text_tokens, cfg.data.max_audio_tokens) == (404, 608), "full-length sequences"
+    assert cfg.effective_batch_size == 32
+    limit = TIERS[name] * cfg.training.max_memory_fraction
+    total = plan_total(cfg)
+    assert total <= limit * (1 - MARGIN), f"{name}: plan {total / GiB:.2f} GiB over {limit / GiB:.2f} GiB"
+    # and the plan is the one estimate_memory gives for those settings directly
+    direct = pyxtts.estimate_memory(pyxtts.ModelConfig(), cfg.data.batch_size, 404, 608, cond_len=32,
+                                    checkpointing=cfg.training.checkpointing, optimizer=True,
+                                    precision=cfg.training.precision, device="cuda:0")
+    assert direct.total == total
+
+
+def test_tiers_trade_memory_for_recomputation():
+    totals = {n: plan_total(XTTSConfig.load(n)) for n in TIERS}
+    assert totals["standard"] > totals["memory_optimized"] > totals["extreme_memory_optimized"]
+    order = ["none", "selective", "full"]
+    ranks = [order.index(XTTSConfig.load(n).training.checkpointing) for n in TIERS]
+    assert ranks == sorted(ranks)
+
+
+def test_cpu_demo_is_tiny_and_trains():
+    cfg = XTTSConfig.load("cpu_demo")
+    t = cfg.training
+    assert t.device == "cpu" and t.max_steps is not None and t.max_steps <= 200
+    model = pyxtts.XTTSGPT(cfg.model, device="cpu", precision=t.precision, checkpointing=t.checkpointing,
+                           seed=t.seed)
+    assert model.num_parameters < 2_000_000
+    assert plan_total(cfg, "cpu") < 256 * 2**20
+
+
+# ---- memory sizes ---------------------------------------------------------------
+
+@pytest.mark.parametrize("text, n", [("12GiB", 12 * GiB), ("12 GiB", 12 * GiB), ("12G", 12 * GiB),
+                                     ("12g", 12 * GiB), ("12GB", 12 * GB), ("1.5GiB", 3 * GiB // 2),
+                                     ("512MiB", 512 * 2**20), ("4096", 4096), (4096, 4096)])
+def test_parse_memory_size(text, n):
+    assert parse_memory_size(text) == n
+
+
+@pytest.mark.parametrize("bad", ["12 parsecs", "GiB", "-1GiB", "0", 0, -5])
+def test_parse_memory_size_rejects(bad):
+    with pytest.raises(ValueError, match="memory"):
+        parse_memory_size(bad)
+
+
+# ---- optimize_config ------------------------------------------------------------
+
+@pytest.mark.parametrize("memory", [80 * GiB, 24 * GiB, 16 * GiB, 12 * GiB, 10 * GiB, 8 * GiB])
+@pytest.mark.parametrize("start", [(8, 4), (32, 1), (1, 32), (3, 2)])
+def test_optimize_keeps_effective_batch_and_fits(memory, start):
+    cfg = xtts_v2(*start, mixed_precision=True)
+    new, why = optimize_config(cfg, memory, device="cuda:0")
+    assert new.effective_batch_size == cfg.effective_batch_size
+    limit = memory * cfg.training.max_memory_fraction * (1 - MARGIN)
+    assert plan_total(new) <= limit
+    assert new.model == cfg.model and new.data.max_audio_tokens == cfg.data.max_audio_tokens
+    assert new.training.learning_rate == cfg.training.learning_rate
+    assert "budget" in why and "chosen" in why and f"{new.data.batch_size} x" in why
+    # what optimize_config writes is a valid config: aliases follow the choices
+    assert new.training.mixed_precision == (new.training.precision != "fp32")
+    assert new.training.enable_gradient_checkpointing == (new.training.checkpointing != "none")
+    assert XTTSConfig.from_yaml(new.to_yaml()) == new
+
+
+def test_optimize_prefers_less_recomputation_with_more_memory():
+    cfg = xtts_v2(2, 16, checkpointing="full")
+    big, _ = optimize_config(cfg, "80GiB", device="cuda:0")
+    small, _ = optimize_config(cfg, "12GiB", device="cuda:0")
+    order = ["none", "selective", "full"]
+    assert big.training.checkpointing == "none"
+    assert order.index(big.training.checkpointing) < order.index(small.training.checkpointing)
+    assert big.data.batch_size > small.data.batch_size
+    assert big.training.gradient_accumulation_steps < small.training.gradient_accumulation_steps
+
+
+def test_optimize_uses_fraction_and_margin():
+    cfg = xtts_v2(8, 4)
+    _, why = optimize_config(cfg, "20GiB", device="cuda:0")
+    assert "18.00 GiB" in why  # 20 GiB x 0.9
+    assert "16.20 GiB" in why  # less 10 %
+    tight = dataclasses.replace(cfg, training=dataclasses.replace(cfg.training, max_memory_fraction=0.5))
+    new, _ = optimize_config(tight, "20GiB", device="cuda:0")
+    assert plan_total(new) <= 20 * GiB * 0.5 * 0.9
+
+
+def test_optimize_keep_precision():
+    cfg = xtts_v2(8, 4, precision="fp32")
+    new, _ = optimize_config(cfg, "12GiB", keep_precision=True, device="cuda:0")
+    assert new.training.precision == "fp32"
+    fp16, _ = optimize_config(xtts_v2(8, 4, precision="fp16"), "12GiB", device="cuda:0")
+    assert fp16.training.precision == "fp16"
+
+
+def test_optimize_raises_when_nothing_fits():
+    with pytest.raises(ValueError, match=r"no plan fits: the smallest.*needs [\d.]+ GiB.*budget of [\d.]+ GiB"):
+        optimize_config(xtts_v2(8, 4), "4GiB", device="cuda:0")
+
+
+def test_optimize_default_memory_is_the_devices():
+    cfg = XTTSConfig.load("cpu_demo")
+    new, why = optimize_config(cfg)
+    assert "total memory of cpu" in why
+    assert new.effective_batch_size == cfg.effective_batch_size
+    assert new.training.checkpointing == "none"
+
+
+# ---- CLI ------------------------------------------------------------------------
+
+def test_cli_optimize_config_in_process(tmp_path, capsys):
+    src, out = tmp_path / "in.yaml", tmp_path / "out.yaml"
+    xtts_v2(8, 4).save(src)
+    rc = pyxtts.cli.main(["optimize-config", "--config", str(src), "--output", str(out),
+                          "--memory", "12GiB", "--device", "cuda:0"])
+    assert rc == 0
+    new = XTTSConfig.load(out)
+    assert new.effective_batch_size == 32
+    assert plan_total(new) <= 12 * GiB * 0.9 * 0.9
+    assert "chosen" in capsys.readouterr().out
+
+
+def test_cli_optimize_config_errors(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("training:\n  learning_rte: 1.0e-4\n")
+    rc = pyxtts.cli.main(["optimize-config", "--config", str(bad), "--output", str(tmp_path / "o.yaml")])
+    assert rc == 2
+    assert "did you mean 'learning_rate'" in capsys.readouterr().err
+    assert not (tmp_path / "o.yaml").exists()
+
+
+def test_cli_optimize_config_subprocess(tmp_path):
+    from conftest import run_python
+
+    out = tmp_path / "out.yaml"
+    r = run_python("import sys, pyxtts.cli; sys.exit(pyxtts.cli.main(sys.argv[1:]))",
+                   "optimize-config", "--config", "standard", "--output", str(out), "--memory", "10GB",
+                   "--device", "cuda:0")
+    assert r.returncode == 0, r.stderr
+    new = XTTSConfig.load(out)
+    assert new.effective_batch_size == 32
+    assert plan_total(new) <= 10 * GB * 0.9 * 0.9
