@@ -487,30 +487,6 @@ static int float_input_data(float_input *in) {
     return 0;
 }
 
-/* "expected shape (B, T, C), got (...)": dims < 0 accept any size there. */
-static int check_shape(const char *name, int ndim, const int64_t *shape, int want_ndim,
-                       const int64_t *want) {
-    int ok = ndim == want_ndim;
-    for (int i = 0; ok && i < ndim; i++) ok = want[i] < 0 || want[i] == shape[i];
-    if (ok)
-        return 0;
-    char w[160] = "(", g[160] = "(";
-    for (int i = 0; i < want_ndim; i++) {
-        size_t n = strlen(w);
-        if (want[i] < 0)
-            snprintf(w + n, sizeof w - n, "%s*", i ? ", " : "");
-        else
-            snprintf(w + n, sizeof w - n, "%s%lld", i ? ", " : "", (long long)want[i]);
-    }
-    for (int i = 0; i < ndim; i++) {
-        size_t n = strlen(g);
-        snprintf(g + n, sizeof g - n, "%s%lld", i ? ", " : "", (long long)shape[i]);
-    }
-    strncat(w, want_ndim == 1 ? ",)" : ")", sizeof w - strlen(w) - 1);
-    strncat(g, ndim == 1 ? ",)" : ")", sizeof g - strlen(g) - 1);
-    PyErr_Format(PyExc_ValueError, "%s: expected shape %s, got %s", name, w, g);
-    return -1;
-}
 
 /* NaN or infinity anywhere in n floats: on the host a scan, on a device its sum. */
 static int check_finite(pxt_block_obj *m, const float_input *in, size_t n, const char *name) {
@@ -556,7 +532,7 @@ static int get_mask(PyObject *obj, const char *name, int B, int L, PyArrayObject
     int64_t shape[PXT_MAX_DIMS] = {0}, want[2] = {B, L};
     int nd = PyArray_NDIM(arr) < PXT_MAX_DIMS ? PyArray_NDIM(arr) : PXT_MAX_DIMS;
     for (int i = 0; i < nd; i++) shape[i] = PyArray_DIM(arr, i);
-    if (check_shape(name, PyArray_NDIM(arr), shape, 2, want) < 0) {
+    if (pxt_check_dims(name, PyArray_NDIM(arr), shape, 2, want) < 0) {
         Py_DECREF(arr);
         return -1;
     }
@@ -686,7 +662,7 @@ static PyObject *block_forward(PyObject *op, PyObject *args, PyObject *kwargs) {
     if (get_float_input(m, x_arg, "x", "(B, T, d_model)", &in.x) < 0)
         goto done;
     int64_t want_x[3] = {-1, -1, m->C};
-    if (check_shape("x", in.x.ndim, in.x.shape, 3, want_x) < 0)
+    if (pxt_check_dims("x", in.x.ndim, in.x.shape, 3, want_x) < 0)
         goto done;
     int64_t B = in.x.shape[0], T = in.x.shape[1], Tc = 0;
     if (B < 1 || T < 1) {
@@ -698,7 +674,7 @@ static PyObject *block_forward(PyObject *op, PyObject *args, PyObject *kwargs) {
         if (get_float_input(m, ctx_arg, "context", "(B, Tc, d_model)", &in.ctx) < 0)
             goto done;
         int64_t want_c[3] = {B, -1, m->C};
-        if (check_shape("context", in.ctx.ndim, in.ctx.shape, 3, want_c) < 0)
+        if (pxt_check_dims("context", in.ctx.ndim, in.ctx.shape, 3, want_c) < 0)
             goto done;
         Tc = in.ctx.shape[1];
         if (Tc < 1) {
@@ -781,7 +757,7 @@ static PyObject *block_backward(PyObject *op, PyObject *args, PyObject *kwargs) 
     if (get_float_input(m, dy_arg, "dy", "(B, T, d_model)", &dy) < 0)
         return NULL;
     int64_t want[3] = {p->B, p->T, m->C};
-    if (check_shape("dy", dy.ndim, dy.shape, 3, want) < 0 || float_input_data(&dy) < 0) {
+    if (pxt_check_dims("dy", dy.ndim, dy.shape, 3, want) < 0 || float_input_data(&dy) < 0) {
         float_input_free(&dy);
         return NULL;
     }

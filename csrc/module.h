@@ -29,6 +29,8 @@ PyObject *pxt_py_inject_oom(PyObject *m, PyObject *args, PyObject *kwargs);
 PyObject *pxt_arg_tensor(PyObject *obj, const char *name, const pxt_tensor *like);
 int pxt_check_dtype(const pxt_tensor *t, const char *name, pxt_dtype want);
 int pxt_check_shape(const pxt_tensor *t, const char *name, int ndim, const int64_t *dims);
+int pxt_check_dims(const char *name, int ndim, const int64_t *shape, int want_ndim,
+                   const int64_t *want);
 int pxt_check_device(const pxt_tensor *t, const char *name, pxt_device want);
 int pxt_check_writable(const pxt_tensor *t, const char *name);
 /* The device's backend when it has `op` (a table entry), else NotImplementedError. */

@@ -33,29 +33,35 @@ int pxt_check_dtype(const pxt_tensor *t, const char *name, pxt_dtype want) {
     return -1;
 }
 
-/* Shape check; a negative entry in `dims` accepts any size there. */
-int pxt_check_shape(const pxt_tensor *t, const char *name, int ndim, const int64_t *dims) {
-    int ok = t->ndim == ndim;
+/* "name: expected shape (B, *, C), got (...)"; a negative entry in `want` accepts any
+ * size there. Works on raw shapes, so NumPy arrays are checked the same way. */
+int pxt_check_dims(const char *name, int ndim, const int64_t *shape, int want_ndim,
+                   const int64_t *want) {
+    int ok = ndim == want_ndim;
     for (int i = 0; ok && i < ndim; i++)
-        ok = dims[i] < 0 || dims[i] == t->shape[i];
+        ok = want[i] < 0 || want[i] == shape[i];
     if (ok)
         return 0;
-    char want[160] = "(", got[160] = "(";
-    for (int i = 0; i < ndim; i++) {
-        size_t n = strlen(want);
-        if (dims[i] < 0)
-            snprintf(want + n, sizeof want - n, "%s*", i ? ", " : "");
+    char w[160] = "(", g[160] = "(";
+    for (int i = 0; i < want_ndim; i++) {
+        size_t n = strlen(w);
+        if (want[i] < 0)
+            snprintf(w + n, sizeof w - n, "%s*", i ? ", " : "");
         else
-            snprintf(want + n, sizeof want - n, "%s%lld", i ? ", " : "", (long long)dims[i]);
+            snprintf(w + n, sizeof w - n, "%s%lld", i ? ", " : "", (long long)want[i]);
     }
-    for (int i = 0; i < t->ndim; i++) {
-        size_t n = strlen(got);
-        snprintf(got + n, sizeof got - n, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    for (int i = 0; i < ndim; i++) {
+        size_t n = strlen(g);
+        snprintf(g + n, sizeof g - n, "%s%lld", i ? ", " : "", (long long)shape[i]);
     }
-    strncat(want, ")", sizeof want - strlen(want) - 1);
-    strncat(got, ")", sizeof got - strlen(got) - 1);
-    PyErr_Format(PyExc_ValueError, "%s: expected shape %s, got %s", name, want, got);
+    strncat(w, ")", sizeof w - strlen(w) - 1);
+    strncat(g, ")", sizeof g - strlen(g) - 1);
+    PyErr_Format(PyExc_ValueError, "%s: expected shape %s, got %s", name, w, g);
     return -1;
+}
+
+int pxt_check_shape(const pxt_tensor *t, const char *name, int ndim, const int64_t *dims) {
+    return pxt_check_dims(name, t->ndim, t->shape, ndim, dims);
 }
 
 int pxt_check_device(const pxt_tensor *t, const char *name, pxt_device want) {

@@ -204,3 +204,13 @@ def dev(request):
     assert end["allocated_bytes"] == start["allocated_bytes"], "the test left live blocks"
     assert end["reserved_bytes"] == start["reserved_bytes"], "the test left segments behind"
     assert end["limit_bytes"] is None
+
+
+@pytest.fixture
+def no_limit_no_fault():
+    """The CPU allocator without a limit or an injected fault, before and after."""
+    pyxtts.testing.inject_oom(None, "cpu")
+    pyxtts.set_memory_limit(None, "cpu")
+    yield
+    pyxtts.testing.inject_oom(None, "cpu")
+    pyxtts.set_memory_limit(None, "cpu")

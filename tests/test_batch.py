@@ -14,13 +14,7 @@ CFG = pyxtts.ModelConfig(n_layers=2, d_model=64, n_heads=4, text_vocab_size=101,
                          max_text_tokens=32, max_audio_tokens=48, n_cond_latents=4)
 
 
-@pytest.fixture(autouse=True)
-def clean_allocator():
-    pyxtts.testing.inject_oom(None, "cpu")
-    pyxtts.set_memory_limit(None, "cpu")
-    yield
-    pyxtts.testing.inject_oom(None, "cpu")
-    pyxtts.set_memory_limit(None, "cpu")
+pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
 
 
 def snapshot(model, opt):

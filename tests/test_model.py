@@ -18,13 +18,7 @@ SMALL = pyxtts.ModelConfig(n_layers=3, d_model=64, n_heads=4, text_vocab_size=10
 POLICIES = ["none", "selective", "full"]
 
 
-@pytest.fixture(autouse=True)
-def clean_allocator():
-    pyxtts.testing.inject_oom(None, "cpu")
-    pyxtts.set_memory_limit(None, "cpu")
-    yield
-    pyxtts.testing.inject_oom(None, "cpu")
-    pyxtts.set_memory_limit(None, "cpu")
+pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
 
 
 def reference_step(model, batch, token_counts=None):

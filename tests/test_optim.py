@@ -14,13 +14,7 @@ SMALL = pyxtts.ModelConfig(n_layers=2, d_model=32, n_heads=4, text_vocab_size=37
                            max_text_tokens=24, max_audio_tokens=40, n_cond_latents=3)
 
 
-@pytest.fixture(autouse=True)
-def clean_allocator():
-    pyxtts.testing.inject_oom(None, "cpu")
-    pyxtts.set_memory_limit(None, "cpu")
-    yield
-    pyxtts.testing.inject_oom(None, "cpu")
-    pyxtts.set_memory_limit(None, "cpu")
+pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
 
 
 def params_of(model):
