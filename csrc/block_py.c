@@ -955,7 +955,7 @@ static PyMethodDef block_methods[] = {
 };
 
 static PyTypeObject block_type = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pyxtts._C.Block",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pyxtts.Block",
     .tp_basicsize = sizeof(pxt_block_obj),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Block(d_model, n_heads, cross_attention=False, checkpointing='none', "
@@ -972,12 +972,5 @@ static PyTypeObject block_type = {
 };
 
 int pxt_block_init_type(PyObject *module) {
-    if (PyType_Ready(&block_type) < 0)
-        return -1;
-    Py_INCREF(&block_type);
-    if (PyModule_AddObject(module, "Block", (PyObject *)&block_type) < 0) {
-        Py_DECREF(&block_type);
-        return -1;
-    }
-    return 0;
+    return PyModule_AddType(module, &block_type); /* readies it; the name after the last dot */
 }

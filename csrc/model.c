@@ -900,12 +900,5 @@ static PyTypeObject gpt_type = {
 };
 
 int pxt_gpt_init_type(PyObject *module) {
-    if (PyType_Ready(&gpt_type) < 0)
-        return -1;
-    Py_INCREF(&gpt_type);
-    if (PyModule_AddObject(module, "GPT", (PyObject *)&gpt_type) < 0) {
-        Py_DECREF(&gpt_type);
-        return -1;
-    }
-    return 0;
+    return PyModule_AddType(module, &gpt_type); /* readies it; the name after the last dot */
 }

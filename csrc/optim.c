@@ -686,12 +686,5 @@ static PyTypeObject adamw_type = {
 };
 
 int pxt_adamw_init_type(PyObject *module) {
-    if (PyType_Ready(&adamw_type) < 0)
-        return -1;
-    Py_INCREF(&adamw_type);
-    if (PyModule_AddObject(module, "AdamW", (PyObject *)&adamw_type) < 0) {
-        Py_DECREF(&adamw_type);
-        return -1;
-    }
-    return 0;
+    return PyModule_AddType(module, &adamw_type); /* readies it; the name after the last dot */
 }

@@ -611,12 +611,5 @@ PyTypeObject pxt_tensor_type = {
 };
 
 int pxt_tensor_init_type(PyObject *module) {
-    if (PyType_Ready(&pxt_tensor_type) < 0)
-        return -1;
-    Py_INCREF(&pxt_tensor_type);
-    if (PyModule_AddObject(module, "Tensor", (PyObject *)&pxt_tensor_type) < 0) {
-        Py_DECREF(&pxt_tensor_type);
-        return -1;
-    }
-    return 0;
+    return PyModule_AddType(module, &pxt_tensor_type); /* readies it; the name after the last dot */
 }
