@@ -50,6 +50,7 @@ from pyxtts.schedule import ConstantLR, LRSchedule, MultiStepLR, WarmupCosineLR
 from pyxtts.batch import StepResult, find_optimal_batch_size, train_step_with_accumulation
 from pyxtts.data import DataError, Sample, SyntheticDataset, TTSDataset, bucketed_batches, collate, write_shards
 from pyxtts.config import DataConfig, TrainingConfig, XTTSConfig, optimize_config, parse_memory_size
+from pyxtts.monitor import GPUMonitor
 
 __version__: str = build_info()["version"]
 
@@ -60,6 +61,7 @@ __all__ = [
     "StepResult", "find_optimal_batch_size", "train_step_with_accumulation",
     "DataError", "Sample", "SyntheticDataset", "TTSDataset", "bucketed_batches", "collate", "write_shards",
     "DataConfig", "TrainingConfig", "XTTSConfig", "optimize_config", "parse_memory_size",
+    "GPUMonitor",
     "attention", "attention_backward", "attention_forward",
     "OutOfMemoryError", "Tensor", "bfloat16", "bool", "build_info", "cleanup_gpu_memory",
     "cuda_available", "device_count", "device_info", "dtype", "empty", "empty_cache", "float16",

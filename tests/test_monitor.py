@@ -1,0 +1,56 @@
+"""GPUMonitor samples allocator stats and RSS on a background thread."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import pyxtts
+from pyxtts.monitor import GPUMonitor
+
+
+def test_monitor_sees_an_allocation_and_stops():
+    mon = GPUMonitor(interval=0.01, devices=["cpu"])
+    before = threading.active_count()
+    mon.start_monitoring()
+    x = pyxtts.empty(32 << 20, dtype=pyxtts.uint8)  # 32 MiB while sampling
+    time.sleep(0.1)
+    del x
+    mon.stop_monitoring()
+    assert threading.active_count() == before, "the sampling thread is still running"
+    assert len(mon.samples) >= 3
+    assert max(s["cpu"]["allocated_bytes"] for s in mon.samples) >= 32 << 20
+    assert all(s["rss_bytes"] > 0 for s in mon.samples)
+    times = [s["time_s"] for s in mon.samples]
+    assert times == sorted(times)
+    report = mon.get_summary_report()
+    assert "cpu: allocated peak" in report and "samples" in report
+
+
+def test_context_manager_and_misuse():
+    with GPUMonitor(interval=0.01, devices=["cpu"]) as mon:
+        with pytest.raises(RuntimeError, match="already monitoring"):
+            mon.start_monitoring()
+    assert len(mon.samples) >= 2
+    mon.stop_monitoring()  # stopping twice is harmless
+    with pytest.raises(ValueError, match="interval"):
+        GPUMonitor(interval=0)
+    with pytest.raises(ValueError, match="device"):
+        GPUMonitor(devices=["gpu"])
+    assert "no samples" in GPUMonitor(devices=["cpu"]).get_summary_report()
+
+
+def test_plot_needs_matplotlib_or_draws(tmp_path):
+    mon = GPUMonitor(interval=0.01, devices=["cpu"])
+    with mon:
+        time.sleep(0.03)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match="matplotlib"):
+            mon.plot()
+        return
+    out = tmp_path / "memory.png"
+    mon.plot(str(out))
+    assert out.stat().st_size > 0
