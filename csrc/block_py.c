@@ -24,7 +24,6 @@
 #include <numpy/arrayobject.h>
 
 #include "block.h"
-#include "rng.h"
 
 #define ARENA_ALIGN 256
 
@@ -231,37 +230,6 @@ static pxt_ctx run_ctx(const pxt_block_obj *m, char *base) {
 
 /* ---- init ----------------------------------------------------------------------- */
 
-/* GPT-2 initialisation: N(0, 0.02) matrices, zero biases, unit layernorm gains,
- * drawn in layout order from one seeded stream (the plain part of a block with
- * cross-attention equals the plain block of the same seed). */
-static int init_params(pxt_block_obj *m, uint64_t seed) {
-    size_t n = m->layout.numel;
-    float *host = PyMem_RawCalloc(n ? n : 1, sizeof(float));
-    if (!host) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    pxt_rng rng;
-    pxt_rng_seed(&rng, seed);
-    for (int i = 0; i < m->layout.count; i++) {
-        const pxt_param_info *p = &m->layout.params[i];
-        float *dst = host + p->offset;
-        size_t len = strlen(p->name);
-        if (p->ndim == 2)
-            pxt_rng_normal(&rng, dst, p->numel, 0.02f);
-        else if (len > 7 && !strcmp(p->name + len - 7, ".weight"))
-            for (size_t k = 0; k < p->numel; k++) dst[k] = 1.0f;
-    }
-    int rc = m->be->copy(m->device.index, m->params->data, host, n * sizeof(float),
-                         m->device.type == PXT_CPU ? PXT_COPY_D2D : PXT_COPY_H2D);
-    PyMem_RawFree(host);
-    if (rc != PXT_OK) {
-        pxt_raise(rc);
-        return -1;
-    }
-    return 0;
-}
-
 static int block_init(PyObject *op, PyObject *args, PyObject *kwargs) {
     pxt_block_obj *m = (pxt_block_obj *)op;
     static char *kw[] = {"d_model", "n_heads", "cross_attention", "checkpointing", "device",
@@ -341,7 +309,10 @@ static int block_init(PyObject *op, PyObject *args, PyObject *kwargs) {
         pxt_raise(rc);
         return -1;
     }
-    return init_params(m, seed);
+    /* GPT-2 init in layout order from one seeded stream, so the plain part of a
+     * cross-attention block equals the plain block of the same seed; no 1/sqrt(2L):
+     * one block */
+    return pxt_flat_init(&m->layout, m->params, seed, 0.02f);
 }
 
 static void block_dealloc(PyObject *op) {
@@ -364,35 +335,17 @@ static int ready(pxt_block_obj *m) {
 
 /* ---- views ---------------------------------------------------------------------- */
 
-static PyObject *views(pxt_block_obj *m, pxt_tensor *flat, pxt_dtype dt) {
-    PyObject *d = PyDict_New();
-    if (!d)
-        return NULL;
-    for (int i = 0; i < m->layout.count; i++) {
-        const pxt_param_info *p = &m->layout.params[i];
-        PyObject *v = pxt_tensor_borrow((PyObject *)flat,
-                                        flat->data + p->offset * pxt_dtype_size(dt), m->device,
-                                        dt, p->ndim, p->shape, 0);
-        if (!v || PyDict_SetItemString(d, p->name, v) < 0) {
-            Py_XDECREF(v);
-            Py_DECREF(d);
-            return NULL;
-        }
-        Py_DECREF(v);
-    }
-    return d;
-}
 
 static PyObject *block_parameters(PyObject *op, PyObject *unused) {
     (void)unused;
     pxt_block_obj *m = (pxt_block_obj *)op;
-    return ready(m) < 0 ? NULL : views(m, m->params, m->dt);
+    return ready(m) < 0 ? NULL : pxt_flat_views(&m->layout, m->params);
 }
 
 static PyObject *block_gradients(PyObject *op, PyObject *unused) {
     (void)unused;
     pxt_block_obj *m = (pxt_block_obj *)op;
-    return ready(m) < 0 ? NULL : views(m, m->grads, PXT_FLOAT32);
+    return ready(m) < 0 ? NULL : pxt_flat_views(&m->layout, m->grads);
 }
 
 static int not_busy(pxt_block_obj *m, const char *what) {

@@ -16,7 +16,6 @@
 #include <numpy/arrayobject.h>
 
 #include "block.h"
-#include "rng.h"
 
 enum { CKPT_AUTO = 3 };
 
@@ -100,60 +99,6 @@ static const char *ckpt_name(int c) {
 
 /* ---- init ------------------------------------------------------------------- */
 
-/* GPT-2 initialisation: N(0, 0.02) for matrices and embeddings, residual
- * projections N(0, 0.02 / sqrt(2 L)), biases 0, layernorm weights 1. */
-static int init_params(pxt_gpt *m, uint64_t seed) {
-    size_t n = m->layout.numel;
-    float *host = PyMem_RawCalloc(n, sizeof(float));
-    if (!host) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    pxt_rng rng;
-    pxt_rng_seed(&rng, seed);
-    float resid_std = 0.02f / sqrtf(2.0f * (float)m->cfg.n_layers);
-    for (int i = 0; i < m->layout.count; i++) {
-        const pxt_param_info *p = &m->layout.params[i];
-        float *dst = host + p->offset;
-        const char *name = p->name;
-        size_t len = strlen(name);
-        if (p->ndim == 2) {
-            int resid = strstr(name, "attn.c_proj.weight") || strstr(name, "mlp.c_proj.weight");
-            pxt_rng_normal(&rng, dst, p->numel, resid ? resid_std : 0.02f);
-        } else if (len > 7 && !strcmp(name + len - 7, ".weight")) {
-            for (size_t k = 0; k < p->numel; k++) dst[k] = 1.0f; /* layernorm gains */
-        } /* biases stay 0 */
-    }
-    /* drawn in fp32 on the host; a 16-bit model's copy is cast (round to nearest
-     * even) on the host first, so only dt bytes travel to a device */
-    int rc = PXT_OK;
-    void *src = host;
-    if (m->dt != PXT_FLOAT32) {
-        if (m->device.type == PXT_CPU) {
-            rc = m->be->cast(m->device.index, m->params->data, m->dt, host, PXT_FLOAT32, n);
-            src = NULL;
-        } else {
-            void *h16 = PyMem_RawMalloc(n * pxt_dtype_size(m->dt) + 1);
-            if (!h16) {
-                PyMem_RawFree(host);
-                PyErr_NoMemory();
-                return -1;
-            }
-            rc = pxt_cpu_backend()->cast(0, h16, m->dt, host, PXT_FLOAT32, n);
-            PyMem_RawFree(host);
-            host = src = h16;
-        }
-    }
-    if (rc == PXT_OK && src)
-        rc = m->be->copy(m->device.index, m->params->data, src, n * pxt_dtype_size(m->dt),
-                         m->device.type == PXT_CPU ? PXT_COPY_D2D : PXT_COPY_H2D);
-    PyMem_RawFree(host);
-    if (rc != PXT_OK) {
-        pxt_raise(rc);
-        return -1;
-    }
-    return 0;
-}
 
 static int gpt_init(PyObject *op, PyObject *args, PyObject *kwargs) {
     pxt_gpt *m = (pxt_gpt *)op;
@@ -213,7 +158,7 @@ static int gpt_init(PyObject *op, PyObject *args, PyObject *kwargs) {
         pxt_raise(rc);
         return -1;
     }
-    return init_params(m, seed);
+    return pxt_flat_init(&m->layout, m->params, seed, 0.02f / sqrtf(2.0f * (float)c.n_layers));
 }
 
 static void gpt_dealloc(PyObject *op) {
@@ -228,34 +173,17 @@ static void gpt_dealloc(PyObject *op) {
 
 /* ---- views ------------------------------------------------------------------ */
 
-static PyObject *views(pxt_gpt *m, pxt_tensor *flat, pxt_dtype dt) {
-    PyObject *d = PyDict_New();
-    if (!d)
-        return NULL;
-    for (int i = 0; i < m->layout.count; i++) {
-        const pxt_param_info *p = &m->layout.params[i];
-        PyObject *v = pxt_tensor_borrow((PyObject *)flat, flat->data + p->offset * pxt_dtype_size(dt),
-                                        m->device, dt, p->ndim, p->shape, 0);
-        if (!v || PyDict_SetItemString(d, p->name, v) < 0) {
-            Py_XDECREF(v);
-            Py_DECREF(d);
-            return NULL;
-        }
-        Py_DECREF(v);
-    }
-    return d;
-}
 
 static PyObject *gpt_parameters(PyObject *op, PyObject *unused) {
     (void)unused;
     pxt_gpt *m = (pxt_gpt *)op;
-    return views(m, m->params, m->dt);
+    return pxt_flat_views(&m->layout, m->params);
 }
 
 static PyObject *gpt_gradients(PyObject *op, PyObject *unused) {
     (void)unused;
     pxt_gpt *m = (pxt_gpt *)op;
-    return views(m, m->grads, PXT_FLOAT32);
+    return pxt_flat_views(&m->layout, m->grads);
 }
 
 static PyObject *gpt_zero_grad(PyObject *op, PyObject *unused) {

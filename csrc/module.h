@@ -43,6 +43,10 @@ extern PyMethodDef pxt_ops_methods[];       /* ops_py.c: _op_* kernel bindings f
 extern PyMethodDef pxt_attention_methods[]; /* attention.c: attention_forward/backward */
 extern PyMethodDef pxt_model_methods[];     /* model.c: plan_memory */
 
+/* flat_state.c: GPT-2 initialisation and named views of flat parameter buffers */
+int pxt_flat_init(const pxt_param_layout *l, pxt_tensor *params, uint64_t seed, float resid_std);
+PyObject *pxt_flat_views(const pxt_param_layout *l, pxt_tensor *flat);
+
 /* model.c: pyxtts._C.GPT */
 int pxt_gpt_init_type(PyObject *module);
 /* What pyxtts._C.AdamW needs of a GPT: its flat buffers (borrowed), layout,
