@@ -59,7 +59,8 @@ opt = ["-O0", "-g"] if debug else ["-O2", "-g1"]
 san = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"] if sanitize else []
 compile_args = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden", "-fopenmp", *opt, *san]
 link_args = [*san, "-fopenmp", "-Wl,-rpath,$ORIGIN/../scipy_openblas32/lib", f"-Wl,-rpath,{blas_lib}"]
-install_requires = ["numpy>=2.0", "ml-dtypes>=0.4", "scipy-openblas32>=0.3.27", "safetensors>=0.4", "pyyaml>=6"]
+install_requires = ["numpy>=2.0", "ml-dtypes>=0.4", "scipy-openblas32>=0.3.27", "safetensors>=0.4", "pyyaml>=6",
+                    "tqdm>=4.60"]
 if cuda and cuda.cublas_from_wheel:
     install_requires.append(cudafind.cublas_wheel_requirement(cuda.version[0]))
 

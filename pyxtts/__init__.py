@@ -1,6 +1,18 @@
 """pyxtts: train XTTS-style text-to-speech transformers without running out of memory."""
 from __future__ import annotations
 
+import os as _os
+
+# The engine's OpenMP threads meet at a barrier after every parallel loop. libgomp's
+# default makes a waiting thread spin ~300k times before it sleeps: on a machine whose
+# cores are busy with anything else (a compiler, a data loader, another trainer) the
+# spinning thread holds the core the late one needs, and a CPU step was measured 16x
+# slower (688 ms vs 43 ms median, the demo model on 2 cores under load). A short spin
+# costs nothing measurable when the cores are free. Read by libgomp when _C loads it,
+# so it is set before that; a user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
+if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
+    _os.environ["GOMP_SPINCOUNT"] = "10000"
+
 try:
     from pyxtts._C import (
         AdamW,
@@ -43,30 +55,107 @@ except ImportError as exc:  # a source checkout that was never built
         "`pip install .` and run from outside the source tree, or build in place with "
         "`python setup.py build_ext --inplace`."
     ) from exc
+from pyxtts.batch import (
+    StepResult,
+    find_optimal_batch_size,
+    train_step_with_accumulation,
+)
+from pyxtts.checkpoint import (
+    CheckpointError,
+    import_xtts_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from pyxtts.config import (
+    DataConfig,
+    TrainingConfig,
+    XTTSConfig,
+    optimize_config,
+    parse_memory_size,
+)
+from pyxtts.data import (
+    DataError,
+    Sample,
+    SyntheticDataset,
+    TTSDataset,
+    batch_groups,
+    bucketed_batches,
+    collate,
+    write_shards,
+)
 from pyxtts.memory import cleanup_gpu_memory, memory_summary
-from pyxtts.model import MemoryPlan, ModelConfig, XTTSGPT, estimate_memory
-from pyxtts.checkpoint import CheckpointError, import_xtts_checkpoint, load_checkpoint, save_checkpoint
-from pyxtts.schedule import ConstantLR, LRSchedule, MultiStepLR, WarmupCosineLR
-from pyxtts.batch import StepResult, find_optimal_batch_size, train_step_with_accumulation
-from pyxtts.data import DataError, Sample, SyntheticDataset, TTSDataset, bucketed_batches, collate, write_shards
-from pyxtts.config import DataConfig, TrainingConfig, XTTSConfig, optimize_config, parse_memory_size
+from pyxtts.model import XTTSGPT, MemoryPlan, ModelConfig, estimate_memory
 from pyxtts.monitor import GPUMonitor
+from pyxtts.schedule import ConstantLR, LRSchedule, MultiStepLR, WarmupCosineLR
+from pyxtts.trainer import FitResult, Trainer
 
 __version__: str = build_info()["version"]
 
 __all__ = [
-    "AdamW", "Block", "MemoryPlan", "ModelConfig", "XTTSGPT", "estimate_memory",
-    "CheckpointError", "import_xtts_checkpoint", "load_checkpoint", "save_checkpoint",
-    "ConstantLR", "LRSchedule", "MultiStepLR", "WarmupCosineLR",
-    "StepResult", "find_optimal_batch_size", "train_step_with_accumulation",
-    "DataError", "Sample", "SyntheticDataset", "TTSDataset", "bucketed_batches", "collate", "write_shards",
-    "DataConfig", "TrainingConfig", "XTTSConfig", "optimize_config", "parse_memory_size",
+    "XTTSGPT",
+    "AdamW",
+    "Block",
+    "CheckpointError",
+    "ConstantLR",
+    "DataConfig",
+    "DataError",
+    "FitResult",
     "GPUMonitor",
-    "attention", "attention_backward", "attention_forward",
-    "OutOfMemoryError", "Tensor", "bfloat16", "bool", "build_info", "cleanup_gpu_memory",
-    "cuda_available", "device_count", "device_info", "dtype", "empty", "empty_cache", "float16",
-    "float32", "from_dlpack", "int32", "int64", "max_memory_allocated", "max_memory_reserved",
-    "memory_allocated", "memory_reserved", "memory_stats", "memory_summary",
-    "reset_peak_memory_stats", "set_memory_fraction", "set_memory_limit", "synchronize", "tensor",
-    "uint8", "zeros",
+    "LRSchedule",
+    "MemoryPlan",
+    "ModelConfig",
+    "MultiStepLR",
+    "OutOfMemoryError",
+    "Sample",
+    "StepResult",
+    "SyntheticDataset",
+    "TTSDataset",
+    "Tensor",
+    "Trainer",
+    "TrainingConfig",
+    "WarmupCosineLR",
+    "XTTSConfig",
+    "attention",
+    "attention_backward",
+    "attention_forward",
+    "batch_groups",
+    "bfloat16",
+    "bool",
+    "bucketed_batches",
+    "build_info",
+    "cleanup_gpu_memory",
+    "collate",
+    "cuda_available",
+    "device_count",
+    "device_info",
+    "dtype",
+    "empty",
+    "empty_cache",
+    "estimate_memory",
+    "find_optimal_batch_size",
+    "float16",
+    "float32",
+    "from_dlpack",
+    "import_xtts_checkpoint",
+    "int32",
+    "int64",
+    "load_checkpoint",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "memory_summary",
+    "optimize_config",
+    "parse_memory_size",
+    "reset_peak_memory_stats",
+    "save_checkpoint",
+    "set_memory_fraction",
+    "set_memory_limit",
+    "synchronize",
+    "tensor",
+    "train_step_with_accumulation",
+    "uint8",
+    "write_shards",
+    "zeros",
 ]

@@ -7,6 +7,7 @@ import sys
 
 import pyxtts
 from pyxtts.memory import format_bytes
+from pyxtts.memtest import memtest as _memtest
 
 
 def _gpu_info(args: argparse.Namespace) -> int:
@@ -49,10 +50,74 @@ def _optimize_config(args: argparse.Namespace) -> int:
     return 0
 
 
+DEMO_SAMPLES, DEMO_EVAL = 1024, 64
+
+
+def _fail(command: str, exc: BaseException) -> int:
+    print(f"pyxtts {command}: {exc}", file=sys.stderr)
+    return 2
+
+
+def _train(args: argparse.Namespace) -> int:
+    from pyxtts.checkpoint import CheckpointError
+    from pyxtts.config import XTTSConfig
+    from pyxtts.data import DataError, SyntheticDataset, TTSDataset
+    from pyxtts.trainer import Trainer
+
+    demo = args.config is None
+    try:
+        config = XTTSConfig.load(args.config or "cpu_demo")
+        if args.max_steps is not None:
+            config.training.max_steps = args.max_steps
+            config.training.__post_init__()
+        if args.batch_size is not None:
+            config.data.batch_size = args.batch_size
+            config.data.__post_init__()
+        if args.checkpoint_dir is not None:
+            config.training.checkpoint_dir = args.checkpoint_dir
+        if args.data is not None:
+            train, held = TTSDataset.load(args.data), None
+        elif config.data.train_metadata is not None:
+            train, held = TTSDataset.load(config.data.train_metadata), None
+        elif demo or args.synthetic is not None:
+            n = args.synthetic or DEMO_SAMPLES
+            train, held = SyntheticDataset(config.model, n + DEMO_EVAL, seed=config.training.seed).split(DEMO_EVAL)
+            print(f"pyxtts train: {'no --config: the CPU demo (cpu_demo.yaml) ' if demo else ''}on a synthetic "
+                  f"set of {n} samples whose audio codes are a function of the text, {DEMO_EVAL} held out",
+                  file=sys.stderr)
+        else:
+            raise ValueError("no training data: pass --data (a folder of .npz shards or a JSONL manifest), "
+                             "set data.train_metadata in the config, or --synthetic N")
+        evals = held
+        if args.eval_data is not None:
+            evals = TTSDataset.load(args.eval_data)
+        elif config.data.eval_metadata is not None and held is None:
+            evals = TTSDataset.load(config.data.eval_metadata)
+        trainer = Trainer(config, device=args.device, log_path=args.log, progress=not args.no_progress)
+        resume = False if args.resume is None else (True if args.resume == "latest" else args.resume)
+        result = trainer.fit(train, evals, resume=resume, overwrite=args.overwrite or (demo and resume is False))
+    except pyxtts.OutOfMemoryError as exc:
+        print(f"pyxtts train: {exc}\n  `pyxtts memtest --config ...` shows the plan against the device; "
+              "`pyxtts optimize-config` chooses a micro-batch, accumulation, precision and checkpointing that fit",
+              file=sys.stderr)
+        return 1
+    except FloatingPointError as exc:
+        print(f"pyxtts train: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except (CheckpointError, DataError, FileExistsError, OSError, TypeError, ValueError) as exc:
+        return _fail("train", exc)
+    print(f"trained {result.step} steps ({result.stopped}): final loss {result.final_loss:.4f}"
+          + (f", eval loss {result.eval_loss:.4f}" if result.eval_loss is not None else "")
+          + f"; checkpoint {result.checkpoint}; log {result.log_path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pyxtts", description=pyxtts.__doc__)
     sub = parser.add_subparsers(dest="command")
-    gi = sub.add_parser("gpu-info", help="build, devices and memory (the default command)")
+    gi = sub.add_parser("gpu-info", help="build, devices and memory")
     gi.add_argument("--json", action="store_true", help="machine-readable output")
     gi.set_defaults(func=_gpu_info)
     oc = sub.add_parser("optimize-config", help="fit a training config's memory plan to a device")
@@ -62,9 +127,35 @@ def main(argv: list[str] | None = None) -> int:
                     help="device memory, e.g. 12GiB, 12G, 12GB (10^9) or bytes; default: the device's total")
     oc.add_argument("--device", default=None, help="device to plan for (default: the config's training.device)")
     oc.set_defaults(func=_optimize_config)
+    tr = sub.add_parser("train", help="train a config (the default command; no --config: the CPU demo)")
+    tr.add_argument("--config", default=None,
+                    help="YAML config or a shipped one's name (default: cpu_demo on a synthetic set)")
+    tr.add_argument("--data", default=None, help="training samples: a folder of .npz shards or a JSONL manifest")
+    tr.add_argument("--eval-data", default=None, help="evaluation samples (same formats)")
+    tr.add_argument("--synthetic", type=int, default=None, metavar="N",
+                    help="train on N synthetic samples (64 more held out for evaluation)")
+    tr.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CHECKPOINT",
+                    help="continue from the newest checkpoint in checkpoint_dir, or from CHECKPOINT")
+    tr.add_argument("--overwrite", action="store_true", help="start over in a checkpoint_dir holding a run")
+    tr.add_argument("--max-steps", type=int, default=None, help="override training.max_steps")
+    tr.add_argument("--batch-size", type=int, default=None, help="override data.batch_size (the micro-batch)")
+    tr.add_argument("--checkpoint-dir", default=None, help="override training.checkpoint_dir")
+    tr.add_argument("--device", default=None, help="override training.device (cpu, cuda, cuda:N)")
+    tr.add_argument("--log", default=None, help="JSONL log (default: <checkpoint_dir>/train_log.jsonl)")
+    tr.add_argument("--no-progress", action="store_true", help="no progress bar nor log lines")
+    tr.set_defaults(func=_train)
+    mt = sub.add_parser("memtest", help="a config's memory plan, one real step, predicted vs measured")
+    mt.add_argument("--config", required=True, help="YAML config or a shipped one's name")
+    mt.add_argument("--batch-size", type=int, default=None, help="micro-batch to test (default: data.batch_size)")
+    mt.add_argument("--device", default=None, help="override training.device")
+    mt.add_argument("--memory", default=None,
+                    help="plan for this much device memory (e.g. 12GiB) instead of the device's total")
+    mt.add_argument("--no-step", action="store_true", help="plan only, no real step")
+    mt.add_argument("--verbose", action="store_true", help="every block's policy and saved bytes, the arena")
+    mt.set_defaults(func=_memtest)
     args = parser.parse_args(argv)
     if args.command is None:
-        args = parser.parse_args(["gpu-info", *(argv or [])])
+        args = parser.parse_args(["train", *(argv if argv is not None else sys.argv[1:])])
     return int(args.func(args))
 
 

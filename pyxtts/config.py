@@ -152,6 +152,7 @@ class TrainingConfig:
     epochs: int | None = 1000
     checkpoint_dir: str = "checkpoints"
     checkpoint_interval: int = 1000
+    keep_checkpoints: int | None = 3  # newest step checkpoints kept in checkpoint_dir; None: all
     eval_interval: int = 1000
     log_interval: int = 50
     seed: int = 0
@@ -196,6 +197,10 @@ class TrainingConfig:
             _rule(getattr(self, name) >= 1, w + name, getattr(self, name), ">= 1")
         _rule(self.lr_schedule in SCHEDULES, w + "lr_schedule", self.lr_schedule, f"one of {', '.join(SCHEDULES)}")
         _rule(self.warmup_steps >= 0, w + "warmup_steps", self.warmup_steps, ">= 0")
+        _rule(self.warmup_steps == 0 or self.lr_schedule == "warmup_cosine", w + "warmup_steps",
+              self.warmup_steps, f"0 with lr_schedule {self.lr_schedule!r} (only 'warmup_cosine' warms up)")
+        _rule(self.keep_checkpoints is None or self.keep_checkpoints >= 1, w + "keep_checkpoints",
+              self.keep_checkpoints, ">= 1 or null")
         _positive(w + "min_lr", self.min_lr, allow_zero=True)
         _rule(self.min_lr <= self.learning_rate, w + "min_lr", self.min_lr,
               f"<= learning_rate={self.learning_rate!r}")

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 __all__ = ["DataError", "Sample", "TTSDataset", "SyntheticDataset", "write_shards", "collate",
-           "bucketed_batches"]
+           "batch_groups", "bucketed_batches"]
 
 
 class DataError(ValueError):
@@ -217,6 +217,17 @@ class TTSDataset(Sequence):
                 raise DataError(f"{where}: sequence of {nc + len(s.text) + len(s.audio)} exceeds "
                                 f"max_attention_sequence_length={c.max_attention_sequence_length}")
 
+    def split(self, n_eval: int, seed: int = 0) -> tuple["TTSDataset", "TTSDataset"]:
+        """``(train, eval)``: ``n_eval`` samples drawn at random (seeded) for evaluation,
+        the rest for training; no sample is in both."""
+        if isinstance(n_eval, bool) or not isinstance(n_eval, int) or not 0 < n_eval < len(self.samples):
+            raise ValueError(f"n_eval: expected an int in [1, {len(self.samples) - 1}], got {n_eval!r}")
+        order = np.random.default_rng(seed).permutation(len(self.samples))
+        held = set(order[:n_eval].tolist())
+        train = [s for i, s in enumerate(self.samples) if i not in held]
+        held_out = [self.samples[i] for i in sorted(held)]
+        return TTSDataset(train), TTSDataset(held_out)
+
     def batches(self, batch_size: int, shuffle: bool = True, seed: int = 0, **kw) -> Iterator[dict]:
         """``bucketed_batches(self, batch_size, shuffle=shuffle, seed=seed, ...)``."""
         return bucketed_batches(self, batch_size, shuffle=shuffle, seed=seed, **kw)
@@ -255,20 +266,16 @@ def collate(samples: Sequence[Sample], text_stop_token: int | None = None,
     return out
 
 
-def bucketed_batches(dataset: Sequence[Sample], batch_size: int, shuffle: bool = True, seed: int = 0,
-                     bucket_factor: int = 8, drop_last: bool = False, text_stop_token: int | None = None,
-                     audio_stop_token: int | None = None) -> Iterator[dict]:
-    """Length-bucketed batches: the (seeded) shuffled indices are cut into pools of
-    ``batch_size * bucket_factor`` samples, each pool is sorted by total length and cut into
-    batches, and the batches are shuffled; so a batch holds samples of similar length and
-    pads little. The same seed gives the same batches in the same order. The last,
-    smaller batch is kept unless ``drop_last``."""
+def batch_groups(dataset: Sequence[Sample], batch_size: int, shuffle: bool = True, seed: int = 0,
+                 bucket_factor: int = 8, drop_last: bool = False) -> list[np.ndarray]:
+    """The sample indices of each batch ``bucketed_batches`` yields, in order, without
+    collating anything (a trainer resuming mid-epoch skips batches with it)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
     n = len(dataset)
     rng = np.random.default_rng(seed)
     order = rng.permutation(n) if shuffle else np.arange(n)
-    total = np.array([len(dataset[i].text) + len(dataset[i].audio) for i in range(n)])
+    total = np.array([len(s.text) + len(s.audio) for s in (dataset[i] for i in range(n))])
     pool = batch_size * max(1, int(bucket_factor))
     groups: list[np.ndarray] = []
     for lo in range(0, n, pool):
@@ -279,7 +286,18 @@ def bucketed_batches(dataset: Sequence[Sample], batch_size: int, shuffle: bool =
         groups = [g for g in groups if len(g) == batch_size]
     if shuffle:
         groups = [groups[i] for i in rng.permutation(len(groups))]
-    for g in groups:
+    return groups
+
+
+def bucketed_batches(dataset: Sequence[Sample], batch_size: int, shuffle: bool = True, seed: int = 0,
+                     bucket_factor: int = 8, drop_last: bool = False, text_stop_token: int | None = None,
+                     audio_stop_token: int | None = None) -> Iterator[dict]:
+    """Length-bucketed batches: the (seeded) shuffled indices are cut into pools of
+    ``batch_size * bucket_factor`` samples, each pool is sorted by total length and cut into
+    batches, and the batches are shuffled; so a batch holds samples of similar length and
+    pads little. The same seed gives the same batches in the same order. The last,
+    smaller batch is kept unless ``drop_last``."""
+    for g in batch_groups(dataset, batch_size, shuffle, seed, bucket_factor, drop_last):
         yield collate([dataset[int(i)] for i in g], text_stop_token, audio_stop_token)
 
 

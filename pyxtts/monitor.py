@@ -19,6 +19,16 @@ def _rss_bytes() -> int:
         return 0
 
 
+def _peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (getrusage; 0 where unavailable)."""
+    try:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+    except (ImportError, OSError):
+        return 0
+
+
 class _NVML:
     """Device utilisation and memory from NVML (the optional nvidia-ml-py package)."""
 

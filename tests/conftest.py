@@ -159,7 +159,7 @@ def assert_floats_equal(actual, expected, msg: str = "") -> None:
     np.testing.assert_array_equal(bits(actual)[~nan], bits(expected)[~nan], err_msg=msg)
 
 
-def run_python(code: str, *args: str, env: dict | None = None, timeout: float = 120):
+def run_python(code: str, *args: str, env: dict | None = None, timeout: float = 120, cwd: str = "/"):
     """Runs code in a fresh interpreter that imports this very pyxtts (the installed
     one in CI, the in-place build in a checkout), never the unbuilt source folder:
     the child starts outside the repository, with the package's parent first on
@@ -173,7 +173,7 @@ def run_python(code: str, *args: str, env: dict | None = None, timeout: float = 
     full_env = {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, here, full_env.get("PYTHONPATH", "")) if p)
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          env=full_env, cwd="/", timeout=timeout)
+                          env=full_env, cwd=cwd, timeout=timeout)
 
 
 # ---- allocator tests: every test starts and ends with a clean allocator -------

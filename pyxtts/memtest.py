@@ -1,0 +1,206 @@
+"""``pyxtts memtest``: a config's memory plan against a device, one real step at the
+longest sequences the config allows, predicted vs measured, a verdict and advice.
+
+    report = run_memtest(XTTSConfig.load("memory_optimized"), memory="12GiB", step=False)
+    print(report.text)
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, field
+
+from pyxtts import _C
+from pyxtts.config import XTTSConfig, optimize_config, parse_memory_size
+from pyxtts.memory import cleanup_gpu_memory
+from pyxtts.memory import format_bytes as fb
+from pyxtts.model import MemoryPlan, estimate_memory
+
+__all__ = ["MemtestReport", "memtest", "run_memtest"]
+
+TIGHT = 0.10  # under this share of the budget left over, the verdict is "tight"
+
+
+@dataclass
+class MemtestReport:
+    """What ``run_memtest`` found. ``verdict``: "fits", "tight" or "does not fit"."""
+
+    device: str
+    budget: int  # device memory x max_memory_fraction (bytes)
+    plan: MemoryPlan
+    verdict: str
+    measured_peak: int | None = None  # allocator peak during the real step (bytes)
+    measured_rss: int | None = None  # process peak RSS after the step (bytes)
+    step_time_s: float | None = None
+    oom: str | None = None  # the OutOfMemoryError's message, when the real step ran out
+    advice: list[str] = field(default_factory=list)
+    text: str = ""
+
+
+def _largest_batch(config: XTTSConfig, device: str, policy: str, precision: str, limit: int) -> int:
+    """Largest micro-batch whose plan fits ``limit`` (0 when not even 1 does)."""
+    d = config.data
+
+    def total(b: int) -> int:
+        return estimate_memory(config.model, b, d.max_text_tokens, d.max_audio_tokens,
+                               cond_len=config.model.n_cond_latents, checkpointing=policy, train=True,
+                               device=device, optimizer=True, precision=precision).total
+
+    if total(1) > limit:
+        return 0
+    lo, hi = 1, 2
+    while total(hi) <= limit:
+        lo, hi = hi, hi * 2
+        if hi > 1 << 16:
+            return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if total(mid) <= limit else (lo, mid)
+    return lo
+
+
+def _synthetic_step(config: XTTSConfig, device: str, batch_size: int) -> tuple[int, float]:
+    """One real training step (forward, backward, AdamW) at the longest sequences;
+    returns (allocator peak, seconds). The model and optimizer are freed afterwards."""
+    from pyxtts.batch import _synthetic_batch, train_step_with_accumulation
+    from pyxtts.model import XTTSGPT
+
+    t, d, m = config.training, config.data, config.model
+    model = XTTSGPT(m, device=device, precision=t.precision, checkpointing=t.checkpointing, seed=t.seed)
+    try:
+        opt = _C.AdamW(model, lr=t.learning_rate, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay,
+                       grad_clip=t.grad_clip, loss_scale=2.0**16 if t.precision == "fp16" else None)
+        batch = _synthetic_batch(m, batch_size, d.max_text_tokens, d.max_audio_tokens, m.n_cond_latents)
+        t0 = time.perf_counter()
+        r = train_step_with_accumulation(model, opt, batch, 1)
+        _C.synchronize(device)
+        return r.peak_memory_bytes, time.perf_counter() - t0
+    finally:
+        del model
+        cleanup_gpu_memory(device)
+
+
+def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str | None = None,
+                memory: int | str | None = None, step: bool = True, verbose: bool = False) -> MemtestReport:
+    """Plans a training step of ``config`` (micro-batch ``batch_size`` or
+    ``data.batch_size``) for ``device`` with ``memory`` bytes (default: the device's total)
+    times ``training.max_memory_fraction``; with ``step``, runs one real step under that
+    budget (as a memory limit) and compares the allocator's peak with the plan."""
+    if not isinstance(config, XTTSConfig):
+        raise TypeError(f"config: expected an XTTSConfig, got {type(config).__name__}")
+    t, d, m = config.training, config.data, config.model
+    if batch_size is not None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
+        d.batch_size = batch_size
+    dev = device or t.resolved_device()
+    total = int(_C.device_info(dev)["total_memory"]) if memory is None else parse_memory_size(memory)
+    budget = int(total * t.max_memory_fraction)
+    plan = config.memory_plan(device=dev)
+    head = (f"memtest: {m.n_layers} layers x d {m.d_model} ({m.n_heads} heads), micro-batch {d.batch_size} "
+            f"x {config.sequence_length} tokens ({m.n_cond_latents} cond + {d.max_text_tokens} text + "
+            f"{d.max_audio_tokens} audio), {t.precision}, checkpointing {t.checkpointing}, on {dev}")
+    source = "(given)" if memory is not None else "total"
+    lines = [head, f"budget: {fb(budget)} = {fb(total)} {source} x max_memory_fraction {t.max_memory_fraction:g}",
+             "", str(plan)]
+    if verbose:
+        lines += ["", "per block (policy, activations kept for backward):"]
+        lines += [f"  block {i:3d}  {p:9s} {fb(s):>14}"
+                  for i, (p, s) in enumerate(zip(plan.policies, plan.saved_per_block))]
+        lines.append(f"step arena {fb(plan.arena)} (saved {fb(plan.saved)} + scratch {fb(plan.scratch)}), "
+                     f"logits rows per chunk {plan.logits_rows}")
+    report = MemtestReport(device=dev, budget=budget, plan=plan, verdict="")
+    fits_plan = plan.total <= budget
+    lines.append("")
+    if step and fits_plan:
+        saved = _C.memory_stats(dev)["limit_bytes"]
+        _C.set_memory_limit(budget, dev)
+        _C.reset_peak_memory_stats(dev)
+        oom = None
+        try:
+            peak, secs = _synthetic_step(config, dev, d.batch_size)
+            report.measured_peak, report.step_time_s = peak, secs
+        except _C.OutOfMemoryError as exc:
+            oom = str(exc)
+        finally:
+            _C.set_memory_limit(saved, dev)
+        from pyxtts.monitor import _peak_rss_bytes
+
+        report.measured_rss = _peak_rss_bytes()
+        report.oom = oom
+        if oom is None:
+            diff = report.measured_peak - plan.total
+            lines.append(f"real step: peak allocated {fb(report.measured_peak)} vs planned {fb(plan.total)} "
+                         f"({'+' if diff >= 0 else '-'}{fb(abs(diff))}, {diff / plan.total:+.2%}); "
+                         f"{report.step_time_s:.2f} s; process peak RSS {fb(report.measured_rss)}")
+        else:
+            lines.append(f"real step: out of memory under the budget: {oom}")
+    elif step:
+        lines.append("real step: not run (the plan is over the budget)")
+    peak = report.measured_peak if report.measured_peak is not None else plan.total
+    if not fits_plan or report.oom is not None:
+        report.verdict = "does not fit"
+    elif budget - peak < TIGHT * budget:
+        report.verdict = "tight"
+    else:
+        report.verdict = "fits"
+    lines.append(f"verdict: {report.verdict.upper()}: {fb(peak)} of {fb(budget)} "
+                 f"({peak / budget:.0%} of the budget)")
+    report.advice = _advice(config, dev, total, budget, report)
+    lines += [f"advice: {a}" for a in report.advice]
+    report.text = "\n".join(lines)
+    return report
+
+
+def _advice(config: XTTSConfig, dev: str, total: int, budget: int, report: MemtestReport) -> list[str]:
+    t, d = config.training, config.data
+    out: list[str] = []
+    effective = config.effective_batch_size
+    if report.verdict == "does not fit":
+        try:
+            new, _ = optimize_config(config, total, device=dev)
+            nt, nd = new.training, new.data
+            out.append(f"this fits with margin: precision {nt.precision}, checkpointing {nt.checkpointing}, "
+                       f"data.batch_size {nd.batch_size} x gradient_accumulation_steps "
+                       f"{nt.gradient_accumulation_steps} (effective batch {new.effective_batch_size} kept); "
+                       "`pyxtts optimize-config` writes it")
+        except ValueError as exc:
+            out.append(str(exc))
+        return out
+    largest = _largest_batch(config, dev, t.checkpointing, t.precision, int(budget * (1 - TIGHT)))
+    if report.verdict == "tight":
+        out.append("less than 10% of the budget is left: a longer-than-planned batch cannot happen "
+                   "(sequences are capped by data.max_*_tokens), but other processes on the device may "
+                   f"push it over; data.batch_size {max(1, largest)} leaves 10%")
+    elif largest >= effective and t.gradient_accumulation_steps > 1:
+        out.append(f"room to spare: the whole effective batch of {effective} fits in one micro-batch "
+                   f"(data.batch_size {effective}, gradient_accumulation_steps 1); up to {largest} with 10% left")
+    elif largest > d.batch_size and largest < effective:
+        micro = max(b for b in range(1, largest + 1) if effective % b == 0)
+        out.append(f"room to spare: micro-batch {largest} fits with 10% left; for the effective batch "
+                   f"{effective}: data.batch_size {micro} x gradient_accumulation_steps {effective // micro} "
+                   "(fewer, larger micro-batches run faster)")
+    elif largest > d.batch_size:
+        out.append(f"room to spare: micro-batches up to {largest} fit with 10% left (data.batch_size, "
+                   "with the learning rate adjusted to the larger batch)")
+    if t.checkpointing in ("full", "selective"):
+        lighter = "selective" if t.checkpointing == "full" else "none"
+        if _largest_batch(config, dev, lighter, t.precision, int(budget * (1 - TIGHT))) >= d.batch_size:
+            out.append(f"checkpointing {lighter!r} also fits at this micro-batch and recomputes less")
+    if not out:
+        out.append("the config fits as it is")
+    return out
+
+
+def memtest(args: argparse.Namespace) -> int:
+    """The ``pyxtts memtest`` command: 0 fits (or tight), 1 does not fit, 2 bad input."""
+    try:
+        config = XTTSConfig.load(args.config)
+        report = run_memtest(config, args.batch_size, args.device, args.memory, step=not args.no_step,
+                             verbose=args.verbose)
+    except (OSError, TypeError, ValueError) as exc:
+        print(f"pyxtts memtest: {exc}", file=sys.stderr)
+        return 2
+    print(report.text)
+    return 1 if report.verdict == "does not fit" else 0

@@ -1,0 +1,416 @@
+"""``Trainer(config).fit(dataset)``: the training loop of the notebook and the CLI.
+
+One optimizer step per effective batch (``data.batch_size`` x
+``training.gradient_accumulation_steps`` samples) through
+``train_step_with_accumulation``, so an out-of-memory error halves the micro-batch and
+redoes the step instead of ending the run. Around it:
+
+- a tqdm bar with the loss, tokens/s and the step's peak memory, and a line every
+  ``log_interval`` steps (readable in a log file too);
+- a JSONL log, one object per optimizer step (``"type": "train"``) and per evaluation
+  (``"type": "eval"``), by default ``<checkpoint_dir>/train_log.jsonl``;
+- evaluation every ``eval_interval`` steps (and before the first step) on an optional
+  evaluation set: token-weighted mean losses, no gradients;
+- checkpoints every ``checkpoint_interval`` steps, at the end and on Ctrl-C, written
+  atomically as ``<checkpoint_dir>/step_<N>.safetensors`` (model, optimizer, position in
+  the data), the newest ``keep_checkpoints`` kept;
+- ``fit(..., resume=True)`` continues from the newest checkpoint at the same batch of
+  the same epoch: the data order is a function of ``(shuffle_seed, epoch)``, so a resumed
+  run takes the same steps as one that never stopped;
+- ``cleanup_gpu_memory`` every ``cleanup_interval`` steps when ``enable_memory_cleanup``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyxtts import _C
+from pyxtts.batch import find_optimal_batch_size, train_step_with_accumulation
+from pyxtts.checkpoint import load_checkpoint, save_checkpoint
+from pyxtts.config import XTTSConfig
+from pyxtts.data import Sample, TTSDataset, batch_groups, collate
+from pyxtts.memory import cleanup_gpu_memory, format_bytes
+from pyxtts.model import XTTSGPT
+from pyxtts.monitor import _rss_bytes
+from pyxtts.schedule import ConstantLR, LRSchedule, MultiStepLR, WarmupCosineLR
+
+__all__ = ["FitResult", "Trainer", "schedule_from_config"]
+
+CHECKPOINT_RE = re.compile(r"step_(\d+)\.safetensors")
+# Consecutive skipped (non-finite) steps after which the run is declared diverged.
+# fp16's dynamic loss scale skips steps while it finds its level; others should not skip.
+MAX_SKIPPED = {"fp16": 50, "bf16": 10, "fp32": 10}
+
+
+def schedule_from_config(t) -> LRSchedule:
+    """The learning-rate schedule a ``TrainingConfig`` names."""
+    if t.lr_schedule == "constant":
+        return ConstantLR(t.learning_rate)
+    if t.lr_schedule == "warmup_cosine":
+        return WarmupCosineLR(t.learning_rate, t.warmup_steps, t.max_steps, t.min_lr)
+    return MultiStepLR(t.learning_rate, t.lr_milestones, t.lr_gamma)
+
+
+@dataclass
+class FitResult:
+    """What ``Trainer.fit`` did."""
+
+    step: int  # optimizer steps taken in all (a resumed run counts the earlier ones)
+    epoch: int  # epochs completed
+    stopped: str  # "max_steps", "epochs" or "interrupted"
+    final_loss: float | None  # loss of the last step of this call
+    eval_loss: float | None  # the last evaluation's loss
+    checkpoint: Path | None  # the last checkpoint written
+    log_path: Path
+    elapsed_s: float
+    history: list[dict] = field(repr=False, default_factory=list)  # this call's step records
+    evals: list[dict] = field(repr=False, default_factory=list)  # this call's evaluations
+
+
+class _Progress:
+    """tqdm when wanted (``progress=True``), else silent; lines go through tqdm.write."""
+
+    def __init__(self, enabled: bool, total: int | None, initial: int) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            # a bar on a terminal or in a notebook; a log file gets the log lines only
+            live = sys.stderr.isatty() or "ipykernel" in sys.modules
+            self.bar = tqdm(total=total, initial=initial, unit="step", desc="train", dynamic_ncols=True,
+                            mininterval=0.5, file=sys.stderr, disable=not live)
+        self.enabled = enabled
+
+    def update(self, postfix: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(postfix, refresh=False)
+            self.bar.update(1)
+
+    def write(self, line: str) -> None:
+        if self.enabled:
+            from tqdm import tqdm
+
+            tqdm.write(line, file=sys.stderr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class Trainer:
+    """Builds the model, optimizer and schedule a config describes and trains them.
+
+    ``device`` overrides ``training.device``. The device's memory budget is set to
+    ``training.max_memory_fraction`` of its total, unless a stricter limit is already set.
+    ``log_path`` defaults to ``<checkpoint_dir>/train_log.jsonl``; ``progress=False``
+    silences the bar and the log lines (the JSONL log is always written)."""
+
+    def __init__(self, config: XTTSConfig, *, device: str | None = None, log_path: str | os.PathLike | None = None,
+                 progress: bool = True) -> None:
+        if not isinstance(config, XTTSConfig):
+            raise TypeError(f"config: expected an XTTSConfig, got {type(config).__name__}")
+        self.config = config
+        t = config.training
+        self.device = device if device is not None else t.resolved_device()
+        self._apply_memory_fraction(t.max_memory_fraction)
+        self.model = XTTSGPT(config.model, device=self.device, precision=t.precision,
+                             checkpointing=t.checkpointing, seed=t.seed)
+        self.optimizer = _C.AdamW(self.model, lr=t.learning_rate, betas=t.betas, eps=t.eps,
+                                  weight_decay=t.weight_decay, grad_clip=t.grad_clip,
+                                  loss_scale=2.0**16 if t.precision == "fp16" else None)
+        self.schedule = schedule_from_config(t)
+        self.checkpoint_dir = Path(t.checkpoint_dir)
+        self.log_path = Path(log_path) if log_path is not None else self.checkpoint_dir / "train_log.jsonl"
+        self.progress = bool(progress)
+        self.step = 0  # optimizer steps taken
+        self.epoch = 0  # current epoch (0-based)
+        self.batch_in_epoch = 0  # batches of the current epoch already consumed
+
+    def _apply_memory_fraction(self, fraction: float) -> None:
+        s = _C.memory_stats(self.device)
+        wanted = int(s["device_total_bytes"] * fraction)
+        if s["limit_bytes"] is None or s["limit_bytes"] > wanted:
+            _C.set_memory_fraction(fraction, self.device)
+
+    # ---- batch size --------------------------------------------------------------------
+    def find_optimal_batch_size(self, apply: bool = False, **kwargs: Any) -> int:
+        """``pyxtts.find_optimal_batch_size`` for this model and optimizer at the data
+        config's longest sequences (keyword arguments pass through). With ``apply`` the
+        micro-batch becomes the largest divisor of the effective batch that fits, and the
+        accumulation steps make up the rest, so the effective batch is unchanged."""
+        d = self.config.data
+        kwargs.setdefault("text_len", d.max_text_tokens)
+        kwargs.setdefault("audio_len", d.max_audio_tokens)
+        size = find_optimal_batch_size(self.model, self.optimizer, **kwargs)
+        if apply:
+            effective = self.config.effective_batch_size
+            micro = max(m for m in range(1, min(size, effective) + 1) if effective % m == 0)
+            d.batch_size = micro
+            self.config.training.gradient_accumulation_steps = effective // micro
+        return size
+
+    # ---- evaluation ----------------------------------------------------------------------
+    def evaluate(self, dataset: Sequence[Sample]) -> dict:
+        """Token-weighted mean losses over ``dataset`` (in order, micro-batches of
+        ``data.batch_size``), nothing learnt."""
+        c = self.config
+        text = audio = 0.0
+        n_text = n_audio = 0
+        for g in batch_groups(dataset, c.data.batch_size, shuffle=False, bucket_factor=1):
+            r = self.model.forward(collate([dataset[int(i)] for i in g]))
+            text += r["text_loss"] * r["text_tokens"]
+            audio += r["audio_loss"] * r["audio_tokens"]
+            n_text += r["text_tokens"]
+            n_audio += r["audio_tokens"]
+        tl = text / n_text if n_text else 0.0
+        al = audio / n_audio if n_audio else 0.0
+        m = c.model
+        return {"loss": m.text_loss_weight * tl + m.audio_loss_weight * al, "text_loss": tl, "audio_loss": al,
+                "text_tokens": n_text, "audio_tokens": n_audio}
+
+    # ---- checkpoints ---------------------------------------------------------------------
+    def checkpoints(self) -> list[Path]:
+        """The step checkpoints in ``checkpoint_dir``, oldest first."""
+        if not self.checkpoint_dir.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.checkpoint_dir.iterdir()
+                 if (m := CHECKPOINT_RE.fullmatch(p.name))]
+        return [p for _, p in sorted(found)]
+
+    def save(self, path: str | os.PathLike | None = None) -> Path:
+        """Writes model, optimizer and the position in the data (atomically); default
+        ``<checkpoint_dir>/step_<N>.safetensors``, pruned to ``keep_checkpoints``."""
+        p = Path(path) if path is not None else self.checkpoint_dir / f"step_{self.step:08d}.safetensors"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        save_checkpoint(p, self.model, self.optimizer, step=self.step,
+                        extra={"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+                               "config": self.config.to_dict()})
+        keep = self.config.training.keep_checkpoints
+        if path is None and keep is not None:
+            for old in self.checkpoints()[:-keep]:
+                old.unlink()
+        return p
+
+    def load(self, path: str | os.PathLike) -> dict:
+        """Loads a checkpoint written by ``save`` (model, optimizer, position); returns
+        its metadata. A refusal (``CheckpointError``) leaves everything unchanged."""
+        meta = load_checkpoint(path, self.model, self.optimizer)
+        extra = meta.get("extra") or {}
+        self.step = int(meta["step"])
+        self.epoch = int(extra.get("epoch", 0))
+        self.batch_in_epoch = int(extra.get("batch_in_epoch", 0))
+        return meta
+
+    def _resume(self, resume: bool | str | os.PathLike, say) -> Path | None:
+        if resume is True:
+            found = self.checkpoints()
+            if not found:
+                say(f"resume: no checkpoint in {self.checkpoint_dir}; starting from step 0")
+                return None
+            path = found[-1]
+        else:
+            path = Path(resume)
+            if not path.is_file():
+                raise FileNotFoundError(f"resume: no checkpoint file {str(path)!r}")
+        meta = self.load(path)
+        saved = (meta.get("extra") or {}).get("config")
+        if isinstance(saved, dict):
+            try:
+                old = XTTSConfig.from_dict(saved)
+                if old.effective_batch_size != self.config.effective_batch_size:
+                    say(f"resume: the effective batch changed ({old.effective_batch_size} -> "
+                        f"{self.config.effective_batch_size}); the rest of the epoch's data order differs")
+            except (TypeError, ValueError):
+                pass
+        say(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
+        return path
+
+    # ---- log -------------------------------------------------------------------------------
+    def _open_log(self, resumed: bool):
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if resumed and self.log_path.exists():
+            # keep what the checkpoint covers; steps after it will be taken again
+            kept = []
+            for line in self.log_path.read_text(encoding="utf-8").splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut short by a crash
+                if isinstance(rec, dict) and int(rec.get("step", 0)) <= self.step:
+                    kept.append(line)
+            tmp = self.log_path.with_suffix(".tmp")
+            tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
+            os.replace(tmp, self.log_path)
+            return open(self.log_path, "a", encoding="utf-8")
+        return open(self.log_path, "w", encoding="utf-8")
+
+    # ---- the loop --------------------------------------------------------------------------
+    def fit(self, dataset: Sequence[Sample], eval_dataset: Sequence[Sample] | None = None, *,
+            resume: bool | str | os.PathLike = False, overwrite: bool = False) -> FitResult:
+        """Trains until ``training.max_steps`` optimizer steps or ``training.epochs``
+        epochs, whichever comes first. ``resume=True`` continues from the newest checkpoint
+        in ``checkpoint_dir`` (from step 0 when there is none), a path from that file.
+        A fresh run refuses a ``checkpoint_dir`` that holds another run's checkpoints unless
+        ``overwrite`` (which deletes them and the log). Every sample is validated against
+        the data config's maxima before the first step (``DataError``; nothing is
+        truncated). Ctrl-C saves a checkpoint, then raises ``KeyboardInterrupt``."""
+        c = self.config
+        t, d = c.training, c.data
+        for name, ds in (("dataset", dataset), ("eval_dataset", eval_dataset)):
+            if ds is None:
+                continue
+            if not isinstance(ds, Sequence) or len(ds) == 0:
+                raise ValueError(f"{name}: expected a non-empty sequence of samples (a TTSDataset)")
+            (ds if isinstance(ds, TTSDataset) else TTSDataset(list(ds))).validate(_data_limits(c))
+        progress = _Progress(False, None, 0)  # for messages before the bar exists
+        progress.enabled = self.progress
+
+        def say(line: str) -> None:
+            progress.write(line)
+
+        resumed = None
+        if resume is not False:
+            resumed = self._resume(resume, say)
+        elif self.checkpoints():
+            if not overwrite:
+                raise FileExistsError(
+                    f"{self.checkpoint_dir} holds checkpoints of an earlier run (newest: {self.checkpoints()[-1].name}); "
+                    "pass resume=True to continue it, overwrite=True to start over, or set training.checkpoint_dir")
+            for p in self.checkpoints():
+                p.unlink()
+        effective = c.effective_batch_size
+        accum = t.gradient_accumulation_steps
+        bucket = d.bucket_size_multiplier if d.bucketing else 1
+        per_epoch = -(-len(dataset) // effective)  # the last, smaller batch is kept
+        total = t.max_steps if t.max_steps is not None else t.epochs * per_epoch
+        if t.max_steps is not None and t.epochs is not None:
+            total = min(total, t.epochs * per_epoch)
+        log = self._open_log(resumed is not None)
+        progress = _Progress(self.progress, total, min(self.step, total))
+        say(f"training {self.model.num_parameters:,} parameters on {self.device} ({t.precision}, "
+            f"checkpointing {t.checkpointing}): {len(dataset)} samples, batch {effective} = "
+            f"{d.batch_size} x {accum} accumulation, {per_epoch} steps an epoch, {total} steps in all")
+        history: list[dict] = []
+        evals: list[dict] = []
+        last_ckpt: Path | None = resumed
+        last_eval: float | None = None
+        skipped_run = 0
+        micro_cap: int | None = None  # largest micro-batch that fitted after an out-of-memory error
+        t_start = time.perf_counter()
+
+        def run_eval() -> None:
+            nonlocal last_eval
+            if eval_dataset is None:
+                return
+            t0 = time.perf_counter()
+            r = self.evaluate(eval_dataset)
+            rec = {"type": "eval", "step": self.step, "epoch": self.epoch, **r,
+                   "time_s": time.perf_counter() - t0}
+            evals.append(rec)
+            last_eval = r["loss"]
+            log.write(json.dumps(rec) + "\n")
+            log.flush()
+            say(f"step {self.step}: eval loss {r['loss']:.4f} (text {r['text_loss']:.4f}, "
+                f"audio {r['audio_loss']:.4f})")
+
+        try:
+            if resumed is None and self.step == 0:
+                run_eval()
+            while self.step < total:
+                groups = batch_groups(dataset, effective, shuffle=d.shuffle, seed=d.shuffle_seed + self.epoch,
+                                      bucket_factor=bucket)
+                while self.batch_in_epoch < len(groups) and self.step < total:
+                    g = groups[self.batch_in_epoch]
+                    batch = collate([dataset[int(i)] for i in g])
+                    lr = self.schedule.apply(self.optimizer, self.step)
+                    t0 = time.perf_counter()
+                    steps = accum if micro_cap is None else max(accum, -(-len(g) // micro_cap))
+                    r = train_step_with_accumulation(self.model, self.optimizer, batch, steps)
+                    if r.oom_splits:  # remembered: later steps start at the micro-batch that fitted
+                        micro_cap = r.micro_batch_size
+                        say(f"step {self.step + 1}: out of memory at micro-batch {-(-len(g) // steps)}; "
+                            f"going on with micro-batches of {micro_cap} (same effective batch)")
+                    # the update is applied: move the position before anything can interrupt
+                    self.step += 1
+                    self.batch_in_epoch += 1
+                    rec = {"type": "train", "step": self.step, "epoch": self.epoch, "lr": lr,
+                           "loss": r.loss, "text_loss": r.text_loss, "audio_loss": r.audio_loss,
+                           "grad_norm": r.grad_norm, "skipped": r.skipped,
+                           "loss_scale": self.optimizer.loss_scale, "samples": len(g),
+                           "text_tokens": int((batch["text_targets"] >= 0).sum()),
+                           "audio_tokens": int((batch["audio_targets"] >= 0).sum()),
+                           "micro_batch_size": r.micro_batch_size, "oom_splits": r.oom_splits,
+                           "step_time_s": time.perf_counter() - t0, "tokens_per_s": r.tokens_per_s,
+                           "peak_allocated_bytes": r.peak_memory_bytes,
+                           "allocated_bytes": _C.memory_allocated(self.device),
+                           "reserved_bytes": _C.memory_reserved(self.device), "rss_bytes": _rss_bytes(),
+                           "time": time.time()}
+                    if t.enable_memory_cleanup and self.step % t.cleanup_interval == 0:
+                        rec["cleanup_released_bytes"] = cleanup_gpu_memory(self.device)
+                    history.append(rec)
+                    log.write(json.dumps(rec) + "\n")
+                    log.flush()
+                    progress.update(f"loss {r.loss:.4f}, {r.tokens_per_s:,.0f} tok/s, "
+                                    f"mem {format_bytes(r.peak_memory_bytes)}")
+                    if self.step % t.log_interval == 0:
+                        say(f"step {self.step}/{total}: loss {r.loss:.4f} (text {r.text_loss:.4f}, "
+                            f"audio {r.audio_loss:.4f}), grad norm {r.grad_norm:.3g}, lr {lr:.3g}, "
+                            f"{r.tokens_per_s:,.0f} tok/s, peak {format_bytes(r.peak_memory_bytes)}")
+                    skipped_run = skipped_run + 1 if r.skipped else 0
+                    if skipped_run >= MAX_SKIPPED[t.precision]:
+                        raise FloatingPointError(
+                            f"training diverged: {skipped_run} optimizer steps in a row had non-finite "
+                            f"gradients (the last at step {self.step}, loss {r.loss}); the parameters are "
+                            f"those of step {self.step - skipped_run}. Lower training.learning_rate, "
+                            "keep grad_clip, or use bf16 instead of fp16")
+                    if self.step % t.eval_interval == 0:
+                        run_eval()
+                    if self.step % t.checkpoint_interval == 0:
+                        last_ckpt = self.save()
+                if self.batch_in_epoch >= len(groups):
+                    self.epoch += 1
+                    self.batch_in_epoch = 0
+            if self.step % t.eval_interval != 0 and history:
+                run_eval()
+            if last_ckpt is None or CHECKPOINT_RE.fullmatch(last_ckpt.name) is None \
+                    or int(CHECKPOINT_RE.fullmatch(last_ckpt.name).group(1)) != self.step:
+                last_ckpt = self.save()
+        except KeyboardInterrupt:
+            progress.close()
+            path = self.save()
+            print(f"\ninterrupted at step {self.step}: saved {path}; continue with resume=True "
+                  "(pyxtts train --resume)", file=sys.stderr)
+            raise
+        finally:
+            progress.close()
+            log.close()
+        elapsed = time.perf_counter() - t_start
+        stopped = "max_steps" if t.max_steps is not None and self.step >= t.max_steps else "epochs"
+        final = history[-1]["loss"] if history else None
+        if history:
+            tok = sum(h["text_tokens"] + h["audio_tokens"] for h in history)
+            train_s = sum(h["step_time_s"] for h in history)
+            say(f"done: step {self.step}, loss {history[0]['loss']:.4f} -> {final:.4f}"
+                + (f", eval loss {last_eval:.4f}" if last_eval is not None else "")
+                + f", {tok / train_s:,.0f} tok/s, peak {format_bytes(max(h['peak_allocated_bytes'] for h in history))}"
+                + f", {elapsed:.1f} s; checkpoint {last_ckpt}")
+        return FitResult(step=self.step, epoch=self.epoch, stopped=stopped, final_loss=final,
+                         eval_loss=last_eval, checkpoint=last_ckpt, log_path=self.log_path,
+                         elapsed_s=elapsed, history=history, evals=evals)
+
+
+def _data_limits(config: XTTSConfig):
+    """The model config with the data config's (possibly tighter) maxima: a sample longer
+    than ``data.max_*_tokens`` is refused before training, as the memory plan assumed them."""
+    import dataclasses
+
+    return dataclasses.replace(config.model, max_text_tokens=config.data.max_text_tokens,
+                               max_audio_tokens=config.data.max_audio_tokens)
+

@@ -1,0 +1,250 @@
+"""Trainer.fit: learning, the JSONL log, checkpoints and an exact resume (also after
+Ctrl-C), OOM recovery inside a run, cleanup, evaluation, divergence and bad input."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pyxtts
+import pyxtts.trainer
+from pyxtts import DataError, SyntheticDataset, Trainer, XTTSConfig
+from pyxtts.data import Sample, TTSDataset, collate
+
+pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
+
+MODEL = {"n_layers": 2, "d_model": 64, "n_heads": 4, "text_vocab_size": 64, "audio_vocab_size": 97,
+         "max_text_tokens": 24, "max_audio_tokens": 48, "n_cond_latents": 0}
+
+
+def make_config(tmp_path: Path, **training) -> XTTSConfig:
+    t = {"learning_rate": 3e-3, "lr_schedule": "constant", "max_steps": 12, "epochs": None,
+         "checkpoint_dir": str(tmp_path / "ckpt"), "checkpoint_interval": 5, "eval_interval": 4,
+         "log_interval": 1, "device": "cpu", "enable_memory_cleanup": False, "max_memory_fraction": 1.0}
+    t.update(training)
+    return XTTSConfig.from_dict({"model": MODEL, "training": t,
+                                 "data": {"batch_size": 4, "bucketing": True, "bucket_size_multiplier": 2}})
+
+
+def datasets(config: XTTSConfig, n: int = 22, seed: int = 0):
+    return SyntheticDataset(config.model, n + 8, seed=seed).split(8)
+
+
+def read_log(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def params(trainer: Trainer) -> dict[str, np.ndarray]:
+    return trainer.model.state_dict()
+
+
+def test_fit_learns_logs_and_checkpoints(tmp_path):
+    cfg = make_config(tmp_path, max_steps=40, eval_interval=20, checkpoint_interval=10, keep_checkpoints=2)
+    train, held = datasets(cfg, 60)
+    tr = Trainer(cfg, progress=False)
+    r = tr.fit(train, held)
+    assert r.step == 40 and r.stopped == "max_steps"
+    assert [e["step"] for e in r.evals] == [0, 20, 40]
+    assert r.evals[-1]["loss"] < 0.6 * r.evals[0]["loss"], [e["loss"] for e in r.evals]
+    log = read_log(r.log_path)
+    steps = [x for x in log if x["type"] == "train"]
+    assert [x["step"] for x in steps] == list(range(1, 41))
+    need = {"loss", "text_loss", "audio_loss", "grad_norm", "lr", "skipped", "micro_batch_size", "oom_splits",
+            "tokens_per_s", "peak_allocated_bytes", "rss_bytes", "text_tokens", "audio_tokens", "samples"}
+    assert need <= set(steps[0]), need - set(steps[0])
+    assert all(np.isfinite(x["loss"]) and x["peak_allocated_bytes"] > 0 for x in steps)
+    assert sum(x["samples"] for x in steps[:15]) == 60  # an epoch: 60 samples in 15 batches
+    # the newest two of the checkpoints at 10, 20, 30, 40; the last one is loadable
+    assert [p.name for p in tr.checkpoints()] == ["step_00000030.safetensors", "step_00000040.safetensors"]
+    assert r.checkpoint == tr.checkpoints()[-1]
+    other = Trainer(cfg, progress=False)
+    other.load(r.checkpoint)
+    for k, v in params(tr).items():
+        assert np.array_equal(v, params(other)[k]), k
+    assert (other.step, other.epoch, other.batch_in_epoch) == (40, 2, 10)
+
+
+def test_epochs_end_the_run(tmp_path):
+    cfg = make_config(tmp_path, max_steps=None, epochs=2)
+    train, _ = datasets(cfg, 10)  # 10 samples in batches of 4: 3 steps an epoch
+    r = Trainer(cfg, progress=False).fit(train)
+    assert (r.step, r.epoch, r.stopped) == (6, 2, "epochs")
+    assert r.eval_loss is None and r.evals == []
+
+
+class Interrupting(TTSDataset):
+    """Raises KeyboardInterrupt when sample reads reach `after` (as Ctrl-C would)."""
+
+    def __init__(self, base: TTSDataset, after: int) -> None:
+        super().__init__(base.samples)
+        self.reads, self.after = 0, after
+
+    def __getitem__(self, i):
+        self.reads += 1
+        if self.reads == self.after:
+            raise KeyboardInterrupt
+        return super().__getitem__(i)
+
+
+def test_resume_after_ctrl_c_takes_the_same_steps(tmp_path):
+    """A run interrupted mid-epoch and resumed ends with the parameters, optimizer state
+    and log of a run that never stopped (CPU kernels are deterministic: bit for bit)."""
+    cfg_a = make_config(tmp_path / "a", max_steps=14)
+    train, held = datasets(cfg_a, 24)  # 6 steps an epoch: the run crosses two epochs
+    a = Trainer(cfg_a, progress=False)
+    ra = a.fit(train, held)
+
+    cfg_b = make_config(tmp_path / "b", max_steps=14)
+    b = Trainer(cfg_b, progress=False)
+    # an epoch reads every sample's length (24 reads), then 4 samples a batch: this stops
+    # while the 3rd batch of the 2nd epoch is collated, after 8 steps
+    with pytest.raises(KeyboardInterrupt):
+        b.fit(Interrupting(train, after=24 + 4 * 6 + 24 + 4 * 2 + 3), held)
+    assert [p.name for p in b.checkpoints()][-1] == "step_00000008.safetensors"  # saved on Ctrl-C
+    assert (b.step, b.epoch, b.batch_in_epoch) == (8, 1, 2)
+    b2 = Trainer(cfg_b, progress=False)
+    rb = b2.fit(train, held, resume=True)
+    assert rb.step == 14
+    for k, v in params(a).items():
+        assert np.array_equal(v, params(b2)[k]), k
+    sa, sb = a.optimizer.state_dict(), b2.optimizer.state_dict()
+    for k, v in sa.items():
+        assert np.array_equal(v, sb[k]) if isinstance(v, np.ndarray) else v == sb[k], k
+    la = [x for x in read_log(ra.log_path) if x["type"] == "train"]
+    lb = [x for x in read_log(rb.log_path) if x["type"] == "train"]
+    assert [x["step"] for x in lb] == list(range(1, 15))  # each step logged once
+    assert [x["loss"] for x in la] == [x["loss"] for x in lb]
+
+
+def test_resume_variants_and_refusals(tmp_path):
+    cfg = make_config(tmp_path, max_steps=5)
+    train, _ = datasets(cfg, 12)
+    t = Trainer(cfg, progress=False)
+    assert t.fit(train, resume=True).step == 5  # nothing to resume: from step 0
+    with pytest.raises(FileExistsError, match="resume=True"):
+        Trainer(cfg, progress=False).fit(train)
+    again = Trainer(cfg, progress=False).fit(train, overwrite=True)
+    assert again.step == 5 and [p.name for p in Trainer(cfg).checkpoints()] == ["step_00000005.safetensors"]
+    with pytest.raises(FileNotFoundError, match="no checkpoint file"):
+        Trainer(cfg, progress=False).fit(train, resume=tmp_path / "missing.safetensors")
+    bad = tmp_path / "truncated.safetensors"
+    bad.write_bytes(again.checkpoint.read_bytes()[:100])
+    fresh = Trainer(cfg, progress=False)
+    before = params(fresh)
+    with pytest.raises(pyxtts.CheckpointError):
+        fresh.fit(train, resume=bad)
+    for k, v in before.items():
+        assert np.array_equal(v, params(fresh)[k]), k
+    # a checkpoint of another model shape is refused too
+    other = make_config(tmp_path / "o", max_steps=1)
+    other.model.d_model = 32
+    with pytest.raises(pyxtts.CheckpointError):
+        Trainer(other, progress=False).fit(SyntheticDataset(other.model, 4), resume=again.checkpoint)
+
+
+def test_data_is_validated_before_any_step(tmp_path):
+    cfg = make_config(tmp_path, max_steps=3)
+    cfg.data.max_text_tokens = 10  # tighter than the model's 24: the plan assumed 10
+    train, _ = datasets(make_config(tmp_path, max_steps=3), 12)
+    long = next(i for i, s in enumerate(train.samples) if len(s.text) > 10)
+    t = Trainer(cfg, progress=False)
+    before = params(t)
+    with pytest.raises(DataError, match="exceed"):
+        t.fit(train)
+    assert t.step == 0 and t.checkpoints() == []
+    for k, v in before.items():
+        assert np.array_equal(v, params(t)[k])
+    bad = TTSDataset([Sample(np.array([1, 2, 99]), np.array([3, 4]), None, "bad")])
+    with pytest.raises(DataError, match=r"text\[2\] = 99"):
+        t.fit(bad)
+    with pytest.raises(ValueError, match="non-empty"):
+        t.fit(TTSDataset([]))
+    assert long >= 0
+
+
+def test_oom_mid_run_halves_the_micro_batch_and_goes_on(tmp_path):
+    """A limit a micro-batch of 4 does not fit (but 2 does): every step still runs."""
+    cfg = make_config(tmp_path, max_steps=4)
+    train = SyntheticDataset(cfg.model, 16, min_text=24)  # every batch at the longest lengths
+    t = Trainer(cfg, progress=False)
+    d = cfg.data
+    p4 = t.model.estimate_memory(4, d.max_text_tokens, d.max_audio_tokens, 0, optimizer=True).total
+    p2 = t.model.estimate_memory(2, d.max_text_tokens, d.max_audio_tokens, 0, optimizer=True).total
+    pyxtts.empty_cache("cpu")  # the limit caps new segments: drop what earlier tests cached
+    pyxtts.set_memory_limit((p2 + p4) // 2, "cpu")
+    r = t.fit(train)
+    assert r.step == 4
+    # the optimizer's state is allocated at step 1, so the first micro-batches of 4 may
+    # still fit; once one does not, the smaller micro-batch is kept for the later steps
+    first = next(i for i, x in enumerate(r.history) if x["oom_splits"])
+    assert r.history[first]["oom_splits"] == 1
+    assert all(x["micro_batch_size"] == 2 and x["oom_splits"] == 0 for x in r.history[first + 1:])
+    assert first < 2
+
+
+def test_cleanup_interval(tmp_path):
+    cfg = make_config(tmp_path, max_steps=6, enable_memory_cleanup=True, cleanup_interval=3)
+    train, _ = datasets(cfg, 16)
+    r = Trainer(cfg, progress=False).fit(train)
+    assert [x["step"] for x in r.history if "cleanup_released_bytes" in x] == [3, 6]
+
+
+def test_accumulation_in_the_loop(tmp_path):
+    cfg = make_config(tmp_path, max_steps=2, gradient_accumulation_steps=3)
+    cfg.data.batch_size = 2
+    train, _ = datasets(cfg, 12)
+    r = Trainer(cfg, progress=False).fit(train)
+    assert [(x["samples"], x["micro_batch_size"]) for x in r.history] == [(6, 2), (6, 2)]
+
+
+def test_evaluate_is_the_token_weighted_mean(tmp_path):
+    cfg = make_config(tmp_path)
+    _, held = datasets(cfg, 4)
+    t = Trainer(cfg, progress=False)
+    got = t.evaluate(held)
+    whole = t.model.forward(collate(held.samples))  # one batch: the same weighted means
+    for k in ("loss", "text_loss", "audio_loss"):
+        assert got[k] == pytest.approx(whole[k], rel=1e-6), k
+
+
+def test_find_optimal_batch_size_method_keeps_the_effective_batch(tmp_path):
+    cfg = make_config(tmp_path, gradient_accumulation_steps=2)
+    cfg.data.batch_size = 6  # effective 12
+    t = Trainer(cfg, progress=False)
+    d = cfg.data
+    p5 = t.model.estimate_memory(5, d.max_text_tokens, d.max_audio_tokens, 0, optimizer=True).total
+    p6 = t.model.estimate_memory(6, d.max_text_tokens, d.max_audio_tokens, 0, optimizer=True).total
+    pyxtts.empty_cache("cpu")
+    pyxtts.set_memory_limit(int((p5 + p6) / 2 / 0.95), "cpu")
+    before = params(t)
+    size = t.find_optimal_batch_size(apply=True)
+    assert size == 5
+    assert (cfg.data.batch_size, cfg.training.gradient_accumulation_steps) == (4, 3)  # 12 = 4 x 3
+    for k, v in before.items():
+        assert np.array_equal(v, params(t)[k]), k
+
+
+def test_divergence_is_an_error(tmp_path, monkeypatch):
+    cfg = make_config(tmp_path, max_steps=30)
+    train, _ = datasets(cfg, 12)
+    real = pyxtts.trainer.train_step_with_accumulation
+
+    def skipping(*args):
+        r = real(*args)
+        r.skipped = True
+        return r
+
+    monkeypatch.setattr(pyxtts.trainer, "train_step_with_accumulation", skipping)
+    with pytest.raises(FloatingPointError, match="10 optimizer steps in a row"):
+        Trainer(cfg, progress=False).fit(train)
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(TypeError, match="XTTSConfig"):
+        Trainer({"model": MODEL})
+    with pytest.raises(ValueError, match="warmup_steps"):
+        make_config(tmp_path, warmup_steps=5)  # a constant schedule does not warm up
+    with pytest.raises(ValueError, match="keep_checkpoints"):
+        make_config(tmp_path, keep_checkpoints=0)
