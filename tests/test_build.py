@@ -57,7 +57,7 @@ def test_cli_gpu_info_runs():
     data = json.loads(out)
     assert data["build"]["version"] == pyxtts.__version__
     assert data["devices"][0]["device"] == "cpu"
-    text = run_python("from pyxtts.cli import main; main([])").stdout
+    text = run_python("from pyxtts.cli import main; main(['gpu-info'])").stdout
     assert "devices:" in text and "cpu" in text and "BLAS" in text
 
 

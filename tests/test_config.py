@@ -196,7 +196,8 @@ def test_tiers_trade_memory_for_recomputation():
 def test_cpu_demo_is_tiny_and_trains():
     cfg = XTTSConfig.load("cpu_demo")
     t = cfg.training
-    assert t.device == "cpu" and t.max_steps is not None and t.max_steps <= 200
+    # tiny enough to train in well under 3 minutes on 2 cores (test_cli times the whole demo)
+    assert t.device == "cpu" and t.max_steps is not None and t.max_steps <= 1000
     model = pyxtts.XTTSGPT(cfg.model, device="cpu", precision=t.precision, checkpointing=t.checkpointing,
                            seed=t.seed)
     assert model.num_parameters < 2_000_000
