@@ -241,7 +241,7 @@ class DataConfig:
     bucket_size_multiplier: int = 10  # a bucket holds this many batches before it is split
     shuffle: bool = True
     shuffle_seed: int = 0
-    num_workers: int = 2
+    num_workers: int = 2  # threads collating the next batches while a step runs; 0: in the loop
     train_metadata: str | None = None  # e.g. LJSpeech-style "metadata.csv"
     eval_metadata: str | None = None
 

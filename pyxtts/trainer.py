@@ -21,12 +21,15 @@ redoes the step instead of ending the run. Around it:
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -326,9 +329,10 @@ class Trainer:
             while self.step < total:
                 groups = batch_groups(dataset, effective, shuffle=d.shuffle, seed=d.shuffle_seed + self.epoch,
                                       bucket_factor=bucket)
-                while self.batch_in_epoch < len(groups) and self.step < total:
-                    g = groups[self.batch_in_epoch]
-                    batch = collate([dataset[int(i)] for i in g])
+                ahead = _collated(dataset, groups[self.batch_in_epoch:], d.num_workers)
+                for g, batch in ahead:
+                    if self.step >= total:
+                        break
                     lr = self.schedule.apply(self.optimizer, self.step)
                     t0 = time.perf_counter()
                     steps = accum if micro_cap is None else max(accum, -(-len(g) // micro_cap))
@@ -374,6 +378,7 @@ class Trainer:
                         run_eval()
                     if self.step % t.checkpoint_interval == 0:
                         last_ckpt = self.save()
+                ahead.close()  # stops the collating threads when the run ends mid-epoch
                 if self.batch_in_epoch >= len(groups):
                     self.epoch += 1
                     self.batch_in_epoch = 0
@@ -404,6 +409,30 @@ class Trainer:
         return FitResult(step=self.step, epoch=self.epoch, stopped=stopped, final_loss=final,
                          eval_loss=last_eval, checkpoint=last_ckpt, log_path=self.log_path,
                          elapsed_s=elapsed, history=history, evals=evals)
+
+
+def _collated(dataset: Sequence[Sample], groups: list, workers: int) -> Iterator[tuple[Any, dict]]:
+    """(indices, batch) for each group in order; with ``workers`` > 0 that many threads
+    collate the next batches while a step runs (the engine releases the GIL)."""
+    if workers == 0:
+        for g in groups:
+            yield g, collate([dataset[int(i)] for i in g])
+        return
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pyxtts-collate") as pool:
+        todo = iter(groups)
+        pending: deque = deque()
+        try:
+            for g in itertools.islice(todo, workers):
+                pending.append((g, pool.submit(collate, [dataset[int(i)] for i in g])))
+            while pending:
+                g, future = pending.popleft()
+                nxt = next(todo, None)
+                if nxt is not None:
+                    pending.append((nxt, pool.submit(collate, [dataset[int(i)] for i in nxt])))
+                yield g, future.result()
+        finally:
+            for _, f in pending:
+                f.cancel()
 
 
 def _data_limits(config: XTTSConfig):
