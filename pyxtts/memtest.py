@@ -89,6 +89,7 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
     budget (as a memory limit) and compares the allocator's peak with the plan."""
     if not isinstance(config, XTTSConfig):
         raise TypeError(f"config: expected an XTTSConfig, got {type(config).__name__}")
+    config = XTTSConfig.from_dict(config.to_dict())  # the caller's config stays as it is
     t, d, m = config.training, config.data, config.model
     if batch_size is not None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
