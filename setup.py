@@ -114,7 +114,9 @@ class BuildExt(build_ext):
         objects = []
         for src in cu_sources:
             obj = out_dir / (Path(src).stem + ".o")
-            cmd = [str(cuda.nvcc), "-std=c++20", "-O3", "-lineinfo", "-Werror", "all-warnings",
+            # -fmad=false: a * b + c rounds twice, as in the CPU backend's C11 code, so the
+            # elementwise kernels and AdamW reproduce its bits; hot loops use fmaf() explicitly
+            cmd = [str(cuda.nvcc), "-std=c++20", "-O3", "-lineinfo", "-fmad=false", "-Werror", "all-warnings",
                    "-Xcompiler", ",".join(host), "-DPXT_WITH_CUDA=1", "-Icsrc", f"-I{cuda.cublas_include}",
                    *gencode, "-c", src, "-o", str(obj)]
             print("pyxtts: nvcc", src, flush=True)

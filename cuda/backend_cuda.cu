@@ -131,6 +131,22 @@ static const pxt_backend cuda_backend = {
     .memset_zero = cuda_memset_zero,
     .cast = pxt_cuda_cast,
     .synchronize = cuda_synchronize,
+    .gemm = pxt_cuda_gemm,
+    .gemm_workspace = pxt_cuda_gemm_workspace,
+    .add_bias = pxt_cuda_add_bias,
+    .bias_backward = pxt_cuda_bias_backward,
+    .layernorm_forward = pxt_cuda_layernorm_forward,
+    .layernorm_backward = pxt_cuda_layernorm_backward,
+    .gelu_forward = pxt_cuda_gelu_forward,
+    .gelu_backward = pxt_cuda_gelu_backward,
+    .add = pxt_cuda_add,
+    .embedding_forward = pxt_cuda_embedding_forward,
+    .embedding_backward = pxt_cuda_embedding_backward,
+    .softmax_xent = pxt_cuda_softmax_xent,
+    .sum = pxt_cuda_sum,
+    .grad_sumsq = pxt_cuda_grad_sumsq,
+    .adamw = pxt_cuda_adamw,
+    .swap = pxt_cuda_swap,
 };
 
 const pxt_backend *pxt_cuda_backend(void) { return &cuda_backend; }
