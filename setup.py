@@ -79,6 +79,10 @@ def configure_cuda(ext: Extension) -> None:
     ext.define_macros += [("PXT_WITH_CUDA", "1"),
                           ("PXT_CUDA_ARCHS", '"' + " ".join(f"sm_{a}" for a in arch_list) + '"')]
     ext.include_dirs.append(str(cuda.cublas_include))
+    # the CUDA objects join as extra_objects, which build_ext's up-to-date check ignores:
+    # name their sources so a changed .cu relinks the module
+    ext.depends += cu_sources + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "cuda").glob("*.cuh"))
+    ext.depends += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "cuda").glob("*.h"))
     libdir = cuda.home / "lib64" if (cuda.home / "lib64").is_dir() else cuda.home / "lib"
     # cudart statically (no runtime dependency on a toolkit); cuBLAS from its wheel or the
     # toolkit (wheels ship no unversioned libcublas.so); nvcc's launch stubs need libstdc++
