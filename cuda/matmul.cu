@@ -10,11 +10,11 @@
  * Precision: CUBLAS_COMPUTE_32F (fp32 accumulation, no TF32: exactness vs the
  * CPU matters more than speed for float32) and reduced-precision split-K
  * reductions disallowed, so a 16-bit C is the fp32 result rounded once, as on
- * the CPU. cuBLAS has no fp32 A/B with a 16-bit C: that pair is computed in
- * fp32 panels in a staging area of the workspace, then rounded into C.
+ * the CPU. cuBLAS has no fp32 A/B with a 16-bit C (nor bf16 A/B with an fp16
+ * C, or the reverse): those pairs are computed in fp32 panels in a staging
+ * area of the workspace, then rounded into C.
  *
- * Workspace, [cuBLAS scratch (GEMM_CUBLAS_WS) | staging (GEMM_STAGE floats)
- * for float32 operands]: fixed sizes, so the memory plan counts one number and
+ * Workspace, [cuBLAS scratch (GEMM_CUBLAS_WS) | staging (GEMM_STAGE floats)]: fixed sizes, so the memory plan counts one number and
  * cuBLAS never allocates behind the allocator's back (cublasSetWorkspace). */
 #include "elem.cuh"
 
@@ -22,9 +22,9 @@
 #define GEMM_STAGE ((size_t)1 << 20)      /* floats of the fp32 -> 16-bit staging (4 MiB) */
 
 size_t pxt_cuda_gemm_workspace(int M, int N, int K, pxt_dtype dt_ab) {
-    (void)M, (void)N, (void)K;
-    /* dt_c is not known here: float32 operands reserve the staging for a 16-bit C */
-    return GEMM_CUBLAS_WS + (dt_ab == PXT_FLOAT32 ? GEMM_STAGE * sizeof(float) : 0);
+    (void)M, (void)N, (void)K, (void)dt_ab;
+    /* dt_c is not known here: the staging is always reserved (4 MiB) */
+    return GEMM_CUBLAS_WS + GEMM_STAGE * sizeof(float);
 }
 
 static int cuda_type(pxt_dtype dt, cudaDataType_t *out, const char *what) {
@@ -76,35 +76,34 @@ static int gemm_ex(cublasHandle_t h, int trans_a, int trans_b, int M, int N, int
     return PXT_OK;
 }
 
-/* float32 A, B into a 16-bit C: panels of C (mb rows, nb columns) are computed
- * in fp32 in the staging area (beta * C loaded there first), then rounded. */
+/* Pairs cuBLAS lacks (float32 A, B into a 16-bit C; bf16 A, B into an fp16 C
+ * and back): panels of C (mb rows, nb columns) are computed in fp32 in the
+ * staging area (beta * C loaded there first), then rounded once into C. */
 template <typename T>
 static int gemm_staged(cublasHandle_t h, cudaStream_t stream, int trans_a, int trans_b, int M,
-                       int N, int K, float alpha, const float *A, const float *B, float beta, T *C,
-                       float *stage) {
+                       int N, int K, float alpha, const char *A, const char *B,
+                       cudaDataType_t tab, size_t esz, float beta, T *C, float *stage) {
     int nb = (size_t)N < GEMM_STAGE ? N : (int)GEMM_STAGE;
     int mb = (int)(GEMM_STAGE / (size_t)nb);
+    int lda = trans_a ? M : K, ldb = trans_b ? K : N; /* of the full operands */
     for (int i0 = 0; i0 < M; i0 += mb) {
         int mi = M - i0 < mb ? M - i0 : mb;
         /* rows i0.. of op(A): rows of A (M, K), or columns of the stored (K, M) */
-        const float *ap = trans_a ? A + i0 : A + (size_t)i0 * K;
+        const char *ap = A + (trans_a ? (size_t)i0 : (size_t)i0 * K) * esz;
         for (int j0 = 0; j0 < N; j0 += nb) {
             int nj = N - j0 < nb ? N - j0 : nb;
             /* columns j0.. of op(B): columns of B (K, N), or rows of the stored (N, K) */
-            const float *bp = trans_b ? B + (size_t)j0 * K : B + j0;
+            const char *bp = B + (trans_b ? (size_t)j0 * K : (size_t)j0) * esz;
             T *cp = C + (size_t)i0 * N + j0;
             unsigned int grid = pxt_ew_grid((size_t)mi * nj);
             if (beta != 0.0f) {
                 tile_load_kernel<T><<<grid, PXT_EW_BLOCK, 0, stream>>>(stage, cp, mi, nj, N);
                 PXT_CUDA_CHECK_LAUNCH("gemm (staging load)");
             }
-            /* the panel as its own product: lda / ldb are those of the full operands */
-            int lda = trans_a ? M : K, ldb = trans_b ? K : N;
             PXT_CUBLAS_CHECK(cublasGemmEx(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                           trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, nj, mi, K, &alpha,
-                                          bp, CUDA_R_32F, ldb, ap, CUDA_R_32F, lda, &beta, stage,
-                                          CUDA_R_32F, nj, CUBLAS_COMPUTE_32F,
-                                          CUBLAS_GEMM_DEFAULT));
+                                          bp, tab, ldb, ap, tab, lda, &beta, stage, CUDA_R_32F, nj,
+                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
             tile_store_kernel<T><<<grid, PXT_EW_BLOCK, 0, stream>>>(cp, stage, mi, nj, N);
             PXT_CUDA_CHECK_LAUNCH("gemm (staging store)");
         }
@@ -142,13 +141,14 @@ int pxt_cuda_gemm(int index, int trans_a, int trans_b, int M, int N, int K, floa
     PXT_CUBLAS_CHECK(cublasSetWorkspace(h, workspace, GEMM_CUBLAS_WS));
     PXT_CUBLAS_CHECK(cublasSetMathMode(
         h, (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
-    if (dt_ab == PXT_FLOAT32 && dt_c != PXT_FLOAT32) {
+    if (dt_c != PXT_FLOAT32 && dt_c != dt_ab) { /* a pair cuBLAS has no kernel for */
         float *stage = (float *)((char *)workspace + GEMM_CUBLAS_WS); /* (GEMM_STAGE) */
+        size_t esz = pxt_dtype_size(dt_ab);
         if (dt_c == PXT_FLOAT16)
-            return gemm_staged(h, stream, trans_a, trans_b, M, N, K, alpha, (const float *)A,
-                               (const float *)B, beta, (pxt_f16 *)C, stage);
-        return gemm_staged(h, stream, trans_a, trans_b, M, N, K, alpha, (const float *)A,
-                           (const float *)B, beta, (pxt_bf16 *)C, stage);
+            return gemm_staged(h, stream, trans_a, trans_b, M, N, K, alpha, (const char *)A,
+                               (const char *)B, tab, esz, beta, (pxt_f16 *)C, stage);
+        return gemm_staged(h, stream, trans_a, trans_b, M, N, K, alpha, (const char *)A,
+                           (const char *)B, tab, esz, beta, (pxt_bf16 *)C, stage);
     }
     return gemm_ex(h, trans_a, trans_b, M, N, K, alpha, A, tab, B, beta, C, tc, N);
 }
