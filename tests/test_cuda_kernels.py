@@ -202,7 +202,11 @@ def test_softmax_xent(rng, seed, N, V):
         close(lossg, loss, 1e-6 * lse_terms, f"losses; {msg}")
         assert np.all(lossg.numpy()[targets0 < 0] == 0), msg
         if backward:
-            close(gradg, grad, 0.25 * 1e-5 * (np.abs(f64(grad)) / 0.25 + 1e-6), f"dlogits; {msg}")
+            # softmax - onehot cancels at the target: allow an absolute error of a few
+            # roundings of the softmax (~1) there
+            hot = np.zeros((N, V))
+            hot[targets0 >= 0, targets0[targets0 >= 0]] = 1
+            close(gradg, grad, 1e-5 * np.abs(f64(grad)) + 0.25 * 1e-6 * hot + 1e-30, f"dlogits; {msg}")
             assert np.all(gradg.numpy()[targets0 < 0] == 0), msg
             again = _C._op_softmax_xent(lgg, tgg, scale=0.25)[1]
             same_bits(again, gradg, f"deterministic; {msg}")
