@@ -80,6 +80,10 @@ def configure_cuda(ext: Extension) -> None:
     ext.define_macros += [("PXT_WITH_CUDA", "1"),
                           ("PXT_CUDA_ARCHS", '"' + " ".join(f"sm_{a}" for a in arch_list) + '"')]
     ext.include_dirs.append(str(cuda.cublas_include))
+    # the CUDA objects join as extra_objects, which build_ext's up-to-date check ignores:
+    # name their sources so a changed .cu relinks the module
+    ext.depends += cu_sources + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "cuda").glob("*.cuh"))
+    ext.depends += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "cuda").glob("*.h"))
     libdir = cuda.home / "lib64" if (cuda.home / "lib64").is_dir() else cuda.home / "lib"
     # cudart statically (no runtime dependency on a toolkit); cuBLAS from its wheel or the
     # toolkit (wheels ship no unversioned libcublas.so); nvcc's launch stubs need libstdc++
@@ -115,7 +119,9 @@ class BuildExt(build_ext):
         objects = []
         for src in cu_sources:
             obj = out_dir / (Path(src).stem + ".o")
-            cmd = [str(cuda.nvcc), "-std=c++20", "-O3", "-lineinfo", "-Werror", "all-warnings",
+            # -fmad=false: a * b + c rounds twice, as in the CPU backend's C11 code, so the
+            # elementwise kernels and AdamW reproduce its bits; hot loops use fmaf() explicitly
+            cmd = [str(cuda.nvcc), "-std=c++20", "-O3", "-lineinfo", "-fmad=false", "-Werror", "all-warnings",
                    "-Xcompiler", ",".join(host), "-DPXT_WITH_CUDA=1", "-Icsrc", f"-I{cuda.cublas_include}",
                    *gencode, "-c", src, "-o", str(obj)]
             print("pyxtts: nvcc", src, flush=True)

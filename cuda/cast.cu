@@ -9,41 +9,16 @@
  * subnormals, which the CPU keeps. */
 #include <stdint.h>
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include "elem.cuh"
 
-#include "cuda_common.h"
-
-/* ---- float32 <-> float16 / bfloat16 ------------------------------------------ */
-__device__ static uint16_t f32_to_f16(float f) {
-    if (isnan(f)) { /* as csrc/half.c: sign | 0x7c00 | quiet | top 9 payload bits */
-        uint32_t u = __float_as_uint(f);
-        return (uint16_t)(((u >> 16) & 0x8000u) | 0x7e00u | ((u >> 13) & 0x3ffu));
-    }
-    return __half_as_ushort(__float2half_rn(f));
-}
-
-__device__ static float f16_to_f32(uint16_t h) {
-    if ((h & 0x7c00u) == 0x7c00u) /* inf / NaN: keep the payload, as the CPU does */
-        return __uint_as_float(((uint32_t)(h & 0x8000u) << 16) | 0x7f800000u |
-                               ((uint32_t)(h & 0x3ffu) << 13));
-    return __half2float(__ushort_as_half(h)); /* exact, subnormals included */
-}
-
-__device__ static uint16_t f32_to_bf16(float f) {
-    if (isnan(f)) /* keep sign and payload, force the quiet bit */
-        return (uint16_t)((__float_as_uint(f) >> 16) | 0x0040u);
-    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-}
-
-__device__ static float bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+/* float32 <-> float16 / bfloat16 conversions: elem.cuh (shared with the kernels) */
 
 /* ---- the generic path: load as float or int64, store as the destination ------ */
 __device__ static float load_float(const void *src, pxt_dtype t, size_t i) {
     switch (t) {
     case PXT_FLOAT32: return ((const float *)src)[i];
-    case PXT_FLOAT16: return f16_to_f32(((const uint16_t *)src)[i]);
-    case PXT_BFLOAT16: return bf16_to_f32(((const uint16_t *)src)[i]);
+    case PXT_FLOAT16: return pxt_d_f16_to_f32(((const uint16_t *)src)[i]);
+    case PXT_BFLOAT16: return pxt_d_bf16_to_f32(((const uint16_t *)src)[i]);
     default: return 0.0f;
     }
 }
@@ -73,8 +48,8 @@ __device__ static int64_t float_to_int64_sat(double v, int64_t lo, int64_t hi, d
 __device__ static void store_float(void *dst, pxt_dtype t, size_t i, float v) {
     switch (t) {
     case PXT_FLOAT32: ((float *)dst)[i] = v; break;
-    case PXT_FLOAT16: ((uint16_t *)dst)[i] = f32_to_f16(v); break;
-    case PXT_BFLOAT16: ((uint16_t *)dst)[i] = f32_to_bf16(v); break;
+    case PXT_FLOAT16: ((uint16_t *)dst)[i] = pxt_d_f32_to_f16(v); break;
+    case PXT_BFLOAT16: ((uint16_t *)dst)[i] = pxt_d_f32_to_bf16(v); break;
     /* the CPU's bounds; int64's top is the largest double below 2^63 */
     case PXT_INT32: ((int32_t *)dst)[i] = (int32_t)float_to_int64_sat(v, INT32_MIN, INT32_MAX, 2147483648.0); break;
     case PXT_INT64:
@@ -89,8 +64,8 @@ __device__ static void store_float(void *dst, pxt_dtype t, size_t i, float v) {
 __device__ static void store_int(void *dst, pxt_dtype t, size_t i, int64_t v) {
     switch (t) {
     case PXT_FLOAT32: ((float *)dst)[i] = (float)v; break;
-    case PXT_FLOAT16: ((uint16_t *)dst)[i] = f32_to_f16((float)v); break; /* via float32, as the CPU */
-    case PXT_BFLOAT16: ((uint16_t *)dst)[i] = f32_to_bf16((float)v); break;
+    case PXT_FLOAT16: ((uint16_t *)dst)[i] = pxt_d_f32_to_f16((float)v); break; /* via float32, as the CPU */
+    case PXT_BFLOAT16: ((uint16_t *)dst)[i] = pxt_d_f32_to_bf16((float)v); break;
     case PXT_INT32: ((int32_t *)dst)[i] = (int32_t)(uint32_t)(uint64_t)v; break; /* wraps */
     case PXT_INT64: ((int64_t *)dst)[i] = v; break;
     case PXT_UINT8: ((uint8_t *)dst)[i] = (uint8_t)(uint64_t)v; break; /* wraps */
@@ -137,16 +112,16 @@ int pxt_cuda_cast(int index, void *dst, pxt_dtype dt, const void *src, pxt_dtype
     size_t blocks = (n + CAST_BLOCK - 1) / CAST_BLOCK;
     unsigned int grid = (unsigned int)(blocks < CAST_MAX_GRID ? blocks : CAST_MAX_GRID);
     if (st == PXT_FLOAT32 && dt == PXT_BFLOAT16)
-        map_kernel<float, uint16_t, f32_to_bf16><<<grid, CAST_BLOCK, 0, stream>>>(
+        map_kernel<float, uint16_t, pxt_d_f32_to_bf16><<<grid, CAST_BLOCK, 0, stream>>>(
             (uint16_t *)dst, (const float *)src, n);
     else if (st == PXT_BFLOAT16 && dt == PXT_FLOAT32)
-        map_kernel<uint16_t, float, bf16_to_f32><<<grid, CAST_BLOCK, 0, stream>>>(
+        map_kernel<uint16_t, float, pxt_d_bf16_to_f32><<<grid, CAST_BLOCK, 0, stream>>>(
             (float *)dst, (const uint16_t *)src, n);
     else if (st == PXT_FLOAT32 && dt == PXT_FLOAT16)
-        map_kernel<float, uint16_t, f32_to_f16><<<grid, CAST_BLOCK, 0, stream>>>(
+        map_kernel<float, uint16_t, pxt_d_f32_to_f16><<<grid, CAST_BLOCK, 0, stream>>>(
             (uint16_t *)dst, (const float *)src, n);
     else if (st == PXT_FLOAT16 && dt == PXT_FLOAT32)
-        map_kernel<uint16_t, float, f16_to_f32><<<grid, CAST_BLOCK, 0, stream>>>(
+        map_kernel<uint16_t, float, pxt_d_f16_to_f32><<<grid, CAST_BLOCK, 0, stream>>>(
             (float *)dst, (const uint16_t *)src, n);
     else
         cast_kernel<<<grid, CAST_BLOCK, 0, stream>>>(dst, dt, src, st, pxt_dtype_is_float(st), n);
