@@ -10,19 +10,27 @@ import pytest
 
 import pyxtts
 import pyxtts.trainer
+from conftest import DEVICES
 from pyxtts import DataError, SyntheticDataset, Trainer, XTTSConfig
 from pyxtts.data import Sample, TTSDataset, collate
 
 pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
 
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """cpu, and cuda:0 where a GPU is present; no limit left behind on it either."""
+    yield request.param
+    pyxtts.set_memory_limit(None, request.param)
+
 MODEL = {"n_layers": 2, "d_model": 64, "n_heads": 4, "text_vocab_size": 64, "audio_vocab_size": 97,
          "max_text_tokens": 24, "max_audio_tokens": 48, "n_cond_latents": 0}
 
 
-def make_config(tmp_path: Path, num_workers: int = 0, **training) -> XTTSConfig:
+def make_config(tmp_path: Path, num_workers: int = 0, device: str = "cpu", **training) -> XTTSConfig:
     t = {"learning_rate": 3e-3, "lr_schedule": "constant", "max_steps": 12, "epochs": None,
          "checkpoint_dir": str(tmp_path / "ckpt"), "checkpoint_interval": 5, "eval_interval": 4,
-         "log_interval": 1, "device": "cpu", "enable_memory_cleanup": False, "max_memory_fraction": 1.0}
+         "log_interval": 1, "device": device, "enable_memory_cleanup": False, "max_memory_fraction": 1.0}
     t.update(training)
     return XTTSConfig.from_dict({"model": MODEL, "training": t,
                                  "data": {"batch_size": 4, "bucketing": True, "bucket_size_multiplier": 2,
@@ -41,8 +49,8 @@ def params(trainer: Trainer) -> dict[str, np.ndarray]:
     return trainer.model.state_dict()
 
 
-def test_fit_learns_logs_and_checkpoints(tmp_path):
-    cfg = make_config(tmp_path, max_steps=40, eval_interval=20, checkpoint_interval=10, keep_checkpoints=2)
+def test_fit_learns_logs_and_checkpoints(tmp_path, device):
+    cfg = make_config(tmp_path, device=device, max_steps=40, eval_interval=20, checkpoint_interval=10, keep_checkpoints=2)
     train, held = datasets(cfg, 60)
     tr = Trainer(cfg, progress=False)
     r = tr.fit(train, held)
@@ -89,15 +97,17 @@ class Interrupting(TTSDataset):
         return super().__getitem__(i)
 
 
-def test_resume_after_ctrl_c_takes_the_same_steps(tmp_path):
+def test_resume_after_ctrl_c_takes_the_same_steps(tmp_path, device):
     """A run interrupted mid-epoch and resumed ends with the parameters, optimizer state
-    and log of a run that never stopped (CPU kernels are deterministic: bit for bit)."""
-    cfg_a = make_config(tmp_path / "a", max_steps=14)
+    and log of a run that never stopped, bit for bit: the kernels are deterministic (on
+    the GPU too: fixed-order reductions, no float atomics) and the data order is a
+    function of (seed, epoch)."""
+    cfg_a = make_config(tmp_path / "a", device=device, max_steps=14)
     train, held = datasets(cfg_a, 24)  # 6 steps an epoch: the run crosses two epochs
     a = Trainer(cfg_a, progress=False)
     ra = a.fit(train, held)
 
-    cfg_b = make_config(tmp_path / "b", max_steps=14)
+    cfg_b = make_config(tmp_path / "b", device=device, max_steps=14)
     b = Trainer(cfg_b, progress=False)
     # an epoch reads every sample's length (24 reads), then 4 samples a batch: this stops
     # while the 3rd batch of the 2nd epoch is collated, after 8 steps
@@ -179,16 +189,16 @@ def test_data_is_validated_before_any_step(tmp_path):
     assert long >= 0
 
 
-def test_oom_mid_run_halves_the_micro_batch_and_goes_on(tmp_path):
+def test_oom_mid_run_halves_the_micro_batch_and_goes_on(tmp_path, device):
     """A limit a micro-batch of 4 does not fit (but 2 does): every step still runs."""
-    cfg = make_config(tmp_path, max_steps=4)
+    cfg = make_config(tmp_path, device=device, max_steps=4)
     train = SyntheticDataset(cfg.model, 16, min_text=24)  # every batch at the longest lengths
     t = Trainer(cfg, progress=False)
     d = cfg.data
     p4 = t.model.estimate_memory(4, d.max_text_tokens, d.max_audio_tokens, 0, optimizer=True).total
     p2 = t.model.estimate_memory(2, d.max_text_tokens, d.max_audio_tokens, 0, optimizer=True).total
-    pyxtts.empty_cache("cpu")  # the limit caps new segments: drop what earlier tests cached
-    pyxtts.set_memory_limit((p2 + p4) // 2, "cpu")
+    pyxtts.empty_cache(device)  # the limit caps new segments: drop what earlier tests cached
+    pyxtts.set_memory_limit((p2 + p4) // 2, device)
     r = t.fit(train)
     assert r.step == 4
     # the optimizer's state is allocated at step 1, so the first micro-batches of 4 may
@@ -206,16 +216,16 @@ def test_cleanup_interval(tmp_path):
     assert [x["step"] for x in r.history if "cleanup_released_bytes" in x] == [3, 6]
 
 
-def test_accumulation_in_the_loop(tmp_path):
-    cfg = make_config(tmp_path, max_steps=2, gradient_accumulation_steps=3)
+def test_accumulation_in_the_loop(tmp_path, device):
+    cfg = make_config(tmp_path, device=device, max_steps=2, gradient_accumulation_steps=3)
     cfg.data.batch_size = 2
     train, _ = datasets(cfg, 12)
     r = Trainer(cfg, progress=False).fit(train)
     assert [(x["samples"], x["micro_batch_size"]) for x in r.history] == [(6, 2), (6, 2)]
 
 
-def test_evaluate_is_the_token_weighted_mean(tmp_path):
-    cfg = make_config(tmp_path)
+def test_evaluate_is_the_token_weighted_mean(tmp_path, device):
+    cfg = make_config(tmp_path, device=device)
     _, held = datasets(cfg, 4)
     t = Trainer(cfg, progress=False)
     got = t.evaluate(held)
