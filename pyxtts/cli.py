@@ -117,16 +117,6 @@ def _train(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pyxtts", description=pyxtts.__doc__)
     sub = parser.add_subparsers(dest="command")
-    gi = sub.add_parser("gpu-info", help="build, devices and memory")
-    gi.add_argument("--json", action="store_true", help="machine-readable output")
-    gi.set_defaults(func=_gpu_info)
-    oc = sub.add_parser("optimize-config", help="fit a training config's memory plan to a device")
-    oc.add_argument("--config", required=True, help="YAML config to start from (or a shipped one's name)")
-    oc.add_argument("--output", required=True, help="where to write the optimized YAML")
-    oc.add_argument("--memory", default=None,
-                    help="device memory, e.g. 12GiB, 12G, 12GB (10^9) or bytes; default: the device's total")
-    oc.add_argument("--device", default=None, help="device to plan for (default: the config's training.device)")
-    oc.set_defaults(func=_optimize_config)
     tr = sub.add_parser("train", help="train a config (the default command; no --config: the CPU demo)")
     tr.add_argument("--config", default=None,
                     help="YAML config or a shipped one's name (default: cpu_demo on a synthetic set)")
@@ -153,6 +143,16 @@ def main(argv: list[str] | None = None) -> int:
     mt.add_argument("--no-step", action="store_true", help="plan only, no real step")
     mt.add_argument("--verbose", action="store_true", help="every block's policy and saved bytes, the arena")
     mt.set_defaults(func=_memtest)
+    gi = sub.add_parser("gpu-info", help="build, devices and memory")
+    gi.add_argument("--json", action="store_true", help="machine-readable output")
+    gi.set_defaults(func=_gpu_info)
+    oc = sub.add_parser("optimize-config", help="fit a training config's memory plan to a device")
+    oc.add_argument("--config", required=True, help="YAML config to start from (or a shipped one's name)")
+    oc.add_argument("--output", required=True, help="where to write the optimized YAML")
+    oc.add_argument("--memory", default=None,
+                    help="device memory, e.g. 12GiB, 12G, 12GB (10^9) or bytes; default: the device's total")
+    oc.add_argument("--device", default=None, help="device to plan for (default: the config's training.device)")
+    oc.set_defaults(func=_optimize_config)
     args = parser.parse_args(argv)
     if args.command is None:
         args = parser.parse_args(["train", *(argv if argv is not None else sys.argv[1:])])
