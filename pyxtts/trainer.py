@@ -258,7 +258,8 @@ class Trainer:
     def fit(self, dataset: Sequence[Sample], eval_dataset: Sequence[Sample] | None = None, *,
             resume: bool | str | os.PathLike = False, overwrite: bool = False) -> FitResult:
         """Trains until ``training.max_steps`` optimizer steps or ``training.epochs``
-        epochs, whichever comes first. ``resume=True`` continues from the newest checkpoint
+        epochs, whichever comes first; called again (after raising ``max_steps``, say) it
+        goes on from where this trainer stands. ``resume=True`` continues from the newest checkpoint
         in ``checkpoint_dir`` (from step 0 when there is none), a path from that file.
         A fresh run refuses a ``checkpoint_dir`` that holds another run's checkpoints unless
         ``overwrite`` (which deletes them and the log). Every sample is validated against
@@ -281,7 +282,7 @@ class Trainer:
         resumed = None
         if resume is not False:
             resumed = self._resume(resume, say)
-        elif self.checkpoints():
+        elif self.step == 0 and self.checkpoints():  # (step > 0: this trainer's own run goes on)
             if not overwrite:
                 raise FileExistsError(
                     f"{self.checkpoint_dir} holds checkpoints of an earlier run (newest: {self.checkpoints()[-1].name}); "
@@ -295,7 +296,7 @@ class Trainer:
         total = t.max_steps if t.max_steps is not None else t.epochs * per_epoch
         if t.max_steps is not None and t.epochs is not None:
             total = min(total, t.epochs * per_epoch)
-        log = self._open_log(resumed is not None)
+        log = self._open_log(resumed is not None or self.step > 0)
         progress = _Progress(self.progress, total, min(self.step, total))
         say(f"training {self.model.num_parameters:,} parameters on {self.device} ({t.precision}, "
             f"checkpointing {t.checkpointing}): {len(dataset)} samples, batch {effective} = "

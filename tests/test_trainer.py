@@ -129,6 +129,18 @@ def test_resume_after_ctrl_c_takes_the_same_steps(tmp_path, device):
     assert [x["loss"] for x in la] == [x["loss"] for x in lb]
 
 
+def test_fit_again_goes_on(tmp_path):
+    """A second fit of the same trainer continues its run (a notebook's "train more")."""
+    cfg = make_config(tmp_path, max_steps=3)
+    train, _ = datasets(cfg, 12)
+    t = Trainer(cfg, progress=False)
+    t.fit(train)
+    cfg.training.max_steps = 5
+    r = t.fit(train)
+    assert r.step == 5 and [x["step"] for x in r.history] == [4, 5]
+    assert [x["step"] for x in read_log(r.log_path) if x["type"] == "train"] == [1, 2, 3, 4, 5]
+
+
 def test_collating_threads_change_nothing(tmp_path):
     """data.num_workers threads collate ahead; the steps are those of collating inline."""
     runs = []
