@@ -17,7 +17,8 @@
  * V, dO enter the mma as stored (exact); S, dP and every sum are fp32. Two
  * things are rounded to the 16-bit type because the mma needs them there:
  * P (before O += P V and dV += P^T dO) and dS (before dK += dS^T Q and
- * dQ += dS K); each is one relative rounding (2^-8 bf16, 2^-11 fp16) per
+ * dQ += dS K; dS carries the softmax scale already, so float16 overflows
+ * sqrt(D) times later); each is one relative rounding (2^-8 bf16, 2^-11 fp16) per
  * term, so these results are NOT the fallback's "fp32 result rounded once"
  * (tests/test_cuda_attention_tc.py derives the tolerance). The softmax is in
  * base 2: x = s * scale * log2(e), p = exp2(x - m); lse = m ln 2 + ln l.
@@ -38,7 +39,7 @@
  *             V in shared memory, walking query tiles (64 rows for D = 64, 32
  *             for D = 128: registers) with Q and dO double-buffered:
  *             S^T = K Q^T, dP^T = V dO^T, P^T = exp2(S^T c - lse2), dS^T =
- *             P^T (dP^T - Di); dV += P^T dO, dK += dS^T Q (times scale at end).
+ *             scale P^T (dP^T - Di); dV += P^T dO, dK += dS^T Q.
  *           dQ kernel: a CTA per (b, h, 64 queries), 4 warps x 16 rows, Q and
  *             dO in shared memory, walking key tiles (64 / 32 keys) with K and
  *             V double-buffered: S, dP, P, dS as above, dQ += dS K.
@@ -497,8 +498,8 @@ __global__ static void __launch_bounds__(TC_THREADS)
                     float p = exp2f(fmaf(s[nt][e], c2, -L2[r]));
                     if (need_mask && (!kval[c] || (a.causal && j0 + c > i0 + r)))
                         p = 0.0f;
-                    s[nt][e] = p;                    /* P^T */
-                    dp[nt][e] = p * (dp[nt][e] - Dt[r]); /* dS^T */
+                    s[nt][e] = p;                                /* P^T */
+                    dp[nt][e] = p * (dp[nt][e] - Dt[r]) * a.scale; /* dS^T, scaled */
                 }
 #pragma unroll
             for (int kc = 0; kc < BQ / 16; kc++) { /* 16 queries at a time */
@@ -537,8 +538,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
 #pragma unroll
         for (int dt = 0; dt < DT; dt++) {
             const int d = dt * 8 + 2 * t;
-            store2<T>(dkr + d, keep ? dK[dt][2 * hf] * a.scale : 0.0f,
-                      keep ? dK[dt][2 * hf + 1] * a.scale : 0.0f);
+            store2<T>(dkr + d, keep ? dK[dt][2 * hf] : 0.0f, keep ? dK[dt][2 * hf + 1] : 0.0f);
             store2<T>(dvr + d, keep ? dV[dt][2 * hf] : 0.0f, keep ? dV[dt][2 * hf + 1] : 0.0f);
         }
     }
@@ -646,7 +646,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
                     float p = exp2f(fmaf(s[nt][e], c2, -L2[hf]));
                     if (need_mask && (!kval[buf * BK + c] || (a.causal && j0 + c > iw + g + 8 * hf)))
                         p = 0.0f;
-                    dp[nt][e] = p * (dp[nt][e] - Dr[hf]); /* dS */
+                    dp[nt][e] = p * (dp[nt][e] - Dr[hf]) * a.scale; /* dS, scaled */
                 }
 #pragma unroll
             for (int kc = 0; kc < BK / 16; kc++) { /* dQ += dS K, 16 keys at a time */
@@ -676,8 +676,8 @@ __global__ static void __launch_bounds__(TC_THREADS)
         T *dst = tc_row(dq, a.q, b, h, r);
 #pragma unroll
         for (int dt = 0; dt < DT; dt++)
-            store2<T>(dst + dt * 8 + 2 * t, keep ? dQ[dt][2 * hf] * a.scale : 0.0f,
-                      keep ? dQ[dt][2 * hf + 1] * a.scale : 0.0f);
+            store2<T>(dst + dt * 8 + 2 * t, keep ? dQ[dt][2 * hf] : 0.0f,
+                      keep ? dQ[dt][2 * hf + 1] : 0.0f);
     }
 }
 
