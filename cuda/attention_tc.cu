@@ -461,8 +461,9 @@ __global__ static void __launch_bounds__(TC_THREADS)
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        /* causal: a warp whose keys all follow the tile's last query skips it */
-        const bool skip = a.causal && i0 + BQ - 1 < jw;
+        /* a warp whose keys all follow the tile's last query (causal), or are all
+         * past k_length, skips it: its dK, dV stay 0 and are written as zeros */
+        const bool skip = (a.causal && i0 + BQ - 1 < jw) || jw >= kl;
         if (!skip) {
             const uint16_t *Qt = Qs + buf * BQ * SD, *dOt = dOs + buf * BQ * SD;
             const float *L2 = L2s + buf * BQ, *Dt = Dis + buf * BQ;
@@ -702,8 +703,9 @@ static int read_mode(void) {
     return m;
 }
 
-/* sm_80+ and this binary runs sm_80+ code of the kernels there (a build for
- * sm_75 alone would run the trapping bodies on an sm_80 device) */
+/* sm_80+ and this binary runs sm_80+ code of the kernels there: a build for
+ * sm_75 alone (SASS or PTX JIT-compiled for the device) has the trapping
+ * bodies, and its ptxVersion says so */
 static int device_ok(int index) {
     if (index < 0 || index >= PXT_MAX_DEVICES)
         return 0;
@@ -717,7 +719,7 @@ static int device_ok(int index) {
         (void)cudaGetLastError();
         return 0; /* not cached: the next call asks again */
     }
-    ok = major >= 8 && fa.binaryVersion >= 80 ? 2 : 1;
+    ok = major >= 8 && fa.binaryVersion >= 80 && fa.ptxVersion >= 80 ? 2 : 1;
     tc_device_ok[index].store(ok, std::memory_order_relaxed);
     return ok == 2;
 }
