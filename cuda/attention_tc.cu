@@ -23,12 +23,13 @@
  * (tests/test_cuda_attention_tc.py derives the tolerance). The softmax is in
  * base 2: x = s * scale * log2(e), p = exp2(x - m); lse = m ln 2 + ln l.
  *
- * forward   a CTA per (b, h, 64 query rows), 4 warps x 16 rows. Q (64, D)
- *           stays in registers as mma A fragments; K and V tiles of 64 keys
- *           are double-buffered in shared memory with cp.async (the next
- *           tile loads while this one computes). Per tile a warp does
- *           S (16, 64) = Q K^T, the online softmax on its accumulators, then
- *           O (16, D) += P V with P straight from the S accumulators (the C
+ * forward   a CTA per (b, h, 128 query rows), 4 warps x 32 rows for D = 64
+ *           (64 rows, 4 x 16, for D = 128: registers). Q (BQ, D) stays in
+ *           registers as mma A fragments; K and V tiles of 64 keys are
+ *           double-buffered in shared memory with cp.async (the next tile
+ *           loads while this one computes). Per tile a warp does S (32, 64) =
+ *           Q K^T, the online softmax on its accumulators, then O (32, D) +=
+ *           P V with P straight from the S accumulators (the C
  *           fragment of m16n8 is the A fragment of the next mma). Causal: the
  *           CTA stops at its last row's diagonal, a warp skips tiles wholly
  *           after its rows, and only tiles that cross the diagonal, a key
@@ -59,7 +60,7 @@
 
 #define TC_THREADS 128 /* 4 warps */
 #define TC_PAD 8       /* elements of padding per shared-memory row */
-#define TC_BQ 64       /* query rows of a forward / dQ CTA (16 per warp) */
+#define TC_BQ 64       /* query rows of a dQ CTA (16 per warp); the forward's: fwd_bq */
 #define TC_BK 64       /* keys of a forward tile and of a dK/dV CTA (16 per warp) */
 
 /* ---- PTX wrappers -------------------------------------------------------------------
@@ -227,28 +228,35 @@ __device__ static inline void frag_b_kn(uint32_t (&r)[4], const uint16_t *tile, 
 
 /* ---- forward ------------------------------------------------------------------------ */
 
+/* m-tiles of 16 rows per warp: with 2, every K / V fragment read from shared
+ * memory feeds two mma (the tile loop is bound by ldmatrix otherwise); D = 128
+ * keeps 1 (2 would need ~300 registers: O alone is 128) */
+template <int D> __host__ __device__ constexpr int fwd_mt() { return D <= 64 ? 2 : 1; }
+template <int D> __host__ __device__ constexpr int fwd_bq() { return 64 * fwd_mt<D>(); }
 template <int D> __host__ __device__ constexpr int fwd_smem_bytes() {
-    return (TC_BQ + 4 * TC_BK) * (D + TC_PAD) * 2 + 2 * TC_BK;
+    return (fwd_bq<D>() + 4 * TC_BK) * (D + TC_PAD) * 2 + 2 * TC_BK;
 }
 
-/* out (o layout), lse (B, H, Tq) of 64 query rows of (b, h) */
+/* out (o layout), lse (B, H, Tq) of BQ = 64 MT query rows of (b, h); warp w owns
+ * rows 16 MT w .. 16 MT (w + 1) - 1 of the block, m-tile mt the 16 from 16 MT w + 16 mt */
 template <typename T, int D>
 __global__ static void __launch_bounds__(TC_THREADS)
     attn_tc_fwd_kernel(pxt_attn_args a, T *out, float *lse, const T *q, const T *k, const T *v,
                        int nqb) {
+    constexpr int MT = fwd_mt<D>(), BQ = fwd_bq<D>(), WR = 16 * MT; /* rows per warp */
     constexpr int SD = D + TC_PAD, KC = D / 16, NT = TC_BK / 8, DT = D / 8;
     extern __shared__ __align__(16) uint16_t smem[];
     uint16_t *Qs = smem;                           /* (BQ, SD) */
-    uint16_t *Ks = Qs + TC_BQ * SD;                /* (2, BK, SD) double buffer */
+    uint16_t *Ks = Qs + BQ * SD;                   /* (2, BK, SD) double buffer */
     uint16_t *Vs = Ks + 2 * TC_BK * SD;            /* (2, BK, SD) */
     unsigned char *kval = (unsigned char *)(Vs + 2 * TC_BK * SD); /* (2, BK) key attendable */
     const int bh = blockIdx.x / nqb, blk = blockIdx.x % nqb;
     const int b = bh / a.H, h = bh % a.H;
-    const int i0 = (a.causal ? nqb - 1 - blk : blk) * TC_BQ; /* the longest rows first */
+    const int i0 = (a.causal ? nqb - 1 - blk : blk) * BQ; /* the longest rows first */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int ql = tc_qlen(a, b), kl = tc_klen(a, b);
-    const int nq = tc_clamp(ql - i0, 0, TC_BQ);
-    const int iw = i0 + 16 * warp; /* the warp's first row */
+    const int nq = tc_clamp(ql - i0, 0, BQ);
+    const int iw = i0 + WR * warp; /* the warp's first row */
     int kend = kl;
     if (a.causal)
         kend = min(kend, i0 + nq); /* keys after the CTA's last row are never seen */
@@ -266,18 +274,22 @@ __global__ static void __launch_bounds__(TC_THREADS)
         if (threadIdx.x < TC_BK)
             kval[buf * TC_BK + threadIdx.x] = ok(threadIdx.x);
     };
-    load_rows<TC_BQ, D>(Qs, q, a.q, b, h, i0, [&](int r) { return r < nq; });
+    load_rows<BQ, D>(Qs, q, a.q, b, h, i0, [&](int r) { return r < nq; });
     if (ntiles > 0)
         load_kv(0, 0);
     cp_async_commit(); /* group: Q and tile 0 */
 
-    uint32_t qf[KC][4]; /* the warp's Q rows as A fragments */
-    float o[DT][4];     /* O (16, D): n-tile dt holds cols dt*8 + 2t, +1 of rows g, g+8 */
+    uint32_t qf[MT][KC][4]; /* the warp's Q rows as A fragments */
+    float o[MT][DT][4]; /* O (16, D) per m-tile: n-tile dt holds cols dt*8 + 2t, +1 of rows g, g+8 */
+    float m[MT][2], l[MT][2]; /* running max (log2 units) of rows g, g+8; this lane's part of the sums */
 #pragma unroll
-    for (int dt = 0; dt < DT; dt++)
-        o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}; /* running max (log2 units) of rows g, g+8 */
-    float l[2] = {0.0f, 0.0f};           /* this lane's part of the running sums */
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+            o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.0f;
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.0f;
+    }
 
     for (int it = 0; it < ntiles; it++) {
         const int buf = it & 1, j0 = it * TC_BK;
@@ -288,83 +300,101 @@ __global__ static void __launch_bounds__(TC_THREADS)
         __syncthreads();    /* everyone's part landed; kval[buf] visible */
         if (it == 0) {
 #pragma unroll
-            for (int kc = 0; kc < KC; kc++)
-                frag_a<SD>(qf[kc], Qs, 16 * warp, kc, lane);
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int kc = 0; kc < KC; kc++)
+                    frag_a<SD>(qf[mt][kc], Qs, WR * warp + 16 * mt, kc, lane);
         }
         /* a warp whose rows all precede the tile (causal), or are all padding, skips it */
-        const bool skip = !warp_live || (a.causal && j0 > iw + 15);
+        const bool skip = !warp_live || (a.causal && j0 > iw + WR - 1);
         if (!skip) {
             const uint16_t *Kt = Ks + buf * TC_BK * SD, *Vt = Vs + buf * TC_BK * SD;
-            float s[NT][4]; /* S (16, BK): n-tile nt holds keys nt*8 + 2t, +1 */
+            float s[MT][NT][4]; /* S (16, BK) per m-tile: n-tile nt holds keys nt*8 + 2t, +1 */
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-                s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+                    s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
 #pragma unroll
             for (int kc = 0; kc < KC; kc++) {
 #pragma unroll
                 for (int np = 0; np < NT / 2; np++) {
                     uint32_t bf[4];
                     frag_b_nk<SD>(bf, Kt, np * 16, kc, lane);
-                    mma16816<T>(s[2 * np], qf[kc], bf[0], bf[1]);
-                    mma16816<T>(s[2 * np + 1], qf[kc], bf[2], bf[3]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        mma16816<T>(s[mt][2 * np], qf[mt][kc], bf[0], bf[1]);
+                        mma16816<T>(s[mt][2 * np + 1], qf[mt][kc], bf[2], bf[3]);
+                    }
                 }
             }
             /* the per-element mask only where a key is masked, past k_length or
              * after some row of the warp (the diagonal) */
             const bool need_mask = a.key_mask || j0 + TC_BK > kl ||
                                    (a.causal && j0 + TC_BK - 1 > iw);
-            float mx[2] = {m[0], m[1]};
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+            for (int mt = 0; mt < MT; mt++) {
+                float mx[2] = {m[mt][0], m[mt][1]};
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float x = s[nt][e] * c2;
-                    if (need_mask) {
-                        const int c = nt * 8 + 2 * t + (e & 1), row = iw + g + 8 * (e >> 1);
-                        if (!kval[buf * TC_BK + c] || (a.causal && j0 + c > row))
-                            x = -INFINITY;
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float x = s[mt][nt][e] * c2;
+                        if (need_mask) {
+                            const int c = nt * 8 + 2 * t + (e & 1);
+                            const int row = iw + 16 * mt + g + 8 * (e >> 1);
+                            if (!kval[buf * TC_BK + c] || (a.causal && j0 + c > row))
+                                x = -INFINITY;
+                        }
+                        s[mt][nt][e] = x;
+                        mx[e >> 1] = fmaxf(mx[e >> 1], x);
                     }
-                    s[nt][e] = x;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], x);
+                float alpha[2], mu[2];
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) { /* the row's 4 lanes agree on the max */
+                    mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
+                    mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
+                    /* a row with no valid key so far subtracts 0: exp2(-inf - 0) = 0 */
+                    mu[hf] = mx[hf] == -INFINITY ? 0.0f : mx[hf];
+                    alpha[hf] = exp2f(m[mt][hf] - mu[hf]);
+                    m[mt][hf] = mx[hf];
                 }
-            float alpha[2], mu[2];
+                float sum[2] = {0.0f, 0.0f};
 #pragma unroll
-            for (int hf = 0; hf < 2; hf++) { /* the row's 4 lanes agree on the max */
-                mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
-                mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
-                /* a row with no valid key so far subtracts 0: exp2(-inf - 0) = 0 */
-                mu[hf] = mx[hf] == -INFINITY ? 0.0f : mx[hf];
-                alpha[hf] = exp2f(m[hf] - mu[hf]);
-                m[hf] = mx[hf];
-            }
-            float sum[2] = {0.0f, 0.0f};
+                for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+                    for (int e = 0; e < 4; e++) {
+                        s[mt][nt][e] = exp2f(s[mt][nt][e] - mu[e >> 1]);
+                        sum[e >> 1] += s[mt][nt][e];
+                    }
+                /* fp32 p for l (lse keeps fp32 accuracy); P V uses p rounded to T */
+                l[mt][0] = l[mt][0] * alpha[0] + sum[0];
+                l[mt][1] = l[mt][1] * alpha[1] + sum[1];
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    s[nt][e] = exp2f(s[nt][e] - mu[e >> 1]);
-                    sum[e >> 1] += s[nt][e];
+                for (int dt = 0; dt < DT; dt++) {
+                    o[mt][dt][0] *= alpha[0], o[mt][dt][1] *= alpha[0];
+                    o[mt][dt][2] *= alpha[1], o[mt][dt][3] *= alpha[1];
                 }
-            /* fp32 p for l (lse keeps fp32 accuracy); P V uses p rounded to T */
-            l[0] = l[0] * alpha[0] + sum[0];
-            l[1] = l[1] * alpha[1] + sum[1];
-#pragma unroll
-            for (int dt = 0; dt < DT; dt++) {
-                o[dt][0] *= alpha[0], o[dt][1] *= alpha[0];
-                o[dt][2] *= alpha[1], o[dt][3] *= alpha[1];
             }
 #pragma unroll
             for (int kc = 0; kc < TC_BK / 16; kc++) { /* O += P V, 16 keys at a time */
-                uint32_t pa[4] = {pack2<T>(s[2 * kc][0], s[2 * kc][1]),
-                                  pack2<T>(s[2 * kc][2], s[2 * kc][3]),
-                                  pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                                  pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+                uint32_t pa[MT][4]; /* P of the m-tiles as A fragments (C layout = A layout) */
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    pa[mt][0] = pack2<T>(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+                    pa[mt][1] = pack2<T>(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+                    pa[mt][2] = pack2<T>(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+                    pa[mt][3] = pack2<T>(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+                }
 #pragma unroll
                 for (int dp = 0; dp < DT / 2; dp++) {
                     uint32_t bf[4];
                     frag_b_kn<SD>(bf, Vt, kc * 16, dp * 16, lane);
-                    mma16816<T>(o[2 * dp], pa, bf[0], bf[1]);
-                    mma16816<T>(o[2 * dp + 1], pa, bf[2], bf[3]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        mma16816<T>(o[mt][2 * dp], pa[mt], bf[0], bf[1]);
+                        mma16816<T>(o[mt][2 * dp + 1], pa[mt], bf[2], bf[3]);
+                    }
                 }
             }
         }
@@ -373,22 +403,24 @@ __global__ static void __launch_bounds__(TC_THREADS)
     cp_async_wait<0>(); /* no copy outlives the CTA (none issued when ntiles == 0 but Q) */
 
 #pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        float lsum = l[hf]; /* the quad's parts, in a fixed butterfly */
-        lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
-        lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
-        const int r = iw + g + 8 * hf;
-        if (r >= a.Tq)
-            continue;
-        const bool any = r < i0 + nq && lsum > 0.0f;
-        const float inv = any ? 1.0f / lsum : 0.0f; /* no valid key: zeros */
-        T *dst = tc_row(out, a.o, b, h, r);
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int dt = 0; dt < DT; dt++)
-            store2<T>(dst + dt * 8 + 2 * t, o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
-        if (t == 0)
-            lse[(size_t)bh * a.Tq + r] = any ? m[hf] * TC_LN2 + logf(lsum) : -INFINITY;
-    }
+        for (int hf = 0; hf < 2; hf++) {
+            float lsum = l[mt][hf]; /* the quad's parts, in a fixed butterfly */
+            lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+            lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+            const int r = iw + 16 * mt + g + 8 * hf;
+            if (r >= a.Tq)
+                continue;
+            const bool any = r < i0 + nq && lsum > 0.0f;
+            const float inv = any ? 1.0f / lsum : 0.0f; /* no valid key: zeros */
+            T *dst = tc_row(out, a.o, b, h, r);
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++)
+                store2<T>(dst + dt * 8 + 2 * t, o[mt][dt][2 * hf] * inv, o[mt][dt][2 * hf + 1] * inv);
+            if (t == 0)
+                lse[(size_t)bh * a.Tq + r] = any ? m[mt][hf] * TC_LN2 + logf(lsum) : -INFINITY;
+        }
 }
 
 /* ---- backward: dK, dV per 64 keys ---------------------------------------------------- */
@@ -781,7 +813,7 @@ static int tc_grid(const pxt_attn_args *a, int per, unsigned int *grid) {
 template <typename T, int D>
 static int fwd_launch(const pxt_attn_args *a, void *out, float *lse, const void *q,
                       const void *k, const void *v, cudaStream_t stream) {
-    const int nqb = (a->Tq + TC_BQ - 1) / TC_BQ;
+    const int nqb = (a->Tq + fwd_bq<D>() - 1) / fwd_bq<D>();
     unsigned int grid = 0;
     PXT_TRY(tc_grid(a, nqb, &grid));
     if (!grid)
