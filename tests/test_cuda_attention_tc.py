@@ -17,7 +17,7 @@ rounds to 16 bits, and the error that costs, elementwise:
   dS  = scale P (dP - Di) rounded (scale u|dS|); Di = rowsum(dO * O) uses the 16-bit out,
         which is off by at most u(|O| + P|v|) (above), so Di is off by
         Dsum = sum_d |dO| (|O| + P|v|) u and dS by P Dsum; E = u(|dS| + P Dsum);
-  dk  = scale dS^T Q: scale (E^T |q|) + u|dk|;   dq = scale dS K: scale (E |k|) + u|dq|;
+  dk  = (scale dS)^T Q: scale (E^T |q|) + u|dk|;   dq = (scale dS) K: scale (E |k|) + u|dq|;
   float16 only: p and scale dS under 2^-14 are subnormal, 2^-25 absolute per term.
 These are worst-case bounds (every rounding at its maximum, same sign); the test
 allows 2x them. A wrong mask, a lost tile or a wrong rescale errs by a fraction of
