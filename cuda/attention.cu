@@ -20,6 +20,10 @@
  *           dQ = scale * sum dS K. Every sum has a fixed order: the same bits
  *           on every run.
  *
+ * bfloat16 / float16 with D = 64 or 128 on sm_80+ go to the tensor-core
+ * kernels of attention_tc.cu instead (the entries below ask it; the switch
+ * PYXTTS_CUDA_ATTENTION=simple|tc|auto is described there).
+ *
  * Masked keys (key_mask, k_lengths) and rows past q_lengths are never read:
  * their tile rows are zeros and their probabilities are forced to 0, so
  * padding that holds garbage (even NaN) cannot leak into valid outputs. */
@@ -380,7 +384,8 @@ static int grid_of(const pxt_attn_args *a, int per, unsigned int *grid) {
     return PXT_OK;
 }
 
-/* Di (B, H, Tq) fp32, 256-byte aligned at the start: linear in Tq, none for the forward */
+/* Di (B, H, Tq) fp32, 256-byte aligned at the start: linear in Tq, none for the forward.
+ * The tensor-core path (attention_tc.cu) needs exactly this too. */
 size_t pxt_cuda_attention_workspace(const pxt_attn_args *a, int backward) {
     if (!a || !backward || a->B < 0 || a->H < 0 || a->Tq < 0)
         return 0;
@@ -397,6 +402,11 @@ int pxt_cuda_attention_forward(int index, const pxt_attn_args *a, void *out, flo
     if (grid == 0)
         return PXT_OK;
     PXT_CUDA_CHECK(cudaSetDevice(index));
+    const void *ptrs[] = {out, q, k, v};
+    int use_tc = 0; /* attention_tc.cu: 16-bit, D = 64 / 128, sm_80+ (PYXTTS_CUDA_ATTENTION) */
+    PXT_TRY(pxt_cuda_attention_tc_select(index, a, ptrs, 4, &use_tc));
+    if (use_tc)
+        return pxt_cuda_attention_tc_forward(index, a, out, lse, q, k, v);
     cudaStream_t stream = pxt_cuda_stream(index);
     PXT_TRY(pxt_cuda_dispatch(a->dt, "attention_forward", [&](auto tag) {
         using T = decltype(tag);
@@ -436,6 +446,11 @@ int pxt_cuda_attention_backward(int index, const pxt_attn_args *a, void *dq, voi
                                                                   (const T *)out);
     }));
     PXT_CUDA_CHECK_LAUNCH("attention_backward (Di)");
+    const void *ptrs[] = {dq, dk, dv, dout, q, k, v};
+    int use_tc = 0; /* the tensor-core kernels read the same Di */
+    PXT_TRY(pxt_cuda_attention_tc_select(index, a, ptrs, 7, &use_tc));
+    if (use_tc)
+        return pxt_cuda_attention_tc_backward(index, a, dq, dk, dv, dout, q, k, v, lse, Di);
     PXT_TRY(pxt_cuda_dispatch(a->dt, "attention_backward", [&](auto tag) {
         using T = decltype(tag);
         if (!kgrid)

@@ -95,6 +95,21 @@ int pxt_cuda_attention_backward(int index, const struct pxt_attn_args *args, voi
                                 const void *v, const void *out, const float *lse,
                                 void *workspace);
 size_t pxt_cuda_attention_workspace(const struct pxt_attn_args *args, int backward);
+/* attention_tc.cu: the tensor-core path for 16-bit inputs. select sets *use_tc
+ * (1: take it) from the arguments, the device, the alignment of ptrs (nptrs)
+ * and PYXTTS_CUDA_ATTENTION; it fails when that says "tc" and the path cannot
+ * run. The device must be current. Di is rowsum(dO * O) (B, H, Tq). */
+int pxt_cuda_attention_tc_select(int index, const struct pxt_attn_args *args,
+                                 const void *const *ptrs, int nptrs, int *use_tc);
+int pxt_cuda_attention_tc_forward(int index, const struct pxt_attn_args *args, void *out,
+                                  float *lse, const void *q, const void *k, const void *v);
+int pxt_cuda_attention_tc_backward(int index, const struct pxt_attn_args *args, void *dq,
+                                   void *dk, void *dv, const void *dout, const void *q,
+                                   const void *k, const void *v, const float *lse,
+                                   const float *Di);
+/* The path of the last attention call: 1 tensor cores, 0 the fallback, -1 none
+ * yet (for benchmarks and debuggers; no Python binding). */
+int pxt_cuda_attention_last_path(void);
 /* optim.cu */
 int pxt_cuda_grad_sumsq(int index, double *sumsq, int *nonfinite, const float *g, size_t n,
                         void *workspace);

@@ -15,6 +15,7 @@ differs. Elements the contract fixes (masked rows and keys) must be exactly 0.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import textwrap
 
@@ -286,6 +287,9 @@ def ulp16(x: np.ndarray, dt: np.dtype) -> np.ndarray:
 @pytest.mark.parametrize("case", [CASES[2], CASES[5], CASES[10]], ids=case_id)
 def test_16bit_is_the_fp32_result_rounded(dtype, case, device, rng, seed):
     B, H, Tq, Tk, D, causal, _ = case
+    if device != "cpu" and D in (64, 128) and os.environ.get("PYXTTS_CUDA_ATTENTION") != "simple":
+        pytest.skip("16-bit D = 64 / 128 takes the tensor-core path on sm_80+, which rounds P and dS "
+                    "to 16 bits (not the fp32 result rounded once): test_cuda_attention_tc.py checks it")
     q, k, v, dout, m = draw(rng, case)
     dt = NP[dtype]
     q16, k16, v16, d16 = (x.astype(dt) for x in (q, k, v, dout))

@@ -1,125 +1,150 @@
-"""GPU attention benchmark: pyxtts's exact attention against torch's SDPA flash backend,
-forward + backward, causal, 16-bit.
+"""GPU attention benchmark: pyxtts's tensor-core path (cuda/attention_tc.cu), its
+fallback (cuda/attention.cu) and torch's scaled_dot_product_attention (flash
+backend where torch has it), forward + backward, 16-bit, dense (B, H, T, D).
 
-    python tests/bench/bench_attention_gpu.py [--device cuda:0] [--dtype bfloat16]
-        [--T 512 1024 2048 4096] [--D 64 128] [--tokens 16384] [--H 16] [--repeats 20]
-        [--json tests/bench/results/attention_gpu.json]
+    python tests/bench/bench_attention_gpu.py [--T 512 1024 2048 4096] [--tokens 16384]
+        [--H 16] [--D 64] [--dtype bfloat16] [--no-causal] [--repeats 20]
+        [--paths tc simple torch] [--json out.json]
 
-For each (T, D): B = tokens // T samples of H heads (the same work per row of the
-table), q, k, v, dout drawn once (normal, 16-bit). A step is forward + backward; the
-time is the median of `repeats` steps after 3 warm-up steps, each step synchronised
-(pyxtts queues on the legacy default stream, torch on its current one). Throughput
-counts causal attention's FLOPs: forward 2·B·H·T²·D (half of the full 4·B·H·T²·D),
-backward 2.5x the forward. The issue's goal: pyxtts >= 0.8x torch's flash throughput at
-D = 64, T = 512..4096. Also checked per case: the outputs and gradients agree with
-torch's (max abs difference reported), so a fast wrong kernel cannot pass unnoticed.
-
-`--device cpu --dtype float32 --T 128 --D 64 --tokens 512 --repeats 2` runs the same code
-on the CPU (torch's math backend), to check the script where no GPU is at hand.
+B = tokens // T, so every T does about the same work per key. Each path runs in
+its own subprocess: PYXTTS_CUDA_ATTENTION (read once per process) is "tc" or
+"simple" there; with "tc" a call the tensor-core path cannot take fails instead
+of silently timing the fallback. Times are the median (and best) of `repeats`
+forward+backward steps after two warm-up steps, each step ended by a device
+synchronize. TFLOP/s counts 4 B H Tq Tk D for the forward (half of it when
+causal) and 2.5x that for the backward; the last column is the step time of
+torch over that of pyxtts's path (1.0 = as fast as torch).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import time
-from pathlib import Path
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_case(device: str, dtype_name: str, T: int, D: int, H: int, tokens: int, repeats: int) -> dict:
+def child(path: str, args) -> dict:
     import numpy as np
-    import torch
-    import torch.nn.functional as F
 
-    import pyxtts
+    out = {}
+    if path == "torch":
+        import torch
+        import torch.nn.functional as F
 
-    B = max(1, tokens // T)
-    tdt = getattr(torch, dtype_name)
-    gen = torch.Generator().manual_seed(T * 1000 + D)
-    host = [torch.randn(B, H, T, D, generator=gen).to(tdt) for _ in range(4)]  # q, k, v, dout
-    cuda = device.startswith("cuda")
-    q, k, v, dout = (h.to(device).clone() for h in host)
-    q.requires_grad_(True), k.requires_grad_(True), v.requires_grad_(True)
-    sync_t = torch.cuda.synchronize if cuda else (lambda: None)
-
-    def torch_step():
-        q.grad = k.grad = v.grad = None
-        if cuda:
+        if not torch.cuda.is_available():
+            return {"error": "torch has no CUDA here"}
+        dt = getattr(torch, args.dtype)
+        try:
             from torch.nn.attention import SDPBackend, sdpa_kernel
-
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        o.backward(dout)
-        return o
-
-    np_dt = {"float32": np.float32, "float16": np.float16}.get(dtype_name)
-    if np_dt is None:
+            def ctx():
+                return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+        except ImportError:
+            import contextlib
+            ctx = contextlib.nullcontext
+    else:
         import ml_dtypes
 
-        np_dt = ml_dtypes.bfloat16
-    pq, pk, pv, pd = (pyxtts.tensor(h.float().numpy().astype(np_dt), device=device) for h in host)
+        import pyxtts
 
-    def pyxtts_step():
-        out, lse = pyxtts.attention_forward(pq, pk, pv, causal=True)
-        grads = pyxtts.attention_backward(pd, pq, pk, pv, out, lse, causal=True)
-        return out, grads
+        npdt = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}[args.dtype]
+    rng = np.random.default_rng(0)
+    for T in args.T:
+        B = max(1, args.tokens // T)
+        shape = (B, args.H, T, args.D)
+        x = [rng.standard_normal(shape).astype(np.float32) for _ in range(4)]
+        if path == "torch":
+            q, k, v = (torch.tensor(a, dtype=dt, device="cuda", requires_grad=True) for a in x[:3])
+            d = torch.tensor(x[3], dtype=dt, device="cuda")
 
-    def timed(step, sync) -> float:
-        for _ in range(3):
+            def step(q=q, k=k, v=v, d=d):
+                with ctx():
+                    o = F.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
+                o.backward(d)
+                torch.cuda.synchronize()
+        else:
+            q, k, v, d = (pyxtts.tensor(a.astype(npdt), device="cuda:0") for a in x)
+
+            def step(q=q, k=k, v=v, d=d):
+                o, lse = pyxtts.attention_forward(q, k, v, causal=args.causal)
+                g = pyxtts.attention_backward(d, q, k, v, o, lse, causal=args.causal)
+                pyxtts.synchronize("cuda:0")
+                del o, lse, g
+        try:
             step()
-        sync()
+            step()
+        except Exception as exc:  # noqa: BLE001 - reported, the other sizes still run
+            out[T] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
         times = []
-        for _ in range(repeats):
+        for _ in range(args.repeats):
             t0 = time.perf_counter()
             step()
-            sync()
             times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-
-    t_torch = timed(torch_step, sync_t)
-    t_pxt = timed(pyxtts_step, lambda: pyxtts.synchronize(device))
-    # agreement with torch, every element
-    o_t = torch_step()
-    sync_t()
-    out, (dq, dk, dv) = pyxtts_step()
-    diffs = {name: float(np.max(np.abs(a.numpy().astype(np.float32) - b.detach().float().cpu().numpy())))
-             for name, a, b in (("out", out, o_t), ("dq", dq, q.grad), ("dk", dk, k.grad), ("dv", dv, v.grad))}
-    fwd = 2.0 * B * H * T * T * D
-    flops = 3.5 * fwd
-    return {"T": T, "D": D, "B": B, "H": H, "dtype": dtype_name, "torch_s": t_torch, "pyxtts_s": t_pxt,
-            "torch_tflops": flops / t_torch / 1e12, "pyxtts_tflops": flops / t_pxt / 1e12,
-            "ratio_vs_torch": t_torch / t_pxt, "max_abs_diff": diffs}
+        out[T] = {"B": B, "median_s": statistics.median(times), "best_s": min(times)}
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda:0")
-    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     ap.add_argument("--T", type=int, nargs="+", default=[512, 1024, 2048, 4096])
-    ap.add_argument("--D", type=int, nargs="+", default=[64, 128])
-    ap.add_argument("--H", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--H", type=int, default=16)
+    ap.add_argument("--D", type=int, default=64)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    ap.add_argument("--no-causal", dest="causal", action="store_false")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--paths", nargs="+", default=["tc", "simple", "torch"])
     ap.add_argument("--json")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    import pyxtts
-
-    rows = [run_case(args.device, args.dtype, T, D, args.H, args.tokens, args.repeats)
-            for D in args.D for T in args.T]
-    name = pyxtts.device_info(args.device)["name"]
-    print(f"# {name}, {args.dtype}, causal, forward+backward, {args.tokens} tokens x {args.H} heads per case")
-    print(f"{'D':>4} {'T':>5} {'B':>4} {'torch':>9} {'pyxtts':>9} {'torch TF/s':>10} {'pyxtts TF/s':>11} "
-          f"{'ratio':>6}  max |diff| out/dq/dk/dv")
-    for r in rows:
-        d = r["max_abs_diff"]
-        print(f"{r['D']:>4} {r['T']:>5} {r['B']:>4} {r['torch_s'] * 1e3:>7.2f}ms {r['pyxtts_s'] * 1e3:>7.2f}ms "
-              f"{r['torch_tflops']:>10.1f} {r['pyxtts_tflops']:>11.1f} {r['ratio_vs_torch']:>5.2f}x  "
-              f"{d['out']:.2g}/{d['dq']:.2g}/{d['dk']:.2g}/{d['dv']:.2g}")
+    if args.child:
+        print(json.dumps(child(args.child, args)))
+        return
+    results = {}
+    for path in args.paths:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+        if path != "torch":
+            env["PYXTTS_CUDA_ATTENTION"] = path
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", path] + sys.argv[1:]
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        if p.returncode != 0:
+            results[path] = {"error": p.stderr[-2000:]}
+            print(f"{path}: failed\n{p.stderr[-2000:]}", file=sys.stderr)
+            continue
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        results[path] = r if "error" in r else {int(t): v for t, v in r.items()}
+        for t, v in results[path].items():
+            if isinstance(v, dict) and "error" in v:
+                print(f"{path} T={t}: {v['error']}", file=sys.stderr)
+    print(f"{args.dtype} D={args.D} H={args.H} causal={args.causal} tokens={args.tokens}")
+    print(f"{'T':>6} {'B':>4} " + " ".join(f"{p + ' ms':>12} {'TFLOP/s':>8}" for p in args.paths)
+          + "".join(f" {'torch/' + p:>12}" for p in args.paths if p != "torch"))
+    for T in args.T:
+        B = max(1, args.tokens // T)
+        flops = 4.0 * B * args.H * T * T * args.D * (0.5 if args.causal else 1.0) * 3.5
+        row = f"{T:>6} {B:>4} "
+        for p in args.paths:
+            r = results.get(p, {}).get(T, {}) if isinstance(results.get(p), dict) else {}
+            if "median_s" in r:
+                row += f"{r['median_s'] * 1e3:>12.3f} {flops / r['median_s'] / 1e12:>8.1f} "
+            else:
+                row += f"{'-':>12} {'-':>8} "
+        tt = results.get("torch", {}).get(T, {}) if isinstance(results.get("torch"), dict) else {}
+        for p in args.paths:
+            if p == "torch":
+                continue
+            r = results.get(p, {}).get(T, {}) if isinstance(results.get(p), dict) else {}
+            ratio = tt["median_s"] / r["median_s"] if "median_s" in tt and "median_s" in r else float("nan")
+            row += f" {ratio:>12.2f}"
+        print(row)
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": name, "args": vars(args), "rows": rows,
-                                               "date": time.strftime("%Y-%m-%d")}, indent=2))
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":
