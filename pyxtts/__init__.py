@@ -4,14 +4,16 @@ from __future__ import annotations
 import os as _os
 
 # The engine's OpenMP threads meet at a barrier after every parallel loop. libgomp's
-# default makes a waiting thread spin ~300k times before it sleeps: on a machine whose
-# cores are busy with anything else (a compiler, a data loader, another trainer) the
-# spinning thread holds the core the late one needs, and a CPU step was measured 16x
-# slower (688 ms vs 43 ms median, the demo model on 2 cores under load). A short spin
-# costs nothing measurable when the cores are free. Read by libgomp when _C loads it,
-# so it is set before that; a user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
+# default makes a waiting thread spin 300000 times before it sleeps: when other
+# processes keep the cores busy, the spinner holds the core the late thread needs.
+# Measured (tests/bench/bench_cpu_contention.py, 2 cores, median of 3 runs): a step
+# of 17.6 ms idle took 560 ms beside two busy processes; spinning 1000 times (what
+# libgomp itself uses when it knows it is oversubscribed) gives 18.4 ms idle, 34 ms
+# beside one busy process (32 ms with the default) and 34 ms beside two. libgomp reads
+# it when _C loads it, so it is set first; a user's OMP_WAIT_POLICY or
+# GOMP_SPINCOUNT wins.
 if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
-    _os.environ["GOMP_SPINCOUNT"] = "10000"
+    _os.environ["GOMP_SPINCOUNT"] = "1000"
 
 try:
     from pyxtts._C import (

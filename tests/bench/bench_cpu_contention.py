@@ -4,11 +4,11 @@
 
 Each run is a process of tests/bench/bench_model_cpu.py's worker (forward + backward of
 the same model in pyxtts and in PyTorch, all cores), timed twice: on idle cores, and
-beside one busy-looping process (a compiler, a data loader, another job). libgomp spins
-GOMP_SPINCOUNT times at a barrier before it sleeps (300000 by default); pyxtts sets 10000
-unless the user set GOMP_SPINCOUNT or OMP_WAIT_POLICY. Both settings are run for both
+beside busy-looping processes (a compiler, a data loader, another job). libgomp spins
+GOMP_SPINCOUNT times at a barrier before it sleeps (300000 by default); pyxtts sets 1000
+unless the user set GOMP_SPINCOUNT or OMP_WAIT_POLICY. Each setting is run for both
 libraries (PyTorch's bundled libgomp reads the same variable). Reported: median step time
-and its ratio busy/idle.
+with 0, 1 and as many busy-looping processes as there are cores beside it.
 """
 from __future__ import annotations
 
@@ -20,19 +20,19 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SETTINGS = {"libgomp default (300000)": "300000", "pyxtts default (10000)": "10000"}
+SETTINGS = {"libgomp default (300000)": "300000", "10000": "10000", "pyxtts default (1000)": "1000"}
 
 
-def run(impl: str, config: str, steps: int, spin: str, busy: bool) -> dict:
+def run(impl: str, config: str, steps: int, spin: str, busy: int) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
     env["GOMP_SPINCOUNT"] = spin
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
     try:
         cmd = [sys.executable, str(HERE / "bench_model_cpu.py"), "--steps", str(steps), "--worker", impl, config,
                "none" if impl == "pyxtts" else "-"]
         out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout)
     finally:
-        if hog is not None:
+        for hog in hogs:
             hog.kill()
             hog.wait()
     out.update(spin=spin, busy=busy)
@@ -45,17 +45,18 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--json")
     args = ap.parse_args()
+    loads = (0, 1, os.cpu_count())
     runs = [run(impl, args.config, args.steps, spin, busy)
-            for impl in ("pyxtts", "torch") for spin in SETTINGS.values() for busy in (False, True)]
+            for impl in ("pyxtts", "torch") for spin in SETTINGS.values() for busy in loads]
     print(f"# {args.config} model, forward+backward, {os.cpu_count()} threads, median of {args.steps} steps; "
           f"command: python tests/bench/bench_cpu_contention.py --config {args.config} --steps {args.steps}")
-    print(f"{'impl':7} {'GOMP_SPINCOUNT':26} {'idle':>10} {'1 core busy':>12} {'busy/idle':>10}")
+    print(f"{'impl':7} {'GOMP_SPINCOUNT':26} " + " ".join(f"{f'{n} busy':>10}" for n in loads)
+          + "   (step time with n busy-looping processes beside it)")
     for impl in ("pyxtts", "torch"):
         for label, spin in SETTINGS.items():
-            idle, busy = (next(r for r in runs if r["impl"] == impl and r["spin"] == spin and r["busy"] == b)
-                          for b in (False, True))
-            print(f"{impl:7} {label:26} {idle['step_s'] * 1e3:>8.1f}ms {busy['step_s'] * 1e3:>10.1f}ms "
-                  f"{busy['step_s'] / idle['step_s']:>9.1f}x")
+            cells = [next(r for r in runs if r["impl"] == impl and r["spin"] == spin and r["busy"] == n)
+                     for n in loads]
+            print(f"{impl:7} {label:26} " + " ".join(f"{c['step_s'] * 1e3:>8.1f}ms" for c in cells))
     if args.json:
         Path(args.json).write_text(json.dumps(runs, indent=2))
 
