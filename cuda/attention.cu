@@ -29,6 +29,7 @@
  * padding that holds garbage (even NaN) cannot leak into valid outputs. */
 #include <math.h>
 
+#include "attention_common.cuh"
 #include "elem.cuh"
 
 #define ATTN_THREADS 128
@@ -39,28 +40,7 @@
 #define DQ_BR 32   /* query rows of a dQ block */
 #define DQ_BC 8    /* keys of a dQ tile */
 
-/* ---- helpers ------------------------------------------------------------------------ */
-
-__device__ static inline int iclamp(int x, int lo, int hi) { return x < lo ? lo : x > hi ? hi : x; }
-
-/* valid query rows / keys of sample b (lengths clamped to the sequence) */
-__device__ static inline int q_len(const pxt_attn_args &a, int b) {
-    return a.q_lengths ? iclamp(a.q_lengths[b], 0, a.Tq) : a.Tq;
-}
-__device__ static inline int k_len(const pxt_attn_args &a, int b) {
-    return a.k_lengths ? iclamp(a.k_lengths[b], 0, a.Tk) : a.Tk;
-}
-
-/* key j of sample b is attendable: before k_length and not masked */
-__device__ static inline bool key_ok(const pxt_attn_args &a, int b, int j, int klen) {
-    return j < klen && (!a.key_mask || a.key_mask[(size_t)b * a.Tk + j] != 0);
-}
-
-/* row t of head (b, h) of an operand laid out by s */
-template <typename T>
-__device__ static inline T *row_ptr(T *base, const pxt_strides &s, int b, int h, int t) {
-    return base + ((int64_t)b * s.b + (int64_t)h * s.h + (int64_t)t * s.t);
-}
+/* ---- helpers: lengths, mask and rows in attention_common.cuh ------------------------ */
 
 /* dst (R, SD) smem tile = mul * rows t0.. of (b, h); rows where ok is false
  * (and columns >= D) are zeros and their memory is never read */

@@ -56,6 +56,7 @@
 #include <string.h>
 #include <type_traits>
 
+#include "attention_common.cuh"
 #include "elem.cuh"
 
 #define TC_THREADS 128 /* 4 warps */
@@ -169,22 +170,6 @@ template <typename T> __device__ static inline void store2(T *dst, float x, floa
     *(uint32_t *)dst = w; /* d even, rows 16-byte aligned (tc_select checks) */
 }
 
-/* ---- shared helpers (as attention.cu's) --------------------------------------------- */
-
-__device__ static inline int tc_clamp(int x, int lo, int hi) { return x < lo ? lo : x > hi ? hi : x; }
-__device__ static inline int tc_qlen(const pxt_attn_args &a, int b) {
-    return a.q_lengths ? tc_clamp(a.q_lengths[b], 0, a.Tq) : a.Tq;
-}
-__device__ static inline int tc_klen(const pxt_attn_args &a, int b) {
-    return a.k_lengths ? tc_clamp(a.k_lengths[b], 0, a.Tk) : a.Tk;
-}
-__device__ static inline bool tc_key_ok(const pxt_attn_args &a, int b, int j, int klen) {
-    return j < klen && (!a.key_mask || a.key_mask[(size_t)b * a.Tk + j] != 0);
-}
-template <typename T>
-__device__ static inline T *tc_row(T *base, const pxt_strides &s, int b, int h, int t) {
-    return base + ((int64_t)b * s.b + (int64_t)h * s.h + (int64_t)t * s.t);
-}
 
 /* cp.async rows t0 .. t0+R-1 of (b, h) into dst (R, D + PAD); a row where
  * ok(r) is false is zero-filled and its memory never read. Not committed. */
@@ -195,7 +180,7 @@ __device__ static inline void load_rows(uint16_t *dst, const T *base, const pxt_
     for (int e = threadIdx.x; e < R * CPR; e += TC_THREADS) {
         const int r = e / CPR, c = e % CPR;
         const bool valid = ok(r);
-        const T *src = valid ? tc_row(base, s, b, h, t0 + r) + c * 8 : base;
+        const T *src = valid ? row_ptr(base, s, b, h, t0 + r) + c * 8 : base;
         cp_async16(smem_u32(dst + r * SD + c * 8), src, valid ? 16 : 0);
     }
 }
@@ -254,8 +239,8 @@ __global__ static void __launch_bounds__(TC_THREADS)
     const int b = bh / a.H, h = bh % a.H;
     const int i0 = (a.causal ? nqb - 1 - blk : blk) * BQ; /* the longest rows first */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int ql = tc_qlen(a, b), kl = tc_klen(a, b);
-    const int nq = tc_clamp(ql - i0, 0, BQ);
+    const int ql = q_len(a, b), kl = k_len(a, b);
+    const int nq = iclamp(ql - i0, 0, BQ);
     const int iw = i0 + WR * warp; /* the warp's first row */
     int kend = kl;
     if (a.causal)
@@ -268,7 +253,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
 
     auto load_kv = [&](int tile, int buf) {
         const int j0 = tile * TC_BK;
-        auto ok = [&](int c) { return tc_key_ok(a, b, j0 + c, kl); };
+        auto ok = [&](int c) { return key_ok(a, b, j0 + c, kl); };
         load_rows<TC_BK, D>(Ks + buf * TC_BK * SD, k, a.k, b, h, j0, ok);
         load_rows<TC_BK, D>(Vs + buf * TC_BK * SD, v, a.v, b, h, j0, ok);
         if (threadIdx.x < TC_BK)
@@ -414,7 +399,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
                 continue;
             const bool any = r < i0 + nq && lsum > 0.0f;
             const float inv = any ? 1.0f / lsum : 0.0f; /* no valid key: zeros */
-            T *dst = tc_row(out, a.o, b, h, r);
+            T *dst = row_ptr(out, a.o, b, h, r);
 #pragma unroll
             for (int dt = 0; dt < DT; dt++)
                 store2<T>(dst + dt * 8 + 2 * t, o[mt][dt][2 * hf] * inv, o[mt][dt][2 * hf + 1] * inv);
@@ -448,12 +433,12 @@ __global__ static void __launch_bounds__(TC_THREADS)
     const int bh = blockIdx.x / nkb, j0 = (blockIdx.x % nkb) * TC_BK;
     const int b = bh / a.H, h = bh % a.H;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int ql = tc_qlen(a, b), kl = tc_klen(a, b);
+    const int ql = q_len(a, b), kl = k_len(a, b);
     const int jw = j0 + 16 * warp; /* the warp's first key */
     const float c2 = a.scale * TC_LOG2E;
     const float *lse_bh = lse + (size_t)bh * a.Tq, *Di_bh = Di + (size_t)bh * a.Tq;
 
-    auto kok = [&](int c) { return tc_key_ok(a, b, j0 + c, kl); };
+    auto kok = [&](int c) { return key_ok(a, b, j0 + c, kl); };
     load_rows<TC_BK, D>(Ks, k, a.k, b, h, j0, kok);
     load_rows<TC_BK, D>(Vs, v, a.v, b, h, j0, kok);
     if (threadIdx.x < TC_BK)
@@ -567,7 +552,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
         if (j0 + c >= a.Tk)
             continue;
         const bool keep = kval[c]; /* masked keys and keys past k_length: zeros */
-        T *dkr = tc_row(dk, a.k, b, h, j0 + c), *dvr = tc_row(dv, a.v, b, h, j0 + c);
+        T *dkr = row_ptr(dk, a.k, b, h, j0 + c), *dvr = row_ptr(dv, a.v, b, h, j0 + c);
 #pragma unroll
         for (int dt = 0; dt < DT; dt++) {
             const int d = dt * 8 + 2 * t;
@@ -599,8 +584,8 @@ __global__ static void __launch_bounds__(TC_THREADS)
     const int b = bh / a.H, h = bh % a.H;
     const int i0 = (a.causal ? nqb - 1 - blk : blk) * TC_BQ;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int ql = tc_qlen(a, b), kl = tc_klen(a, b);
-    const int nq = tc_clamp(ql - i0, 0, TC_BQ);
+    const int ql = q_len(a, b), kl = k_len(a, b);
+    const int nq = iclamp(ql - i0, 0, TC_BQ);
     const int iw = i0 + 16 * warp;
     const bool warp_live = iw < i0 + nq;
     const float c2 = a.scale * TC_LOG2E;
@@ -623,7 +608,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
     load_rows<TC_BQ, D>(dOs, dout, a.o, b, h, i0, rok);
     auto load_kv = [&](int tile, int buf) {
         const int j0 = tile * BK;
-        auto ok = [&](int c) { return tc_key_ok(a, b, j0 + c, kl); };
+        auto ok = [&](int c) { return key_ok(a, b, j0 + c, kl); };
         load_rows<BK, D>(Ks + buf * BK * SD, k, a.k, b, h, j0, ok);
         load_rows<BK, D>(Vs + buf * BK * SD, v, a.v, b, h, j0, ok);
         if (threadIdx.x < BK)
@@ -706,7 +691,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
         if (r >= a.Tq)
             continue;
         const bool keep = r < i0 + nq; /* rows past q_length: zeros */
-        T *dst = tc_row(dq, a.q, b, h, r);
+        T *dst = row_ptr(dq, a.q, b, h, r);
 #pragma unroll
         for (int dt = 0; dt < DT; dt++)
             store2<T>(dst + dt * 8 + 2 * t, keep ? dQ[dt][2 * hf] : 0.0f,
