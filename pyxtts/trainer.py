@@ -254,6 +254,21 @@ class Trainer:
             return open(self.log_path, "a", encoding="utf-8")
         return open(self.log_path, "w", encoding="utf-8")
 
+    def _step_record(self, r, batch: dict, lr: float, seconds: float) -> dict:
+        """The JSONL record of the optimizer step just taken (``self.step``)."""
+        return {"type": "train", "step": self.step, "epoch": self.epoch, "lr": lr,
+                "loss": r.loss, "text_loss": r.text_loss, "audio_loss": r.audio_loss,
+                "grad_norm": r.grad_norm, "skipped": r.skipped, "loss_scale": self.optimizer.loss_scale,
+                "samples": int(batch["text_lengths"].shape[0]),
+                "text_tokens": int((batch["text_targets"] >= 0).sum()),
+                "audio_tokens": int((batch["audio_targets"] >= 0).sum()),
+                "micro_batch_size": r.micro_batch_size, "oom_splits": r.oom_splits,
+                "step_time_s": seconds, "tokens_per_s": r.tokens_per_s,
+                "peak_allocated_bytes": r.peak_memory_bytes,
+                "allocated_bytes": _C.memory_allocated(self.device),
+                "reserved_bytes": _C.memory_reserved(self.device), "rss_bytes": _rss_bytes(),
+                "time": time.time()}
+
     # ---- the loop --------------------------------------------------------------------------
     def fit(self, dataset: Sequence[Sample], eval_dataset: Sequence[Sample] | None = None, *,
             resume: bool | str | os.PathLike = False, overwrite: bool = False) -> FitResult:
@@ -345,18 +360,7 @@ class Trainer:
                     # the update is applied: move the position before anything can interrupt
                     self.step += 1
                     self.batch_in_epoch += 1
-                    rec = {"type": "train", "step": self.step, "epoch": self.epoch, "lr": lr,
-                           "loss": r.loss, "text_loss": r.text_loss, "audio_loss": r.audio_loss,
-                           "grad_norm": r.grad_norm, "skipped": r.skipped,
-                           "loss_scale": self.optimizer.loss_scale, "samples": len(g),
-                           "text_tokens": int((batch["text_targets"] >= 0).sum()),
-                           "audio_tokens": int((batch["audio_targets"] >= 0).sum()),
-                           "micro_batch_size": r.micro_batch_size, "oom_splits": r.oom_splits,
-                           "step_time_s": time.perf_counter() - t0, "tokens_per_s": r.tokens_per_s,
-                           "peak_allocated_bytes": r.peak_memory_bytes,
-                           "allocated_bytes": _C.memory_allocated(self.device),
-                           "reserved_bytes": _C.memory_reserved(self.device), "rss_bytes": _rss_bytes(),
-                           "time": time.time()}
+                    rec = self._step_record(r, batch, lr, time.perf_counter() - t0)
                     if t.enable_memory_cleanup and self.step % t.cleanup_interval == 0:
                         rec["cleanup_released_bytes"] = cleanup_gpu_memory(self.device)
                     history.append(rec)
@@ -385,8 +389,7 @@ class Trainer:
                     self.batch_in_epoch = 0
             if self.step % t.eval_interval != 0 and history:
                 run_eval()
-            if last_ckpt is None or CHECKPOINT_RE.fullmatch(last_ckpt.name) is None \
-                    or int(CHECKPOINT_RE.fullmatch(last_ckpt.name).group(1)) != self.step:
+            if _checkpoint_step(last_ckpt) != self.step:  # the end is saved once
                 last_ckpt = self.save()
         except KeyboardInterrupt:
             progress.close()
@@ -434,6 +437,12 @@ def _collated(dataset: Sequence[Sample], groups: list, workers: int) -> Iterator
         finally:
             for _, f in pending:
                 f.cancel()
+
+
+def _checkpoint_step(path: Path | None) -> int | None:
+    """N of a step_<N>.safetensors path, None for anything else."""
+    m = CHECKPOINT_RE.fullmatch(path.name) if path is not None else None
+    return int(m.group(1)) if m else None
 
 
 def _data_limits(config: XTTSConfig):
