@@ -64,6 +64,33 @@ def _positive_int(name: str, value: Any, allow_none: bool = False) -> int | None
     return int(value)
 
 
+def largest_fitting(fits, start: int = 1, cap: int | None = None) -> int | None:
+    """Largest b in [start, cap] with fits(b) for a fits that is monotone (true up to
+    some size, false above it): doubling from start (up to 2**20 without a cap), then
+    bisection. None when start does not fit."""
+    if not fits(start):
+        return None
+    lo, hi = start, None  # lo fits; hi, once known, does not
+    if cap is not None:
+        if fits(cap):
+            return cap
+        hi = cap
+    else:
+        b = start
+        while hi is None:
+            b = min(b * 2, _MAX_SEARCH)
+            if not fits(b):
+                hi = b
+            elif b == _MAX_SEARCH:
+                return b
+            else:
+                lo = b
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
 def find_optimal_batch_size(model, optimizer=None, text_len: int | None = None,
                             audio_len: int | None = None, start_batch_size: int = 1,
                             max_batch_size: int | None = None, safety_margin: float = 0.05,
@@ -106,32 +133,7 @@ def find_optimal_batch_size(model, optimizer=None, text_len: int | None = None,
         return plan.total + foreign <= avail
 
     def solve(avail: int, hi_cap: int | None) -> int | None:
-        """Largest b in [start, hi_cap] with fits(b), None if start does not fit."""
-        if not fits(start, avail):
-            return None
-        lo = start  # fits
-        hi = None  # first known size that does not fit
-        if hi_cap is not None:
-            if fits(hi_cap, avail):
-                return hi_cap
-            hi = hi_cap
-        else:
-            b = start
-            while True:
-                b = min(b * 2, _MAX_SEARCH)
-                if not fits(b, avail):
-                    hi = b
-                    break
-                lo = b
-                if b == _MAX_SEARCH:
-                    return b
-        while hi - lo > 1:  # the plan is monotone in the batch size
-            mid = (lo + hi) // 2
-            if fits(mid, avail):
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return largest_fitting(lambda b: fits(b, avail), start, hi_cap)
 
     size = solve(budget, cap)
     if size is None:
@@ -193,6 +195,8 @@ class StepResult:
     oom_splits: int  # how often the micro-batch was halved after an out-of-memory error
     tokens_per_s: float  # valid targets (text + audio) of the batch per second of the call
     peak_memory_bytes: int  # peak allocated bytes on the model's device during the call
+    text_tokens: int = 0  # valid text targets of the whole batch
+    audio_tokens: int = 0  # valid audio targets of the whole batch
 
 
 def _rows(batch: Mapping[str, Any], lo: int, hi: int) -> dict:
@@ -279,4 +283,5 @@ def train_step_with_accumulation(model, optimizer, batch: Mapping[str, Any],
         loss=c.text_loss_weight * text + c.audio_loss_weight * audio, text_loss=text, audio_loss=audio,
         grad_norm=float(step["grad_norm"]), skipped=bool(step["skipped"]), micro_batch_size=micro,
         oom_splits=splits, tokens_per_s=(n_text + n_audio) / elapsed if elapsed > 0 else float("inf"),
-        peak_memory_bytes=int(_C.memory_stats(device)["peak_allocated_bytes"]))
+        peak_memory_bytes=int(_C.memory_stats(device)["peak_allocated_bytes"]),
+        text_tokens=int(n_text), audio_tokens=int(n_audio))

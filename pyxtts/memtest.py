@@ -40,45 +40,33 @@ class MemtestReport:
 
 def _largest_batch(config: XTTSConfig, device: str, policy: str, precision: str, limit: int) -> int:
     """Largest micro-batch whose plan fits ``limit`` (0 when not even 1 does)."""
+    from pyxtts.batch import largest_fitting
+
     d = config.data
 
-    def total(b: int) -> int:
+    def fits(b: int) -> bool:
         return estimate_memory(config.model, b, d.max_text_tokens, d.max_audio_tokens,
                                cond_len=config.model.n_cond_latents, checkpointing=policy, train=True,
-                               device=device, optimizer=True, precision=precision).total
+                               device=device, optimizer=True, precision=precision).total <= limit
 
-    if total(1) > limit:
-        return 0
-    lo, hi = 1, 2
-    while total(hi) <= limit:
-        lo, hi = hi, hi * 2
-        if hi > 1 << 16:
-            return lo
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if total(mid) <= limit else (lo, mid)
-    return lo
+    return largest_fitting(fits) or 0
 
 
 def _synthetic_step(config: XTTSConfig, device: str, batch_size: int) -> tuple[int, float]:
-    """One real training step (forward, backward, AdamW) at the longest sequences;
-    returns (allocator peak, seconds). The model and optimizer are freed afterwards."""
+    """One real training step (forward, backward, AdamW) at the longest sequences with a
+    fresh model and optimizer; returns (allocator peak, seconds). Both die with the call
+    (the caller empties the cache once an OutOfMemoryError's traceback is gone too)."""
     from pyxtts.batch import _synthetic_batch, train_step_with_accumulation
-    from pyxtts.model import XTTSGPT
+    from pyxtts.trainer import model_from_config, optimizer_from_config
 
-    t, d, m = config.training, config.data, config.model
-    model = XTTSGPT(m, device=device, precision=t.precision, checkpointing=t.checkpointing, seed=t.seed)
-    try:
-        opt = _C.AdamW(model, lr=t.learning_rate, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay,
-                       grad_clip=t.grad_clip, loss_scale=2.0**16 if t.precision == "fp16" else None)
-        batch = _synthetic_batch(m, batch_size, d.max_text_tokens, d.max_audio_tokens, m.n_cond_latents)
-        t0 = time.perf_counter()
-        r = train_step_with_accumulation(model, opt, batch, 1)
-        _C.synchronize(device)
-        return r.peak_memory_bytes, time.perf_counter() - t0
-    finally:
-        del model
-        cleanup_gpu_memory(device)
+    d, m = config.data, config.model
+    model = model_from_config(config, device)
+    opt = optimizer_from_config(model, config.training)
+    batch = _synthetic_batch(m, batch_size, d.max_text_tokens, d.max_audio_tokens, m.n_cond_latents)
+    t0 = time.perf_counter()
+    r = train_step_with_accumulation(model, opt, batch, 1)
+    _C.synchronize(device)
+    return r.peak_memory_bytes, time.perf_counter() - t0
 
 
 def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str | None = None,
@@ -126,6 +114,7 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
             oom = str(exc)
         finally:
             _C.set_memory_limit(saved, dev)
+        cleanup_gpu_memory(dev)  # the step's model, optimizer and any traceback are gone now
         from pyxtts.monitor import _peak_rss_bytes
 
         report.measured_rss = _peak_rss_bytes()

@@ -44,7 +44,7 @@ from pyxtts.model import XTTSGPT
 from pyxtts.monitor import _rss_bytes
 from pyxtts.schedule import ConstantLR, LRSchedule, MultiStepLR, WarmupCosineLR
 
-__all__ = ["FitResult", "Trainer", "schedule_from_config"]
+__all__ = ["FitResult", "Trainer", "model_from_config", "optimizer_from_config", "schedule_from_config"]
 
 CHECKPOINT_RE = re.compile(r"step_(\d+)\.safetensors")
 # Consecutive skipped (non-finite) steps after which the run is declared diverged.
@@ -59,6 +59,19 @@ def schedule_from_config(t) -> LRSchedule:
     if t.lr_schedule == "warmup_cosine":
         return WarmupCosineLR(t.learning_rate, t.warmup_steps, t.max_steps, t.min_lr)
     return MultiStepLR(t.learning_rate, t.lr_milestones, t.lr_gamma)
+
+
+def model_from_config(config: XTTSConfig, device: str) -> XTTSGPT:
+    """The ``XTTSGPT`` a config describes (precision, checkpointing, seed) on ``device``."""
+    t = config.training
+    return XTTSGPT(config.model, device=device, precision=t.precision, checkpointing=t.checkpointing,
+                   seed=t.seed)
+
+
+def optimizer_from_config(model: XTTSGPT, t) -> Any:
+    """The ``AdamW`` a ``TrainingConfig`` describes; fp16 gets a dynamic loss scale."""
+    return _C.AdamW(model, lr=t.learning_rate, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay,
+                    grad_clip=t.grad_clip, loss_scale=2.0**16 if t.precision == "fp16" else None)
 
 
 @dataclass
@@ -78,29 +91,21 @@ class FitResult:
 
 
 class _Progress:
-    """tqdm when wanted (``progress=True``), else silent; lines go through tqdm.write."""
+    """The tqdm bar of a run: on a terminal or in a notebook; a log file gets the lines only."""
 
-    def __init__(self, enabled: bool, total: int | None, initial: int) -> None:
+    def __init__(self, enabled: bool, total: int, initial: int) -> None:
         self.bar = None
         if enabled:
             from tqdm import tqdm
 
-            # a bar on a terminal or in a notebook; a log file gets the log lines only
             live = sys.stderr.isatty() or "ipykernel" in sys.modules
             self.bar = tqdm(total=total, initial=initial, unit="step", desc="train", dynamic_ncols=True,
                             mininterval=0.5, file=sys.stderr, disable=not live)
-        self.enabled = enabled
 
     def update(self, postfix: str) -> None:
         if self.bar is not None:
             self.bar.set_postfix_str(postfix, refresh=False)
             self.bar.update(1)
-
-    def write(self, line: str) -> None:
-        if self.enabled:
-            from tqdm import tqdm
-
-            tqdm.write(line, file=sys.stderr)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -123,11 +128,8 @@ class Trainer:
         t = config.training
         self.device = device if device is not None else t.resolved_device()
         self._apply_memory_fraction(t.max_memory_fraction)
-        self.model = XTTSGPT(config.model, device=self.device, precision=t.precision,
-                             checkpointing=t.checkpointing, seed=t.seed)
-        self.optimizer = _C.AdamW(self.model, lr=t.learning_rate, betas=t.betas, eps=t.eps,
-                                  weight_decay=t.weight_decay, grad_clip=t.grad_clip,
-                                  loss_scale=2.0**16 if t.precision == "fp16" else None)
+        self.model = model_from_config(config, self.device)
+        self.optimizer = optimizer_from_config(self.model, t)
         self.schedule = schedule_from_config(t)
         self.checkpoint_dir = Path(t.checkpoint_dir)
         self.log_path = Path(log_path) if log_path is not None else self.checkpoint_dir / "train_log.jsonl"
@@ -211,7 +213,15 @@ class Trainer:
         self.batch_in_epoch = int(extra.get("batch_in_epoch", 0))
         return meta
 
-    def _resume(self, resume: bool | str | os.PathLike, say) -> Path | None:
+    def _say(self, line: str) -> None:
+        """A progress line (through tqdm, so a live bar stays below it); none with progress=False."""
+        if self.progress:
+            from tqdm import tqdm
+
+            tqdm.write(line, file=sys.stderr)
+
+    def _resume(self, resume: bool | str | os.PathLike) -> Path | None:
+        say = self._say
         if resume is True:
             found = self.checkpoints()
             if not found:
@@ -260,8 +270,7 @@ class Trainer:
                 "loss": r.loss, "text_loss": r.text_loss, "audio_loss": r.audio_loss,
                 "grad_norm": r.grad_norm, "skipped": r.skipped, "loss_scale": self.optimizer.loss_scale,
                 "samples": int(batch["text_lengths"].shape[0]),
-                "text_tokens": int((batch["text_targets"] >= 0).sum()),
-                "audio_tokens": int((batch["audio_targets"] >= 0).sum()),
+                "text_tokens": r.text_tokens, "audio_tokens": r.audio_tokens,
                 "micro_batch_size": r.micro_batch_size, "oom_splits": r.oom_splits,
                 "step_time_s": seconds, "tokens_per_s": r.tokens_per_s,
                 "peak_allocated_bytes": r.peak_memory_bytes,
@@ -288,15 +297,10 @@ class Trainer:
             if not isinstance(ds, Sequence) or len(ds) == 0:
                 raise ValueError(f"{name}: expected a non-empty sequence of samples (a TTSDataset)")
             (ds if isinstance(ds, TTSDataset) else TTSDataset(list(ds))).validate(_data_limits(c))
-        progress = _Progress(False, None, 0)  # for messages before the bar exists
-        progress.enabled = self.progress
-
-        def say(line: str) -> None:
-            progress.write(line)
-
+        say = self._say
         resumed = None
         if resume is not False:
-            resumed = self._resume(resume, say)
+            resumed = self._resume(resume)
         elif self.step == 0 and self.checkpoints():  # (step > 0: this trainer's own run goes on)
             if not overwrite:
                 raise FileExistsError(
@@ -353,13 +357,13 @@ class Trainer:
                     t0 = time.perf_counter()
                     steps = accum if micro_cap is None else max(accum, -(-len(g) // micro_cap))
                     r = train_step_with_accumulation(self.model, self.optimizer, batch, steps)
-                    if r.oom_splits:  # remembered: later steps start at the micro-batch that fitted
-                        micro_cap = r.micro_batch_size
-                        say(f"step {self.step + 1}: out of memory at micro-batch {-(-len(g) // steps)}; "
-                            f"going on with micro-batches of {micro_cap} (same effective batch)")
                     # the update is applied: move the position before anything can interrupt
                     self.step += 1
                     self.batch_in_epoch += 1
+                    if r.oom_splits:  # remembered: later steps start at the micro-batch that fitted
+                        micro_cap = r.micro_batch_size
+                        say(f"step {self.step}: out of memory at micro-batch {-(-len(g) // steps)}; "
+                            f"going on with micro-batches of {micro_cap} (same effective batch)")
                     rec = self._step_record(r, batch, lr, time.perf_counter() - t0)
                     if t.enable_memory_cleanup and self.step % t.cleanup_interval == 0:
                         rec["cleanup_released_bytes"] = cleanup_gpu_memory(self.device)
