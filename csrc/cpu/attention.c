@@ -137,16 +137,7 @@ static inline attn_v4f v4_select(attn_v4i m, attn_v4f x, attn_v4f y) {
 #define VFMA(a, b, c) ((a) * (b) + (c))
 #define VMAX(a, b) v4_select((a) > (b), (a), (b))
 #define VMIN(a, b) v4_select((a) < (b), (a), (b))
-#include "attention_tile.h"
-#undef TILE_ISA
-#undef VF
-#undef VI
-#undef VW
-#undef NVMAX
-#undef VSET1
-#undef VFMA
-#undef VMAX
-#undef VMIN
+#include "attention_tile.h" /* undefines the parameters above */
 static const attn_isa isa_generic = {"generic", fwd_item_generic, bwd_kv_item_generic,
                                      bwd_q_item_generic, bwd_head_item_generic, di_row_generic};
 
@@ -166,17 +157,7 @@ static const attn_isa isa_generic = {"generic", fwd_item_generic, bwd_kv_item_ge
 #define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define VMAX(a, b) _mm256_max_ps(a, b)
 #define VMIN(a, b) _mm256_min_ps(a, b)
-#include "attention_tile.h"
-#undef TILE_ISA
-#undef VF
-#undef VI
-#undef VW
-#undef NVMAX
-#undef VSET1
-#undef VFMA
-#undef VMAX
-#undef VMIN
-#undef LOAD_F16
+#include "attention_tile.h" /* undefines the parameters above */
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -191,17 +172,7 @@ static const attn_isa isa_generic = {"generic", fwd_item_generic, bwd_kv_item_ge
 #define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define VMAX(a, b) _mm512_max_ps(a, b)
 #define VMIN(a, b) _mm512_min_ps(a, b)
-#include "attention_tile.h"
-#undef TILE_ISA
-#undef VF
-#undef VI
-#undef VW
-#undef NVMAX
-#undef VSET1
-#undef VFMA
-#undef VMAX
-#undef VMIN
-#undef LOAD_F16
+#include "attention_tile.h" /* undefines the parameters above */
 #pragma GCC pop_options
 
 static const attn_isa isa_avx2 = {"avx2", fwd_item_avx2, bwd_kv_item_avx2, bwd_q_item_avx2,

@@ -8,7 +8,8 @@
  *   VSET1(x), VFMA(a, b, c) (= a * b + c), VMAX(a, b), VMIN(a, b) (both return b
  *                    where either is NaN, so NaN propagates through VMAX(lo, x))
  *   LOAD_F16(p)      optional: VW float16 at p as a VF (F16C), else a scalar loop
- * and the shared definitions: attn_ctx, the tile sizes, the packing helpers.
+ * and undefines them all at its end, ready for the next instruction set; it uses
+ * the shared definitions: attn_ctx, the tile sizes, the packing helpers.
  *
  * Tiles are fp32 and zero-padded: a row of a (rows, Dp) tile holds D values then
  * zeros; a transposed (Dp, BR|BC) tile holds one query/key per column. Every GEMM
@@ -558,3 +559,15 @@ static void TILE(bwd_q_item)(const attn_ctx *c, float *ws, int b, int h, int qb)
     for (int i = nq; i < nrows; i++)
         memset(row_ptr(c, c->dq, &a->q, b, h, i0 + i), 0, (size_t)D * esz);
 }
+
+/* the parameters of this instantiation end here */
+#undef TILE_ISA
+#undef VF
+#undef VI
+#undef VW
+#undef NVMAX
+#undef VSET1
+#undef VFMA
+#undef VMAX
+#undef VMIN
+#undef LOAD_F16
