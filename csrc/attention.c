@@ -229,6 +229,21 @@ static int options(refs *r, pxt_attn_args *a, pxt_device dev, int causal, PyObje
 }
 
 /* max_sequence_length: None or an int >= 1 that neither Tq nor Tk exceeds. */
+/* q (B, H, Tq, D), k and v (B, H, Tk, D): converted, checked alike; 0 or -1. */
+static int qkv_args(refs *r, PyObject *qo, PyObject *ko, PyObject *vo, pxt_tensor **q, pxt_tensor **k,
+                    pxt_tensor **v) {
+    if (!(*q = tensor_arg(r, qo, "q", NULL)) || check_qkv(*q, "q", NULL) < 0 ||
+        !(*k = tensor_arg(r, ko, "k", *q)) || check_qkv(*k, "k", *q) < 0 ||
+        !(*v = tensor_arg(r, vo, "v", *q)) || check_qkv(*v, "v", *q) < 0)
+        return -1;
+    if ((*v)->shape[2] != (*k)->shape[2]) {
+        PyErr_Format(PyExc_ValueError, "v: expected Tk=%lld keys (as k), got %lld",
+                     (long long)(*k)->shape[2], (long long)(*v)->shape[2]);
+        return -1;
+    }
+    return 0;
+}
+
 static int check_max_len(PyObject *obj, int64_t Tq, int64_t Tk) {
     if (obj == Py_None)
         return 0;
@@ -318,15 +333,8 @@ static PyObject *forward(PyObject *args, PyObject *kwargs, const char *fmt, int 
     refs r = {.n = 0};
     PyObject *result = NULL;
     pxt_tensor *q, *k, *v;
-    if (!(q = tensor_arg(&r, qo, "q", NULL)) || check_qkv(q, "q", NULL) < 0 ||
-        !(k = tensor_arg(&r, ko, "k", q)) || check_qkv(k, "k", q) < 0 ||
-        !(v = tensor_arg(&r, vo, "v", q)) || check_qkv(v, "v", q) < 0)
+    if (qkv_args(&r, qo, ko, vo, &q, &k, &v) < 0)
         goto done;
-    if (v->shape[2] != k->shape[2]) {
-        PyErr_Format(PyExc_ValueError, "v: expected Tk=%lld keys (as k), got %lld",
-                     (long long)k->shape[2], (long long)v->shape[2]);
-        goto done;
-    }
     if (check_max_len(maxlen, q->shape[2], k->shape[2]) < 0)
         goto done;
     pxt_attn_args a = {.B = (int)q->shape[0], .H = (int)q->shape[1], .Tq = (int)q->shape[2],
@@ -400,15 +408,8 @@ static PyObject *py_attention_backward(PyObject *m, PyObject *args, PyObject *kw
     refs r = {.n = 0};
     PyObject *result = NULL;
     pxt_tensor *q, *k, *v, *out, *dout, *lse;
-    if (!(q = tensor_arg(&r, qo, "q", NULL)) || check_qkv(q, "q", NULL) < 0 ||
-        !(k = tensor_arg(&r, ko, "k", q)) || check_qkv(k, "k", q) < 0 ||
-        !(v = tensor_arg(&r, vo, "v", q)) || check_qkv(v, "v", q) < 0)
+    if (qkv_args(&r, qo, ko, vo, &q, &k, &v) < 0)
         goto done;
-    if (v->shape[2] != k->shape[2]) {
-        PyErr_Format(PyExc_ValueError, "v: expected Tk=%lld keys (as k), got %lld",
-                     (long long)k->shape[2], (long long)v->shape[2]);
-        goto done;
-    }
     if (!(out = tensor_arg(&r, oo, "out", q)) || check_qkv(out, "out", q) < 0 ||
         pxt_check_shape(out, "out", 4, q->shape) < 0 ||
         !(dout = tensor_arg(&r, doo, "dout", q)) || check_qkv(dout, "dout", q) < 0 ||
