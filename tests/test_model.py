@@ -116,12 +116,13 @@ def test_without_conditioning_latents_and_with_empty_text_sample():
     assert_grads_close(grads_of(m), ref_grads, rtol=1e-4)
 
 
-def test_policies_give_bit_identical_gradients():
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_policies_give_bit_identical_gradients(precision):
     rng = np.random.default_rng()
     batch = random_batch(rng, SMALL, B=2, Lt=20, La=33)
     results = []
     for policy in POLICIES:
-        m = pyxtts.XTTSGPT(SMALL, checkpointing=policy, seed=3)
+        m = pyxtts.XTTSGPT(SMALL, precision=precision, checkpointing=policy, seed=3)
         out = m.forward_backward(batch)
         results.append((out["loss"], grads_of(m)))
     for loss, grads in results[1:]:
