@@ -7,7 +7,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include "backend.h"
+#include "engine/backend.h"
 
 /* Turns a failed CUDA call into `return pxt_error(PXT_ERR_DEVICE, ...)`.
  * The failed call also set the runtime's last error; clear it so a later

@@ -29,7 +29,7 @@
 #include <omp.h>
 #include <string.h>
 
-#include "../backend.h"
+#include "engine/backend.h"
 #include "cpu.h"
 
 #define BR 64  /* query rows of a tile */

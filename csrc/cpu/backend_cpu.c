@@ -8,7 +8,7 @@
 
 #include <cblas.h> /* scipy-openblas32: symbols carry a scipy_ prefix */
 
-#include "../backend.h"
+#include "engine/backend.h"
 #include "cpu.h"
 
 static int cpu_device_count(void) { return 1; }

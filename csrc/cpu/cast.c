@@ -8,7 +8,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../pxt.h"
+#include "engine/pxt.h"
 #include "cpu.h"
 
 static float load_float(const void *src, pxt_dtype t, size_t i) {

@@ -2,7 +2,7 @@
 #ifndef PXT_CPU_H
 #define PXT_CPU_H
 
-#include "../pxt.h"
+#include "engine/pxt.h"
 
 int pxt_cpu_cast(int index, void *dst, pxt_dtype dt, const void *src, pxt_dtype st, size_t n);
 /* float64 (NumPy input) into an integer dtype, with pxt_cpu_cast's float rules. */

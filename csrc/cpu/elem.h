@@ -6,7 +6,7 @@
 #ifndef PXT_CPU_ELEM_H
 #define PXT_CPU_ELEM_H
 
-#include "../pxt.h"
+#include "engine/pxt.h"
 
 /* p[i] of dtype dt as a float. */
 static inline float pxt_ld(const void *p, size_t i, pxt_dtype dt) {

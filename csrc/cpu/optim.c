@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../backend.h"
+#include "engine/backend.h"
 #include "cpu.h"
 #include "elem.h"
 

@@ -10,7 +10,7 @@
 #define PXT_PLAN_H
 
 #include "backend.h"
-#include "gpt.h"
+#include "layout.h"
 
 typedef enum { PXT_CKPT_NONE = 0, PXT_CKPT_SELECTIVE = 1, PXT_CKPT_FULL = 2 } pxt_ckpt;
 

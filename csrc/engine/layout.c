@@ -1,9 +1,9 @@
-/* gpt.c: the XTTS GPT parameter layout and config checks. */
+/* layout.c: the XTTS GPT parameter layout and config checks. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpt.h"
+#include "layout.h"
 
 #define ALIGN_ELEMS 64 /* 256 bytes of fp32: every tensor starts aligned */
 

@@ -1,9 +1,9 @@
-/* gpt.h: the XTTS GPT's configuration and parameter layout (DESIGN.md's table).
+/* layout.h: the XTTS GPT's configuration and parameter layout (DESIGN.md's table).
  *
  * Parameters live in one flat buffer, gradients (fp32) in another with the
  * same element offsets; every named parameter is a view. No Python here. */
-#ifndef PXT_GPT_H
-#define PXT_GPT_H
+#ifndef PXT_LAYOUT_H
+#define PXT_LAYOUT_H
 
 #include "pxt.h"
 
@@ -67,4 +67,4 @@ int pxt_block_layout_init(pxt_param_layout *l, int d_model, int cross);
 /* Checks a config; PXT_ERR_VALUE with the field, value and rule. */
 int pxt_gpt_config_check(const pxt_gpt_config *c);
 
-#endif /* PXT_GPT_H */
+#endif /* PXT_LAYOUT_H */

@@ -9,7 +9,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include "alloc.h"
+#include "engine/alloc.h"
 
 typedef struct {
     PyObject_HEAD

@@ -3,7 +3,7 @@
 #define PXT_MODULE_H
 
 #include "tensor.h"
-#include "gpt.h"
+#include "engine/layout.h"
 
 extern PyObject *pxt_OutOfMemoryError;
 

@@ -1,4 +1,4 @@
-/* model.c: pyxtts._C.GPT, the XTTS GPT's native core.
+/* gpt.c: pyxtts._C.GPT, the XTTS GPT's native core.
  *
  * Owns the flat parameter and gradient buffers and the step arena; runs the
  * forward, the fused heads + cross-entropy and the backward through the
@@ -15,7 +15,7 @@
 #define NPY_NO_DEPRECATED_API NPY_2_0_API_VERSION
 #include <numpy/arrayobject.h>
 
-#include "block.h"
+#include "engine/block.h"
 
 enum { CKPT_AUTO = 3 };
 

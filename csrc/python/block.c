@@ -1,4 +1,4 @@
-/* block_py.c: pyxtts.Block, one pre-LayerNorm GPT-2 block (optionally with
+/* block.c: pyxtts.Block, one pre-LayerNorm GPT-2 block (optionally with
  * cross-attention) usable alone, on the same block.c code as the model.
  *
  * Owns flat parameter and fp32 gradient buffers and one arena per shape. The
@@ -23,7 +23,7 @@
 #define NPY_NO_DEPRECATED_API NPY_2_0_API_VERSION
 #include <numpy/arrayobject.h>
 
-#include "block.h"
+#include "engine/block.h"
 
 #define ARENA_ALIGN 256
 

@@ -1,4 +1,4 @@
-/* ops_py.c: Python bindings of single backend kernels (_op_*), so the tests can
+/* ops.c: Python bindings of single backend kernels (_op_*), so the tests can
  * check each op against float64 NumPy and finite differences.
  *
  * Each binding converts its arguments (pxt_arg_tensor: NumPy arrays become

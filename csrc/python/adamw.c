@@ -1,4 +1,4 @@
-/* optim.c: pyxtts._C.AdamW, the accumulating optimizer step over a GPT's flat
+/* adamw.c: pyxtts._C.AdamW, the accumulating optimizer step over a GPT's flat
  * buffers (DESIGN.md principle 3).
  *
  * State, allocated at construction through the caching allocator on the

@@ -4,7 +4,7 @@
 
 #include <string.h>
 
-#include "rng.h"
+#include "engine/rng.h"
 
 /* GPT-2 initialisation of params (a flat tensor laid out by l): N(0, 0.02) for
  * matrices and embeddings, N(0, resid_std) for the residual projections

@@ -25,7 +25,7 @@
 #ifndef PXT_BLOCK_H
 #define PXT_BLOCK_H
 
-#include "gpt.h"
+#include "layout.h"
 #include "plan.h"
 
 /* What every op of a step shares. Zero-initialised fields give the plain causal

@@ -1,4 +1,4 @@
-/* tensor_dlpack.c: DLPack export (__dlpack__) and import (from_dlpack).
+/* dlpack.c: DLPack export (__dlpack__) and import (from_dlpack).
  *
  * Zero-copy whenever the devices agree and the producer's memory is
  * C-contiguous; a strided CPU producer is gathered into a fresh tensor. */
