@@ -120,8 +120,36 @@ int pxt_cuda_cublas(int index, cublasHandle_t *out) {
 
 /* ---- the table ------------------------------------------------------------------- */
 /* designated initializers (C++20): the kernels this backend lacks stay NULL */
+/* "13.0" from 13000: CUDA's version numbers are 1000 * major + 10 * minor. */
+static void cuda_version_str(int v, char *buf, size_t len) {
+    if (v > 0)
+        snprintf(buf, len, "%d.%d", v / 1000, (v % 1000) / 10);
+    else
+        buf[0] = '\0';
+}
+
+static void cuda_info(pxt_backend_info *out) {
+    memset(out, 0, sizeof *out);
+    int runtime = 0, driver = 0, major = 0, minor = 0, patch = 0;
+    if (cudaRuntimeGetVersion(&runtime) != cudaSuccess) {
+        (void)cudaGetLastError();
+        runtime = 0;
+    }
+    if (cudaDriverGetVersion(&driver) != cudaSuccess) { /* 0 when no driver */
+        (void)cudaGetLastError();
+        driver = 0;
+    }
+    cuda_version_str(runtime, out->runtime, sizeof out->runtime);
+    cuda_version_str(driver, out->driver, sizeof out->driver);
+    if (cublasGetProperty(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS &&
+        cublasGetProperty(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS &&
+        cublasGetProperty(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS)
+        snprintf(out->library, sizeof out->library, "%d.%d.%d", major, minor, patch);
+}
+
 static const pxt_backend cuda_backend = {
     .name = "cuda",
+    .info = cuda_info,
     .device_count = cuda_device_count,
     .device_props = cuda_device_props,
     .mem_info = cuda_mem_info,
@@ -153,25 +181,3 @@ static const pxt_backend cuda_backend = {
 };
 
 const pxt_backend *pxt_cuda_backend(void) { return &cuda_backend; }
-
-/* major*1000 + minor*10 for the runtime and driver (13000 = 13.0), as CUDA
- * reports them; cuBLAS major*10000 + minor*100 + patch; 0 where unknown. */
-void pxt_cuda_versions(int *runtime, int *driver, int *cublas) {
-    if (runtime && cudaRuntimeGetVersion(runtime) != cudaSuccess) {
-        (void)cudaGetLastError();
-        *runtime = 0;
-    }
-    if (driver && cudaDriverGetVersion(driver) != cudaSuccess) { /* 0 when no driver */
-        (void)cudaGetLastError();
-        *driver = 0;
-    }
-    if (cublas) {
-        int major = 0, minor = 0, patch = 0;
-        if (cublasGetProperty(MAJOR_VERSION, &major) != CUBLAS_STATUS_SUCCESS ||
-            cublasGetProperty(MINOR_VERSION, &minor) != CUBLAS_STATUS_SUCCESS ||
-            cublasGetProperty(PATCH_LEVEL, &patch) != CUBLAS_STATUS_SUCCESS)
-            *cublas = 0;
-        else
-            *cublas = major * 10000 + minor * 100 + patch;
-    }
-}

@@ -43,21 +43,8 @@ class ModelConfig:
         if self.max_attention_sequence_length is None:
             self.max_attention_sequence_length = (self.n_cond_latents + self.max_text_tokens
                                                   + self.max_audio_tokens)
-        for name in ("n_layers", "d_model", "n_heads", "text_vocab_size", "audio_vocab_size",
-                     "max_text_tokens", "max_audio_tokens", "max_attention_sequence_length"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ModelConfig.{name}: must be >= 1, got {getattr(self, name)}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"ModelConfig.d_model: must be divisible by n_heads={self.n_heads}, "
-                             f"got {self.d_model}")
-        if self.n_cond_latents < 0:
-            raise ValueError(f"ModelConfig.n_cond_latents: must be >= 0, got {self.n_cond_latents}")
-        if not self.layer_norm_eps > 0:
-            raise ValueError(f"ModelConfig.layer_norm_eps: must be > 0, got {self.layer_norm_eps}")
-        for name in ("text_loss_weight", "audio_loss_weight"):
-            v = getattr(self, name)
-            if not (np.isfinite(v) and v >= 0):
-                raise ValueError(f"ModelConfig.{name}: must be finite and >= 0, got {v}")
+        # the rules of the sizes live in the engine, in one place (ValueError naming the field)
+        _C.check_model_config(**asdict(self))
 
     @property
     def head_dim(self) -> int:
@@ -174,11 +161,9 @@ class XTTSGPT:
         self.config = config if config is not None else ModelConfig()
         if not isinstance(self.config, ModelConfig):
             raise TypeError(f"config: expected a ModelConfig, got {type(config).__name__}")
-        if not isinstance(precision, str):
-            raise TypeError(f"precision: expected 'fp32', 'bf16' or 'fp16', got {precision!r}")
-        self.precision = precision
         self._core = _C.GPT(**asdict(self.config), device=device, precision=precision,
-                            checkpointing=checkpointing, seed=int(seed))
+                            checkpointing=checkpointing, seed=seed)
+        self.precision = precision
         self._names = list(self._core.parameters())
 
     # ---- attributes -----------------------------------------------------------

@@ -85,8 +85,29 @@ static int cpu_synchronize(int index) {
     return PXT_OK;
 }
 
+/* OpenBLAS keeps its own thread pool, whose idle threads spin; beside OpenMP's
+ * on the same cores that made steps up to 25x slower. The engine threads with
+ * OpenMP alone and OpenBLAS runs inside its panels (matmul.c). */
+static void cpu_init(void) { scipy_openblas_set_num_threads(1); }
+
+static void cpu_info(pxt_backend_info *out) {
+    memset(out, 0, sizeof *out);
+    snprintf(out->library, sizeof out->library, "%s", scipy_openblas_get_config());
+}
+
+static int cpu_kernel_isa(const char *name, const char **active) {
+    if (name) {
+        PXT_TRY(pxt_cpu_attention_set_isa(name));
+    }
+    *active = pxt_cpu_attention_isa();
+    return PXT_OK;
+}
+
 static const pxt_backend cpu_backend = {
     .name = "cpu",
+    .init = cpu_init,
+    .info = cpu_info,
+    .kernel_isa = cpu_kernel_isa,
     .device_count = cpu_device_count,
     .device_props = cpu_device_props,
     .mem_info = cpu_mem_info,
@@ -118,10 +139,3 @@ static const pxt_backend cpu_backend = {
 };
 
 const pxt_backend *pxt_cpu_backend(void) { return &cpu_backend; }
-
-const char *pxt_cpu_blas_config(void) { return scipy_openblas_get_config(); }
-
-/* OpenBLAS keeps its own thread pool, whose idle threads spin; beside OpenMP's
- * on the same cores that made steps up to 25x slower. The engine threads with
- * OpenMP alone and OpenBLAS runs inside its panels (matmul.c). */
-void pxt_cpu_init(void) { scipy_openblas_set_num_threads(1); }

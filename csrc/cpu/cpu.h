@@ -5,8 +5,6 @@
 #include "engine/pxt.h"
 
 int pxt_cpu_cast(int index, void *dst, pxt_dtype dt, const void *src, pxt_dtype st, size_t n);
-/* float64 (NumPy input) into an integer dtype, with pxt_cpu_cast's float rules. */
-void pxt_cpu_cast_f64_to_int(void *dst, pxt_dtype dt, const double *src, size_t n);
 
 /* Kernels of the backend table (semantics in backend.h). */
 /* matmul.c */
@@ -60,10 +58,5 @@ int pxt_cpu_adamw(int index, const struct pxt_adamw_args *args, float *master, f
                   float *ema, void *params, const float *grads);
 int pxt_cpu_swap(int index, void *a, void *b, size_t n, pxt_dtype dt);
 
-/* Once at import: one thread pool (OpenMP) for the whole CPU backend. */
-void pxt_cpu_init(void);
-
-/* OpenBLAS's build configuration string, for build_info(). */
-const char *pxt_cpu_blas_config(void);
 
 #endif

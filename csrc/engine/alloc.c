@@ -414,7 +414,6 @@ void pxt_free(pxt_allocator *a, pxt_block *b) {
 }
 
 void *pxt_block_ptr(const pxt_block *b) { return b->ptr; }
-size_t pxt_block_size(const pxt_block *b) { return b->size; }
 
 size_t pxt_empty_cache(pxt_allocator *a) {
     pthread_mutex_lock(&a->lock);
@@ -459,7 +458,6 @@ void pxt_inject_oom(pxt_allocator *a, long long after, int raw) {
 }
 
 pxt_device pxt_allocator_device(const pxt_allocator *a) { return a->device; }
-const pxt_backend *pxt_allocator_backend(const pxt_allocator *a) { return a->backend; }
 
 size_t pxt_allocator_device_total(pxt_allocator *a) {
     pthread_mutex_lock(&a->lock);

@@ -42,7 +42,6 @@ typedef struct {
  * device does not exist in this build or on this machine. */
 pxt_allocator *pxt_allocator_get(pxt_device dev);
 pxt_device pxt_allocator_device(const pxt_allocator *a);
-const pxt_backend *pxt_allocator_backend(const pxt_allocator *a);
 
 /* A block of at least nbytes (nbytes > 0), 256-byte aligned. On failure
  * returns PXT_ERR_OOM (or PXT_ERR_DEVICE) with *out == NULL and every stat but
@@ -51,7 +50,6 @@ const pxt_backend *pxt_allocator_backend(const pxt_allocator *a);
 int pxt_alloc(pxt_allocator *a, size_t nbytes, pxt_block **out);
 void pxt_free(pxt_allocator *a, pxt_block *b);
 void *pxt_block_ptr(const pxt_block *b);
-size_t pxt_block_size(const pxt_block *b);
 
 /* The bytes a request of nbytes takes from a fresh segment (allocated_bytes
  * counts blocks: rounding, and large-pool remainders too small to split). */

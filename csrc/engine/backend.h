@@ -72,8 +72,24 @@ typedef struct pxt_adamw_args {
     pxt_dtype dt; /* of params */
 } pxt_adamw_args;
 
+/* What build_info() reports of a backend's libraries ("" where none). */
+typedef struct {
+    char runtime[32];  /* the runtime's version ("13.0"); "" on the CPU */
+    char driver[32];   /* the installed driver's CUDA version; "" without a driver */
+    char library[512]; /* the matmul library: cuBLAS "13.0.2", OpenBLAS's build config */
+} pxt_backend_info;
+
 typedef struct pxt_backend {
     const char *name; /* "cpu", "cuda" */
+
+    /* ---- extras ----------------------------------------------------------------
+     * Set-up once at import (NULL: none), library versions, and the instruction
+     * set of the kernels for tests and benchmarks: kernel_isa(NULL) reads it,
+     * kernel_isa(name) sets it ("auto": the best the device has), PXT_ERR_VALUE
+     * for one it lacks (NULL entry: the backend has one kind of kernels). */
+    void (*init)(void);
+    void (*info)(pxt_backend_info *out);
+    int (*kernel_isa)(const char *name, const char **active);
 
     /* Devices. device_count never fails: a missing driver is 0 devices. */
     int (*device_count)(void);
@@ -161,7 +177,7 @@ typedef struct pxt_backend {
                               void *workspace);
     size_t (*attention_workspace)(const struct pxt_attn_args *args, int backward);
 
-    /* ---- optimizer (single passes over the flat buffers, see csrc/optim.c) ---- */
+    /* ---- optimizer (single passes over the flat buffers, see engine/adamw.h) ---- */
     /* *sumsq = sum of g[i]^2 over g (n) fp32, accumulated in double over
      * PXT_SUMSQ_PARTS fixed contiguous parts added in order: the bits depend on n
      * alone, never on the thread count. *nonfinite = 1 when some g[i] is inf or
@@ -181,12 +197,11 @@ typedef struct pxt_backend {
 /* The backend of a device type, or NULL when this build has none (CPU-only). */
 const pxt_backend *pxt_backend_for(pxt_device_type type);
 
-/* Filled by csrc/cpu/backend_cpu.c and cuda/backend_cuda.cu. */
+/* Filled by csrc/cpu/backend_cpu.c and cuda/backend_cuda.cu; only backend.c
+ * names them (engine and bindings ask pxt_backend_for). */
 const pxt_backend *pxt_cpu_backend(void);
 #ifdef PXT_WITH_CUDA
 const pxt_backend *pxt_cuda_backend(void);
-/* Version strings for build_info(): "13.0", cuBLAS "13.0.2". */
-void pxt_cuda_versions(int *runtime, int *driver, int *cublas);
 #endif
 
 #ifdef __cplusplus

@@ -1,5 +1,6 @@
 /* block.c: the GPT-2 block's forward and backward (see block.h). */
 #include <math.h>
+#include <string.h>
 
 #include "block.h"
 
@@ -56,6 +57,18 @@ pxt_attn_args pxt_block_cross_attn_args(const pxt_ctx *x) {
         .o = {T * C, D, C}, .dt = x->dt,
     };
     return a;
+}
+
+int pxt_block_gemm_shapes(const pxt_ctx *x, int shapes[][3]) {
+    int N = x->B * x->T, Nc = x->B * x->Tc, C = x->C;
+    const int all[PXT_BLOCK_GEMMS_MAX][3] = {
+        {N, 3 * C, C}, {N, C, C}, {N, 4 * C, C}, {N, C, 4 * C},                /* forward */
+        {N, C, 3 * C}, {C, 3 * C, N}, {C, C, N}, {C, 4 * C, N}, {4 * C, C, N}, /* backward */
+        {Nc, 2 * C, C}, {Nc, C, 2 * C}, {C, 2 * C, Nc},                        /* cross */
+    };
+    int n = x->Tc > 0 ? 12 : 9;
+    memcpy(shapes, all, sizeof all[0] * (size_t)n);
+    return n;
 }
 
 static char *at(const void *base, size_t elems, pxt_dtype dt) {

@@ -25,8 +25,12 @@
 #ifndef PXT_BLOCK_H
 #define PXT_BLOCK_H
 
+#include "backend.h"
 #include "layout.h"
-#include "plan.h"
+
+/* What a block saves for its backward (the rest is recomputed there): none
+ * recomputes nothing, selective the layernorm outputs and GELU, full all. */
+typedef enum { PXT_CKPT_NONE = 0, PXT_CKPT_SELECTIVE = 1, PXT_CKPT_FULL = 2 } pxt_ckpt;
 
 /* What every op of a step shares. Zero-initialised fields give the plain causal
  * GPT block (the model builds it with designated initialisers). */
@@ -106,6 +110,11 @@ int pxt_ctx_check_ops(const pxt_backend *be, const char *device_name);
  * the cross-attention (meaningful when x->Tc > 0). */
 pxt_attn_args pxt_block_self_attn_args(const pxt_ctx *x);
 pxt_attn_args pxt_block_cross_attn_args(const pxt_ctx *x);
+
+/* The (M, N, K) of every GEMM the block's forward and backward make, for the
+ * GEMM workspace: 9, or 12 with a context (x->Tc > 0). shapes holds 12. */
+#define PXT_BLOCK_GEMMS_MAX 12
+int pxt_block_gemm_shapes(const pxt_ctx *x, int shapes[][3]);
 
 /* y (N, C) = block(x (N, C)); activations written to `a`. y may be NULL
  * (recomputation in backward needs the activations only). */

@@ -1,9 +1,11 @@
-/* half.c: float32 <-> float16 / bfloat16, rounding to nearest even.
+/* half.c: element conversions: float32 <-> float16 / bfloat16 (rounding to
+ * nearest even), and float -> integer by pyxtts's rule.
  *
  * Bit-level so the result is the same on every compiler and CPU (NumPy and
  * ml_dtypes round the same way; the tests compare against them). NaN stays
  * NaN (quiet), infinities and signed zeros are kept, float16 overflow gives
  * infinity and underflow gives subnormals. */
+#include <math.h>
 #include <string.h>
 
 #include "pxt.h"
@@ -75,3 +77,28 @@ float pxt_f16_to_f32(uint16_t h) {
     }
     return bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
 }
+
+/* lo and hi are the integer's bounds; v >= hi + 1 (the next power of two for
+ * int64, where hi itself is not a double) saturates to hi. */
+static int64_t float_to_int64_sat(double v, int64_t lo, int64_t hi, double hi_plus_1) {
+    if (isnan(v))
+        return 0;
+    if (v <= (double)lo) /* lo is a power of two (or 0): exact as a double */
+        return lo;
+    if (v >= hi_plus_1)
+        return hi;
+    return (int64_t)v; /* truncates toward zero; in range, so defined */
+}
+
+void pxt_store_int_sat(void *dst, pxt_dtype t, size_t i, double v) {
+    switch (t) {
+    case PXT_INT32: ((int32_t *)dst)[i] = (int32_t)float_to_int64_sat(v, INT32_MIN, INT32_MAX, 2147483648.0); break;
+    case PXT_INT64:
+        ((int64_t *)dst)[i] = float_to_int64_sat(v, INT64_MIN, INT64_MAX, 9223372036854775808.0);
+        break;
+    case PXT_UINT8: ((uint8_t *)dst)[i] = (uint8_t)float_to_int64_sat(v, 0, UINT8_MAX, 256.0); break;
+    case PXT_BOOL: ((uint8_t *)dst)[i] = (uint8_t)(v != 0.0); break; /* NaN != 0: true */
+    default: break;
+    }
+}
+

@@ -1,4 +1,5 @@
-/* layout.c: the XTTS GPT parameter layout and config checks. */
+/* layout.c: the XTTS GPT's config rules and parameter layouts (see layout.h). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,35 +112,55 @@ void pxt_param_layout_free(pxt_param_layout *l) {
     l->count = 0;
 }
 
-#define POSITIVE(field)                                                                   \
-    if (c->field <= 0)                                                                    \
-        return pxt_error(PXT_ERR_VALUE, "ModelConfig." #field ": must be > 0, got %d",    \
-                         (int)c->field);
-
 int pxt_gpt_config_check(const pxt_gpt_config *c) {
-    POSITIVE(n_layers)
-    POSITIVE(d_model)
-    POSITIVE(n_heads)
-    POSITIVE(text_vocab)
-    POSITIVE(audio_vocab)
-    POSITIVE(max_text)
-    POSITIVE(max_audio)
-    POSITIVE(max_seq)
-    if (c->d_model % c->n_heads != 0)
-        return pxt_error(PXT_ERR_VALUE, "ModelConfig.d_model: must be divisible by n_heads (%d), "
-                         "got %d", c->n_heads, c->d_model);
-    if (c->n_cond < 0)
+    const struct {
+        const char *name; /* as ModelConfig spells it */
+        int value;
+    } sizes[] = {
+        {"n_layers", c->n_layers},
+        {"d_model", c->d_model},
+        {"n_heads", c->n_heads},
+        {"text_vocab_size", c->text_vocab},
+        {"audio_vocab_size", c->audio_vocab},
+        {"max_text_tokens", c->max_text},
+        {"max_audio_tokens", c->max_audio},
+        {"max_attention_sequence_length", c->max_seq},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        if (sizes[i].value < 1) {
+            return pxt_error(PXT_ERR_VALUE, "ModelConfig.%s: must be >= 1, got %d", sizes[i].name,
+                             sizes[i].value);
+        }
+    }
+    if (c->d_model % c->n_heads != 0) {
+        return pxt_error(PXT_ERR_VALUE,
+                         "ModelConfig.d_model: must be divisible by n_heads=%d, got %d",
+                         c->n_heads, c->d_model);
+    }
+    if (c->n_cond < 0) {
         return pxt_error(PXT_ERR_VALUE, "ModelConfig.n_cond_latents: must be >= 0, got %d",
                          c->n_cond);
-    if (!(c->eps > 0.0f))
-        return pxt_error(PXT_ERR_VALUE, "ModelConfig.layer_norm_eps: must be > 0, got %g",
+    }
+    if (!(c->eps > 0.0f) || !isfinite(c->eps)) {
+        return pxt_error(PXT_ERR_VALUE, "ModelConfig.layer_norm_eps: must be finite and > 0, got %g",
                          (double)c->eps);
-    if (!(c->text_w >= 0.0f) || !(c->audio_w >= 0.0f))
-        return pxt_error(PXT_ERR_VALUE, "ModelConfig loss weights: must be finite and >= 0, got "
-                         "text %g, audio %g", (double)c->text_w, (double)c->audio_w);
+    }
+    const struct {
+        const char *name;
+        float value;
+    } weights[] = {{"text_loss_weight", c->text_w}, {"audio_loss_weight", c->audio_w}};
+    for (size_t i = 0; i < 2; i++) {
+        if (!(weights[i].value >= 0.0f) || !isfinite(weights[i].value)) {
+            return pxt_error(PXT_ERR_VALUE, "ModelConfig.%s: must be finite and >= 0, got %g",
+                             weights[i].name, (double)weights[i].value);
+        }
+    }
     /* sizes the kernels index with int: keep every (rows x cols) product in range */
-    if ((int64_t)c->d_model * 4 * c->max_seq > INT32_MAX / 4)
-        return pxt_error(PXT_ERR_VALUE, "ModelConfig: d_model x max_attention_sequence_length "
-                         "(%d x %d) is too large", c->d_model, c->max_seq);
+    if ((int64_t)c->d_model * 4 * c->max_seq > INT32_MAX / 4) {
+        return pxt_error(PXT_ERR_VALUE,
+                         "ModelConfig: d_model x max_attention_sequence_length (%d x %d) is too "
+                         "large",
+                         c->d_model, c->max_seq);
+    }
     return PXT_OK;
 }

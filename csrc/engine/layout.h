@@ -1,7 +1,10 @@
-/* layout.h: the XTTS GPT's configuration and parameter layout (DESIGN.md's table).
+/* layout.h: the XTTS GPT's configuration, its rules, and flat parameter layouts.
  *
  * Parameters live in one flat buffer, gradients (fp32) in another with the
- * same element offsets; every named parameter is a view. No Python here. */
+ * same element offsets; every named parameter is a view. Names and shapes are
+ * those of the GPT of an XTTS v2 checkpoint (layout.c builds them), so its
+ * weights load directly. The config rules are here and only here: the Python
+ * ModelConfig asks pxt_gpt_config_check through check_model_config. */
 #ifndef PXT_LAYOUT_H
 #define PXT_LAYOUT_H
 
@@ -64,7 +67,8 @@ void pxt_param_layout_free(pxt_param_layout *l);
  * the 8 of its cross-attention; params[j] is tensor j of the enums above. */
 int pxt_block_layout_init(pxt_param_layout *l, int d_model, int cross);
 
-/* Checks a config; PXT_ERR_VALUE with the field, value and rule. */
+/* Checks a config; PXT_ERR_VALUE "ModelConfig.<field>: must be <rule>, got <value>"
+ * for the first field that breaks a rule. */
 int pxt_gpt_config_check(const pxt_gpt_config *c);
 
 #endif /* PXT_LAYOUT_H */

@@ -1,6 +1,6 @@
-/* plan.c: lays out the arena of a step (see plan.h).
+/* plan.c: the arenas of a GPT step and of a standalone block (see plan.h).
  *
- * Arena (training):
+ * GPT arena (training):
  *   inputs  | resid (L+1, N, C) | per-block saved | ln_f, final_norm outputs | scratch
  *   scratch = dres (N,C) | dA (N,4C) | dB (N,C) | work + attention ws | gemm ws
  *             (the heads phase puts its logits chunk over work + attention ws,
@@ -12,96 +12,139 @@
 #include <string.h>
 
 #include "plan.h"
-#include "block.h" /* which activations a policy saves, and their sizes */
 
-#define ARENA_ALIGN 256
 #define LOGITS_ROWS 256 /* rows of logits per chunk: big enough for an efficient GEMM */
-
-size_t *pxt_plan_slot(pxt_block_offsets *o, int act) {
-    size_t *s[PXT_ACT_PLAIN] = {&o->ln1, &o->mean1, &o->rstd1, &o->qkv, &o->att, &o->lse,
-                                &o->x2, &o->ln2, &o->mean2, &o->rstd2, &o->fc, &o->gelu};
-    return s[act];
-}
-
-static size_t act_bytes(const pxt_plan *p, int act) {
-    return pxt_block_act_bytes(act, p->B, p->T, 0, p->C, p->H, p->dt);
-}
-
-static size_t align(size_t n) { return (n + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN; }
-
-/* Reserves bytes at *cursor; returns their offset. */
-static size_t take(size_t *cursor, size_t bytes) {
-    size_t at = *cursor;
-    *cursor += align(bytes);
-    return at;
-}
-
-size_t pxt_plan_block_bytes(const pxt_plan *p, pxt_ckpt policy) {
-    size_t total = 0;
-    for (int a = 0; a < PXT_ACT_PLAIN; a++)
-        if (pxt_block_saves(policy, a))
-            total += align(act_bytes(p, a));
-    return total;
-}
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 
-/* The largest widening workspace any GEMM of the step asks for. */
-static size_t gemm_ws_max(const pxt_plan *p, const pxt_backend *be) {
-    if (!be->gemm_workspace)
+/* ---- helpers -------------------------------------------------------------------- */
+
+size_t pxt_plan_align(size_t n) { return (n + PXT_ARENA_ALIGN - 1) / PXT_ARENA_ALIGN * PXT_ARENA_ALIGN; }
+
+size_t pxt_plan_take(size_t *cursor, size_t bytes) {
+    size_t at = *cursor;
+    *cursor += pxt_plan_align(bytes);
+    return at;
+}
+
+static int n_acts(const pxt_ctx *x) { return x->Tc > 0 ? PXT_ACT_COUNT : PXT_ACT_PLAIN; }
+
+static size_t act_bytes(const pxt_ctx *x, int act) {
+    return pxt_block_act_bytes(act, x->B, x->T, x->Tc, x->C, x->H, x->dt);
+}
+
+size_t pxt_plan_block_saved(pxt_block_offsets *o, size_t *cursor, const pxt_ctx *x,
+                            pxt_ckpt policy) {
+    size_t start = *cursor;
+    for (int a = 0; a < n_acts(x); a++) {
+        if (pxt_block_saves(policy, a)) {
+            o->at[a] = pxt_plan_take(cursor, act_bytes(x, a));
+        }
+    }
+    return *cursor - start;
+}
+
+size_t pxt_plan_block_work(pxt_block_offsets *o, size_t *cursor, const pxt_ctx *x,
+                           const int needed[PXT_ACT_COUNT]) {
+    size_t start = *cursor;
+    for (int a = 0; a < n_acts(x); a++) {
+        if (needed[a]) {
+            o->at[a] = pxt_plan_take(cursor, act_bytes(x, a));
+        }
+    }
+    return *cursor - start;
+}
+
+pxt_block_acts pxt_plan_block_acts(char *base, const pxt_block_offsets *saved,
+                                   const pxt_block_offsets *work, pxt_ckpt policy, int cross) {
+    pxt_block_acts a;
+    memset(&a, 0, sizeof a);
+    for (int act = 0; act < (cross ? PXT_ACT_COUNT : PXT_ACT_PLAIN); act++) {
+        const pxt_block_offsets *o = pxt_block_saves(policy, act) ? saved : work;
+        pxt_block_acts_set(&a, act, base + o->at[act]);
+    }
+    return a;
+}
+
+size_t pxt_plan_attn_ws(const pxt_backend *be, const pxt_ctx *x, int backward) {
+    if (!be->attention_workspace) {
         return 0;
-    int N = p->N, C = p->C, R = p->logits_rows;
-    int V = p->text_vocab > p->audio_vocab ? p->text_vocab : p->audio_vocab;
-    int shapes[][3] = {
-        {N, 3 * C, C}, {N, C, C}, {N, 4 * C, C}, {N, C, 4 * C},   /* forward */
-        {N, C, 3 * C}, {C, 3 * C, N}, {C, C, N}, {C, 4 * C, N}, {4 * C, C, N}, /* backward */
-        {R, V, C}, {R, C, V}, {V, C, R},                           /* heads */
-    };
-    size_t m = 0;
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        m = max_sz(m, be->gemm_workspace(shapes[i][0], shapes[i][1], shapes[i][2], p->dt));
+    }
+    pxt_attn_args s = pxt_block_self_attn_args(x);
+    size_t m = be->attention_workspace(&s, 0);
+    if (backward) {
+        m = max_sz(m, be->attention_workspace(&s, 1));
+    }
+    if (x->Tc > 0) {
+        pxt_attn_args c = pxt_block_cross_attn_args(x);
+        m = max_sz(m, be->attention_workspace(&c, 0));
+        if (backward) {
+            m = max_sz(m, be->attention_workspace(&c, 1));
+        }
+    }
     return m;
 }
 
-static size_t attn_ws(const pxt_plan *p, const pxt_backend *be, int backward) {
-    if (!be->attention_workspace)
+size_t pxt_plan_gemm_ws(const pxt_backend *be, const int (*shapes)[3], int n, pxt_dtype dt) {
+    if (!be->gemm_workspace) {
         return 0;
-    size_t C = (size_t)p->C;
-    pxt_attn_args a = {
-        .B = p->B, .H = p->H, .Tq = p->T, .Tk = p->T, .D = p->C / p->H, .causal = 1,
-        .scale = 1.0f, .q = {(int64_t)(p->T * 3 * C), (int64_t)(C / p->H), (int64_t)(3 * C)},
-        .dt = p->dt,
-    };
-    a.k = a.v = a.q;
-    a.o = (pxt_strides){(int64_t)(p->T * C), (int64_t)(C / p->H), (int64_t)C};
-    return be->attention_workspace(&a, backward);
+    }
+    size_t m = 0;
+    for (int i = 0; i < n; i++) {
+        m = max_sz(m, be->gemm_workspace(shapes[i][0], shapes[i][1], shapes[i][2], dt));
+    }
+    return m;
+}
+
+/* ---- the GPT step ----------------------------------------------------------------- */
+
+/* The block GEMMs and the heads' ((R, V, C) logits, (R, C, V) dh2, (V, C, R) dW). */
+static size_t gpt_gemm_ws(const pxt_plan *p, const pxt_ctx *x, const pxt_backend *be) {
+    int shapes[PXT_BLOCK_GEMMS_MAX + 3][3];
+    int n = pxt_block_gemm_shapes(x, shapes), R = p->logits_rows, C = p->C;
+    int V = p->text_vocab > p->audio_vocab ? p->text_vocab : p->audio_vocab;
+    const int heads[3][3] = {{R, V, C}, {R, C, V}, {V, C, R}};
+    memcpy(shapes[n], heads, sizeof heads);
+    return pxt_plan_gemm_ws(be, (const int (*)[3])shapes, n + 3, p->dt);
+}
+
+static int check_shape(const pxt_gpt_config *c, int B, int Lt, int La, int Nc) {
+    if (B < 1) {
+        return pxt_error(PXT_ERR_VALUE, "batch_size: must be >= 1, got %d", B);
+    }
+    if (Lt < 1 || Lt > c->max_text) {
+        return pxt_error(PXT_ERR_VALUE, "text_len: must be in [1, max_text_tokens=%d], got %d",
+                         c->max_text, Lt);
+    }
+    if (La < 1 || La > c->max_audio) {
+        return pxt_error(PXT_ERR_VALUE, "audio_len: must be in [1, max_audio_tokens=%d], got %d",
+                         c->max_audio, La);
+    }
+    if (Nc < 0) {
+        return pxt_error(PXT_ERR_VALUE, "cond_len: must be >= 0, got %d", Nc);
+    }
+    if ((int64_t)Nc + Lt + La > c->max_seq) {
+        return pxt_error(PXT_ERR_VALUE,
+                         "sequence length %lld (%d conditioning + %d text + %d audio) exceeds "
+                         "max_attention_sequence_length=%d; pyxtts never truncates: shorten the "
+                         "sample or raise the maximum",
+                         (long long)Nc + Lt + La, Nc, Lt, La, c->max_seq);
+    }
+    return PXT_OK;
 }
 
 int pxt_plan_make(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, int B, int Lt,
                   int La, int Nc, pxt_dtype dt, const pxt_ckpt *policy, int train) {
     memset(p, 0, sizeof *p);
-    if (B < 1)
-        return pxt_error(PXT_ERR_VALUE, "batch_size: must be >= 1, got %d", B);
-    if (Lt < 1 || Lt > c->max_text)
-        return pxt_error(PXT_ERR_VALUE, "text_len: must be in [1, max_text_tokens=%d], got %d",
-                         c->max_text, Lt);
-    if (La < 1 || La > c->max_audio)
-        return pxt_error(PXT_ERR_VALUE, "audio_len: must be in [1, max_audio_tokens=%d], got %d",
-                         c->max_audio, La);
-    if (Nc < 0)
-        return pxt_error(PXT_ERR_VALUE, "cond_len: must be >= 0, got %d", Nc);
-    if (Nc + Lt + La > c->max_seq)
-        return pxt_error(PXT_ERR_VALUE,
-                         "sequence length %d (%d conditioning + %d text + %d audio) exceeds "
-                         "max_attention_sequence_length=%d; pyxtts never truncates: shorten the "
-                         "sample or raise the maximum", Nc + Lt + La, Nc, Lt, La, c->max_seq);
+    PXT_TRY(check_shape(c, B, Lt, La, Nc));
     p->B = B, p->Lt = Lt, p->La = La, p->Nc = Nc, p->T = Nc + Lt + La, p->N = B * p->T;
     p->C = c->d_model, p->H = c->n_heads, p->L = c->n_layers;
     p->text_vocab = c->text_vocab, p->audio_vocab = c->audio_vocab;
     p->dt = dt, p->train = train;
     p->logits_rows = Lt > La ? Lt : La;
-    if (p->logits_rows > LOGITS_ROWS)
+    if (p->logits_rows > LOGITS_ROWS) {
         p->logits_rows = LOGITS_ROWS;
+    }
     int L = p->L;
     p->policy = malloc(sizeof *p->policy * (size_t)L);
     p->blocks = calloc((size_t)L, sizeof *p->blocks);
@@ -110,78 +153,76 @@ int pxt_plan_make(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, i
         pxt_plan_free(p);
         return pxt_error(PXT_ERR_OOM, "out of host memory for the memory plan");
     }
-    for (int l = 0; l < L; l++)
+    for (int l = 0; l < L; l++) {
         p->policy[l] = train ? policy[l] : PXT_CKPT_FULL; /* evaluation saves nothing */
+    }
+    /* a GPT block: causal self-attention, no context */
+    const pxt_ctx shape = {.B = B, .T = p->T, .C = p->C, .H = p->H, .dt = dt};
     size_t N = (size_t)p->N, C = (size_t)p->C, es = pxt_dtype_size(dt);
     size_t cur = 0;
 
     /* inputs: token ids, targets, position ids (int32), key mask, per-row losses */
-    p->text_ids = take(&cur, (size_t)B * Lt * 4);
-    p->audio_ids = take(&cur, (size_t)B * La * 4);
-    p->text_tgt = take(&cur, (size_t)B * Lt * 4);
-    p->audio_tgt = take(&cur, (size_t)B * La * 4);
-    p->text_pos = take(&cur, (size_t)B * Lt * 4);
-    p->audio_pos = take(&cur, (size_t)B * La * 4);
-    p->key_mask = take(&cur, N);
-    p->losses = take(&cur, (size_t)B * (Lt + La) * sizeof(float));
+    p->text_ids = pxt_plan_take(&cur, (size_t)B * Lt * 4);
+    p->audio_ids = pxt_plan_take(&cur, (size_t)B * La * 4);
+    p->text_tgt = pxt_plan_take(&cur, (size_t)B * Lt * 4);
+    p->audio_tgt = pxt_plan_take(&cur, (size_t)B * La * 4);
+    p->text_pos = pxt_plan_take(&cur, (size_t)B * Lt * 4);
+    p->audio_pos = pxt_plan_take(&cur, (size_t)B * La * 4);
+    p->key_mask = pxt_plan_take(&cur, N);
+    p->losses = pxt_plan_take(&cur, (size_t)B * (Lt + La) * sizeof(float));
     p->inputs_bytes = cur;
 
     /* saved: residual stream (every block input, then the stack's output) */
     size_t nres = train ? (size_t)L + 1 : 2; /* evaluation ping-pongs two buffers */
-    p->resid = take(&cur, nres * N * C * es);
+    p->resid = pxt_plan_take(&cur, nres * N * C * es);
     p->resid_bytes = cur - p->resid;
-    int needs_work[PXT_ACT_PLAIN] = {0};
+    int needs_work[PXT_ACT_COUNT] = {0};
     for (int l = 0; l < L; l++) {
-        size_t start = cur;
+        p->block_saved_bytes[l] = pxt_plan_block_saved(&p->blocks[l], &cur, &shape, p->policy[l]);
         for (int a = 0; a < PXT_ACT_PLAIN; a++) {
-            if (pxt_block_saves(p->policy[l], a))
-                *pxt_plan_slot(&p->blocks[l], a) = take(&cur, act_bytes(p, a));
-            else
-                needs_work[a] = 1;
+            needs_work[a] |= !pxt_block_saves(p->policy[l], a);
         }
-        p->block_saved_bytes[l] = cur - start;
     }
     size_t final_start = cur;
-    p->hf = take(&cur, N * C * es);
-    p->hf_mean = take(&cur, N * 4);
-    p->hf_rstd = take(&cur, N * 4);
-    p->h2 = take(&cur, N * C * es);
-    p->h2_mean = take(&cur, N * 4);
-    p->h2_rstd = take(&cur, N * 4);
+    p->hf = pxt_plan_take(&cur, N * C * es);
+    p->hf_mean = pxt_plan_take(&cur, N * 4);
+    p->hf_rstd = pxt_plan_take(&cur, N * 4);
+    p->h2 = pxt_plan_take(&cur, N * C * es);
+    p->h2_mean = pxt_plan_take(&cur, N * 4);
+    p->h2_rstd = pxt_plan_take(&cur, N * 4);
     p->final_bytes = cur - final_start;
     p->saved_bytes = cur - p->resid;
 
     /* scratch */
     p->scratch = cur;
     if (train) {
-        p->dres = take(&cur, N * C * es);
-        p->dA = take(&cur, N * 4 * C * es);
-        p->dB = take(&cur, N * C * es);
+        p->dres = pxt_plan_take(&cur, N * C * es);
+        p->dA = pxt_plan_take(&cur, N * 4 * C * es);
+        p->dB = pxt_plan_take(&cur, N * C * es);
     }
     p->grad_bytes = cur - p->scratch;
     size_t after_grads = cur;
-    for (int a = 0; a < PXT_ACT_PLAIN; a++)
-        if (needs_work[a])
-            *pxt_plan_slot(&p->work, a) = take(&cur, act_bytes(p, a));
-    p->work_bytes = cur - after_grads;
-    p->attn_ws_bytes = max_sz(attn_ws(p, be, 0), train ? attn_ws(p, be, 1) : 0);
-    p->attn_ws = take(&cur, p->attn_ws_bytes);
+    p->work_bytes = pxt_plan_block_work(&p->work, &cur, &shape, needs_work);
+    p->attn_ws_bytes = pxt_plan_attn_ws(be, &shape, train);
+    p->attn_ws = pxt_plan_take(&cur, p->attn_ws_bytes);
     size_t block_phase_end = cur;
     /* heads: the logits chunk reuses the block area, which is idle by then */
     int V = c->text_vocab > c->audio_vocab ? c->text_vocab : c->audio_vocab;
     size_t lcur = after_grads;
     p->logits_bytes = (size_t)p->logits_rows * (size_t)V * sizeof(float);
-    p->logits = take(&lcur, p->logits_bytes);
+    p->logits = pxt_plan_take(&lcur, p->logits_bytes);
     if (dt != PXT_FLOAT32) { /* the head GEMMs take one dtype for A and B; add_bias too */
         size_t before = lcur;
-        p->head_bias32 = take(&lcur, ((size_t)c->text_vocab + (size_t)c->audio_vocab) * sizeof(float));
-        if (train)
-            p->dlogits16 = take(&lcur, (size_t)p->logits_rows * (size_t)V * es);
+        p->head_bias32 =
+            pxt_plan_take(&lcur, ((size_t)c->text_vocab + (size_t)c->audio_vocab) * sizeof(float));
+        if (train) {
+            p->dlogits16 = pxt_plan_take(&lcur, (size_t)p->logits_rows * (size_t)V * es);
+        }
         p->head_cast_bytes = lcur - before;
     }
     cur = max_sz(block_phase_end, lcur);
-    p->gemm_ws_bytes = gemm_ws_max(p, be);
-    p->gemm_ws = take(&cur, p->gemm_ws_bytes);
+    p->gemm_ws_bytes = gpt_gemm_ws(p, &shape, be);
+    p->gemm_ws = pxt_plan_take(&cur, p->gemm_ws_bytes);
     p->scratch_bytes = cur - p->scratch;
     p->arena_bytes = cur;
     return PXT_OK;
@@ -194,4 +235,66 @@ void pxt_plan_free(pxt_plan *p) {
     p->policy = NULL;
     p->blocks = NULL;
     p->block_saved_bytes = NULL;
+}
+
+int pxt_plan_same(const pxt_plan *a, const pxt_plan *b) {
+    if (a->B != b->B || a->Lt != b->Lt || a->La != b->La || a->Nc != b->Nc ||
+        a->train != b->train || a->L != b->L || !a->policy || !b->policy ||
+        a->arena_bytes != b->arena_bytes) {
+        return 0;
+    }
+    for (int l = 0; l < a->L; l++) {
+        if (a->policy[l] != b->policy[l]) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* ---- a standalone block ----------------------------------------------------------- */
+
+void pxt_block_plan_make(pxt_block_plan *p, const pxt_backend *be, int B, int T, int Tc, int C,
+                         int H, int cross, pxt_ckpt policy, pxt_dtype dt) {
+    memset(p, 0, sizeof *p);
+    p->B = B, p->T = T, p->Tc = cross ? Tc : 0, p->C = C, p->H = H, p->cross = cross;
+    p->policy = policy, p->dt = dt;
+    const pxt_ctx shape = {.B = B, .T = T, .C = C, .H = H, .Tc = p->Tc, .dt = dt};
+    size_t es = pxt_dtype_size(dt), N = (size_t)B * T, Nc = (size_t)B * p->Tc, cur = 0;
+    p->x = pxt_plan_take(&cur, N * C * es);
+    p->key_mask = pxt_plan_take(&cur, N);
+    if (cross) {
+        p->context = pxt_plan_take(&cur, Nc * C * es);
+        p->context_mask = pxt_plan_take(&cur, Nc);
+    }
+    p->inputs_bytes = cur;
+    p->y = pxt_plan_take(&cur, N * C * es);
+    p->output_bytes = cur - p->y;
+    p->saved_bytes = pxt_plan_block_saved(&p->saved, &cur, &shape, policy);
+    size_t start = cur;
+    p->dres = pxt_plan_take(&cur, N * C * es);
+    p->dA = pxt_plan_take(&cur, N * 4 * C * es);
+    p->dB = pxt_plan_take(&cur, N * C * es);
+    if (cross) {
+        p->dkv = pxt_plan_take(&cur, Nc * 2 * C * es);
+        p->dcontext = pxt_plan_take(&cur, Nc * C * es);
+    }
+    p->grad_bytes = cur - start;
+    int needed[PXT_ACT_COUNT];
+    for (int a = 0; a < PXT_ACT_COUNT; a++) {
+        needed[a] = !pxt_block_saves(policy, a);
+    }
+    p->work_bytes = pxt_plan_block_work(&p->work, &cur, &shape, needed);
+    /* bytes as the arena lays them out, so the parts add up to the arena */
+    p->attn_ws_bytes = pxt_plan_align(pxt_plan_attn_ws(be, &shape, 1));
+    p->attn_ws = pxt_plan_take(&cur, p->attn_ws_bytes);
+    int shapes[PXT_BLOCK_GEMMS_MAX][3];
+    int n = pxt_block_gemm_shapes(&shape, shapes);
+    p->gemm_ws_bytes = pxt_plan_align(pxt_plan_gemm_ws(be, (const int (*)[3])shapes, n, dt));
+    p->gemm_ws = pxt_plan_take(&cur, p->gemm_ws_bytes);
+    p->arena_bytes = cur;
+}
+
+int pxt_block_plan_same(const pxt_block_plan *a, const pxt_block_plan *b) {
+    return a->B == b->B && a->T == b->T && a->Tc == b->Tc && a->cross == b->cross &&
+           a->policy == b->policy && a->arena_bytes == b->arena_bytes;
 }

@@ -1,47 +1,76 @@
-/* plan.h: the memory plan of one training step (or evaluation forward).
+/* plan.h: the memory planner, one for every model part.
  *
- * From (config, batch, lengths, dtype, checkpoint policy per block) it lays
- * out every byte the step needs in one arena: inputs, what forward saves for
- * backward, and the scratch that the phases (forward, heads, backward) take
- * in turn. The same numbers drive estimate_memory, the batch-size search and
- * the arena itself, so a step can only run out of memory before it starts.
- * Pure arithmetic: planning the real XTTS size allocates nothing. */
+ * A step's arena is laid out once, before the step, from its shapes, dtype and
+ * checkpoint policies: inputs, what forward saves for backward, and the scratch
+ * that the phases (forward, heads, backward) take in turn. The same numbers
+ * drive estimate_memory, the batch-size search and the arena itself, so a step
+ * can only run out of memory before it starts. Pure arithmetic: planning the
+ * real XTTS size allocates nothing (ggml-alloc's measure pass, as an API).
+ *
+ * A model part lays out its regions with the helpers below: a cursor that
+ * hands out 256-byte aligned offsets, the saved and work areas of its blocks,
+ * and the GEMM and attention workspaces they need. Two recipes use them today,
+ * the GPT step (pxt_plan_make) and a standalone block (pxt_block_plan_make); a
+ * further part (the conditioning encoder) adds its recipe beside them. */
 #ifndef PXT_PLAN_H
 #define PXT_PLAN_H
 
-#include "backend.h"
-#include "layout.h"
+#include "block.h"
 
-typedef enum { PXT_CKPT_NONE = 0, PXT_CKPT_SELECTIVE = 1, PXT_CKPT_FULL = 2 } pxt_ckpt;
+/* ---- helpers every recipe shares ------------------------------------------- */
 
-/* Offsets (bytes from the arena start) of a block's activations. Where an
- * activation is not saved by the policy, its offset points into the shared
- * work area (recomputed in backward). */
+#define PXT_ARENA_ALIGN 256
+
+size_t pxt_plan_align(size_t bytes);
+/* Reserves bytes at *cursor; returns their offset. */
+size_t pxt_plan_take(size_t *cursor, size_t bytes);
+
+/* Offsets (bytes from the arena start) of a block's activations, PXT_ACT_*. */
 typedef struct {
-    size_t ln1, mean1, rstd1, qkv, att, lse, x2, ln2, mean2, rstd2, fc, gelu;
+    size_t at[PXT_ACT_COUNT];
 } pxt_block_offsets;
+
+/* Lays out at *cursor the activations of a block of shape x (pointers unused)
+ * that policy saves; returns their bytes. */
+size_t pxt_plan_block_saved(pxt_block_offsets *o, size_t *cursor, const pxt_ctx *x,
+                            pxt_ckpt policy);
+/* Lays out at *cursor the activations flagged in needed (PXT_ACT_*): the work
+ * area that recomputation writes into. Returns its bytes. */
+size_t pxt_plan_block_work(pxt_block_offsets *o, size_t *cursor, const pxt_ctx *x,
+                           const int needed[PXT_ACT_COUNT]);
+/* A block's activation pointers: those policy saves at `saved`, the others in
+ * the work area. */
+pxt_block_acts pxt_plan_block_acts(char *base, const pxt_block_offsets *saved,
+                                   const pxt_block_offsets *work, pxt_ckpt policy, int cross);
+/* Workspace bytes of a block's attentions (self, and cross with a context),
+ * forward and, with backward, the backward's: the largest. */
+size_t pxt_plan_attn_ws(const pxt_backend *be, const pxt_ctx *x, int backward);
+/* The largest GEMM workspace over n (M, N, K) shapes at dtype dt. */
+size_t pxt_plan_gemm_ws(const pxt_backend *be, const int (*shapes)[3], int n, pxt_dtype dt);
+
+/* ---- the GPT step ------------------------------------------------------------- */
 
 typedef struct {
     /* shape */
     int B, Lt, La, Nc, T, N; /* N = B * T rows */
     int C, H, L, text_vocab, audio_vocab;
     pxt_dtype dt;
-    int train; /* 0: evaluation forward (nothing saved) */
-    int logits_rows; /* rows per logits chunk */
+    int train;        /* 0: evaluation forward (nothing saved) */
+    int logits_rows;  /* rows per logits chunk */
     pxt_ckpt *policy; /* (L) per block; owned */
 
     /* inputs (int32 / uint8) */
     size_t text_ids, audio_ids, text_tgt, audio_tgt, text_pos, audio_pos, key_mask, losses;
     size_t inputs_bytes;
     /* saved for backward (or the ping-pong residuals of evaluation) */
-    size_t resid;        /* (L + 1, N, C): block inputs, then the last output */
+    size_t resid; /* (L + 1, N, C): block inputs, then the last output */
     size_t resid_bytes;
-    pxt_block_offsets *blocks; /* (L); owned */
-    size_t *block_saved_bytes; /* (L); owned */
-    size_t hf, hf_mean, hf_rstd;   /* ln_f output (N, C), stats (N) */
-    size_t h2, h2_mean, h2_rstd;   /* final_norm output (N, C), stats (N) */
+    pxt_block_offsets *blocks;    /* (L); owned */
+    size_t *block_saved_bytes;    /* (L); owned */
+    size_t hf, hf_mean, hf_rstd;  /* ln_f output (N, C), stats (N) */
+    size_t h2, h2_mean, h2_rstd;  /* final_norm output (N, C), stats (N) */
     size_t final_bytes;
-    size_t saved_bytes;            /* resid + blocks + final */
+    size_t saved_bytes; /* resid + blocks + final */
     /* scratch: one region, used in turn by each phase */
     size_t scratch;                /* start of the region */
     pxt_block_offsets work;        /* a whole block's activations (forward, recompute) */
@@ -59,16 +88,40 @@ typedef struct {
     size_t arena_bytes;            /* inputs + saved + scratch */
 } pxt_plan;
 
-/* Plans a step. policy: L entries (copied). backend gives workspace sizes.
+/* Plans a GPT step. policy: L entries (copied). backend gives workspace sizes.
  * Returns PXT_ERR_VALUE for shapes the config refuses (named). */
 int pxt_plan_make(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, int B, int Lt,
                   int La, int Nc, pxt_dtype dt, const pxt_ckpt *policy, int train);
 void pxt_plan_free(pxt_plan *p);
+/* Same shape and policies (an arena of one fits the other). */
+int pxt_plan_same(const pxt_plan *a, const pxt_plan *b);
 
-/* The offset field of activation `act` (PXT_ACT_*, block.h) in o. */
-size_t *pxt_plan_slot(pxt_block_offsets *o, int act);
+/* ---- a standalone block ---------------------------------------------------------
+ *
+ *   inputs   x (N, C) | key_mask (B, T) u8 | context (Nc, C) | context_mask (B, Tc) u8
+ *   output   y (N, C)
+ *   saved    the activations the policy keeps (pxt_block_saves)
+ *   grads    dres (N, C): dy -> dx | dA (N, 4C) | dB (N, C) | dkv (Nc, 2C) | dcontext (Nc, C)
+ *   work     the activations the policy recomputes
+ *   ws       attention workspace (max over self/cross, fwd/bwd) | GEMM workspace
+ * N = B T, Nc = B Tc (the context regions only with cross-attention). No region
+ * overlaps another, so y survives the backward and dx the next forward. */
+typedef struct {
+    int B, T, Tc, C, H, cross;
+    pxt_ckpt policy;
+    pxt_dtype dt;
+    size_t x, key_mask, context, context_mask, inputs_bytes;
+    size_t y, output_bytes;
+    pxt_block_offsets saved, work; /* each activation in one of them, by the policy */
+    size_t saved_bytes;
+    size_t dres, dA, dB, dkv, dcontext, grad_bytes;
+    size_t work_bytes;
+    size_t attn_ws, attn_ws_bytes, gemm_ws, gemm_ws_bytes;
+    size_t arena_bytes;
+} pxt_block_plan;
 
-/* Bytes a block's saved activations take under a policy. */
-size_t pxt_plan_block_bytes(const pxt_plan *p, pxt_ckpt policy);
+void pxt_block_plan_make(pxt_block_plan *p, const pxt_backend *be, int B, int T, int Tc, int C,
+                         int H, int cross, pxt_ckpt policy, pxt_dtype dt);
+int pxt_block_plan_same(const pxt_block_plan *a, const pxt_block_plan *b);
 
 #endif /* PXT_PLAN_H */

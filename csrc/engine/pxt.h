@@ -74,6 +74,9 @@ uint16_t pxt_f32_to_f16(float f);
 float pxt_f16_to_f32(uint16_t h);
 uint16_t pxt_f32_to_bf16(float f);
 float pxt_bf16_to_f32(uint16_t h);
+/* dst[i] (integer dtype t) = v: truncated toward zero, saturated at t's range,
+ * NaN -> 0; bool is v != 0 (C leaves the out-of-range cases undefined). */
+void pxt_store_int_sat(void *dst, pxt_dtype t, size_t i, double v);
 
 #ifdef __cplusplus
 }

@@ -20,9 +20,7 @@
 #include <limits.h>
 #include <math.h>
 
-#include "cpu/cpu.h"
 
-#define KW(f) (PyCFunction)(void (*)(void))(f), METH_VARARGS | METH_KEYWORDS
 
 /* Owned references of one call, released together on every path. */
 typedef struct {
@@ -57,28 +55,21 @@ static void shape_str(const pxt_tensor *t, char *buf, size_t len) {
         snprintf(buf + n, len - n, ")");
 }
 
-static int is_float(pxt_dtype t) {
-    return t == PXT_FLOAT32 || t == PXT_FLOAT16 || t == PXT_BFLOAT16;
-}
-
 /* A tensor argument (arrays go to like's device, or the CPU), kept in r. */
 static pxt_tensor *tensor_arg(refs *r, PyObject *obj, const char *name, const pxt_tensor *like) {
     if (obj == Py_None) {
         PyErr_Format(PyExc_TypeError, "%s: expected a pyxtts.Tensor or an array, got None", name);
         return NULL;
     }
-    return (pxt_tensor *)keep(r, pxt_arg_tensor(obj, name, like));
+    return (pxt_tensor *)keep(r, pxt_py_tensor_arg(obj, name, like));
 }
 
 /* q, k or v: 4-d (B, H, T, D) of a float dtype, like q in dtype, device, B, H, D. */
 static int check_qkv(const pxt_tensor *t, const char *name, const pxt_tensor *q) {
     char s[160];
     if (!q) {
-        if (!is_float(t->dtype)) {
-            PyErr_Format(PyExc_TypeError, "%s: expected dtype float32, float16 or bfloat16, got %s",
-                         name, pxt_dtype_name(t->dtype));
+        if (pxt_py_check_float(t, name) < 0)
             return -1;
-        }
         if (t->ndim != 4) {
             shape_str(t, s, sizeof s);
             PyErr_Format(PyExc_ValueError, "%s: expected a 4-d tensor (B, H, T, D), got shape %s",
@@ -104,7 +95,7 @@ static int check_qkv(const pxt_tensor *t, const char *name, const pxt_tensor *q)
                      pxt_dtype_name(q->dtype), pxt_dtype_name(t->dtype));
         return -1;
     }
-    if (pxt_check_device(t, name, q->device) < 0)
+    if (pxt_py_check_device(t, name, q->device) < 0)
         return -1;
     if (t->ndim != 4) {
         shape_str(t, s, sizeof s);
@@ -113,7 +104,7 @@ static int check_qkv(const pxt_tensor *t, const char *name, const pxt_tensor *q)
         return -1;
     }
     int64_t want[4] = {q->shape[0], q->shape[1], -1, q->shape[3]};
-    if (pxt_check_shape(t, name, 4, want) < 0)
+    if (pxt_py_check_shape(t, name, 4, want) < 0)
         return -1;
     if (t->shape[2] > INT_MAX) {
         PyErr_Format(PyExc_ValueError, "%s: expected T <= %d, got %lld", name, INT_MAX,
@@ -136,7 +127,7 @@ static pxt_tensor *lengths_arg(refs *r, PyObject *obj, const char *name, int64_t
         return NULL;
     }
     int64_t want[1] = {B};
-    if (pxt_check_shape(t, name, 1, want) < 0)
+    if (pxt_py_check_shape(t, name, 1, want) < 0)
         return NULL;
     pxt_device cpu = {PXT_CPU, 0};
     pxt_tensor *host = t;
@@ -180,7 +171,7 @@ static pxt_tensor *key_mask_arg(refs *r, PyObject *obj, int64_t B, int64_t Tk, p
         return NULL;
     }
     int64_t want[2] = {B, Tk};
-    if (pxt_check_shape(t, "key_mask", 2, want) < 0)
+    if (pxt_py_check_shape(t, "key_mask", 2, want) < 0)
         return NULL;
     if (t->device.type == dev.type && t->device.index == dev.index)
         return t;
@@ -191,22 +182,12 @@ static pxt_tensor *key_mask_arg(refs *r, PyObject *obj, int64_t B, int64_t Tk, p
 static int options(refs *r, pxt_attn_args *a, pxt_device dev, int causal, PyObject *q_lengths,
                    PyObject *k_lengths, PyObject *key_mask, PyObject *scale) {
     a->causal = causal;
-    if (scale == Py_None) {
-        a->scale = 1.0f / sqrtf((float)a->D);
-    } else {
-        double s = PyFloat_AsDouble(scale);
-        if (s == -1.0 && PyErr_Occurred()) {
-            PyErr_Clear();
-            PyErr_Format(PyExc_TypeError, "scale: expected a number or None, got %.100s",
-                         Py_TYPE(scale)->tp_name);
-            return -1;
-        }
-        if (!isfinite(s) || !isfinite((float)s)) {
-            PyErr_Format(PyExc_ValueError, "scale: expected a finite number, got %R", scale);
-            return -1;
-        }
-        a->scale = (float)s;
-    }
+    pxt_py_real s = PXT_PY_REAL_OPT("scale", -INFINITY, 1, INFINITY, 1, "a finite number or None",
+                                    1.0 / sqrt((double)a->D));
+    s.f32 = 1;
+    if (!pxt_py_real_converter(scale, &s))
+        return -1;
+    a->scale = s.a.given ? (float)s.value : 1.0f / sqrtf((float)a->D);
     if (q_lengths != Py_None) {
         pxt_tensor *t = lengths_arg(r, q_lengths, "q_lengths", a->B, a->Tq, "Tq", dev);
         if (!t)
@@ -228,7 +209,6 @@ static int options(refs *r, pxt_attn_args *a, pxt_device dev, int causal, PyObje
     return 0;
 }
 
-/* max_sequence_length: None or an int >= 1 that neither Tq nor Tk exceeds. */
 /* q (B, H, Tq, D), k and v (B, H, Tk, D): converted, checked alike; 0 or -1. */
 static int qkv_args(refs *r, PyObject *qo, PyObject *ko, PyObject *vo, pxt_tensor **q, pxt_tensor **k,
                     pxt_tensor **v) {
@@ -244,30 +224,16 @@ static int qkv_args(refs *r, PyObject *qo, PyObject *ko, PyObject *vo, pxt_tenso
     return 0;
 }
 
+/* max_sequence_length: None or an int >= 1 that neither Tq nor Tk exceeds. */
 static int check_max_len(PyObject *obj, int64_t Tq, int64_t Tk) {
-    if (obj == Py_None)
-        return 0;
-    if (!PyIndex_Check(obj) || PyBool_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "max_sequence_length: expected an int or None, got %.100s",
-                     Py_TYPE(obj)->tp_name);
+    pxt_py_int m = PXT_PY_INT_OPT("max_sequence_length", 1, LLONG_MAX, 0);
+    if (!pxt_py_int_converter(obj, &m))
         return -1;
-    }
-    PyObject *idx = PyNumber_Index(obj);
-    if (!idx)
-        return -1;
-    long long m = PyLong_AsLongLong(idx);
-    Py_DECREF(idx);
-    if (m == -1 && PyErr_Occurred())
-        return -1;
-    if (m < 1) {
-        PyErr_Format(PyExc_ValueError, "max_sequence_length: expected an int >= 1, got %lld", m);
-        return -1;
-    }
-    if (Tq > m || Tk > m) {
+    if (m.a.given && (Tq > m.value || Tk > m.value)) {
         PyErr_Format(PyExc_ValueError,
                      "the sequence is longer than the configured maximum: Tq=%lld, Tk=%lld but "
                      "max_sequence_length=%lld; pyxtts never truncates a sequence, so shorten it "
-                     "or raise the maximum", (long long)Tq, (long long)Tk, m);
+                     "or raise the maximum", (long long)Tq, (long long)Tk, m.value);
         return -1;
     }
     return 0;
@@ -389,8 +355,8 @@ static int run_backward(const pxt_backend *be, pxt_device dev, refs *r, const px
 /* lse: float32 (B, H, Tq) on dev. */
 static int check_lse(const pxt_tensor *lse, const pxt_attn_args *a, pxt_device dev) {
     int64_t want[3] = {a->B, a->H, a->Tq};
-    if (pxt_check_dtype(lse, "lse", PXT_FLOAT32) < 0 || pxt_check_device(lse, "lse", dev) < 0 ||
-        pxt_check_shape(lse, "lse", 3, want) < 0)
+    if (pxt_py_check_dtype(lse, "lse", PXT_FLOAT32) < 0 || pxt_py_check_device(lse, "lse", dev) < 0 ||
+        pxt_py_check_shape(lse, "lse", 3, want) < 0)
         return -1;
     return 0;
 }
@@ -411,9 +377,9 @@ static PyObject *py_attention_backward(PyObject *m, PyObject *args, PyObject *kw
     if (qkv_args(&r, qo, ko, vo, &q, &k, &v) < 0)
         goto done;
     if (!(out = tensor_arg(&r, oo, "out", q)) || check_qkv(out, "out", q) < 0 ||
-        pxt_check_shape(out, "out", 4, q->shape) < 0 ||
+        pxt_py_check_shape(out, "out", 4, q->shape) < 0 ||
         !(dout = tensor_arg(&r, doo, "dout", q)) || check_qkv(dout, "dout", q) < 0 ||
-        pxt_check_shape(dout, "dout", 4, out->shape) < 0 ||
+        pxt_py_check_shape(dout, "dout", 4, out->shape) < 0 ||
         !(lse = tensor_arg(&r, lo, "lse", q)))
         goto done;
     pxt_attn_args a = {.B = (int)q->shape[0], .H = (int)q->shape[1], .Tq = (int)q->shape[2],
@@ -446,11 +412,8 @@ static int qkv_layout(refs *r, PyObject *qkv_obj, int n_heads, pxt_tensor **qkv,
     pxt_tensor *t = tensor_arg(r, qkv_obj, "qkv", NULL);
     if (!t)
         return -1;
-    if (!is_float(t->dtype)) {
-        PyErr_Format(PyExc_TypeError, "qkv: expected dtype float32, float16 or bfloat16, got %s",
-                     pxt_dtype_name(t->dtype));
+    if (pxt_py_check_float(t, "qkv") < 0)
         return -1;
-    }
     char s[160];
     shape_str(t, s, sizeof s);
     if (t->ndim != 3 || t->shape[2] % 3 || n_heads < 1 || (t->shape[2] / 3) % n_heads ||
@@ -473,10 +436,12 @@ static PyObject *py_qkv_forward(PyObject *m, PyObject *args, PyObject *kwargs) {
     static char *kw[] = {"qkv", "n_heads", "causal", "q_lengths", "k_lengths", "key_mask",
                          "scale", NULL};
     PyObject *qo, *ql = Py_None, *kl = Py_None, *km = Py_None, *sc = Py_None;
-    int n_heads, causal = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Oi|pOOOO:_attention_qkv_forward", kw, &qo,
-                                     &n_heads, &causal, &ql, &kl, &km, &sc))
+    pxt_py_int heads = PXT_PY_INT("n_heads", 1, INT_MAX);
+    int causal = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO&|pOOOO:_attention_qkv_forward", kw, &qo,
+                                     pxt_py_int_converter, &heads, &causal, &ql, &kl, &km, &sc))
         return NULL;
+    int n_heads = (int)heads.value;
     refs r = {.n = 0};
     PyObject *result = NULL;
     pxt_tensor *qkv;
@@ -505,10 +470,13 @@ static PyObject *py_qkv_backward(PyObject *m, PyObject *args, PyObject *kwargs) 
     static char *kw[] = {"dout", "qkv", "out", "lse", "n_heads", "causal", "q_lengths",
                          "k_lengths", "key_mask", "scale", NULL};
     PyObject *doo, *qo, *oo, *lo, *ql = Py_None, *kl = Py_None, *km = Py_None, *sc = Py_None;
-    int n_heads, causal = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOi|pOOOO:_attention_qkv_backward", kw,
-                                     &doo, &qo, &oo, &lo, &n_heads, &causal, &ql, &kl, &km, &sc))
+    pxt_py_int heads = PXT_PY_INT("n_heads", 1, INT_MAX);
+    int causal = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO&|pOOOO:_attention_qkv_backward", kw,
+                                     &doo, &qo, &oo, &lo, pxt_py_int_converter, &heads, &causal,
+                                     &ql, &kl, &km, &sc))
         return NULL;
+    int n_heads = (int)heads.value;
     refs r = {.n = 0};
     PyObject *result = NULL;
     pxt_tensor *qkv, *out, *dout, *lse;
@@ -516,12 +484,12 @@ static PyObject *py_qkv_backward(PyObject *m, PyObject *args, PyObject *kwargs) 
     if (qkv_layout(&r, qo, n_heads, &qkv, &a) < 0)
         goto done;
     int64_t C = (int64_t)a.H * a.D, out_shape[3] = {a.B, a.Tq, C};
-    if (!(out = tensor_arg(&r, oo, "out", qkv)) || pxt_check_dtype(out, "out", a.dt) < 0 ||
-        pxt_check_device(out, "out", qkv->device) < 0 ||
-        pxt_check_shape(out, "out", 3, out_shape) < 0 ||
-        !(dout = tensor_arg(&r, doo, "dout", qkv)) || pxt_check_dtype(dout, "dout", a.dt) < 0 ||
-        pxt_check_device(dout, "dout", qkv->device) < 0 ||
-        pxt_check_shape(dout, "dout", 3, out_shape) < 0 ||
+    if (!(out = tensor_arg(&r, oo, "out", qkv)) || pxt_py_check_dtype(out, "out", a.dt) < 0 ||
+        pxt_py_check_device(out, "out", qkv->device) < 0 ||
+        pxt_py_check_shape(out, "out", 3, out_shape) < 0 ||
+        !(dout = tensor_arg(&r, doo, "dout", qkv)) || pxt_py_check_dtype(dout, "dout", a.dt) < 0 ||
+        pxt_py_check_device(dout, "dout", qkv->device) < 0 ||
+        pxt_py_check_shape(dout, "dout", 3, out_shape) < 0 ||
         !(lse = tensor_arg(&r, lo, "lse", qkv)) || check_lse(lse, &a, qkv->device) < 0 ||
         options(&r, &a, qkv->device, causal, ql, kl, km, sc) < 0)
         goto done;
@@ -544,19 +512,20 @@ done:
 static PyObject *py_cpu_isa(PyObject *m, PyObject *args, PyObject *kwargs) {
     (void)m;
     static char *kw[] = {"name", NULL};
-    const char *name = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|z:_attention_cpu_isa", kw, &name))
+    pxt_py_str name = PXT_PY_STR_OPT("name", NULL);
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O&:_attention_cpu_isa", kw,
+                                     pxt_py_str_converter, &name))
         return NULL;
-    if (name) {
-        int rc = pxt_cpu_attention_set_isa(name);
-        if (rc != PXT_OK)
-            return pxt_raise(rc);
-    }
-    return PyUnicode_FromString(pxt_cpu_attention_isa());
+    const pxt_backend *be = pxt_backend_for(PXT_CPU);
+    const char *active = NULL;
+    int rc = be->kernel_isa(name.value, &active);
+    if (rc != PXT_OK)
+        return pxt_raise(rc);
+    return PyUnicode_FromString(active);
 }
 
-PyMethodDef pxt_attention_methods[] = {
-    {"attention_forward", KW(py_attention_forward),
+PyMethodDef pxt_py_attention_methods[] = {
+    {"attention_forward", PXT_PY_KW(py_attention_forward),
      "attention_forward(q, k, v, causal=True, q_lengths=None, k_lengths=None, key_mask=None, "
      "scale=None, max_sequence_length=None) -> (out, lse)\n\n"
      "Exact tiled attention (online softmax). q (B, H, Tq, D), k and v (B, H, Tk, D), one "
@@ -564,22 +533,22 @@ PyMethodDef pxt_attention_methods[] = {
      "a length are zeros, keys past it are masked; key_mask (B, Tk) bool/uint8, 0 masks a key. "
      "scale defaults to 1/sqrt(D). lse (B, H, Tq) float32 is -inf for a row with no valid key "
      "(its output is zeros). A sequence longer than max_sequence_length is a ValueError."},
-    {"attention_backward", KW(py_attention_backward),
+    {"attention_backward", PXT_PY_KW(py_attention_backward),
      "attention_backward(dout, q, k, v, out, lse, causal=True, q_lengths=None, k_lengths=None, "
      "key_mask=None, scale=None) -> (dq, dk, dv)\n\n"
      "Gradients of attention_forward (same options); recomputes the scores tile by tile from "
      "lse. Deterministic."},
-    {"attention", KW(py_attention),
+    {"attention", PXT_PY_KW(py_attention),
      "attention(q, k, v, causal=True, q_lengths=None, k_lengths=None, key_mask=None, "
      "scale=None, max_sequence_length=None) -> out\n\nattention_forward without lse."},
-    {"_attention_qkv_forward", KW(py_qkv_forward),
+    {"_attention_qkv_forward", PXT_PY_KW(py_qkv_forward),
      "_attention_qkv_forward(qkv, n_heads, causal=True, q_lengths=None, k_lengths=None, "
      "key_mask=None, scale=None) -> (out (B, T, C), lse): q, k, v as strided views of "
      "qkv (B, T, 3C)."},
-    {"_attention_qkv_backward", KW(py_qkv_backward),
+    {"_attention_qkv_backward", PXT_PY_KW(py_qkv_backward),
      "_attention_qkv_backward(dout, qkv, out, lse, n_heads, causal=True, ...) -> dqkv "
      "(B, T, 3C)."},
-    {"_attention_cpu_isa", KW(py_cpu_isa),
+    {"_attention_cpu_isa", PXT_PY_KW(py_cpu_isa),
      "_attention_cpu_isa(name=None) -> str: the CPU attention tiles' instruction set "
      "('generic', 'avx2', 'avx512'); name sets it ('auto': the best available)."},
     {NULL, NULL, 0, NULL},

@@ -19,17 +19,14 @@ static double now_ns(void) {
 PyObject *pxt_py_bench_alloc(PyObject *m, PyObject *args, PyObject *kwargs) {
     (void)m;
     static char *kw[] = {"nbytes", "iters", "device", NULL};
-    Py_ssize_t nbytes, iters;
-    PyObject *dev_arg = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nn|O:_bench_alloc", kw, &nbytes, &iters,
-                                     &dev_arg))
+    pxt_py_int nb = PXT_PY_INT("nbytes", 1, PY_SSIZE_T_MAX), it = PXT_PY_INT("iters", 1, PY_SSIZE_T_MAX);
+    pxt_py_device dev = PXT_PY_DEVICE_OPT("device", 1);
+    dev.value = pxt_py_default_device();
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O&|O&:_bench_alloc", kw, pxt_py_int_converter,
+                                     &nb, pxt_py_int_converter, &it, pxt_py_device_converter, &dev))
         return NULL;
-    if (nbytes <= 0 || iters <= 0)
-        return PyErr_Format(PyExc_ValueError, "nbytes and iters must be > 0");
-    pxt_device dev = pxt_default_device();
-    if (dev_arg != Py_None && pxt_parse_device(dev_arg, &dev, "device", 1) < 0)
-        return NULL;
-    pxt_allocator *a = pxt_allocator_get(dev);
+    Py_ssize_t nbytes = (Py_ssize_t)nb.value, iters = (Py_ssize_t)it.value;
+    pxt_allocator *a = pxt_allocator_get(dev.value);
     if (!a)
         return pxt_raise(PXT_ERR_VALUE);
     void *volatile sink; /* keeps the compiler from eliding malloc/free pairs */

@@ -161,70 +161,9 @@ int pxt_dtype_from_descr(PyObject *descr, pxt_dtype *out) {
     }
 }
 
-static const struct {
-    const char *alias;
-    pxt_dtype t;
-} dtype_aliases[] = {
-    {"float32", PXT_FLOAT32}, {"fp32", PXT_FLOAT32},   {"float", PXT_FLOAT32},
-    {"float16", PXT_FLOAT16}, {"fp16", PXT_FLOAT16},   {"half", PXT_FLOAT16},
-    {"bfloat16", PXT_BFLOAT16}, {"bf16", PXT_BFLOAT16}, {"int32", PXT_INT32},
-    {"int64", PXT_INT64},     {"long", PXT_INT64},     {"uint8", PXT_UINT8},
-    {"bool", PXT_BOOL},
-};
-
-int pxt_parse_dtype(PyObject *obj, pxt_dtype *out, const char *arg) {
-    if (Py_IS_TYPE(obj, &dtype_type)) {
-        *out = ((pxt_dtype_obj *)obj)->t;
+int pxt_dtype_object_value(PyObject *obj, pxt_dtype *out) {
+    if (!Py_IS_TYPE(obj, &dtype_type))
         return 0;
-    }
-    if (PyUnicode_Check(obj)) {
-        Py_ssize_t len = 0;
-        const char *s = PyUnicode_AsUTF8AndSize(obj, &len);
-        if (!s)
-            return -1;
-        if ((size_t)len != strlen(s)) /* an embedded NUL must not pass as a name */
-            s = "";
-        if (strncmp(s, "torch.", 6) == 0) /* str(torch.bfloat16) */
-            s += 6;
-        for (size_t i = 0; i < sizeof dtype_aliases / sizeof dtype_aliases[0]; i++)
-            if (strcmp(s, dtype_aliases[i].alias) == 0) {
-                *out = dtype_aliases[i].t;
-                return 0;
-            }
-        PyErr_Format(PyExc_ValueError,
-                     "%s: expected one of float32, float16, bfloat16, int32, int64, uint8, "
-                     "bool, got %R", arg, obj);
-        return -1;
-    }
-    /* torch.dtype: go by its name */
-    PyObject *type_mod = PyObject_GetAttrString((PyObject *)Py_TYPE(obj), "__module__");
-    if (!type_mod)
-        PyErr_Clear();
-    int is_torch = type_mod && PyUnicode_Check(type_mod) &&
-                   PyUnicode_CompareWithASCIIString(type_mod, "torch") == 0;
-    Py_XDECREF(type_mod);
-    if (is_torch) {
-        PyObject *s = PyObject_Str(obj);
-        if (!s)
-            return -1;
-        int rc = pxt_parse_dtype(s, out, arg);
-        Py_DECREF(s);
-        return rc;
-    }
-    /* anything NumPy understands as a dtype: np.float32, np.dtype('<f2'), ... */
-    PyArray_Descr *d = NULL;
-    if (!PyArray_DescrConverter2(obj, &d) || !d) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError,
-                     "%s: expected a pyxtts dtype, a dtype name or a NumPy dtype, got %R", arg, obj);
-        Py_XDECREF(d);
-        return -1;
-    }
-    int found = pxt_dtype_from_descr((PyObject *)d, out);
-    if (found == 0)
-        PyErr_Format(PyExc_TypeError,
-                     "%s: NumPy dtype %R has no pyxtts equivalent (float32, float16, bfloat16, "
-                     "int32, int64, uint8, bool)", arg, (PyObject *)d);
-    Py_DECREF(d);
-    return found == 1 ? 0 : -1;
+    *out = ((pxt_dtype_obj *)obj)->t;
+    return 1;
 }

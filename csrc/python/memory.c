@@ -1,12 +1,15 @@
 /* memory.c: the allocator's Python face: stats, budgets, cache, fault hook. */
 #include "module.h"
 
+#include <limits.h>
+
 /* The allocator named by an optional `device` argument (default device if None). */
 static pxt_allocator *arg_allocator(PyObject *dev_arg) {
-    pxt_device dev = pxt_default_device();
-    if (dev_arg && dev_arg != Py_None && pxt_parse_device(dev_arg, &dev, "device", 1) < 0)
+    pxt_py_device dev = PXT_PY_DEVICE_OPT("device", 1);
+    dev.value = pxt_py_default_device();
+    if (dev_arg && !pxt_py_device_converter(dev_arg, &dev))
         return NULL;
-    pxt_allocator *a = pxt_allocator_get(dev);
+    pxt_allocator *a = pxt_allocator_get(dev.value);
     if (!a)
         pxt_raise(PXT_ERR_VALUE);
     return a;
@@ -33,7 +36,7 @@ PyObject *pxt_py_memory_stats(PyObject *m, PyObject *args, PyObject *kwargs) {
         return NULL;
     pxt_alloc_stats s;
     pxt_get_stats(a, &s);
-    PyObject *dev = pxt_device_pystr(pxt_allocator_device(a));
+    PyObject *dev = pxt_py_device_str(pxt_allocator_device(a));
     if (!dev)
         return NULL;
     return Py_BuildValue(
@@ -98,27 +101,15 @@ PyObject *pxt_py_empty_cache(PyObject *m, PyObject *args, PyObject *kwargs) {
 PyObject *pxt_py_set_memory_limit(PyObject *m, PyObject *args, PyObject *kwargs) {
     (void)m;
     static char *kw[] = {"nbytes", "device", NULL};
-    PyObject *nbytes, *dev = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:set_memory_limit", kw, &nbytes, &dev))
+    pxt_py_bytes nbytes = PXT_PY_BYTES_OPT("nbytes", PXT_NO_LIMIT);
+    PyObject *dev = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&|O:set_memory_limit", kw,
+                                     pxt_py_bytes_converter, &nbytes, &dev))
         return NULL;
-    size_t limit = PXT_NO_LIMIT;
-    if (nbytes != Py_None) {
-        if (!PyLong_Check(nbytes) || PyBool_Check(nbytes))
-            return PyErr_Format(PyExc_TypeError, "nbytes: expected an int or None, got %.100s",
-                                Py_TYPE(nbytes)->tp_name);
-        int overflow = 0;
-        long long v = PyLong_AsLongLongAndOverflow(nbytes, &overflow);
-        if (v == -1 && PyErr_Occurred())
-            return NULL;
-        if (overflow < 0 || (!overflow && v < 0))
-            return PyErr_Format(PyExc_ValueError, "nbytes: must be >= 0 or None, got %R", nbytes);
-        /* a limit past 2**63 bytes limits nothing: same as None, not OverflowError */
-        limit = overflow > 0 ? PXT_NO_LIMIT : (size_t)v;
-    }
     pxt_allocator *a = arg_allocator(dev);
     if (!a)
         return NULL;
-    pxt_set_limit(a, limit);
+    pxt_set_limit(a, nbytes.value);
     Py_RETURN_NONE;
 }
 
@@ -127,19 +118,12 @@ PyObject *pxt_py_set_memory_limit(PyObject *m, PyObject *args, PyObject *kwargs)
 PyObject *pxt_py_set_memory_fraction(PyObject *m, PyObject *args, PyObject *kwargs) {
     (void)m;
     static char *kw[] = {"fraction", "device", NULL};
-    double f;
+    pxt_py_real fraction = PXT_PY_REAL("fraction", 0.0, 1, 1.0, 0, "in (0, 1]");
     PyObject *dev = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "d|O:set_memory_fraction", kw, &f, &dev))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&|O:set_memory_fraction", kw,
+                                     pxt_py_real_converter, &fraction, &dev))
         return NULL;
-    if (!(f > 0.0 && f <= 1.0)) { /* NaN fails too */
-        /* from f itself: the argument may have come as a keyword */
-        PyObject *fo = PyFloat_FromDouble(f);
-        if (fo) {
-            PyErr_Format(PyExc_ValueError, "fraction: must be in (0, 1], got %R", fo);
-            Py_DECREF(fo);
-        }
-        return NULL;
-    }
+    double f = fraction.value;
     pxt_allocator *a = arg_allocator(dev);
     if (!a)
         return NULL;
@@ -154,21 +138,15 @@ PyObject *pxt_py_set_memory_fraction(PyObject *m, PyObject *args, PyObject *kwar
 PyObject *pxt_py_inject_oom(PyObject *m, PyObject *args, PyObject *kwargs) {
     (void)m;
     static char *kw[] = {"after", "device", "raw", NULL};
-    PyObject *after, *dev = Py_None;
+    pxt_py_int after = PXT_PY_INT_OPT("after", 0, LLONG_MAX, -1);
+    PyObject *dev = Py_None;
     int raw = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|Op:inject_oom", kw, &after, &dev, &raw))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&|Op:inject_oom", kw, pxt_py_int_converter,
+                                     &after, &dev, &raw))
         return NULL;
-    long long n = -1;
-    if (after != Py_None) {
-        n = PyLong_AsLongLong(after);
-        if (n == -1 && PyErr_Occurred())
-            return NULL;
-        if (n < 0)
-            return PyErr_Format(PyExc_ValueError, "after: must be >= 0 or None, got %lld", n);
-    }
     pxt_allocator *a = arg_allocator(dev);
     if (!a)
         return NULL;
-    pxt_inject_oom(a, n, raw);
+    pxt_inject_oom(a, after.value, raw);
     Py_RETURN_NONE;
 }

@@ -1,7 +1,7 @@
 /* ops.c: Python bindings of single backend kernels (_op_*), so the tests can
  * check each op against float64 NumPy and finite differences.
  *
- * Each binding converts its arguments (pxt_arg_tensor: NumPy arrays become
+ * Each binding converts its arguments (pxt_py_tensor_arg: NumPy arrays become
  * tensors on the first tensor's device), checks dtypes, shapes, devices and
  * index ranges before any work, finds the op in the device's backend
  * (NotImplementedError when it has none), then allocates outputs and runs the
@@ -17,21 +17,13 @@
 
 /* The tensor of argument `name` (a new reference parked in *hold), or NULL. */
 static pxt_tensor *arg(PyObject *obj, const char *name, const pxt_tensor *like, PyObject **hold) {
-    *hold = pxt_arg_tensor(obj, name, like);
+    *hold = pxt_py_tensor_arg(obj, name, like);
     return (pxt_tensor *)*hold;
-}
-
-static int check_float(const pxt_tensor *t, const char *name) {
-    if (t->dtype == PXT_FLOAT32 || t->dtype == PXT_FLOAT16 || t->dtype == PXT_BFLOAT16)
-        return 0;
-    PyErr_Format(PyExc_TypeError, "%s: expected dtype float32, float16 or bfloat16, got %s", name,
-                 pxt_dtype_name(t->dtype));
-    return -1;
 }
 
 /* Same dtype and device as `ref` (the op's first tensor). */
 static int check_like(const pxt_tensor *t, const char *name, const pxt_tensor *ref) {
-    return pxt_check_device(t, name, ref->device) < 0 || pxt_check_dtype(t, name, ref->dtype) < 0
+    return pxt_py_check_device(t, name, ref->device) < 0 || pxt_py_check_dtype(t, name, ref->dtype) < 0
                ? -1
                : 0;
 }
@@ -102,8 +94,8 @@ static pxt_tensor *opt_out(PyObject *obj, const char *name, const pxt_tensor *li
     if (obj == Py_None)
         return NULL;
     pxt_tensor *t = arg(obj, name, like, hold);
-    if (!t || pxt_check_device(t, name, like->device) < 0 || pxt_check_dtype(t, name, dt) < 0 ||
-        pxt_check_shape(t, name, ndim, shape) < 0 || pxt_check_writable(t, name) < 0) {
+    if (!t || pxt_py_check_device(t, name, like->device) < 0 || pxt_py_check_dtype(t, name, dt) < 0 ||
+        pxt_py_check_shape(t, name, ndim, shape) < 0 || pxt_py_check_writable(t, name) < 0) {
         *bad = 1;
         return NULL;
     }
@@ -136,23 +128,27 @@ static int overlaps(const pxt_tensor *a, const pxt_tensor *b) {
 static PyObject *op_gemm(PyObject *m, PyObject *args, PyObject *kwargs) {
     (void)m;
     static char *kw[] = {"A", "B", "trans_a", "trans_b", "alpha", "beta", "C", "out_dtype", NULL};
-    PyObject *a_obj, *b_obj, *c_obj = Py_None, *dt_obj = Py_None;
+    PyObject *a_obj, *b_obj, *c_obj = Py_None;
     int ta = 0, tb = 0;
-    double alpha = 1.0, beta = 0.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|ppddOO:_op_gemm", kw, &a_obj, &b_obj, &ta,
-                                     &tb, &alpha, &beta, &c_obj, &dt_obj))
+    pxt_py_real alpha_arg = PXT_PY_NUMBER("alpha", 1.0), beta_arg = PXT_PY_NUMBER("beta", 0.0);
+    pxt_py_dtype dt_arg = PXT_PY_DTYPE_OPT("out_dtype", PXT_FLOAT32);
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|ppO&O&OO&:_op_gemm", kw, &a_obj, &b_obj,
+                                     &ta, &tb, pxt_py_real_converter, &alpha_arg,
+                                     pxt_py_real_converter, &beta_arg, &c_obj,
+                                     pxt_py_dtype_converter, &dt_arg))
         return NULL;
+    double alpha = alpha_arg.value, beta = beta_arg.value;
     PyObject *ah = NULL, *bh = NULL, *ch = NULL, *ws = NULL, *result = NULL;
     pxt_tensor *A, *B, *C = NULL;
     A = arg(a_obj, "A", NULL, &ah);
-    if (!A || check_float(A, "A") < 0 || pxt_check_shape(A, "A", 2, (int64_t[]){-1, -1}) < 0)
+    if (!A || pxt_py_check_float(A, "A") < 0 || pxt_py_check_shape(A, "A", 2, (int64_t[]){-1, -1}) < 0)
         goto done;
     B = arg(b_obj, "B", A, &bh);
     if (!B || check_like(B, "B", A) < 0)
         goto done;
     /* op(A) (M, K), op(B) (K, N) */
     int64_t M = A->shape[ta ? 1 : 0], K = A->shape[ta ? 0 : 1];
-    if (pxt_check_shape(B, "B", 2, tb ? (int64_t[]){-1, K} : (int64_t[]){K, -1}) < 0)
+    if (pxt_py_check_shape(B, "B", 2, tb ? (int64_t[]){-1, K} : (int64_t[]){K, -1}) < 0)
         goto done;
     int64_t N = B->shape[tb ? 0 : 1];
     int m_ = 0, n_ = 0, k_ = 0;
@@ -164,10 +160,9 @@ static PyObject *op_gemm(PyObject *m, PyObject *args, PyObject *kwargs) {
         goto done;
     }
     pxt_dtype dt_c = A->dtype;
-    int have_dt = dt_obj != Py_None;
+    int have_dt = dt_arg.a.given;
     if (have_dt) {
-        if (pxt_parse_dtype(dt_obj, &dt_c, "out_dtype") < 0)
-            goto done;
+        dt_c = dt_arg.value;
         if (dt_c != PXT_FLOAT32 && dt_c != PXT_FLOAT16 && dt_c != PXT_BFLOAT16) {
             PyErr_Format(PyExc_TypeError, "out_dtype: expected float32, float16 or bfloat16, got %s",
                          pxt_dtype_name(dt_c));
@@ -180,9 +175,9 @@ static PyObject *op_gemm(PyObject *m, PyObject *args, PyObject *kwargs) {
             goto done;
         if (!have_dt)
             dt_c = C->dtype;
-        if ((have_dt ? pxt_check_dtype(C, "C", dt_c) : check_float(C, "C")) < 0 ||
-            pxt_check_device(C, "C", A->device) < 0 ||
-            pxt_check_shape(C, "C", 2, (int64_t[]){M, N}) < 0 || pxt_check_writable(C, "C") < 0)
+        if ((have_dt ? pxt_py_check_dtype(C, "C", dt_c) : pxt_py_check_float(C, "C")) < 0 ||
+            pxt_py_check_device(C, "C", A->device) < 0 ||
+            pxt_py_check_shape(C, "C", 2, (int64_t[]){M, N}) < 0 || pxt_py_check_writable(C, "C") < 0)
             goto done;
         if (overlaps(C, A) || overlaps(C, B)) {
             PyErr_SetString(PyExc_ValueError, "C: must not share memory with A or B");
@@ -228,12 +223,12 @@ static PyObject *op_add_bias(PyObject *m, PyObject *args, PyObject *kwargs) {
         return NULL;
     PyObject *oh = NULL, *bh = NULL, *result = NULL;
     pxt_tensor *out = arg(o_obj, "out", NULL, &oh), *bias;
-    if (!out || check_float(out, "out") < 0 ||
-        pxt_check_shape(out, "out", 2, (int64_t[]){-1, -1}) < 0 || pxt_check_writable(out, "out") < 0)
+    if (!out || pxt_py_check_float(out, "out") < 0 ||
+        pxt_py_check_shape(out, "out", 2, (int64_t[]){-1, -1}) < 0 || pxt_py_check_writable(out, "out") < 0)
         goto done;
     bias = arg(b_obj, "bias", out, &bh);
     if (!bias || check_like(bias, "bias", out) < 0 ||
-        pxt_check_shape(bias, "bias", 1, (int64_t[]){out->shape[1]}) < 0)
+        pxt_py_check_shape(bias, "bias", 1, (int64_t[]){out->shape[1]}) < 0)
         goto done;
     int M = 0, N = 0;
     if (to_int(out->shape[0], "out", &M) < 0 || to_int(out->shape[1], "out", &N) < 0)
@@ -262,8 +257,8 @@ static PyObject *op_bias_backward(PyObject *m, PyObject *args, PyObject *kwargs)
     PyObject *dh = NULL, *dbh = NULL, *result = NULL;
     int bad = 0;
     pxt_tensor *dout = arg(d_obj, "dout", NULL, &dh), *dbias;
-    if (!dout || check_float(dout, "dout") < 0 ||
-        pxt_check_shape(dout, "dout", 2, (int64_t[]){-1, -1}) < 0)
+    if (!dout || pxt_py_check_float(dout, "dout") < 0 ||
+        pxt_py_check_shape(dout, "dout", 2, (int64_t[]){-1, -1}) < 0)
         goto done;
     int64_t n64 = dout->shape[1];
     dbias = opt_out(db_obj, "dbias", dout, PXT_FLOAT32, 1, &n64, &dbh, &bad);
@@ -310,22 +305,23 @@ static PyObject *op_layernorm_forward(PyObject *m, PyObject *args, PyObject *kwa
     (void)m;
     static char *kw[] = {"x", "weight", "bias", "eps", NULL};
     PyObject *x_obj, *w_obj, *b_obj;
-    double eps = 1e-5;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|d:_op_layernorm_forward", kw, &x_obj,
-                                     &w_obj, &b_obj, &eps))
+    pxt_py_real eps_arg = PXT_PY_NUMBER("eps", 1e-5);
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|O&:_op_layernorm_forward", kw, &x_obj,
+                                     &w_obj, &b_obj, pxt_py_real_converter, &eps_arg))
         return NULL;
+    double eps = eps_arg.value;
     PyObject *xh = NULL, *wh = NULL, *bh = NULL, *oh = NULL, *mh = NULL, *rh = NULL;
     PyObject *result = NULL;
     int N = 0, C = 0;
     pxt_tensor *x = arg(x_obj, "x", NULL, &xh), *w, *b;
-    if (!x || check_float(x, "x") < 0 || rows_cols(x, "x", &N, &C) < 0)
+    if (!x || pxt_py_check_float(x, "x") < 0 || rows_cols(x, "x", &N, &C) < 0)
         goto done;
     int64_t c64 = C;
     w = arg(w_obj, "weight", x, &wh);
-    if (!w || check_like(w, "weight", x) < 0 || pxt_check_shape(w, "weight", 1, &c64) < 0)
+    if (!w || check_like(w, "weight", x) < 0 || pxt_py_check_shape(w, "weight", 1, &c64) < 0)
         goto done;
     b = arg(b_obj, "bias", x, &bh);
-    if (!b || check_like(b, "bias", x) < 0 || pxt_check_shape(b, "bias", 1, &c64) < 0)
+    if (!b || check_like(b, "bias", x) < 0 || pxt_py_check_shape(b, "bias", 1, &c64) < 0)
         goto done;
     if (!(eps >= 0.0 && eps <= FLT_MAX)) {
         PyErr_Format(PyExc_ValueError, "eps: expected a finite value >= 0, got %g", eps);
@@ -370,24 +366,24 @@ static PyObject *op_layernorm_backward(PyObject *m, PyObject *args, PyObject *kw
     PyObject *dih = NULL, *dwh = NULL, *dbh = NULL, *result = NULL;
     int N = 0, C = 0, bad = 0;
     pxt_tensor *dout = arg(d_obj, "dout", NULL, &dh), *x, *w, *mean, *rstd, *dinp, *dw, *db;
-    if (!dout || check_float(dout, "dout") < 0 || rows_cols(dout, "dout", &N, &C) < 0)
+    if (!dout || pxt_py_check_float(dout, "dout") < 0 || rows_cols(dout, "dout", &N, &C) < 0)
         goto done;
     int64_t c64 = C;
     x = arg(x_obj, "x", dout, &xh);
-    if (!x || check_like(x, "x", dout) < 0 || pxt_check_shape(x, "x", dout->ndim, dout->shape) < 0)
+    if (!x || check_like(x, "x", dout) < 0 || pxt_py_check_shape(x, "x", dout->ndim, dout->shape) < 0)
         goto done;
     w = arg(w_obj, "weight", dout, &wh);
-    if (!w || check_like(w, "weight", dout) < 0 || pxt_check_shape(w, "weight", 1, &c64) < 0)
+    if (!w || check_like(w, "weight", dout) < 0 || pxt_py_check_shape(w, "weight", 1, &c64) < 0)
         goto done;
     mean = arg(m_obj, "mean", dout, &mh);
-    if (!mean || pxt_check_device(mean, "mean", dout->device) < 0 ||
-        pxt_check_dtype(mean, "mean", PXT_FLOAT32) < 0 ||
-        pxt_check_shape(mean, "mean", dout->ndim - 1, dout->shape) < 0)
+    if (!mean || pxt_py_check_device(mean, "mean", dout->device) < 0 ||
+        pxt_py_check_dtype(mean, "mean", PXT_FLOAT32) < 0 ||
+        pxt_py_check_shape(mean, "mean", dout->ndim - 1, dout->shape) < 0)
         goto done;
     rstd = arg(r_obj, "rstd", dout, &rh);
-    if (!rstd || pxt_check_device(rstd, "rstd", dout->device) < 0 ||
-        pxt_check_dtype(rstd, "rstd", PXT_FLOAT32) < 0 ||
-        pxt_check_shape(rstd, "rstd", dout->ndim - 1, dout->shape) < 0)
+    if (!rstd || pxt_py_check_device(rstd, "rstd", dout->device) < 0 ||
+        pxt_py_check_dtype(rstd, "rstd", PXT_FLOAT32) < 0 ||
+        pxt_py_check_shape(rstd, "rstd", dout->ndim - 1, dout->shape) < 0)
         goto done;
     dinp = opt_out(di_obj, "dinp", dout, dout->dtype, dout->ndim, dout->shape, &dih, &bad);
     if (bad)
@@ -446,7 +442,7 @@ static PyObject *op_gelu_forward(PyObject *m, PyObject *args, PyObject *kwargs) 
         return NULL;
     PyObject *xh = NULL, *oh = NULL, *result = NULL;
     pxt_tensor *x = arg(x_obj, "x", NULL, &xh);
-    if (!x || check_float(x, "x") < 0)
+    if (!x || pxt_py_check_float(x, "x") < 0)
         goto done;
     const pxt_backend *be = PXT_BACKEND_OP(x->device, gelu_forward);
     if (!be || !(oh = pxt_tensor_empty(x->device, x->dtype, x->ndim, x->shape)))
@@ -472,11 +468,11 @@ static PyObject *op_gelu_backward(PyObject *m, PyObject *args, PyObject *kwargs)
         return NULL;
     PyObject *xh = NULL, *dh = NULL, *oh = NULL, *result = NULL;
     pxt_tensor *x = arg(x_obj, "x", NULL, &xh), *dout;
-    if (!x || check_float(x, "x") < 0)
+    if (!x || pxt_py_check_float(x, "x") < 0)
         goto done;
     dout = arg(d_obj, "dout", x, &dh);
     if (!dout || check_like(dout, "dout", x) < 0 ||
-        pxt_check_shape(dout, "dout", x->ndim, x->shape) < 0)
+        pxt_py_check_shape(dout, "dout", x->ndim, x->shape) < 0)
         goto done;
     const pxt_backend *be = PXT_BACKEND_OP(x->device, gelu_backward);
     if (!be || !(oh = pxt_tensor_empty(x->device, x->dtype, x->ndim, x->shape)))
@@ -503,10 +499,10 @@ static PyObject *op_add(PyObject *m, PyObject *args, PyObject *kwargs) {
         return NULL;
     PyObject *ah = NULL, *bh = NULL, *oh = NULL, *result = NULL;
     pxt_tensor *a = arg(a_obj, "a", NULL, &ah), *b;
-    if (!a || check_float(a, "a") < 0)
+    if (!a || pxt_py_check_float(a, "a") < 0)
         goto done;
     b = arg(b_obj, "b", a, &bh);
-    if (!b || check_like(b, "b", a) < 0 || pxt_check_shape(b, "b", a->ndim, a->shape) < 0)
+    if (!b || check_like(b, "b", a) < 0 || pxt_py_check_shape(b, "b", a->ndim, a->shape) < 0)
         goto done;
     const pxt_backend *be = PXT_BACKEND_OP(a->device, add);
     if (!be || !(oh = pxt_tensor_empty(a->device, a->dtype, a->ndim, a->shape)))
@@ -529,7 +525,7 @@ done:
 
 /* ids int32 of at most PXT_MAX_DIMS - 1 dims (the output adds C); N as int. */
 static int check_id_tensor(const pxt_tensor *ids, const char *name, int *N) {
-    if (pxt_check_dtype(ids, name, PXT_INT32) < 0 || check_ndim(ids, name, 0, PXT_MAX_DIMS - 1) < 0)
+    if (pxt_py_check_dtype(ids, name, PXT_INT32) < 0 || check_ndim(ids, name, 0, PXT_MAX_DIMS - 1) < 0)
         return -1;
     return to_int(ids->numel, name, N);
 }
@@ -547,9 +543,9 @@ static PyObject *op_embedding_forward(PyObject *m, PyObject *args, PyObject *kwa
     if (!ids || check_id_tensor(ids, "ids", &N) < 0)
         goto done;
     table = arg(t_obj, "table", ids, &th);
-    if (!table || pxt_check_device(table, "table", ids->device) < 0 ||
-        check_float(table, "table") < 0 ||
-        pxt_check_shape(table, "table", 2, (int64_t[]){-1, -1}) < 0 ||
+    if (!table || pxt_py_check_device(table, "table", ids->device) < 0 ||
+        pxt_py_check_float(table, "table") < 0 ||
+        pxt_py_check_shape(table, "table", 2, (int64_t[]){-1, -1}) < 0 ||
         to_int(table->shape[0], "table", &V) < 0 || to_int(table->shape[1], "table", &C) < 0)
         goto done;
     int64_t oshape[PXT_MAX_DIMS]; /* ids.shape + (C,) */
@@ -589,10 +585,11 @@ static PyObject *op_embedding_backward(PyObject *m, PyObject *args, PyObject *kw
     (void)m;
     static char *kw[] = {"ids", "dout", "V", "dtable", NULL};
     PyObject *i_obj, *d_obj, *dt_obj = Py_None;
-    long long V;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOL|O:_op_embedding_backward", kw, &i_obj,
-                                     &d_obj, &V, &dt_obj))
+    pxt_py_int V_arg = PXT_PY_INT("V", LLONG_MIN, LLONG_MAX);
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO&|O:_op_embedding_backward", kw, &i_obj,
+                                     &d_obj, pxt_py_int_converter, &V_arg, &dt_obj))
         return NULL;
+    long long V = V_arg.value;
     PyObject *ih = NULL, *dh = NULL, *dth = NULL, *result = NULL;
     int N = 0, C = 0, v_ = 0, bad = 0;
     pxt_tensor *ids = arg(i_obj, "ids", NULL, &ih), *dout, *dtable;
@@ -602,8 +599,8 @@ static PyObject *op_embedding_backward(PyObject *m, PyObject *args, PyObject *kw
     int64_t dshape[PXT_MAX_DIMS]; /* ids.shape + (C,) */
     for (int d = 0; d < ids->ndim; d++) dshape[d] = ids->shape[d];
     dshape[ids->ndim] = -1;
-    if (!dout || pxt_check_device(dout, "dout", ids->device) < 0 || check_float(dout, "dout") < 0 ||
-        pxt_check_shape(dout, "dout", ids->ndim + 1, dshape) < 0 ||
+    if (!dout || pxt_py_check_device(dout, "dout", ids->device) < 0 || pxt_py_check_float(dout, "dout") < 0 ||
+        pxt_py_check_shape(dout, "dout", ids->ndim + 1, dshape) < 0 ||
         to_int(dout->shape[ids->ndim], "dout", &C) < 0)
         goto done;
     if (V <= 0 || V > INT_MAX) {
@@ -647,21 +644,22 @@ static PyObject *op_softmax_xent(PyObject *m, PyObject *args, PyObject *kwargs) 
     (void)m;
     static char *kw[] = {"logits", "targets", "scale", "backward", NULL};
     PyObject *l_obj, *t_obj;
-    double scale = 1.0;
+    pxt_py_real scale_arg = PXT_PY_NUMBER("scale", 1.0);
     int backward = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|dp:_op_softmax_xent", kw, &l_obj, &t_obj,
-                                     &scale, &backward))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O&p:_op_softmax_xent", kw, &l_obj, &t_obj,
+                                     pxt_py_real_converter, &scale_arg, &backward))
         return NULL;
+    double scale = scale_arg.value;
     PyObject *lh = NULL, *th = NULL, *gh = NULL, *losses = NULL, *result = NULL;
     int N = 0, V = 0;
     pxt_tensor *logits = arg(l_obj, "logits", NULL, &lh), *targets;
-    if (!logits || pxt_check_dtype(logits, "logits", PXT_FLOAT32) < 0 ||
+    if (!logits || pxt_py_check_dtype(logits, "logits", PXT_FLOAT32) < 0 ||
         rows_cols(logits, "logits", &N, &V) < 0)
         goto done;
     targets = arg(t_obj, "targets", logits, &th);
-    if (!targets || pxt_check_device(targets, "targets", logits->device) < 0 ||
-        pxt_check_dtype(targets, "targets", PXT_INT32) < 0 ||
-        pxt_check_shape(targets, "targets", logits->ndim - 1, logits->shape) < 0)
+    if (!targets || pxt_py_check_device(targets, "targets", logits->device) < 0 ||
+        pxt_py_check_dtype(targets, "targets", PXT_INT32) < 0 ||
+        pxt_py_check_shape(targets, "targets", logits->ndim - 1, logits->shape) < 0)
         goto done;
     if (!(fabs(scale) <= FLT_MAX)) {
         PyErr_Format(PyExc_ValueError, "scale: expected a finite float32 value, got %g", scale);
@@ -702,7 +700,7 @@ static PyObject *op_sum(PyObject *m, PyObject *args, PyObject *kwargs) {
         return NULL;
     PyObject *xh = NULL, *result = NULL;
     pxt_tensor *x = arg(x_obj, "x", NULL, &xh);
-    if (!x || pxt_check_dtype(x, "x", PXT_FLOAT32) < 0)
+    if (!x || pxt_py_check_dtype(x, "x", PXT_FLOAT32) < 0)
         goto done;
     const pxt_backend *be = PXT_BACKEND_OP(x->device, sum);
     if (!be)
@@ -718,31 +716,30 @@ done:
     return result;
 }
 
-#define KW(f) (PyCFunction)(void (*)(void))(f), METH_VARARGS | METH_KEYWORDS
 
-PyMethodDef pxt_ops_methods[] = {
-    {"_op_gemm", KW(op_gemm),
+PyMethodDef pxt_py_ops_methods[] = {
+    {"_op_gemm", PXT_PY_KW(op_gemm),
      "_op_gemm(A, B, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, C=None, out_dtype=None)"
      " -> C = alpha * op(A) @ op(B) + beta * C (fp32 accumulation)."},
-    {"_op_add_bias", KW(op_add_bias), "_op_add_bias(out, bias): out (M, N) += bias (N), in place."},
-    {"_op_bias_backward", KW(op_bias_backward),
+    {"_op_add_bias", PXT_PY_KW(op_add_bias), "_op_add_bias(out, bias): out (M, N) += bias (N), in place."},
+    {"_op_bias_backward", PXT_PY_KW(op_bias_backward),
      "_op_bias_backward(dout, dbias=None) -> dbias (N) fp32 += column sums of dout (M, N)."},
-    {"_op_layernorm_forward", KW(op_layernorm_forward),
+    {"_op_layernorm_forward", PXT_PY_KW(op_layernorm_forward),
      "_op_layernorm_forward(x, weight, bias, eps=1e-5) -> (out, mean, rstd)."},
-    {"_op_layernorm_backward", KW(op_layernorm_backward),
+    {"_op_layernorm_backward", PXT_PY_KW(op_layernorm_backward),
      "_op_layernorm_backward(dout, x, weight, mean, rstd, dinp=None, dweight=None, dbias=None)"
      " -> (dinp, dweight, dbias), accumulated into the given tensors or zeros."},
-    {"_op_gelu_forward", KW(op_gelu_forward), "_op_gelu_forward(x) -> gelu_tanh(x)."},
-    {"_op_gelu_backward", KW(op_gelu_backward),
+    {"_op_gelu_forward", PXT_PY_KW(op_gelu_forward), "_op_gelu_forward(x) -> gelu_tanh(x)."},
+    {"_op_gelu_backward", PXT_PY_KW(op_gelu_backward),
      "_op_gelu_backward(x, dout) -> dout * gelu_tanh'(x)."},
-    {"_op_add", KW(op_add), "_op_add(a, b) -> a + b."},
-    {"_op_embedding_forward", KW(op_embedding_forward),
+    {"_op_add", PXT_PY_KW(op_add), "_op_add(a, b) -> a + b."},
+    {"_op_embedding_forward", PXT_PY_KW(op_embedding_forward),
      "_op_embedding_forward(ids, table, out=None) -> table[ids] (added into out when given)."},
-    {"_op_embedding_backward", KW(op_embedding_backward),
+    {"_op_embedding_backward", PXT_PY_KW(op_embedding_backward),
      "_op_embedding_backward(ids, dout, V, dtable=None) -> dtable (V, C) fp32 += scatter of dout."},
-    {"_op_softmax_xent", KW(op_softmax_xent),
+    {"_op_softmax_xent", PXT_PY_KW(op_softmax_xent),
      "_op_softmax_xent(logits, targets, scale=1.0, backward=True) -> (losses, dlogits or None);"
      " the caller's logits are not modified."},
-    {"_op_sum", KW(op_sum), "_op_sum(x) -> float: deterministic double sum of a float32 tensor."},
+    {"_op_sum", PXT_PY_KW(op_sum), "_op_sum(x) -> float: deterministic double sum of a float32 tensor."},
     {NULL, NULL, 0, NULL},
 };

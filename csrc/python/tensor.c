@@ -1,12 +1,11 @@
 /* tensor.c: pyxtts.Tensor: creation, copies between devices and dtypes, NumPy. */
-#include "tensor.h"
+#include "convert.h"
 
 #define NO_IMPORT_ARRAY
 #define PY_ARRAY_UNIQUE_SYMBOL pxt_ARRAY_API
 #define NPY_NO_DEPRECATED_API NPY_2_0_API_VERSION
 #include <numpy/arrayobject.h>
 
-#include "cpu/cpu.h" /* pxt_cpu_cast_f64_to_int: float64 input by pyxtts's cast rules */
 
 /* ---- construction ---------------------------------------------------------- */
 
@@ -40,8 +39,7 @@ static pxt_tensor *tensor_alloc_object(pxt_device dev, pxt_dtype dt, int ndim,
     if (!t)
         return NULL;
     t->data = NULL;
-    t->block = NULL;
-    t->alloc = NULL;
+    t->storage = NULL;
     t->base = NULL;
     t->weakreflist = NULL;
     t->device = dev;
@@ -62,22 +60,46 @@ PyObject *pxt_tensor_empty(pxt_device dev, pxt_dtype dt, int ndim, const int64_t
     if (ndim < 0 || ndim > PXT_MAX_DIMS)
         return PyErr_Format(PyExc_ValueError, "shape: at most %d dimensions, got %d",
                             PXT_MAX_DIMS, ndim);
-    pxt_allocator *a = pxt_allocator_get(dev);
-    if (!a)
+    if (!pxt_allocator_get(dev))
         return pxt_raise(PXT_ERR_VALUE);
     pxt_tensor *t = tensor_alloc_object(dev, dt, ndim, shape);
     if (!t)
         return NULL;
-    if (t->nbytes) {
-        int rc = pxt_alloc(a, t->nbytes, &t->block);
-        if (rc != PXT_OK) {
-            Py_DECREF(t);
-            return pxt_raise(rc);
-        }
-        t->alloc = a;
-        t->data = pxt_block_ptr(t->block);
+    int rc = pxt_storage_new(dev, t->nbytes, &t->storage);
+    if (rc != PXT_OK) {
+        Py_DECREF(t);
+        return pxt_raise(rc);
     }
+    t->data = t->storage->data;
     return (PyObject *)t;
+}
+
+PyObject *pxt_tensor_view(pxt_storage *s, size_t offset, pxt_dtype dt, int ndim,
+                          const int64_t *shape) {
+    pxt_tensor *t = tensor_alloc_object(s->device, dt, ndim, shape);
+    if (!t)
+        return NULL;
+    t->storage = pxt_storage_ref(s);
+    t->data = t->nbytes ? s->data + offset : NULL;
+    return (PyObject *)t;
+}
+
+PyObject *pxt_tensor_flat_views(const pxt_param_layout *l, pxt_storage *flat, pxt_dtype dt) {
+    PyObject *d = PyDict_New();
+    if (!d)
+        return NULL;
+    size_t es = pxt_dtype_size(dt);
+    for (int i = 0; i < l->count; i++) {
+        const pxt_param_info *p = &l->params[i];
+        PyObject *v = pxt_tensor_view(flat, p->offset * es, dt, p->ndim, p->shape);
+        if (!v || PyDict_SetItemString(d, p->name, v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return d;
 }
 
 PyObject *pxt_tensor_borrow(PyObject *base, char *data, pxt_device dev, pxt_dtype dt, int ndim,
@@ -106,9 +128,7 @@ static void tensor_dealloc(pxt_tensor *self) {
     PyObject_GC_UnTrack(self);
     if (self->weakreflist)
         PyObject_ClearWeakRefs((PyObject *)self);
-    if (self->block)
-        pxt_free(self->alloc, self->block);
-    self->block = NULL;
+    pxt_storage_clear(&self->storage);
     tensor_clear(self);
     PyObject_GC_Del(self);
 }
@@ -246,16 +266,24 @@ static int is_numeric_kind(char kind) {
     return kind == 'f' || kind == 'i' || kind == 'u' || kind == 'b';
 }
 
+/* float64 data into int32/int64/uint8/bool by pyxtts's rule, straight from the
+ * double (pyxtts.tensor(float64_array, dtype=int32): NumPy's own cast is C's,
+ * undefined out of range, and float32 first would lose integers > 2^24). */
+static void cast_f64_to_int(void *dst, pxt_dtype dt, const double *src, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        pxt_store_int_sat(dst, dt, i, src[i]);
+}
+
 /* pyxtts.tensor(data, dtype=None, device="cpu"): always a copy. */
 PyObject *pxt_tensor_from_data(PyObject *data, PyObject *dtype_arg, PyObject *device_arg) {
-    pxt_device dev = {PXT_CPU, 0};
-    if (device_arg && device_arg != Py_None &&
-        pxt_parse_device(device_arg, &dev, "device", 1) < 0)
+    pxt_py_device dev_arg = PXT_PY_DEVICE_OPT("device", 1);
+    pxt_py_dtype want_arg = PXT_PY_DTYPE_OPT("dtype", PXT_FLOAT32);
+    if ((device_arg && !pxt_py_device_converter(device_arg, &dev_arg)) ||
+        (dtype_arg && !pxt_py_dtype_converter(dtype_arg, &want_arg)))
         return NULL;
-    pxt_dtype want;
-    int have_want = dtype_arg && dtype_arg != Py_None;
-    if (have_want && pxt_parse_dtype(dtype_arg, &want, "dtype") < 0)
-        return NULL;
+    pxt_device dev = dev_arg.value;
+    pxt_dtype want = want_arg.value;
+    int have_want = want_arg.a.given;
     if (pxt_tensor_check(data)) {
         pxt_tensor *src = (pxt_tensor *)data;
         return pxt_tensor_convert(src, dev, have_want ? want : src->dtype);
@@ -325,9 +353,9 @@ PyObject *pxt_tensor_from_data(PyObject *data, PyObject *dtype_arg, PyObject *de
             pxt_tensor *h = (pxt_tensor *)host;
             int rc = PXT_OK;
             if (via_f64)
-                pxt_cpu_cast_f64_to_int(h->data, dt, PyArray_DATA(c), (size_t)h->numel);
+                cast_f64_to_int(h->data, dt, PyArray_DATA(c), (size_t)h->numel);
             else if (h->numel)
-                rc = run_cast(pxt_cpu_backend(), 0, h->data, dt, PyArray_DATA(c), stage_dt,
+                rc = run_cast(pxt_backend_for(PXT_CPU), 0, h->data, dt, PyArray_DATA(c), stage_dt,
                               (size_t)h->numel);
             if (rc != PXT_OK)
                 pxt_raise(rc);
@@ -393,26 +421,27 @@ static PyObject *tensor_to(PyObject *op, PyObject *args, PyObject *kwargs) {
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO$p:to", kw, &dev_arg, &dt_arg, &copy))
         return NULL;
     pxt_tensor *self = (pxt_tensor *)op;
-    pxt_device dev = self->device;
-    pxt_dtype dt = self->dtype;
+    pxt_py_device dev = PXT_PY_DEVICE_OPT("device", 1);
+    pxt_py_dtype dt = PXT_PY_DTYPE_OPT("dtype", self->dtype);
+    dev.value = self->device;
     if (dev_arg != Py_None) {
         /* t.to(pyxtts.bfloat16) reads like torch: a dtype in first place */
         if (dt_arg == Py_None && !PyUnicode_Check(dev_arg) && !PyLong_Check(dev_arg) &&
-            pxt_parse_dtype(dev_arg, &dt, "dtype") == 0) {
+            pxt_py_dtype_converter(dev_arg, &dt)) {
             dev_arg = Py_None;
         } else {
             PyErr_Clear();
-            if (pxt_parse_device(dev_arg, &dev, "device", 1) < 0)
+            if (!pxt_py_device_converter(dev_arg, &dev))
                 return NULL;
         }
     }
-    if (dt_arg != Py_None && pxt_parse_dtype(dt_arg, &dt, "dtype") < 0)
+    if (!pxt_py_dtype_converter(dt_arg, &dt))
         return NULL;
-    if (!copy && same_device(dev, self->device) && dt == self->dtype) {
+    if (!copy && same_device(dev.value, self->device) && dt.value == self->dtype) {
         Py_INCREF(op);
         return op;
     }
-    return pxt_tensor_convert(self, dev, dt);
+    return pxt_tensor_convert(self, dev.value, dt.value);
 }
 
 static PyObject *shape_tuple(pxt_tensor *t);
@@ -493,7 +522,7 @@ static PyObject *tensor_get_dtype(PyObject *op, void *c) {
 
 static PyObject *tensor_get_device(PyObject *op, void *c) {
     (void)c;
-    return pxt_device_pystr(((pxt_tensor *)op)->device);
+    return pxt_py_device_str(((pxt_tensor *)op)->device);
 }
 
 static PyObject *tensor_get_nbytes(PyObject *op, void *c) {
@@ -530,7 +559,7 @@ static Py_ssize_t tensor_len(PyObject *op) {
 static PyObject *tensor_repr(PyObject *op) {
     pxt_tensor *t = (pxt_tensor *)op;
     PyObject *shape = shape_tuple(t);
-    PyObject *dev = pxt_device_pystr(t->device);
+    PyObject *dev = pxt_py_device_str(t->device);
     PyObject *values = NULL;
     if (t->numel <= REPR_MAX_ELEMENTS) {
         PyObject *arr = tensor_numpy(op, NULL);
