@@ -33,12 +33,12 @@
 #include "elem.cuh"
 
 #define ATTN_THREADS 128
-#define FWD_BR 32  /* query rows of a forward block */
-#define FWD_BC 32  /* keys of a forward tile */
-#define KV_BC 32   /* keys of a dK/dV block */
-#define KV_BR 8    /* query rows of a dK/dV tile */
-#define DQ_BR 32   /* query rows of a dQ block */
-#define DQ_BC 8    /* keys of a dQ tile */
+#define FWD_BR 32 /* query rows of a forward block */
+#define FWD_BC 32 /* keys of a forward tile */
+#define KV_BC 32  /* keys of a dK/dV block */
+#define KV_BR 8   /* query rows of a dK/dV tile */
+#define DQ_BR 32  /* query rows of a dQ block */
+#define DQ_BC 8   /* keys of a dQ tile */
 
 /* ---- helpers: lengths, mask and rows in attention_common.cuh ------------------------ */
 
@@ -57,8 +57,9 @@ __device__ static inline void load_tile(float *dst, int SD, int R, const T *base
 /* dot of two smem rows of length D, d ascending (the same order everywhere) */
 __device__ static inline float dot_row(const float *x, const float *y, int D) {
     float acc = 0.0f;
-    for (int d = 0; d < D; d++)
+    for (int d = 0; d < D; d++) {
         acc = fmaf(x[d], y[d], acc);
+    }
     return acc;
 }
 
@@ -85,18 +86,22 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
     load_tile(Qs, SD, FWD_BR, q, a.q, b, h, i0, D, a.scale, [&](int rr) { return rr < nq; });
     float o[DPT]; /* (D / 4) columns d = g + 4 i of row r */
 #pragma unroll
-    for (int i = 0; i < DPT; i++)
+    for (int i = 0; i < DPT; i++) {
         o[i] = 0.0f;
+    }
     float m = -INFINITY, l = 0.0f;
     int kend = kl;
-    if (a.causal)
+    if (a.causal) {
         kend = min(kend, i0 + nq); /* keys after the block's last row are never seen */
-    if (nq == 0)
+    }
+    if (nq == 0) {
         kend = 0;
+    }
     for (int j0 = 0; j0 < kend; j0 += FWD_BC) {
         __syncthreads(); /* Qs is loaded; the last tile's V reads are done */
-        if (tid < FWD_BC)
+        if (tid < FWD_BC) {
             kval[tid] = key_ok(a, b, j0 + tid, kl);
+        }
         load_tile(KV, SD, FWD_BC, k, a.k, b, h, j0, D, 1.0f,
                   [&](int c) { return key_ok(a, b, j0 + c, kl); });
         __syncthreads();
@@ -127,8 +132,9 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
         m = m_new;
         __syncthreads(); /* every thread is done with the key tile */
 #pragma unroll
-        for (int jj = 0; jj < SPT; jj++)
+        for (int jj = 0; jj < SPT; jj++) {
             P[r * PS + g + 4 * jj] = s[jj];
+        }
         load_tile(KV, SD, FWD_BC, v, a.v, b, h, j0, D, 1.0f,
                   [&](int c) { return key_ok(a, b, j0 + c, kl); });
         __syncthreads();
@@ -137,14 +143,16 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
             int d = g + 4 * i;
             if (d < D) {
                 float acc = o[i] * alpha;
-                for (int c = 0; c < FWD_BC; c++)
+                for (int c = 0; c < FWD_BC; c++) {
                     acc = fmaf(P[r * PS + c], KV[c * SD + d], acc);
+                }
                 o[i] = acc;
             }
         }
     }
-    if (i0 + r >= a.Tq)
+    if (i0 + r >= a.Tq) {
         return;
+    }
     T *dst = row_ptr(out, a.o, b, h, i0 + r);
     float *lrow = lse + ((size_t)bh * a.Tq + i0 + r);
     bool any = r < nq && l > 0.0f;
@@ -152,11 +160,13 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
 #pragma unroll
     for (int i = 0; i < DPT; i++) {
         int d = g + 4 * i;
-        if (d < D)
+        if (d < D) {
             dst[d] = stf<T>(any ? o[i] * inv : 0.0f); /* no valid key: zeros */
+        }
     }
-    if (g == 0)
+    if (g == 0) {
         *lrow = any ? m + logf(l) : -INFINITY;
+    }
 }
 
 /* ---- backward: Di = rowsum(dO * O) ---------------------------------------------------- */
@@ -167,19 +177,23 @@ __global__ static void attn_di_kernel(pxt_attn_args a, float *Di, const T *dout,
     const int64_t rows = (int64_t)a.B * a.H * a.Tq;
     const int64_t row = (int64_t)blockIdx.x * (ATTN_THREADS / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    if (row >= rows)
+    if (row >= rows) {
         return;
+    }
     const int bh = (int)(row / a.Tq), i = (int)(row % a.Tq), b = bh / a.H, h = bh % a.H;
     float acc = 0.0f;
     if (i < q_len(a, b)) {
         const T *dO = row_ptr(dout, a.o, b, h, i), *O = row_ptr(out, a.o, b, h, i);
-        for (int d = lane; d < a.D; d += 32)
+        for (int d = lane; d < a.D; d += 32) {
             acc = fmaf(ldf(dO[d]), ldf(O[d]), acc);
+        }
     }
-    for (int s = 16; s > 0; s >>= 1)
+    for (int s = 16; s > 0; s >>= 1) {
         acc += __shfl_xor_sync(0xffffffffu, acc, s);
-    if (lane == 0)
+    }
+    if (lane == 0) {
         Di[row] = acc;
+    }
 }
 
 /* ---- backward: dK, dV per key block ------------------------------------------------- */
@@ -190,7 +204,7 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
     attn_bwd_kv_kernel(pxt_attn_args a, T *dk, T *dv, const T *dout, const T *q, const T *k,
                        const T *v, const float *lse, const float *Di, int nkb) {
     constexpr int SDMAX = DMAX + 1, DPT = DMAX / 4, RPT = KV_BR / 4, PS = KV_BR + 1;
-    __shared__ float Ks[KV_BC * SDMAX], Vs[KV_BC * SDMAX]; /* (BC, SD) */
+    __shared__ float Ks[KV_BC * SDMAX], Vs[KV_BC * SDMAX];  /* (BC, SD) */
     __shared__ float Qs[KV_BR * SDMAX], dOs[KV_BR * SDMAX]; /* (BR, SD) q * scale, dout */
     __shared__ float Ps[KV_BC * PS], dSs[KV_BC * PS];       /* (BC, BR + 1) P^T, dS^T */
     __shared__ float nl[KV_BR], di[KV_BR];                  /* (BR) -lse (or -inf), Di */
@@ -201,16 +215,18 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
     const int tid = threadIdx.x, c = tid / 4, g = tid % 4;
     const int ql = q_len(a, b), kl = k_len(a, b);
 
-    if (tid < KV_BC)
+    if (tid < KV_BC) {
         kval[tid] = key_ok(a, b, j0 + tid, kl);
+    }
     load_tile(Ks, SD, KV_BC, k, a.k, b, h, j0, D, 1.0f,
               [&](int cc) { return key_ok(a, b, j0 + cc, kl); });
     load_tile(Vs, SD, KV_BC, v, a.v, b, h, j0, D, 1.0f,
               [&](int cc) { return key_ok(a, b, j0 + cc, kl); });
     float dK[DPT], dV[DPT]; /* columns d = g + 4 i of key c */
 #pragma unroll
-    for (int i = 0; i < DPT; i++)
+    for (int i = 0; i < DPT; i++) {
         dK[i] = dV[i] = 0.0f;
+    }
     /* causal: queries before the block's first key see none of it */
     const int istart = a.causal ? j0 / KV_BR * KV_BR : 0;
     const int iend = j0 < kl ? ql : 0; /* a block past k_length has nothing to add */
@@ -240,16 +256,18 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
 #pragma unroll
         for (int i = 0; i < DPT; i++) { /* dV += P^T dO, dK += dS^T Qs */
             int d = g + 4 * i;
-            if (d < D)
+            if (d < D) {
                 for (int r = 0; r < KV_BR; r++) {
                     dV[i] = fmaf(Ps[c * PS + r], dOs[r * SD + d], dV[i]);
                     dK[i] = fmaf(dSs[c * PS + r], Qs[r * SD + d], dK[i]);
                 }
+            }
         }
     }
     __syncthreads(); /* kval is complete even when no query tile ran */
-    if (j0 + c >= a.Tk)
+    if (j0 + c >= a.Tk) {
         return;
+    }
     T *dkr = row_ptr(dk, a.k, b, h, j0 + c), *dvr = row_ptr(dv, a.v, b, h, j0 + c);
     const bool keep = kval[c]; /* masked keys and keys past k_length: zeros */
 #pragma unroll
@@ -292,15 +310,18 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
     }
     float dQ[DPT];
 #pragma unroll
-    for (int i = 0; i < DPT; i++)
+    for (int i = 0; i < DPT; i++) {
         dQ[i] = 0.0f;
+    }
     int kend = nq ? kl : 0;
-    if (a.causal)
+    if (a.causal) {
         kend = min(kend, i0 + nq);
+    }
     for (int j0 = 0; j0 < kend; j0 += DQ_BC) {
         __syncthreads(); /* Qs, dOs loaded; the last tile's reads are done */
-        if (tid < DQ_BC)
+        if (tid < DQ_BC) {
             kval[tid] = key_ok(a, b, j0 + tid, kl);
+        }
         load_tile(Ks, SD, DQ_BC, k, a.k, b, h, j0, D, 1.0f,
                   [&](int c) { return key_ok(a, b, j0 + c, kl); });
         load_tile(Vs, SD, DQ_BC, v, a.v, b, h, j0, D, 1.0f,
@@ -319,47 +340,57 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
 #pragma unroll
         for (int i = 0; i < DPT; i++) { /* dQ += dS K */
             int d = g + 4 * i;
-            if (d < D)
-                for (int c = 0; c < DQ_BC; c++)
+            if (d < D) {
+                for (int c = 0; c < DQ_BC; c++) {
                     dQ[i] = fmaf(dSs[r * PS + c], Ks[c * SD + d], dQ[i]);
+                }
+            }
         }
     }
-    if (i0 + r >= a.Tq)
+    if (i0 + r >= a.Tq) {
         return;
+    }
     T *dst = row_ptr(dq, a.q, b, h, i0 + r);
 #pragma unroll
     for (int i = 0; i < DPT; i++) {
         int d = g + 4 * i;
-        if (d < D) /* the scale of Qs, applied once; rows past q_length: zeros */
+        if (d < D) { /* the scale of Qs, applied once; rows past q_length: zeros */
             dst[d] = stf<T>(r < nq ? dQ[i] * a.scale : 0.0f);
+        }
     }
 }
 
 /* ---- the table entries ------------------------------------------------------------------- */
 
 static int check_args(const pxt_attn_args *a) {
-    if (!a)
+    if (!a) {
         return pxt_error(PXT_ERR_VALUE, "attention: no arguments");
-    if (a->B < 0 || a->H < 0 || a->Tq < 0 || a->Tk < 0 || a->D < 1)
+    }
+    if (a->B < 0 || a->H < 0 || a->Tq < 0 || a->Tk < 0 || a->D < 1) {
         return pxt_error(PXT_ERR_VALUE,
                          "attention: expected B, H, Tq, Tk >= 0 and D >= 1, got B=%d H=%d Tq=%d "
-                         "Tk=%d D=%d", a->B, a->H, a->Tq, a->Tk, a->D);
-    if (a->D > 128)
+                         "Tk=%d D=%d",
+                         a->B, a->H, a->Tq, a->Tk, a->D);
+    }
+    if (a->D > 128) {
         return pxt_error(PXT_ERR_NOT_IMPLEMENTED,
                          "attention: head dim D=%d: the CUDA kernels support D <= 128", a->D);
-    if (a->dt != PXT_FLOAT32 && a->dt != PXT_FLOAT16 && a->dt != PXT_BFLOAT16)
+    }
+    if (a->dt != PXT_FLOAT32 && a->dt != PXT_FLOAT16 && a->dt != PXT_BFLOAT16) {
         return pxt_error(PXT_ERR_TYPE,
                          "attention: expected dtype float32, float16 or bfloat16, got %s",
                          pxt_dtype_name(a->dt));
+    }
     return PXT_OK;
 }
 
 /* blocks of a grid of B*H heads x `per` tiles each, within the 1-d grid limit */
 static int grid_of(const pxt_attn_args *a, int per, unsigned int *grid) {
     int64_t n = (int64_t)a->B * a->H * per;
-    if (n > INT32_MAX)
+    if (n > INT32_MAX) {
         return pxt_error(PXT_ERR_VALUE, "attention: %lld blocks are more than one grid holds",
                          (long long)n);
+    }
     *grid = (unsigned int)n;
     return PXT_OK;
 }
@@ -367,8 +398,9 @@ static int grid_of(const pxt_attn_args *a, int per, unsigned int *grid) {
 /* Di (B, H, Tq) fp32, 256-byte aligned at the start: linear in Tq, none for the forward.
  * The tensor-core path (attention_tc.cu) needs exactly this too. */
 size_t pxt_cuda_attention_workspace(const pxt_attn_args *a, int backward) {
-    if (!a || !backward || a->B < 0 || a->H < 0 || a->Tq < 0)
+    if (!a || !backward || a->B < 0 || a->H < 0 || a->Tq < 0) {
         return 0;
+    }
     return (size_t)a->B * a->H * a->Tq * sizeof(float) + 256;
 }
 
@@ -379,23 +411,26 @@ int pxt_cuda_attention_forward(int index, const pxt_attn_args *a, void *out, flo
     const int nqb = (a->Tq + FWD_BR - 1) / FWD_BR;
     unsigned int grid = 0;
     PXT_TRY(grid_of(a, nqb, &grid));
-    if (grid == 0)
+    if (grid == 0) {
         return PXT_OK;
+    }
     PXT_CUDA_CHECK(cudaSetDevice(index));
     const void *ptrs[] = {out, q, k, v};
     int use_tc = 0; /* attention_tc.cu: 16-bit, D = 64 / 128, sm_80+ (PYXTTS_CUDA_ATTENTION) */
     PXT_TRY(pxt_cuda_attention_tc_select(index, a, ptrs, 4, &use_tc));
-    if (use_tc)
+    if (use_tc) {
         return pxt_cuda_attention_tc_forward(index, a, out, lse, q, k, v);
+    }
     cudaStream_t stream = pxt_cuda_stream(index);
     PXT_TRY(pxt_cuda_dispatch(a->dt, "attention_forward", [&](auto tag) {
         using T = decltype(tag);
-        if (a->D <= 64)
+        if (a->D <= 64) {
             attn_fwd_kernel<T, 64><<<grid, ATTN_THREADS, 0, stream>>>(
                 *a, (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, nqb);
-        else
+        } else {
             attn_fwd_kernel<T, 128><<<grid, ATTN_THREADS, 0, stream>>>(
                 *a, (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, nqb);
+        }
     }));
     PXT_CUDA_CHECK_LAUNCH("attention_forward");
     return PXT_OK;
@@ -409,11 +444,13 @@ int pxt_cuda_attention_backward(int index, const pxt_attn_args *a, void *dq, voi
     unsigned int qgrid = 0, kgrid = 0;
     PXT_TRY(grid_of(a, nqb, &qgrid));
     PXT_TRY(grid_of(a, nkb, &kgrid));
-    if (qgrid + kgrid == 0)
+    if (qgrid + kgrid == 0) {
         return PXT_OK;
-    if (!workspace)
+    }
+    if (!workspace) {
         return pxt_error(PXT_ERR_VALUE, "attention_backward: no workspace (attention_workspace "
-                         "bytes), got NULL");
+                                        "bytes), got NULL");
+    }
     PXT_CUDA_CHECK(cudaSetDevice(index));
     cudaStream_t stream = pxt_cuda_stream(index);
     float *Di = (float *)(((uintptr_t)workspace + 255) & ~(uintptr_t)255); /* (B, H, Tq) */
@@ -421,43 +458,57 @@ int pxt_cuda_attention_backward(int index, const pxt_attn_args *a, void *dq, voi
     const unsigned int dgrid = (unsigned int)((rows + ATTN_THREADS / 32 - 1) / (ATTN_THREADS / 32));
     PXT_TRY(pxt_cuda_dispatch(a->dt, "attention_backward", [&](auto tag) {
         using T = decltype(tag);
-        if (dgrid)
-            attn_di_kernel<T><<<dgrid, ATTN_THREADS, 0, stream>>>(*a, Di, (const T *)dout,
-                                                                  (const T *)out);
+        if (dgrid) {
+            attn_di_kernel<T>
+                <<<dgrid, ATTN_THREADS, 0, stream>>>(*a, Di, (const T *)dout, (const T *)out);
+        }
     }));
     PXT_CUDA_CHECK_LAUNCH("attention_backward (Di)");
     const void *ptrs[] = {dq, dk, dv, dout, q, k, v};
     int use_tc = 0; /* the tensor-core kernels read the same Di */
     PXT_TRY(pxt_cuda_attention_tc_select(index, a, ptrs, 7, &use_tc));
-    if (use_tc)
+    if (use_tc) {
         return pxt_cuda_attention_tc_backward(index, a, dq, dk, dv, dout, q, k, v, lse, Di);
+    }
     PXT_TRY(pxt_cuda_dispatch(a->dt, "attention_backward", [&](auto tag) {
         using T = decltype(tag);
-        if (!kgrid)
+        if (!kgrid) {
             return;
-        if (a->D <= 64)
+        }
+        if (a->D <= 64) {
             attn_bwd_kv_kernel<T, 64><<<kgrid, ATTN_THREADS, 0, stream>>>(
                 *a, (T *)dk, (T *)dv, (const T *)dout, (const T *)q, (const T *)k, (const T *)v,
                 lse, Di, nkb);
-        else
+        } else {
             attn_bwd_kv_kernel<T, 128><<<kgrid, ATTN_THREADS, 0, stream>>>(
                 *a, (T *)dk, (T *)dv, (const T *)dout, (const T *)q, (const T *)k, (const T *)v,
                 lse, Di, nkb);
+        }
     }));
     PXT_CUDA_CHECK_LAUNCH("attention_backward (dk, dv)");
     PXT_TRY(pxt_cuda_dispatch(a->dt, "attention_backward", [&](auto tag) {
         using T = decltype(tag);
-        if (!qgrid)
+        if (!qgrid) {
             return;
-        if (a->D <= 64)
-            attn_bwd_q_kernel<T, 64><<<qgrid, ATTN_THREADS, 0, stream>>>(
-                *a, (T *)dq, (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse, Di,
-                nqb);
-        else
-            attn_bwd_q_kernel<T, 128><<<qgrid, ATTN_THREADS, 0, stream>>>(
-                *a, (T *)dq, (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse, Di,
-                nqb);
+        }
+        if (a->D <= 64) {
+            attn_bwd_q_kernel<T, 64>
+                <<<qgrid, ATTN_THREADS, 0, stream>>>(*a, (T *)dq, (const T *)dout, (const T *)q,
+                                                     (const T *)k, (const T *)v, lse, Di, nqb);
+        } else {
+            attn_bwd_q_kernel<T, 128>
+                <<<qgrid, ATTN_THREADS, 0, stream>>>(*a, (T *)dq, (const T *)dout, (const T *)q,
+                                                     (const T *)k, (const T *)v, lse, Di, nqb);
+        }
     }));
     PXT_CUDA_CHECK_LAUNCH("attention_backward (dq)");
     return PXT_OK;
 }
+
+#undef ATTN_THREADS
+#undef FWD_BR
+#undef FWD_BC
+#undef KV_BC
+#undef KV_BR
+#undef DQ_BR
+#undef DQ_BC

@@ -135,16 +135,17 @@ template <typename T>
 __device__ static inline void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                        uint32_t b1) {
 #if TC_SM80
-    if constexpr (std::is_same_v<T, pxt_bf16>)
+    if constexpr (std::is_same_v<T, pxt_bf16>) {
         asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
             "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
+    } else {
         asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
             "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
 #else
     (void)c, (void)a, (void)b0, (void)b1;
     __trap();
@@ -170,12 +171,11 @@ template <typename T> __device__ static inline void store2(T *dst, float x, floa
     *(uint32_t *)dst = w; /* d even, rows 16-byte aligned (tc_select checks) */
 }
 
-
 /* cp.async rows t0 .. t0+R-1 of (b, h) into dst (R, D + PAD); a row where
  * ok(r) is false is zero-filled and its memory never read. Not committed. */
 template <int R, int D, typename T, typename OK>
-__device__ static inline void load_rows(uint16_t *dst, const T *base, const pxt_strides &s,
-                                        int b, int h, int t0, OK ok) {
+__device__ static inline void load_rows(uint16_t *dst, const T *base, const pxt_strides &s, int b,
+                                        int h, int t0, OK ok) {
     constexpr int CPR = D / 8, SD = D + TC_PAD; /* 16-byte chunks per row */
     for (int e = threadIdx.x; e < R * CPR; e += TC_THREADS) {
         const int r = e / CPR, c = e % CPR;
@@ -204,8 +204,8 @@ __device__ static inline void frag_b_nk(uint32_t (&r)[4], const uint16_t *tile, 
 template <int SD>
 __device__ static inline void frag_b_kn(uint32_t (&r)[4], const uint16_t *tile, int k0, int n0,
                                         int lane) {
-    ldsm_x4_t(r, smem_u32(tile + (k0 + ((lane / 8) % 2) * 8 + lane % 8) * SD + n0 +
-                          (lane / 16) * 8));
+    ldsm_x4_t(r,
+              smem_u32(tile + (k0 + ((lane / 8) % 2) * 8 + lane % 8) * SD + n0 + (lane / 16) * 8));
 }
 
 #define TC_LOG2E 1.4426950408889634f
@@ -231,9 +231,9 @@ __global__ static void __launch_bounds__(TC_THREADS)
     constexpr int MT = fwd_mt<D>(), BQ = fwd_bq<D>(), WR = 16 * MT; /* rows per warp */
     constexpr int SD = D + TC_PAD, KC = D / 16, NT = TC_BK / 8, DT = D / 8;
     extern __shared__ __align__(16) uint16_t smem[];
-    uint16_t *Qs = smem;                           /* (BQ, SD) */
-    uint16_t *Ks = Qs + BQ * SD;                   /* (2, BK, SD) double buffer */
-    uint16_t *Vs = Ks + 2 * TC_BK * SD;            /* (2, BK, SD) */
+    uint16_t *Qs = smem;                                          /* (BQ, SD) */
+    uint16_t *Ks = Qs + BQ * SD;                                  /* (2, BK, SD) double buffer */
+    uint16_t *Vs = Ks + 2 * TC_BK * SD;                           /* (2, BK, SD) */
     unsigned char *kval = (unsigned char *)(Vs + 2 * TC_BK * SD); /* (2, BK) key attendable */
     const int bh = blockIdx.x / nqb, blk = blockIdx.x % nqb;
     const int b = bh / a.H, h = bh % a.H;
@@ -243,10 +243,12 @@ __global__ static void __launch_bounds__(TC_THREADS)
     const int nq = iclamp(ql - i0, 0, BQ);
     const int iw = i0 + WR * warp; /* the warp's first row */
     int kend = kl;
-    if (a.causal)
+    if (a.causal) {
         kend = min(kend, i0 + nq); /* keys after the CTA's last row are never seen */
-    if (nq == 0)
+    }
+    if (nq == 0) {
         kend = 0;
+    }
     const int ntiles = (kend + TC_BK - 1) / TC_BK;
     const bool warp_live = iw < i0 + nq; /* some of the warp's rows are valid */
     const float c2 = a.scale * TC_LOG2E; /* scores into log2 units */
@@ -256,30 +258,36 @@ __global__ static void __launch_bounds__(TC_THREADS)
         auto ok = [&](int c) { return key_ok(a, b, j0 + c, kl); };
         load_rows<TC_BK, D>(Ks + buf * TC_BK * SD, k, a.k, b, h, j0, ok);
         load_rows<TC_BK, D>(Vs + buf * TC_BK * SD, v, a.v, b, h, j0, ok);
-        if (threadIdx.x < TC_BK)
+        if (threadIdx.x < TC_BK) {
             kval[buf * TC_BK + threadIdx.x] = ok(threadIdx.x);
+        }
     };
     load_rows<BQ, D>(Qs, q, a.q, b, h, i0, [&](int r) { return r < nq; });
-    if (ntiles > 0)
+    if (ntiles > 0) {
         load_kv(0, 0);
+    }
     cp_async_commit(); /* group: Q and tile 0 */
 
     uint32_t qf[MT][KC][4]; /* the warp's Q rows as A fragments */
-    float o[MT][DT][4]; /* O (16, D) per m-tile: n-tile dt holds cols dt*8 + 2t, +1 of rows g, g+8 */
-    float m[MT][2], l[MT][2]; /* running max (log2 units) of rows g, g+8; this lane's part of the sums */
+    float o[MT][DT]
+           [4]; /* O (16, D) per m-tile: n-tile dt holds cols dt*8 + 2t, +1 of rows g, g+8 */
+    float m[MT][2],
+        l[MT][2]; /* running max (log2 units) of rows g, g+8; this lane's part of the sums */
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
-        for (int dt = 0; dt < DT; dt++)
+        for (int dt = 0; dt < DT; dt++) {
             o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.0f;
+        }
         m[mt][0] = m[mt][1] = -INFINITY;
         l[mt][0] = l[mt][1] = 0.0f;
     }
 
     for (int it = 0; it < ntiles; it++) {
         const int buf = it & 1, j0 = it * TC_BK;
-        if (it + 1 < ntiles)
+        if (it + 1 < ntiles) {
             load_kv(it + 1, buf ^ 1); /* overlaps this tile's math */
+        }
         cp_async_commit();
         cp_async_wait<1>(); /* this thread's part of tile it (and Q) landed */
         __syncthreads();    /* everyone's part landed; kval[buf] visible */
@@ -287,8 +295,9 @@ __global__ static void __launch_bounds__(TC_THREADS)
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int kc = 0; kc < KC; kc++)
+                for (int kc = 0; kc < KC; kc++) {
                     frag_a<SD>(qf[mt][kc], Qs, WR * warp + 16 * mt, kc, lane);
+                }
         }
         /* a warp whose rows all precede the tile (causal), or are all padding, skips it */
         const bool skip = !warp_live || (a.causal && j0 > iw + WR - 1);
@@ -298,8 +307,9 @@ __global__ static void __launch_bounds__(TC_THREADS)
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++)
+                for (int nt = 0; nt < NT; nt++) {
                     s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+                }
 #pragma unroll
             for (int kc = 0; kc < KC; kc++) {
 #pragma unroll
@@ -315,8 +325,8 @@ __global__ static void __launch_bounds__(TC_THREADS)
             }
             /* the per-element mask only where a key is masked, past k_length or
              * after some row of the warp (the diagonal) */
-            const bool need_mask = a.key_mask || j0 + TC_BK > kl ||
-                                   (a.causal && j0 + TC_BK - 1 > iw);
+            const bool need_mask =
+                a.key_mask || j0 + TC_BK > kl || (a.causal && j0 + TC_BK - 1 > iw);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 float mx[2] = {m[mt][0], m[mt][1]};
@@ -328,8 +338,9 @@ __global__ static void __launch_bounds__(TC_THREADS)
                         if (need_mask) {
                             const int c = nt * 8 + 2 * t + (e & 1);
                             const int row = iw + 16 * mt + g + 8 * (e >> 1);
-                            if (!kval[buf * TC_BK + c] || (a.causal && j0 + c > row))
+                            if (!kval[buf * TC_BK + c] || (a.causal && j0 + c > row)) {
                                 x = -INFINITY;
+                            }
                         }
                         s[mt][nt][e] = x;
                         mx[e >> 1] = fmaxf(mx[e >> 1], x);
@@ -395,22 +406,28 @@ __global__ static void __launch_bounds__(TC_THREADS)
             lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
             lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
             const int r = iw + 16 * mt + g + 8 * hf;
-            if (r >= a.Tq)
+            if (r >= a.Tq) {
                 continue;
+            }
             const bool any = r < i0 + nq && lsum > 0.0f;
             const float inv = any ? 1.0f / lsum : 0.0f; /* no valid key: zeros */
             T *dst = row_ptr(out, a.o, b, h, r);
 #pragma unroll
-            for (int dt = 0; dt < DT; dt++)
-                store2<T>(dst + dt * 8 + 2 * t, o[mt][dt][2 * hf] * inv, o[mt][dt][2 * hf + 1] * inv);
-            if (t == 0)
+            for (int dt = 0; dt < DT; dt++) {
+                store2<T>(dst + dt * 8 + 2 * t, o[mt][dt][2 * hf] * inv,
+                          o[mt][dt][2 * hf + 1] * inv);
+            }
+            if (t == 0) {
                 lse[(size_t)bh * a.Tq + r] = any ? m[mt][hf] * TC_LN2 + logf(lsum) : -INFINITY;
+            }
         }
 }
 
 /* ---- backward: dK, dV per 64 keys ---------------------------------------------------- */
 
-template <int D> __host__ __device__ constexpr int bwd_bq() { return D <= 64 ? 64 : 32; } /* query / key tile */
+template <int D> __host__ __device__ constexpr int bwd_bq() {
+    return D <= 64 ? 64 : 32;
+} /* query / key tile */
 
 template <int D> __host__ __device__ constexpr int kv_smem_bytes() {
     return (2 * TC_BK + 4 * bwd_bq<D>()) * (D + TC_PAD) * 2 + 4 * bwd_bq<D>() * 4 + TC_BK;
@@ -423,12 +440,12 @@ __global__ static void __launch_bounds__(TC_THREADS)
                           const T *v, const float *lse, const float *Di, int nkb) {
     constexpr int BQ = bwd_bq<D>(), SD = D + TC_PAD, KC = D / 16, NT = BQ / 8, DT = D / 8;
     extern __shared__ __align__(16) uint16_t smem[];
-    uint16_t *Ks = smem;                    /* (BK, SD) */
-    uint16_t *Vs = Ks + TC_BK * SD;         /* (BK, SD) */
-    uint16_t *Qs = Vs + TC_BK * SD;         /* (2, BQ, SD) double buffer */
-    uint16_t *dOs = Qs + 2 * BQ * SD;       /* (2, BQ, SD) */
+    uint16_t *Ks = smem;                       /* (BK, SD) */
+    uint16_t *Vs = Ks + TC_BK * SD;            /* (BK, SD) */
+    uint16_t *Qs = Vs + TC_BK * SD;            /* (2, BQ, SD) double buffer */
+    uint16_t *dOs = Qs + 2 * BQ * SD;          /* (2, BQ, SD) */
     float *L2s = (float *)(dOs + 2 * BQ * SD); /* (2, BQ) lse in log2 units, +inf: no row */
-    float *Dis = L2s + 2 * BQ;              /* (2, BQ) Di, 0 for no row */
+    float *Dis = L2s + 2 * BQ;                 /* (2, BQ) Di, 0 for no row */
     unsigned char *kval = (unsigned char *)(Dis + 2 * BQ); /* (BK) */
     const int bh = blockIdx.x / nkb, j0 = (blockIdx.x % nkb) * TC_BK;
     const int b = bh / a.H, h = bh % a.H;
@@ -441,8 +458,9 @@ __global__ static void __launch_bounds__(TC_THREADS)
     auto kok = [&](int c) { return key_ok(a, b, j0 + c, kl); };
     load_rows<TC_BK, D>(Ks, k, a.k, b, h, j0, kok);
     load_rows<TC_BK, D>(Vs, v, a.v, b, h, j0, kok);
-    if (threadIdx.x < TC_BK)
+    if (threadIdx.x < TC_BK) {
         kval[threadIdx.x] = kok(threadIdx.x);
+    }
     /* causal: queries before the CTA's first key see none of it */
     const int istart = a.causal ? j0 / BQ * BQ : 0;
     const int iend = j0 < kl ? ql : 0; /* a CTA past k_length has nothing to add */
@@ -460,21 +478,24 @@ __global__ static void __launch_bounds__(TC_THREADS)
             Dis[buf * BQ + r] = r < nq && isfinite(L) ? Di_bh[i0 + r] : 0.0f;
         }
     };
-    if (ntiles > 0)
+    if (ntiles > 0) {
         load_q(0, 0);
+    }
     cp_async_commit(); /* group: K, V and query tile 0 */
 
     float dK[DT][4], dV[DT][4]; /* (16 keys, D) of the warp */
 #pragma unroll
     for (int dt = 0; dt < DT; dt++)
 #pragma unroll
-        for (int e = 0; e < 4; e++)
+        for (int e = 0; e < 4; e++) {
             dK[dt][e] = dV[dt][e] = 0.0f;
+        }
 
     for (int it = 0; it < ntiles; it++) {
         const int buf = it & 1, i0 = istart + it * BQ;
-        if (it + 1 < ntiles)
+        if (it + 1 < ntiles) {
             load_q(it + 1, buf ^ 1);
+        }
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
@@ -488,8 +509,9 @@ __global__ static void __launch_bounds__(TC_THREADS)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++)
+                for (int e = 0; e < 4; e++) {
                     s[nt][e] = dp[nt][e] = 0.0f;
+                }
 #pragma unroll
             for (int kc = 0; kc < KC; kc++) {
                 uint32_t ka[4], va[4];
@@ -511,12 +533,13 @@ __global__ static void __launch_bounds__(TC_THREADS)
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const int r = nt * 8 + 2 * t + (e & 1); /* query in the tile */
+                    const int r = nt * 8 + 2 * t + (e & 1);     /* query in the tile */
                     const int c = 16 * warp + g + 8 * (e >> 1); /* key in the CTA */
                     float p = exp2f(fmaf(s[nt][e], c2, -L2[r]));
-                    if (need_mask && (!kval[c] || (a.causal && j0 + c > i0 + r)))
+                    if (need_mask && (!kval[c] || (a.causal && j0 + c > i0 + r))) {
                         p = 0.0f;
-                    s[nt][e] = p;                                /* P^T */
+                    }
+                    s[nt][e] = p;                                  /* P^T */
                     dp[nt][e] = p * (dp[nt][e] - Dt[r]) * a.scale; /* dS^T, scaled */
                 }
 #pragma unroll
@@ -549,8 +572,9 @@ __global__ static void __launch_bounds__(TC_THREADS)
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int c = 16 * warp + g + 8 * hf;
-        if (j0 + c >= a.Tk)
+        if (j0 + c >= a.Tk) {
             continue;
+        }
         const bool keep = kval[c]; /* masked keys and keys past k_length: zeros */
         T *dkr = row_ptr(dk, a.k, b, h, j0 + c), *dvr = row_ptr(dv, a.v, b, h, j0 + c);
 #pragma unroll
@@ -571,14 +595,14 @@ template <int D> __host__ __device__ constexpr int q_smem_bytes() {
 /* dq (q layout) of rows i0 .. i0+63 of (b, h) */
 template <typename T, int D>
 __global__ static void __launch_bounds__(TC_THREADS)
-    attn_tc_bwd_q_kernel(pxt_attn_args a, T *dq, const T *dout, const T *q, const T *k,
-                         const T *v, const float *lse, const float *Di, int nqb) {
+    attn_tc_bwd_q_kernel(pxt_attn_args a, T *dq, const T *dout, const T *q, const T *k, const T *v,
+                         const float *lse, const float *Di, int nqb) {
     constexpr int BK = bwd_bq<D>(), SD = D + TC_PAD, KC = D / 16, NT = BK / 8, DT = D / 8;
     extern __shared__ __align__(16) uint16_t smem[];
-    uint16_t *Qs = smem;               /* (BQ, SD) */
-    uint16_t *dOs = Qs + TC_BQ * SD;   /* (BQ, SD) */
-    uint16_t *Ks = dOs + TC_BQ * SD;   /* (2, BK, SD) double buffer */
-    uint16_t *Vs = Ks + 2 * BK * SD;   /* (2, BK, SD) */
+    uint16_t *Qs = smem;                                       /* (BQ, SD) */
+    uint16_t *dOs = Qs + TC_BQ * SD;                           /* (BQ, SD) */
+    uint16_t *Ks = dOs + TC_BQ * SD;                           /* (2, BK, SD) double buffer */
+    uint16_t *Vs = Ks + 2 * BK * SD;                           /* (2, BK, SD) */
     unsigned char *kval = (unsigned char *)(Vs + 2 * BK * SD); /* (2, BK) */
     const int bh = blockIdx.x / nqb, blk = blockIdx.x % nqb;
     const int b = bh / a.H, h = bh % a.H;
@@ -590,8 +614,9 @@ __global__ static void __launch_bounds__(TC_THREADS)
     const bool warp_live = iw < i0 + nq;
     const float c2 = a.scale * TC_LOG2E;
     int kend = nq ? kl : 0;
-    if (a.causal)
+    if (a.causal) {
         kend = min(kend, i0 + nq);
+    }
     const int ntiles = (kend + BK - 1) / BK;
 
     /* rows g, g+8 of the warp: lse (log2 units, +inf: no row or no key) and Di */
@@ -611,22 +636,26 @@ __global__ static void __launch_bounds__(TC_THREADS)
         auto ok = [&](int c) { return key_ok(a, b, j0 + c, kl); };
         load_rows<BK, D>(Ks + buf * BK * SD, k, a.k, b, h, j0, ok);
         load_rows<BK, D>(Vs + buf * BK * SD, v, a.v, b, h, j0, ok);
-        if (threadIdx.x < BK)
+        if (threadIdx.x < BK) {
             kval[buf * BK + threadIdx.x] = ok(threadIdx.x);
+        }
     };
-    if (ntiles > 0)
+    if (ntiles > 0) {
         load_kv(0, 0);
+    }
     cp_async_commit();
 
     float dQ[DT][4]; /* (16 rows, D) of the warp */
 #pragma unroll
-    for (int dt = 0; dt < DT; dt++)
+    for (int dt = 0; dt < DT; dt++) {
         dQ[dt][0] = dQ[dt][1] = dQ[dt][2] = dQ[dt][3] = 0.0f;
+    }
 
     for (int it = 0; it < ntiles; it++) {
         const int buf = it & 1, j0 = it * BK;
-        if (it + 1 < ntiles)
+        if (it + 1 < ntiles) {
             load_kv(it + 1, buf ^ 1);
+        }
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
@@ -637,8 +666,9 @@ __global__ static void __launch_bounds__(TC_THREADS)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++)
+                for (int e = 0; e < 4; e++) {
                     s[nt][e] = dp[nt][e] = 0.0f;
+                }
 #pragma unroll
             for (int kc = 0; kc < KC; kc++) {
                 uint32_t qa[4], da[4];
@@ -662,8 +692,10 @@ __global__ static void __launch_bounds__(TC_THREADS)
                 for (int e = 0; e < 4; e++) {
                     const int c = nt * 8 + 2 * t + (e & 1), hf = e >> 1;
                     float p = exp2f(fmaf(s[nt][e], c2, -L2[hf]));
-                    if (need_mask && (!kval[buf * BK + c] || (a.causal && j0 + c > iw + g + 8 * hf)))
+                    if (need_mask &&
+                        (!kval[buf * BK + c] || (a.causal && j0 + c > iw + g + 8 * hf))) {
                         p = 0.0f;
+                    }
                     dp[nt][e] = p * (dp[nt][e] - Dr[hf]) * a.scale; /* dS, scaled */
                 }
 #pragma unroll
@@ -688,20 +720,28 @@ __global__ static void __launch_bounds__(TC_THREADS)
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int r = iw + g + 8 * hf;
-        if (r >= a.Tq)
+        if (r >= a.Tq) {
             continue;
+        }
         const bool keep = r < i0 + nq; /* rows past q_length: zeros */
         T *dst = row_ptr(dq, a.q, b, h, r);
 #pragma unroll
-        for (int dt = 0; dt < DT; dt++)
+        for (int dt = 0; dt < DT; dt++) {
             store2<T>(dst + dt * 8 + 2 * t, keep ? dQ[dt][2 * hf] : 0.0f,
                       keep ? dQ[dt][2 * hf + 1] : 0.0f);
+        }
     }
 }
 
 /* ---- host: the switch, eligibility, launches ---------------------------------------- */
 
-enum { TC_MODE_UNREAD = -2, TC_MODE_BAD = -1, TC_MODE_AUTO = 0, TC_MODE_SIMPLE = 1, TC_MODE_TC = 2 };
+enum {
+    TC_MODE_UNREAD = -2,
+    TC_MODE_BAD = -1,
+    TC_MODE_AUTO = 0,
+    TC_MODE_SIMPLE = 1,
+    TC_MODE_TC = 2
+};
 static std::atomic<int> tc_mode{TC_MODE_UNREAD};
 static std::atomic<int> tc_last{-1};
 /* per device: 0 not checked yet, 1 no tensor-core path, 2 yes */
@@ -709,8 +749,9 @@ static std::atomic<int> tc_device_ok[PXT_MAX_DEVICES];
 
 static int read_mode(void) {
     int m = tc_mode.load(std::memory_order_relaxed);
-    if (m != TC_MODE_UNREAD)
+    if (m != TC_MODE_UNREAD) {
         return m;
+    }
     const char *s = getenv("PYXTTS_CUDA_ATTENTION"); /* read once: a racing reader agrees */
     m = !s || !*s || !strcmp(s, "auto") ? TC_MODE_AUTO
         : !strcmp(s, "simple")          ? TC_MODE_SIMPLE
@@ -724,11 +765,13 @@ static int read_mode(void) {
  * sm_75 alone (SASS or PTX JIT-compiled for the device) has the trapping
  * bodies, and its ptxVersion says so */
 static int device_ok(int index) {
-    if (index < 0 || index >= PXT_MAX_DEVICES)
+    if (index < 0 || index >= PXT_MAX_DEVICES) {
         return 0;
+    }
     int ok = tc_device_ok[index].load(std::memory_order_relaxed);
-    if (ok)
+    if (ok) {
         return ok == 2;
+    }
     int major = 0;
     cudaFuncAttributes fa;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index) != cudaSuccess ||
@@ -748,35 +791,44 @@ extern "C" int pxt_cuda_attention_tc_select(int index, const pxt_attn_args *a,
                                             const void *const *ptrs, int nptrs, int *use_tc) {
     *use_tc = 0;
     const int mode = read_mode();
-    if (mode == TC_MODE_BAD)
+    if (mode == TC_MODE_BAD) {
         return pxt_error(PXT_ERR_VALUE, "PYXTTS_CUDA_ATTENTION=%s: expected simple, tc or auto",
                          getenv("PYXTTS_CUDA_ATTENTION"));
+    }
     if (mode == TC_MODE_SIMPLE) {
         tc_last.store(0, std::memory_order_relaxed);
         return PXT_OK;
     }
     const char *why = NULL;
-    if (a->dt != PXT_BFLOAT16 && a->dt != PXT_FLOAT16)
+    if (a->dt != PXT_BFLOAT16 && a->dt != PXT_FLOAT16) {
         why = "the dtype is not bfloat16 or float16";
-    else if (a->D != 64 && a->D != 128)
+    } else if (a->D != 64 && a->D != 128) {
         why = "the head dim is not 64 or 128";
-    else if (!strides8(a->q) || !strides8(a->k) || !strides8(a->v) || !strides8(a->o))
+    } else if (!strides8(a->q) || !strides8(a->k) || !strides8(a->v) || !strides8(a->o)) {
         why = "a stride is not a multiple of 8 elements";
-    for (int i = 0; !why && i < nptrs; i++)
-        if (!aligned16(ptrs[i]))
+    }
+    for (int i = 0; !why && i < nptrs; i++) {
+        if (!aligned16(ptrs[i])) {
             why = "a pointer is not 16-byte aligned";
-    if (!why && !device_ok(index))
+        }
+    }
+    if (!why && !device_ok(index)) {
         why = "the device is older than sm_80 (or this build has no sm_80+ code for it)";
-    if (why && mode == TC_MODE_TC)
+    }
+    if (why && mode == TC_MODE_TC) {
         return pxt_error(PXT_ERR_NOT_IMPLEMENTED,
                          "attention: PYXTTS_CUDA_ATTENTION=tc but the tensor-core path cannot "
-                         "run: %s (dt=%s, D=%d)", why, pxt_dtype_name(a->dt), a->D);
+                         "run: %s (dt=%s, D=%d)",
+                         why, pxt_dtype_name(a->dt), a->D);
+    }
     *use_tc = !why;
     tc_last.store(*use_tc, std::memory_order_relaxed);
     return PXT_OK;
 }
 
-extern "C" int pxt_cuda_attention_last_path(void) { return tc_last.load(std::memory_order_relaxed); }
+extern "C" int pxt_cuda_attention_last_path(void) {
+    return tc_last.load(std::memory_order_relaxed);
+}
 
 /* the opt-in to more than 48 KiB of dynamic shared memory, then the launch */
 template <typename K, typename... Args>
@@ -788,23 +840,25 @@ static int launch(K kernel, unsigned int grid, int smem, cudaStream_t stream, Ar
 
 static int tc_grid(const pxt_attn_args *a, int per, unsigned int *grid) {
     int64_t n = (int64_t)a->B * a->H * per;
-    if (n > INT32_MAX)
+    if (n > INT32_MAX) {
         return pxt_error(PXT_ERR_VALUE, "attention: %lld blocks are more than one grid holds",
                          (long long)n);
+    }
     *grid = (unsigned int)n;
     return PXT_OK;
 }
 
 template <typename T, int D>
-static int fwd_launch(const pxt_attn_args *a, void *out, float *lse, const void *q,
-                      const void *k, const void *v, cudaStream_t stream) {
+static int fwd_launch(const pxt_attn_args *a, void *out, float *lse, const void *q, const void *k,
+                      const void *v, cudaStream_t stream) {
     const int nqb = (a->Tq + fwd_bq<D>() - 1) / fwd_bq<D>();
     unsigned int grid = 0;
     PXT_TRY(tc_grid(a, nqb, &grid));
-    if (!grid)
+    if (!grid) {
         return PXT_OK;
-    PXT_TRY(launch(attn_tc_fwd_kernel<T, D>, grid, fwd_smem_bytes<D>(), stream, *a, (T *)out,
-                   lse, (const T *)q, (const T *)k, (const T *)v, nqb));
+    }
+    PXT_TRY(launch(attn_tc_fwd_kernel<T, D>, grid, fwd_smem_bytes<D>(), stream, *a, (T *)out, lse,
+                   (const T *)q, (const T *)k, (const T *)v, nqb));
     PXT_CUDA_CHECK_LAUNCH("attention_forward (tensor cores)");
     return PXT_OK;
 }
@@ -818,15 +872,14 @@ static int bwd_launch(const pxt_attn_args *a, void *dq, void *dk, void *dv, cons
     PXT_TRY(tc_grid(a, nkb, &kgrid));
     PXT_TRY(tc_grid(a, nqb, &qgrid));
     if (kgrid) {
-        PXT_TRY(launch(attn_tc_bwd_kv_kernel<T, D>, kgrid, kv_smem_bytes<D>(), stream, *a,
-                       (T *)dk, (T *)dv, (const T *)dout, (const T *)q, (const T *)k,
-                       (const T *)v, lse, Di, nkb));
+        PXT_TRY(launch(attn_tc_bwd_kv_kernel<T, D>, kgrid, kv_smem_bytes<D>(), stream, *a, (T *)dk,
+                       (T *)dv, (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse, Di,
+                       nkb));
         PXT_CUDA_CHECK_LAUNCH("attention_backward (dk, dv; tensor cores)");
     }
     if (qgrid) {
-        PXT_TRY(launch(attn_tc_bwd_q_kernel<T, D>, qgrid, q_smem_bytes<D>(), stream, *a,
-                       (T *)dq, (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse,
-                       Di, nqb));
+        PXT_TRY(launch(attn_tc_bwd_q_kernel<T, D>, qgrid, q_smem_bytes<D>(), stream, *a, (T *)dq,
+                       (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse, Di, nqb));
         PXT_CUDA_CHECK_LAUNCH("attention_backward (dq; tensor cores)");
     }
     return PXT_OK;
@@ -837,22 +890,33 @@ extern "C" int pxt_cuda_attention_tc_forward(int index, const pxt_attn_args *a, 
                                              float *lse, const void *q, const void *k,
                                              const void *v) {
     cudaStream_t stream = pxt_cuda_stream(index);
-    if (a->dt == PXT_BFLOAT16)
+    if (a->dt == PXT_BFLOAT16) {
         return a->D == 64 ? fwd_launch<pxt_bf16, 64>(a, out, lse, q, k, v, stream)
                           : fwd_launch<pxt_bf16, 128>(a, out, lse, q, k, v, stream);
+    }
     return a->D == 64 ? fwd_launch<pxt_f16, 64>(a, out, lse, q, k, v, stream)
                       : fwd_launch<pxt_f16, 128>(a, out, lse, q, k, v, stream);
 }
 
 /* Di (B, H, Tq) is already in the workspace (attention.cu's kernel) */
-extern "C" int pxt_cuda_attention_tc_backward(int index, const pxt_attn_args *a, void *dq,
-                                              void *dk, void *dv, const void *dout,
-                                              const void *q, const void *k, const void *v,
-                                              const float *lse, const float *Di) {
+extern "C" int pxt_cuda_attention_tc_backward(int index, const pxt_attn_args *a, void *dq, void *dk,
+                                              void *dv, const void *dout, const void *q,
+                                              const void *k, const void *v, const float *lse,
+                                              const float *Di) {
     cudaStream_t stream = pxt_cuda_stream(index);
-    if (a->dt == PXT_BFLOAT16)
-        return a->D == 64 ? bwd_launch<pxt_bf16, 64>(a, dq, dk, dv, dout, q, k, v, lse, Di, stream)
-                          : bwd_launch<pxt_bf16, 128>(a, dq, dk, dv, dout, q, k, v, lse, Di, stream);
+    if (a->dt == PXT_BFLOAT16) {
+        return a->D == 64
+                   ? bwd_launch<pxt_bf16, 64>(a, dq, dk, dv, dout, q, k, v, lse, Di, stream)
+                   : bwd_launch<pxt_bf16, 128>(a, dq, dk, dv, dout, q, k, v, lse, Di, stream);
+    }
     return a->D == 64 ? bwd_launch<pxt_f16, 64>(a, dq, dk, dv, dout, q, k, v, lse, Di, stream)
                       : bwd_launch<pxt_f16, 128>(a, dq, dk, dv, dout, q, k, v, lse, Di, stream);
 }
+
+#undef TC_THREADS
+#undef TC_PAD
+#undef TC_BQ
+#undef TC_BK
+#undef TC_SM80
+#undef TC_LOG2E
+#undef TC_LN2

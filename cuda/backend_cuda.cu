@@ -37,12 +37,14 @@ static int cuda_mem_info(int index, size_t *free_bytes, size_t *total_bytes) {
 static int cuda_raw_alloc(int index, size_t nbytes, void **ptr) {
     PXT_CUDA_CHECK(cudaSetDevice(index));
     cudaError_t err = cudaMalloc(ptr, nbytes); /* 256-byte aligned at least */
-    if (err == cudaSuccess)
+    if (err == cudaSuccess) {
         return PXT_OK;
+    }
     (void)cudaGetLastError(); /* OOM is not sticky: the device stays usable */
-    if (err == cudaErrorMemoryAllocation)
-        return pxt_error(PXT_ERR_OOM, "cuda:%d: allocation of %zu bytes failed: out of memory", index,
-                         nbytes);
+    if (err == cudaErrorMemoryAllocation) {
+        return pxt_error(PXT_ERR_OOM, "cuda:%d: allocation of %zu bytes failed: out of memory",
+                         index, nbytes);
+    }
     return pxt_error(PXT_ERR_DEVICE, "cudaMalloc(%zu bytes) on cuda:%d failed: %s", nbytes, index,
                      cudaGetErrorString(err));
 }
@@ -50,13 +52,15 @@ static int cuda_raw_alloc(int index, size_t nbytes, void **ptr) {
 static void cuda_raw_free(int index, void *ptr) {
     /* nothing to report to: a failure here (e.g. at exit, once the runtime is
      * unloading) must not leave an error behind for the next checked call */
-    if (cudaSetDevice(index) != cudaSuccess || cudaFree(ptr) != cudaSuccess)
+    if (cudaSetDevice(index) != cudaSuccess || cudaFree(ptr) != cudaSuccess) {
         (void)cudaGetLastError();
+    }
 }
 
 static int cuda_copy(int index, void *dst, const void *src, size_t nbytes, pxt_copy_kind kind) {
-    if (nbytes == 0)
+    if (nbytes == 0) {
         return PXT_OK;
+    }
     cudaMemcpyKind k = kind == PXT_COPY_H2D   ? cudaMemcpyHostToDevice
                        : kind == PXT_COPY_D2H ? cudaMemcpyDeviceToHost
                                               : cudaMemcpyDeviceToDevice;
@@ -71,8 +75,9 @@ static int cuda_copy(int index, void *dst, const void *src, size_t nbytes, pxt_c
 }
 
 static int cuda_memset_zero(int index, void *dst, size_t nbytes) {
-    if (nbytes == 0)
+    if (nbytes == 0) {
         return PXT_OK;
+    }
     PXT_CUDA_CHECK(cudaSetDevice(index));
     cudaStream_t stream = pxt_cuda_stream(index);
     PXT_CUDA_CHECK(cudaMemsetAsync(dst, 0, nbytes, stream));
@@ -106,13 +111,15 @@ static int cublas_create(int index, cublasHandle_t *out) {
 }
 
 int pxt_cuda_cublas(int index, cublasHandle_t *out) {
-    if (index < 0 || index >= PXT_MAX_DEVICES)
+    if (index < 0 || index >= PXT_MAX_DEVICES) {
         return pxt_error(PXT_ERR_VALUE, "cuda:%d: device index out of range", index);
+    }
     /* kernels run with the GIL released, so two threads may get here at once */
     pthread_mutex_lock(&cublas_lock);
     int rc = PXT_OK;
-    if (!cublas_handles[index])
+    if (!cublas_handles[index]) {
         rc = cublas_create(index, &cublas_handles[index]);
+    }
     *out = cublas_handles[index];
     pthread_mutex_unlock(&cublas_lock);
     return rc;
@@ -122,10 +129,11 @@ int pxt_cuda_cublas(int index, cublasHandle_t *out) {
 /* designated initializers (C++20): the kernels this backend lacks stay NULL */
 /* "13.0" from 13000: CUDA's version numbers are 1000 * major + 10 * minor. */
 static void cuda_version_str(int v, char *buf, size_t len) {
-    if (v > 0)
+    if (v > 0) {
         snprintf(buf, len, "%d.%d", v / 1000, (v % 1000) / 10);
-    else
+    } else {
         buf[0] = '\0';
+    }
 }
 
 static void cuda_info(pxt_backend_info *out) {
@@ -143,8 +151,9 @@ static void cuda_info(pxt_backend_info *out) {
     cuda_version_str(driver, out->driver, sizeof out->driver);
     if (cublasGetProperty(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS &&
         cublasGetProperty(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS &&
-        cublasGetProperty(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS)
+        cublasGetProperty(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS) {
         snprintf(out->library, sizeof out->library, "%d.%d.%d", major, minor, patch);
+    }
 }
 
 static const pxt_backend cuda_backend = {

@@ -12,31 +12,31 @@
 /* Turns a failed CUDA call into `return pxt_error(PXT_ERR_DEVICE, ...)`.
  * The failed call also set the runtime's last error; clear it so a later
  * cudaGetLastError() after a kernel launch does not report it again. */
-#define PXT_CUDA_CHECK(call)                                                                   \
-    do {                                                                                       \
-        cudaError_t err_ = (call);                                                             \
-        if (err_ != cudaSuccess) {                                                             \
-            (void)cudaGetLastError();                                                          \
-            return pxt_error(PXT_ERR_DEVICE, "%s failed: %s", #call, cudaGetErrorString(err_)); \
-        }                                                                                      \
+#define PXT_CUDA_CHECK(call)                                                                       \
+    do {                                                                                           \
+        cudaError_t err_ = (call);                                                                 \
+        if (err_ != cudaSuccess) {                                                                 \
+            (void)cudaGetLastError();                                                              \
+            return pxt_error(PXT_ERR_DEVICE, "%s failed: %s", #call, cudaGetErrorString(err_));    \
+        }                                                                                          \
     } while (0)
 
-#define PXT_CUBLAS_CHECK(call)                                                                 \
-    do {                                                                                       \
-        cublasStatus_t st_ = (call);                                                           \
-        if (st_ != CUBLAS_STATUS_SUCCESS)                                                      \
-            return pxt_error(PXT_ERR_DEVICE, "%s failed: %s (%s)", #call,                      \
-                             cublasGetStatusName(st_), cublasGetStatusString(st_));            \
+#define PXT_CUBLAS_CHECK(call)                                                                     \
+    do {                                                                                           \
+        cublasStatus_t st_ = (call);                                                               \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                          \
+            return pxt_error(PXT_ERR_DEVICE, "%s failed: %s (%s)", #call,                          \
+                             cublasGetStatusName(st_), cublasGetStatusString(st_));                \
     } while (0)
 
 /* After a kernel launch: a bad configuration (grid, shared memory) or an
  * earlier asynchronous fault surfaces here as PXT_ERR_DEVICE naming `what`. */
-#define PXT_CUDA_CHECK_LAUNCH(what)                                                            \
-    do {                                                                                       \
-        cudaError_t err_ = cudaGetLastError();                                                 \
-        if (err_ != cudaSuccess)                                                               \
-            return pxt_error(PXT_ERR_DEVICE, "%s: kernel launch failed: %s", what,             \
-                             cudaGetErrorString(err_));                                        \
+#define PXT_CUDA_CHECK_LAUNCH(what)                                                                \
+    do {                                                                                           \
+        cudaError_t err_ = cudaGetLastError();                                                     \
+        if (err_ != cudaSuccess)                                                                   \
+            return pxt_error(PXT_ERR_DEVICE, "%s: kernel launch failed: %s", what,                 \
+                             cudaGetErrorString(err_));                                            \
     } while (0)
 
 /* The stream all work on device `index` is queued on. The legacy default
@@ -79,8 +79,8 @@ int pxt_cuda_gelu_backward(int index, void *dinp, const void *inp, const void *d
 /* elementwise.cu */
 int pxt_cuda_add(int index, void *out, const void *a, const void *b, size_t n, pxt_dtype dt);
 /* embedding.cu */
-int pxt_cuda_embedding_forward(int index, void *out, const int32_t *ids, const void *table,
-                               int N, int C, int accumulate, pxt_dtype dt);
+int pxt_cuda_embedding_forward(int index, void *out, const int32_t *ids, const void *table, int N,
+                               int C, int accumulate, pxt_dtype dt);
 int pxt_cuda_embedding_backward(int index, float *dtable, const void *dout, const int32_t *ids,
                                 int N, int C, pxt_dtype dt);
 /* xent.cu */
@@ -92,8 +92,7 @@ int pxt_cuda_attention_forward(int index, const struct pxt_attn_args *args, void
                                const void *q, const void *k, const void *v, void *workspace);
 int pxt_cuda_attention_backward(int index, const struct pxt_attn_args *args, void *dq, void *dk,
                                 void *dv, const void *dout, const void *q, const void *k,
-                                const void *v, const void *out, const float *lse,
-                                void *workspace);
+                                const void *v, const void *out, const float *lse, void *workspace);
 size_t pxt_cuda_attention_workspace(const struct pxt_attn_args *args, int backward);
 /* attention_tc.cu: the tensor-core path for 16-bit inputs. select sets *use_tc
  * (1: take it) from the arguments, the device, the alignment of ptrs (nptrs)
@@ -103,18 +102,17 @@ int pxt_cuda_attention_tc_select(int index, const struct pxt_attn_args *args,
                                  const void *const *ptrs, int nptrs, int *use_tc);
 int pxt_cuda_attention_tc_forward(int index, const struct pxt_attn_args *args, void *out,
                                   float *lse, const void *q, const void *k, const void *v);
-int pxt_cuda_attention_tc_backward(int index, const struct pxt_attn_args *args, void *dq,
-                                   void *dk, void *dv, const void *dout, const void *q,
-                                   const void *k, const void *v, const float *lse,
-                                   const float *Di);
+int pxt_cuda_attention_tc_backward(int index, const struct pxt_attn_args *args, void *dq, void *dk,
+                                   void *dv, const void *dout, const void *q, const void *k,
+                                   const void *v, const float *lse, const float *Di);
 /* The path of the last attention call: 1 tensor cores, 0 the fallback, -1 none
  * yet (for benchmarks and debuggers; no Python binding). */
 int pxt_cuda_attention_last_path(void);
 /* optim.cu */
 int pxt_cuda_grad_sumsq(int index, double *sumsq, int *nonfinite, const float *g, size_t n,
                         void *workspace);
-int pxt_cuda_adamw(int index, const struct pxt_adamw_args *args, float *master, float *m,
-                   float *v, float *ema, void *params, const float *grads);
+int pxt_cuda_adamw(int index, const struct pxt_adamw_args *args, float *master, float *m, float *v,
+                   float *ema, void *params, const float *grads);
 int pxt_cuda_swap(int index, void *a, void *b, size_t n, pxt_dtype dt);
 
 #ifdef __cplusplus

@@ -24,24 +24,28 @@ template <typename T>
 __global__ static void embedding_backward_kernel(float *dtable, const T *dout, const int32_t *ids,
                                                  int N, int C) {
     int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= C)
+    if (j >= C) {
         return;
-    for (int i = 0; i < N; i++)
+    }
+    for (int i = 0; i < N; i++) {
         dtable[(size_t)ids[i] * C + j] += ldf(dout[(size_t)i * C + j]);
+    }
 }
 
-int pxt_cuda_embedding_forward(int index, void *out, const int32_t *ids, const void *table,
-                               int N, int C, int accumulate, pxt_dtype dt) {
-    if (N < 0 || C < 0)
+int pxt_cuda_embedding_forward(int index, void *out, const int32_t *ids, const void *table, int N,
+                               int C, int accumulate, pxt_dtype dt) {
+    if (N < 0 || C < 0) {
         return pxt_error(PXT_ERR_VALUE, "embedding_forward: negative size N=%d C=%d", N, C);
+    }
     PXT_CUDA_CHECK(cudaSetDevice(index));
     size_t n = (size_t)N * C;
     PXT_TRY(pxt_cuda_dispatch(dt, "embedding_forward", [&](auto tag) {
         using T = decltype(tag);
-        if (n)
+        if (n) {
             embedding_forward_kernel<T>
                 <<<pxt_ew_grid(n), PXT_EW_BLOCK, 0, pxt_cuda_stream(index)>>>(
                     (T *)out, ids, (const T *)table, N, C, accumulate);
+        }
     }));
     PXT_CUDA_CHECK_LAUNCH("embedding_forward");
     return PXT_OK;
@@ -49,14 +53,16 @@ int pxt_cuda_embedding_forward(int index, void *out, const int32_t *ids, const v
 
 int pxt_cuda_embedding_backward(int index, float *dtable, const void *dout, const int32_t *ids,
                                 int N, int C, pxt_dtype dt) {
-    if (N < 0 || C < 0)
+    if (N < 0 || C < 0) {
         return pxt_error(PXT_ERR_VALUE, "embedding_backward: negative size N=%d C=%d", N, C);
+    }
     PXT_CUDA_CHECK(cudaSetDevice(index));
     PXT_TRY(pxt_cuda_dispatch(dt, "embedding_backward", [&](auto tag) {
         using T = decltype(tag);
-        if (N && C)
+        if (N && C) {
             embedding_backward_kernel<T><<<(C + 127) / 128, 128, 0, pxt_cuda_stream(index)>>>(
                 dtable, (const T *)dout, ids, N, C);
+        }
     }));
     PXT_CUDA_CHECK_LAUNCH("embedding_backward");
     return PXT_OK;

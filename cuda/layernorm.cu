@@ -12,8 +12,9 @@
 #define LN_WARPS 8 /* rows per block of the row kernels */
 
 __device__ static inline double warp_sum(double v) {
-    for (int o = 16; o > 0; o >>= 1)
+    for (int o = 16; o > 0; o >>= 1) {
         v += __shfl_xor_sync(0xffffffffu, v, o);
+    }
     return v; /* every lane holds the same bits: the butterfly is symmetric */
 }
 
@@ -23,13 +24,15 @@ __global__ static void layernorm_forward_kernel(T *out, float *mean, float *rstd
                                                 const T *weight, const T *bias, int N, int C,
                                                 float eps) {
     int row = blockIdx.x * LN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= N)
+    if (row >= N) {
         return;
+    }
     const T *x = inp + (size_t)row * C; /* (C) */
     T *o = out + (size_t)row * C;       /* (C) */
     double s = 0.0;
-    for (int j = lane; j < C; j += 32)
+    for (int j = lane; j < C; j += 32) {
         s += ldf(x[j]);
+    }
     float m = (float)(warp_sum(s) / C);
     /* variance around the rounded mean: two passes, no cancellation */
     double v = 0.0;
@@ -51,16 +54,18 @@ __global__ static void layernorm_forward_kernel(T *out, float *mean, float *rstd
 int pxt_cuda_layernorm_forward(int index, void *out, float *mean, float *rstd, const void *inp,
                                const void *weight, const void *bias, int N, int C, float eps,
                                pxt_dtype dt) {
-    if (N < 0 || C <= 0)
+    if (N < 0 || C <= 0) {
         return pxt_error(PXT_ERR_VALUE, "layernorm_forward: bad size N=%d C=%d", N, C);
+    }
     PXT_CUDA_CHECK(cudaSetDevice(index));
     PXT_TRY(pxt_cuda_dispatch(dt, "layernorm_forward", [&](auto tag) {
         using T = decltype(tag);
-        if (N)
+        if (N) {
             layernorm_forward_kernel<T>
                 <<<(N + LN_WARPS - 1) / LN_WARPS, 32 * LN_WARPS, 0, pxt_cuda_stream(index)>>>(
-                    (T *)out, mean, rstd, (const T *)inp, (const T *)weight, (const T *)bias, N,
-                    C, eps);
+                    (T *)out, mean, rstd, (const T *)inp, (const T *)weight, (const T *)bias, N, C,
+                    eps);
+        }
     }));
     PXT_CUDA_CHECK_LAUNCH("layernorm_forward");
     return PXT_OK;
@@ -69,12 +74,12 @@ int pxt_cuda_layernorm_forward(int index, void *out, float *mean, float *rstd, c
 /* Pass 1, a warp per row: with n = norm, g = weight * dout,
  * dinp += rstd * (g - mean(g) - n * mean(g * n)). */
 template <typename T>
-__global__ static void layernorm_dinp_kernel(T *dinp, const T *dout, const T *inp,
-                                             const T *weight, const float *mean,
-                                             const float *rstd, int N, int C) {
+__global__ static void layernorm_dinp_kernel(T *dinp, const T *dout, const T *inp, const T *weight,
+                                             const float *mean, const float *rstd, int N, int C) {
     int row = blockIdx.x * LN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= N)
+    if (row >= N) {
         return;
+    }
     size_t base = (size_t)row * C;
     float m = mean[row], r = rstd[row];
     double sg = 0.0, sgn = 0.0;
@@ -96,11 +101,12 @@ __global__ static void layernorm_dinp_kernel(T *dinp, const T *dout, const T *in
  * rows in order (the CPU's order: its bits). */
 template <typename T>
 __global__ static void layernorm_dparams_kernel(float *dweight, float *dbias, const T *dout,
-                                                const T *inp, const float *mean,
-                                                const float *rstd, int N, int C) {
+                                                const T *inp, const float *mean, const float *rstd,
+                                                int N, int C) {
     int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= C)
+    if (j >= C) {
         return;
+    }
     double dw = 0.0, db = 0.0;
     for (int i = 0; i < N; i++) {
         size_t k = (size_t)i * C + j;
@@ -116,16 +122,18 @@ __global__ static void layernorm_dparams_kernel(float *dweight, float *dbias, co
 int pxt_cuda_layernorm_backward(int index, void *dinp, float *dweight, float *dbias,
                                 const void *dout, const void *inp, const void *weight,
                                 const float *mean, const float *rstd, int N, int C, pxt_dtype dt) {
-    if (N < 0 || C <= 0)
+    if (N < 0 || C <= 0) {
         return pxt_error(PXT_ERR_VALUE, "layernorm_backward: bad size N=%d C=%d", N, C);
+    }
     PXT_CUDA_CHECK(cudaSetDevice(index));
     cudaStream_t stream = pxt_cuda_stream(index);
     /* dinp, dout, inp (N, C); weight (C); dweight, dbias (C) fp32; mean, rstd (N) */
     PXT_TRY(pxt_cuda_dispatch(dt, "layernorm_backward", [&](auto tag) {
         using T = decltype(tag);
-        if (N)
+        if (N) {
             layernorm_dinp_kernel<T><<<(N + LN_WARPS - 1) / LN_WARPS, 32 * LN_WARPS, 0, stream>>>(
                 (T *)dinp, (const T *)dout, (const T *)inp, (const T *)weight, mean, rstd, N, C);
+        }
     }));
     PXT_CUDA_CHECK_LAUNCH("layernorm_backward (dinp)");
     PXT_TRY(pxt_cuda_dispatch(dt, "layernorm_backward", [&](auto tag) {
@@ -136,3 +144,5 @@ int pxt_cuda_layernorm_backward(int index, void *dinp, float *dweight, float *db
     PXT_CUDA_CHECK_LAUNCH("layernorm_backward (dweight, dbias)");
     return PXT_OK;
 }
+
+#undef LN_WARPS

@@ -54,8 +54,9 @@ static int cpu_raw_alloc(int index, size_t nbytes, void **ptr) {
     void *p = NULL;
     /* page alignment for segments (they are 2 MiB or more), 256 is the contract */
     size_t align = nbytes >= 4096 ? 4096 : 256;
-    if (posix_memalign(&p, align, nbytes) != 0 || p == NULL)
+    if (posix_memalign(&p, align, nbytes) != 0 || p == NULL) {
         return pxt_error(PXT_ERR_OOM, "host allocation of %zu bytes failed", nbytes);
+    }
     *ptr = p;
     return PXT_OK;
 }
@@ -68,15 +69,17 @@ static void cpu_raw_free(int index, void *ptr) {
 static int cpu_copy(int index, void *dst, const void *src, size_t nbytes, pxt_copy_kind kind) {
     (void)index;
     (void)kind;
-    if (nbytes)
+    if (nbytes) {
         memcpy(dst, src, nbytes);
+    }
     return PXT_OK;
 }
 
 static int cpu_memset_zero(int index, void *dst, size_t nbytes) {
     (void)index;
-    if (nbytes)
+    if (nbytes) {
         memset(dst, 0, nbytes);
+    }
     return PXT_OK;
 }
 

@@ -62,31 +62,43 @@ int pxt_cpu_cast(int index, void *dst, pxt_dtype dt, const void *src, pxt_dtype 
     if (st == PXT_FLOAT32 && dt == PXT_BFLOAT16) {
         const float *s = src;
         uint16_t *d = dst;
-        for (size_t i = 0; i < n; i++) d[i] = pxt_f32_to_bf16(s[i]);
+        for (size_t i = 0; i < n; i++) {
+            d[i] = pxt_f32_to_bf16(s[i]);
+        }
         return PXT_OK;
     }
     if (st == PXT_BFLOAT16 && dt == PXT_FLOAT32) {
         const uint16_t *s = src;
         float *d = dst;
-        for (size_t i = 0; i < n; i++) d[i] = pxt_bf16_to_f32(s[i]);
+        for (size_t i = 0; i < n; i++) {
+            d[i] = pxt_bf16_to_f32(s[i]);
+        }
         return PXT_OK;
     }
     if (st == PXT_FLOAT32 && dt == PXT_FLOAT16) {
         const float *s = src;
         uint16_t *d = dst;
-        for (size_t i = 0; i < n; i++) d[i] = pxt_f32_to_f16(s[i]);
+        for (size_t i = 0; i < n; i++) {
+            d[i] = pxt_f32_to_f16(s[i]);
+        }
         return PXT_OK;
     }
     if (st == PXT_FLOAT16 && dt == PXT_FLOAT32) {
         const uint16_t *s = src;
         float *d = dst;
-        for (size_t i = 0; i < n; i++) d[i] = pxt_f16_to_f32(s[i]);
+        for (size_t i = 0; i < n; i++) {
+            d[i] = pxt_f16_to_f32(s[i]);
+        }
         return PXT_OK;
     }
     if (pxt_dtype_is_float(st)) {
-        for (size_t i = 0; i < n; i++) store_float(dst, dt, i, load_float(src, st, i));
+        for (size_t i = 0; i < n; i++) {
+            store_float(dst, dt, i, load_float(src, st, i));
+        }
     } else {
-        for (size_t i = 0; i < n; i++) store_int(dst, dt, i, load_int(src, st, i));
+        for (size_t i = 0; i < n; i++) {
+            store_int(dst, dt, i, load_int(src, st, i));
+        }
     }
     return PXT_OK;
 }

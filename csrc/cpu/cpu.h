@@ -9,8 +9,8 @@ int pxt_cpu_cast(int index, void *dst, pxt_dtype dt, const void *src, pxt_dtype 
 /* Kernels of the backend table (semantics in backend.h). */
 /* matmul.c */
 int pxt_cpu_gemm(int index, int trans_a, int trans_b, int M, int N, int K, float alpha,
-                 const void *A, const void *B, float beta, void *C, pxt_dtype dt_ab,
-                 pxt_dtype dt_c, void *workspace);
+                 const void *A, const void *B, float beta, void *C, pxt_dtype dt_ab, pxt_dtype dt_c,
+                 void *workspace);
 size_t pxt_cpu_gemm_workspace(int M, int N, int K, pxt_dtype dt_ab);
 int pxt_cpu_add_bias(int index, void *out, const void *bias, int M, int N, pxt_dtype dt);
 int pxt_cpu_bias_backward(int index, float *dbias, const void *dout, int M, int N, pxt_dtype dt);
@@ -27,8 +27,8 @@ int pxt_cpu_gelu_backward(int index, void *dinp, const void *inp, const void *do
                           pxt_dtype dt);
 int pxt_cpu_add(int index, void *out, const void *a, const void *b, size_t n, pxt_dtype dt);
 /* embedding.c */
-int pxt_cpu_embedding_forward(int index, void *out, const int32_t *ids, const void *table,
-                              int N, int C, int accumulate, pxt_dtype dt);
+int pxt_cpu_embedding_forward(int index, void *out, const int32_t *ids, const void *table, int N,
+                              int C, int accumulate, pxt_dtype dt);
 int pxt_cpu_embedding_backward(int index, float *dtable, const void *dout, const int32_t *ids,
                                int N, int C, pxt_dtype dt);
 /* xent.c */
@@ -42,8 +42,7 @@ int pxt_cpu_attention_forward(int index, const struct pxt_attn_args *args, void 
                               const void *q, const void *k, const void *v, void *workspace);
 int pxt_cpu_attention_backward(int index, const struct pxt_attn_args *args, void *dq, void *dk,
                                void *dv, const void *dout, const void *q, const void *k,
-                               const void *v, const void *out, const float *lse,
-                               void *workspace);
+                               const void *v, const void *out, const float *lse, void *workspace);
 size_t pxt_cpu_attention_workspace(const struct pxt_attn_args *args, int backward);
 /* The attention tiles' instruction set: "generic", "avx2", "avx512", or NULL /
  * "auto" for the best this CPU has (the default); PXT_ERR_VALUE for one it lacks. */
@@ -57,6 +56,5 @@ int pxt_cpu_grad_sumsq(int index, double *sumsq, int *nonfinite, const float *g,
 int pxt_cpu_adamw(int index, const struct pxt_adamw_args *args, float *master, float *m, float *v,
                   float *ema, void *params, const float *grads);
 int pxt_cpu_swap(int index, void *a, void *b, size_t n, pxt_dtype dt);
-
 
 #endif

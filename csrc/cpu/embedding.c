@@ -8,14 +8,16 @@
 #include "cpu.h"
 #include "elem.h"
 
-int pxt_cpu_embedding_forward(int index, void *out, const int32_t *ids, const void *table,
-                              int N, int C, int accumulate, pxt_dtype dt) {
+int pxt_cpu_embedding_forward(int index, void *out, const int32_t *ids, const void *table, int N,
+                              int C, int accumulate, pxt_dtype dt) {
     (void)index;
     int rc = pxt_cpu_check_float(dt, "embedding_forward");
-    if (rc != PXT_OK)
+    if (rc != PXT_OK) {
         return rc;
-    if (N < 0 || C < 0)
+    }
+    if (N < 0 || C < 0) {
         return pxt_error(PXT_ERR_VALUE, "embedding_forward: negative size N=%d C=%d", N, C);
+    }
     /* out (N, C); ids (N) in [0, V) (the caller checked: V is not passed in);
      * table (V, C) */
 #pragma omp parallel for schedule(static) if ((size_t)N * C >= PXT_OMP_MIN_WORK)
@@ -33,10 +35,12 @@ int pxt_cpu_embedding_backward(int index, float *dtable, const void *dout, const
                                int N, int C, pxt_dtype dt) {
     (void)index;
     int rc = pxt_cpu_check_float(dt, "embedding_backward");
-    if (rc != PXT_OK)
+    if (rc != PXT_OK) {
         return rc;
-    if (N < 0 || C < 0)
+    }
+    if (N < 0 || C < 0) {
         return pxt_error(PXT_ERR_VALUE, "embedding_backward: negative size N=%d C=%d", N, C);
+    }
     /* dtable (V, C) fp32 +=; dout (N, C); ids (N) in [0, V) */
     int nslices = (C + PXT_COL_SLICE - 1) / PXT_COL_SLICE;
 #pragma omp parallel for schedule(static) if ((size_t)N * C >= PXT_OMP_MIN_WORK)
@@ -45,8 +49,9 @@ int pxt_cpu_embedding_backward(int index, float *dtable, const void *dout, const
         for (int i = 0; i < N; i++) {
             float *drow = dtable + (size_t)ids[i] * C + c0; /* (w) */
             size_t row = (size_t)i * C + c0;
-            for (int j = 0; j < w; j++)
+            for (int j = 0; j < w; j++) {
                 drow[j] += pxt_ld(dout, row + j, dt);
+            }
         }
     }
     return PXT_OK;

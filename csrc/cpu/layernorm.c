@@ -15,17 +15,20 @@ int pxt_cpu_layernorm_forward(int index, void *out, float *mean, float *rstd, co
                               pxt_dtype dt) {
     (void)index;
     int rc = pxt_cpu_check_float(dt, "layernorm_forward");
-    if (rc != PXT_OK)
+    if (rc != PXT_OK) {
         return rc;
-    if (N < 0 || C <= 0)
+    }
+    if (N < 0 || C <= 0) {
         return pxt_error(PXT_ERR_VALUE, "layernorm_forward: bad size N=%d C=%d", N, C);
+    }
     /* out, inp (N, C); weight, bias (C); mean, rstd (N) */
 #pragma omp parallel for schedule(static) if ((size_t)N * C >= PXT_OMP_MIN_WORK)
     for (int i = 0; i < N; i++) {
         size_t row = (size_t)i * C;
         double s = 0.0;
-        for (int j = 0; j < C; j++)
+        for (int j = 0; j < C; j++) {
             s += pxt_ld(inp, row + j, dt);
+        }
         float m = (float)(s / C);
         /* variance around the rounded mean: two passes, no cancellation */
         double v = 0.0;
@@ -49,10 +52,12 @@ int pxt_cpu_layernorm_backward(int index, void *dinp, float *dweight, float *dbi
                                const float *mean, const float *rstd, int N, int C, pxt_dtype dt) {
     (void)index;
     int rc = pxt_cpu_check_float(dt, "layernorm_backward");
-    if (rc != PXT_OK)
+    if (rc != PXT_OK) {
         return rc;
-    if (N < 0 || C <= 0)
+    }
+    if (N < 0 || C <= 0) {
         return pxt_error(PXT_ERR_VALUE, "layernorm_backward: bad size N=%d C=%d", N, C);
+    }
     /* dinp, dout, inp (N, C); weight (C); dweight, dbias (C) fp32; mean, rstd (N) */
     int par = (size_t)N * C >= PXT_OMP_MIN_WORK;
 

@@ -34,8 +34,8 @@ static int upload_segments(pxt_adamw *o) {
     for (int i = 0; i < L->count; i++) {
         segs[i] = (pxt_adamw_segment){L->params[i].offset, L->params[i].numel, L->params[i].decay};
     }
-    int rc = o->flat->be->copy(o->flat->device.index, o->segments->data, segs,
-                               o->segments->nbytes, PXT_COPY_H2D);
+    int rc = o->flat->be->copy(o->flat->device.index, o->segments->data, segs, o->segments->nbytes,
+                               PXT_COPY_H2D);
     free(segs);
     return rc;
 }
@@ -192,8 +192,8 @@ int pxt_adamw_load(pxt_adamw *o, const float *m, const float *v, const float *ma
         }
     }
     if (o->master) {
-        PXT_TRY(be->cast(d, o->flat->params->data, o->flat->dt, o->master->data, PXT_FLOAT32,
-                         o->n));
+        PXT_TRY(
+            be->cast(d, o->flat->params->data, o->flat->dt, o->master->data, PXT_FLOAT32, o->n));
     }
     return PXT_OK;
 }

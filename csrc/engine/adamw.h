@@ -34,19 +34,19 @@ typedef struct {
 } pxt_adamw_hparams;
 
 typedef struct {
-    pxt_flat *flat;        /* the model's flat state (its owner outlives this) */
+    pxt_flat *flat; /* the model's flat state (its owner outlives this) */
     pxt_adamw_hparams h;
-    size_t n;              /* elements of the flat buffers, padding included */
+    size_t n; /* elements of the flat buffers, padding included */
     int n_segments;
-    pxt_storage *m, *v;    /* (n) fp32 */
-    pxt_storage *master;   /* (n) fp32, or NULL: the fp32 parameters are the master */
-    pxt_storage *ema;      /* (n) fp32, or NULL without an EMA */
-    pxt_storage *segments; /* (n_segments) pxt_adamw_segment */
-    pxt_storage *workspace;/* (PXT_SUMSQ_PARTS) double */
-    long long good_steps;  /* clean steps since the scale last changed */
-    long long step;        /* updates applied (skipped steps do not count) */
-    int swapped;           /* the model's parameters hold the EMA (swap_ema) */
-    size_t state_bytes;    /* allocator bytes, added to flat->optimizer_bytes */
+    pxt_storage *m, *v;     /* (n) fp32 */
+    pxt_storage *master;    /* (n) fp32, or NULL: the fp32 parameters are the master */
+    pxt_storage *ema;       /* (n) fp32, or NULL without an EMA */
+    pxt_storage *segments;  /* (n_segments) pxt_adamw_segment */
+    pxt_storage *workspace; /* (PXT_SUMSQ_PARTS) double */
+    long long good_steps;   /* clean steps since the scale last changed */
+    long long step;         /* updates applied (skipped steps do not count) */
+    int swapped;            /* the model's parameters hold the EMA (swap_ema) */
+    size_t state_bytes;     /* allocator bytes, added to flat->optimizer_bytes */
 } pxt_adamw;
 
 /* What one step did. */

@@ -80,22 +80,26 @@ static void bin_insert(pxt_allocator *a, int pool, pxt_block *b) {
     b->is_free = 1;
     b->fprev = NULL;
     b->fnext = a->bins[pool][i];
-    if (b->fnext)
+    if (b->fnext) {
         b->fnext->fprev = b;
+    }
     a->bins[pool][i] = b;
     a->bitmap[pool][i / 64] |= 1ull << (i % 64);
 }
 
 static void bin_remove(pxt_allocator *a, int pool, pxt_block *b) {
     int i = b->bin;
-    if (b->fprev)
+    if (b->fprev) {
         b->fprev->fnext = b->fnext;
-    else
+    } else {
         a->bins[pool][i] = b->fnext;
-    if (b->fnext)
+    }
+    if (b->fnext) {
         b->fnext->fprev = b->fprev;
-    if (!a->bins[pool][i])
+    }
+    if (!a->bins[pool][i]) {
         a->bitmap[pool][i / 64] &= ~(1ull << (i % 64));
+    }
     b->is_free = 0;
     b->fprev = b->fnext = NULL;
 }
@@ -104,14 +108,17 @@ static void bin_remove(pxt_allocator *a, int pool, pxt_block *b) {
 static pxt_block *bin_find(pxt_allocator *a, int pool, size_t size) {
     int i = bin_index(size);
     /* its own class spans sizes on both sides of the request: scan for a fit */
-    for (pxt_block *b = a->bins[pool][i]; b; b = b->fnext)
-        if (b->size >= size)
+    for (pxt_block *b = a->bins[pool][i]; b; b = b->fnext) {
+        if (b->size >= size) {
             return b;
+        }
+    }
     /* any block of a higher class fits: take the lowest non-empty class */
     for (int j = i + 1; j < NBINS;) {
         uint64_t word = a->bitmap[pool][j / 64] >> (j % 64);
-        if (word)
+        if (word) {
             return a->bins[pool][j + __builtin_ctzll(word)];
+        }
         j = (j / 64 + 1) * 64;
     }
     return NULL;
@@ -134,11 +141,14 @@ static void spare_put(pxt_allocator *a, pxt_block *b) {
 /* Makes sure n block structs are at hand, so nothing can fail halfway. */
 static int spare_reserve(pxt_allocator *a, int n) {
     int have = 0;
-    for (pxt_block *b = a->spare; b && have < n; b = b->next) have++;
+    for (pxt_block *b = a->spare; b && have < n; b = b->next) {
+        have++;
+    }
     for (; have < n; have++) {
         pxt_block *b = malloc(sizeof *b);
-        if (!b)
+        if (!b) {
             return pxt_error(PXT_ERR_OOM, "out of host memory for allocator bookkeeping");
+        }
         spare_put(a, b);
     }
     return PXT_OK;
@@ -149,12 +159,14 @@ static int spare_reserve(pxt_allocator *a, int n) {
 static void segment_release(pxt_allocator *a, pxt_segment *s) {
     bin_remove(a, s->pool, s->first);
     spare_put(a, s->first);
-    if (s->prev)
+    if (s->prev) {
         s->prev->next = s->next;
-    else
+    } else {
         a->segments = s->next;
-    if (s->next)
+    }
+    if (s->next) {
         s->next->prev = s->prev;
+    }
     a->backend->raw_free(a->device.index, s->base);
     a->st.reserved_bytes -= s->size;
     a->st.num_raw_frees++;
@@ -180,15 +192,18 @@ static size_t release_cached(pxt_allocator *a) {
  * PXT_ERR_OOM when the budget or the device says no. */
 static int segment_new(pxt_allocator *a, int pool, size_t seg_size) {
     if (a->st.limit_bytes != PXT_NO_LIMIT &&
-        (seg_size > a->st.limit_bytes || a->st.reserved_bytes > a->st.limit_bytes - seg_size))
+        (seg_size > a->st.limit_bytes || a->st.reserved_bytes > a->st.limit_bytes - seg_size)) {
         return pxt_error(PXT_ERR_OOM, "over the memory limit");
+    }
     if (a->inject_raw && a->inject_after >= 0 && a->inject_after-- == 0) {
         a->inject_after = -1;
-        return pxt_error(PXT_ERR_OOM, "raw allocation failed (injected by pyxtts.testing.inject_oom)");
+        return pxt_error(PXT_ERR_OOM,
+                         "raw allocation failed (injected by pyxtts.testing.inject_oom)");
     }
     pxt_segment *s = malloc(sizeof *s);
-    if (!s)
+    if (!s) {
         return pxt_error(PXT_ERR_OOM, "out of host memory for allocator bookkeeping");
+    }
     void *base = NULL;
     int rc = a->backend->raw_alloc(a->device.index, seg_size, &base);
     if (rc != PXT_OK) {
@@ -201,8 +216,9 @@ static int segment_new(pxt_allocator *a, int pool, size_t seg_size) {
     s->pool = pool;
     s->prev = NULL;
     s->next = a->segments;
-    if (s->next)
+    if (s->next) {
         s->next->prev = s;
+    }
     a->segments = s;
     pxt_block *b = spare_take(a);
     b->ptr = base;
@@ -212,8 +228,9 @@ static int segment_new(pxt_allocator *a, int pool, size_t seg_size) {
     bin_insert(a, pool, b);
     a->st.reserved_bytes += seg_size;
     a->st.num_segments++;
-    if (a->st.reserved_bytes > a->st.peak_reserved_bytes)
+    if (a->st.reserved_bytes > a->st.peak_reserved_bytes) {
         a->st.peak_reserved_bytes = a->st.reserved_bytes;
+    }
     return PXT_OK;
 }
 
@@ -229,8 +246,9 @@ static void segment_sizes(int pool, size_t size, size_t out[2]) {
         out[0] = round_up(size, PXT_LARGE_ROUND);
         out[1] = 0;
     }
-    if (out[1] == out[0])
+    if (out[1] == out[0]) {
         out[1] = 0;
+    }
 }
 
 /* A whole segment first. When the budget or the device says no, hand every
@@ -256,14 +274,16 @@ static int grow(pxt_allocator *a, int pool, size_t size) {
     size_t sizes[2];
     segment_sizes(pool, size, sizes);
     int rc = segment_new(a, pool, sizes[0]);
-    if (rc != PXT_ERR_OOM)
+    if (rc != PXT_ERR_OOM) {
         return rc; /* success, or a device error that is not "full" */
+    }
     a->st.num_alloc_retries++;
     release_cached(a);
     for (int i = 0; i < 2 && sizes[i]; i++) {
         rc = segment_new(a, pool, sizes[i]);
-        if (rc != PXT_ERR_OOM)
+        if (rc != PXT_ERR_OOM) {
             return rc;
+        }
     }
     return rc;
 }
@@ -295,9 +315,9 @@ static int fail_oom(pxt_allocator *a, size_t nbytes, const char *why) {
     fmt_bytes(a->st.allocated_bytes, al, sizeof al);
     fmt_bytes(a->st.reserved_bytes, res, sizeof res);
     fmt_bytes(a->device_total, tot, sizeof tot);
-    if (a->st.limit_bytes == PXT_NO_LIMIT)
+    if (a->st.limit_bytes == PXT_NO_LIMIT) {
         snprintf(lim, sizeof lim, "none");
-    else {
+    } else {
         char l[32];
         fmt_bytes(a->st.limit_bytes, l, sizeof l);
         snprintf(lim, sizeof lim, "%s (%zu bytes)", l, a->st.limit_bytes);
@@ -312,13 +332,15 @@ static int fail_oom(pxt_allocator *a, size_t nbytes, const char *why) {
 
 int pxt_alloc(pxt_allocator *a, size_t nbytes, pxt_block **out) {
     *out = NULL;
-    if (nbytes == 0)
+    if (nbytes == 0) {
         return pxt_error(PXT_ERR_VALUE, "pxt_alloc: zero-byte request");
+    }
     pthread_mutex_lock(&a->lock);
     if (!a->device_total) {
         pxt_device_props p;
-        if (a->backend->device_props(a->device.index, &p) == PXT_OK)
+        if (a->backend->device_props(a->device.index, &p) == PXT_OK) {
             a->device_total = p.total_memory;
+        }
     }
     int rc;
     if (nbytes > ((size_t)1 << 62)) {
@@ -347,8 +369,9 @@ int pxt_alloc(pxt_allocator *a, size_t nbytes, pxt_block **out) {
             snprintf(why, sizeof why, "%s", pxt_error_message());
             rc = fail_oom(a, nbytes, why);
         }
-        if (rc != PXT_OK)
+        if (rc != PXT_OK) {
             goto done;
+        }
         b = bin_find(a, pool, size);
     }
     bin_remove(a, pool, b);
@@ -360,8 +383,9 @@ int pxt_alloc(pxt_allocator *a, size_t nbytes, pxt_block **out) {
         r->seg = b->seg;
         r->prev = b;
         r->next = b->next;
-        if (r->next)
+        if (r->next) {
             r->next->prev = r;
+        }
         b->next = r;
         b->size = size;
         bin_insert(a, pool, r);
@@ -371,8 +395,9 @@ int pxt_alloc(pxt_allocator *a, size_t nbytes, pxt_block **out) {
     a->st.requested_bytes += nbytes;
     a->st.num_allocs++;
     a->st.num_active_blocks++;
-    if (a->st.allocated_bytes > a->st.peak_allocated_bytes)
+    if (a->st.allocated_bytes > a->st.peak_allocated_bytes) {
         a->st.peak_allocated_bytes = a->st.allocated_bytes;
+    }
     *out = b;
 done:
     pthread_mutex_unlock(&a->lock);
@@ -380,8 +405,9 @@ done:
 }
 
 void pxt_free(pxt_allocator *a, pxt_block *b) {
-    if (!b)
+    if (!b) {
         return;
+    }
     pthread_mutex_lock(&a->lock);
     int pool = b->seg->pool;
     a->st.allocated_bytes -= b->size;
@@ -395,8 +421,9 @@ void pxt_free(pxt_allocator *a, pxt_block *b) {
         bin_remove(a, pool, p);
         p->size += b->size;
         p->next = b->next;
-        if (p->next)
+        if (p->next) {
             p->next->prev = p;
+        }
         spare_put(a, b);
         b = p;
     }
@@ -405,8 +432,9 @@ void pxt_free(pxt_allocator *a, pxt_block *b) {
         bin_remove(a, pool, n);
         b->size += n->size;
         b->next = n->next;
-        if (b->next)
+        if (b->next) {
             b->next->prev = b;
+        }
         spare_put(a, n);
     }
     bin_insert(a, pool, b);
@@ -433,11 +461,14 @@ void pxt_get_stats(pxt_allocator *a, pxt_alloc_stats *s) {
     *s = a->st;
     s->inactive_split_bytes = 0;
     for (pxt_segment *g = a->segments; g; g = g->next) {
-        if (g->first->is_free && !g->first->next)
+        if (g->first->is_free && !g->first->next) {
             continue; /* wholly free: cached, not split */
-        for (pxt_block *b = g->first; b; b = b->next)
-            if (b->is_free)
+        }
+        for (pxt_block *b = g->first; b; b = b->next) {
+            if (b->is_free) {
                 s->inactive_split_bytes += b->size;
+            }
+        }
     }
     s->cached_bytes = s->reserved_bytes - s->allocated_bytes;
     pthread_mutex_unlock(&a->lock);
@@ -463,8 +494,9 @@ size_t pxt_allocator_device_total(pxt_allocator *a) {
     pthread_mutex_lock(&a->lock);
     if (!a->device_total) {
         pxt_device_props p;
-        if (a->backend->device_props(a->device.index, &p) == PXT_OK)
+        if (a->backend->device_props(a->device.index, &p) == PXT_OK) {
             a->device_total = p.total_memory;
+        }
     }
     size_t t = a->device_total;
     pthread_mutex_unlock(&a->lock);
@@ -487,8 +519,8 @@ pxt_allocator *pxt_allocator_get(pxt_device dev) {
     if (dev.index < 0 || dev.index >= count || dev.index >= PXT_MAX_DEVICES) {
         char name[32];
         pxt_device_str(dev, name, sizeof name);
-        pxt_error(PXT_ERR_VALUE, "device %s does not exist: this machine has %d %s device%s",
-                  name, count, be->name, count == 1 ? "" : "s");
+        pxt_error(PXT_ERR_VALUE, "device %s does not exist: this machine has %d %s device%s", name,
+                  count, be->name, count == 1 ? "" : "s");
         return NULL;
     }
     pthread_mutex_lock(&registry_lock);
@@ -510,3 +542,6 @@ pxt_allocator *pxt_allocator_get(pxt_device dev) {
     pthread_mutex_unlock(&registry_lock);
     return a;
 }
+
+#undef NBINS
+#undef NPOOLS

@@ -7,21 +7,21 @@
 
 #include "backend.h"
 
-#define PXT_ALIGN 256                            /* every block starts on 256 bytes */
-#define PXT_SMALL_SIZE ((size_t)1 << 20)         /* <= 1 MiB: small pool */
-#define PXT_SMALL_SEGMENT ((size_t)2 << 20)      /* small pool segments: 2 MiB */
-#define PXT_MID_SIZE ((size_t)10 << 20)          /* < 10 MiB: 20 MiB segments */
+#define PXT_ALIGN 256                       /* every block starts on 256 bytes */
+#define PXT_SMALL_SIZE ((size_t)1 << 20)    /* <= 1 MiB: small pool */
+#define PXT_SMALL_SEGMENT ((size_t)2 << 20) /* small pool segments: 2 MiB */
+#define PXT_MID_SIZE ((size_t)10 << 20)     /* < 10 MiB: 20 MiB segments */
 #define PXT_MID_SEGMENT ((size_t)20 << 20)
-#define PXT_LARGE_ROUND ((size_t)2 << 20)        /* larger: round to 2 MiB */
+#define PXT_LARGE_ROUND ((size_t)2 << 20) /* larger: round to 2 MiB */
 #define PXT_NO_LIMIT ((size_t)-1)
 
 typedef struct pxt_allocator pxt_allocator;
 typedef struct pxt_block pxt_block; /* one live allocation; opaque */
 
 typedef struct {
-    size_t allocated_bytes;      /* bytes in live blocks (rounded sizes) */
-    size_t requested_bytes;      /* bytes callers asked for, live */
-    size_t reserved_bytes;       /* bytes in segments taken from the device */
+    size_t allocated_bytes; /* bytes in live blocks (rounded sizes) */
+    size_t requested_bytes; /* bytes callers asked for, live */
+    size_t reserved_bytes;  /* bytes in segments taken from the device */
     size_t peak_allocated_bytes;
     size_t peak_reserved_bytes;
     size_t limit_bytes;          /* PXT_NO_LIMIT when unlimited */

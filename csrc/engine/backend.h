@@ -22,9 +22,9 @@ typedef enum {
 
 typedef struct {
     char name[256];
-    size_t total_memory;       /* bytes: device memory, or physical RAM on the CPU */
-    int major, minor;          /* compute capability (0, 0 on the CPU) */
-    int multiprocessors;       /* SMs, or online CPU cores */
+    size_t total_memory; /* bytes: device memory, or physical RAM on the CPU */
+    int major, minor;    /* compute capability (0, 0 on the CPU) */
+    int multiprocessors; /* SMs, or online CPU cores */
 } pxt_device_props;
 
 /* Element strides of a (B, H, T, D) operand whose last dim is contiguous: the
@@ -35,12 +35,12 @@ typedef struct {
 
 typedef struct pxt_attn_args {
     int B, H, Tq, Tk, D;
-    int causal;                /* query i sees keys j <= i (top-left, as torch) */
-    float scale;               /* usually 1 / sqrt(D) */
-    const int32_t *q_lengths;  /* (B) on the device, or NULL: rows >= length are zeros */
-    const int32_t *k_lengths;  /* (B) or NULL: keys >= length are masked */
-    const uint8_t *key_mask;   /* (B, Tk) or NULL: 0 masks the key */
-    pxt_strides q, k, v, o;    /* layouts of q, k, v and out (dout shares o's) */
+    int causal;               /* query i sees keys j <= i (top-left, as torch) */
+    float scale;              /* usually 1 / sqrt(D) */
+    const int32_t *q_lengths; /* (B) on the device, or NULL: rows >= length are zeros */
+    const int32_t *k_lengths; /* (B) or NULL: keys >= length are masked */
+    const uint8_t *key_mask;  /* (B, Tk) or NULL: 0 masks the key */
+    pxt_strides q, k, v, o;   /* layouts of q, k, v and out (dout shares o's) */
     pxt_dtype dt;
 } pxt_attn_args;
 
@@ -125,8 +125,8 @@ typedef struct pxt_backend {
      * likewise B: (K, N), or (N, K) with trans_b. A and B are dt_ab, C is dt_c;
      * accumulation in fp32. */
     int (*gemm)(int index, int trans_a, int trans_b, int M, int N, int K, float alpha,
-                const void *A, const void *B, float beta, void *C, pxt_dtype dt_ab,
-                pxt_dtype dt_c, void *workspace);
+                const void *A, const void *B, float beta, void *C, pxt_dtype dt_ab, pxt_dtype dt_c,
+                void *workspace);
     size_t (*gemm_workspace)(int M, int N, int K, pxt_dtype dt_ab);
     /* out (M, N) += bias (N), broadcast over rows. */
     int (*add_bias)(int index, void *out, const void *bias, int M, int N, pxt_dtype dt);
@@ -138,9 +138,9 @@ typedef struct pxt_backend {
                              const void *weight, const void *bias, int N, int C, float eps,
                              pxt_dtype dt);
     /* dinp (N, C) +=, dweight (C) +=, dbias (C) +=. Deterministic. */
-    int (*layernorm_backward)(int index, void *dinp, float *dweight, float *dbias,
-                              const void *dout, const void *inp, const void *weight,
-                              const float *mean, const float *rstd, int N, int C, pxt_dtype dt);
+    int (*layernorm_backward)(int index, void *dinp, float *dweight, float *dbias, const void *dout,
+                              const void *inp, const void *weight, const float *mean,
+                              const float *rstd, int N, int C, pxt_dtype dt);
 
     /* out (n) = gelu_tanh(inp (n)). */
     int (*gelu_forward)(int index, void *out, const void *inp, size_t n, pxt_dtype dt);
@@ -151,11 +151,11 @@ typedef struct pxt_backend {
     int (*add)(int index, void *out, const void *a, const void *b, size_t n, pxt_dtype dt);
 
     /* out (N, C) (+)= table (V, C)[ids (N)]; ids are in [0, V) (checked by the caller). */
-    int (*embedding_forward)(int index, void *out, const int32_t *ids, const void *table,
-                             int N, int C, int accumulate, pxt_dtype dt);
+    int (*embedding_forward)(int index, void *out, const int32_t *ids, const void *table, int N,
+                             int C, int accumulate, pxt_dtype dt);
     /* dtable (V, C) += scatter of dout (N, C) by ids (N). Deterministic. */
-    int (*embedding_backward)(int index, float *dtable, const void *dout, const int32_t *ids,
-                              int N, int C, pxt_dtype dt);
+    int (*embedding_backward)(int index, float *dtable, const void *dout, const int32_t *ids, int N,
+                              int C, pxt_dtype dt);
 
     /* Softmax cross-entropy on fp32 logits (N, V) against targets (N); a target
      * of -1 is ignored (loss 0, zero gradient). losses (N) = -log softmax[target].
@@ -173,8 +173,7 @@ typedef struct pxt_backend {
     /* dq, dk, dv (written, same layouts as q, k, v) from dout (layout of out). */
     int (*attention_backward)(int index, const struct pxt_attn_args *args, void *dq, void *dk,
                               void *dv, const void *dout, const void *q, const void *k,
-                              const void *v, const void *out, const float *lse,
-                              void *workspace);
+                              const void *v, const void *out, const float *lse, void *workspace);
     size_t (*attention_workspace)(const struct pxt_attn_args *args, int backward);
 
     /* ---- optimizer (single passes over the flat buffers, see engine/adamw.h) ---- */

@@ -4,7 +4,6 @@
 
 #include "block.h"
 
-
 int pxt_ctx_check_ops(const pxt_backend *be, const char *dev) {
     struct {
         const void *fn;
@@ -26,11 +25,14 @@ int pxt_ctx_check_ops(const pxt_backend *be, const char *dev) {
         {(const void *)be->attention_backward, "attention_backward"},
         {(const void *)be->attention_workspace, "attention_workspace"},
     };
-    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
-        if (!ops[i].fn)
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+        if (!ops[i].fn) {
             return pxt_error(PXT_ERR_NOT_IMPLEMENTED,
                              "the %s backend has no '%s' kernel yet: training on %s is not "
-                             "available in this version of pyxtts", be->name, ops[i].name, dev);
+                             "available in this version of pyxtts",
+                             be->name, ops[i].name, dev);
+        }
+    }
     return PXT_OK;
 }
 
@@ -38,10 +40,19 @@ int pxt_ctx_check_ops(const pxt_backend *be, const char *dev) {
 pxt_attn_args pxt_block_self_attn_args(const pxt_ctx *x) {
     int64_t C = x->C, T = x->T, D = x->C / x->H;
     pxt_attn_args a = {
-        .B = x->B, .H = x->H, .Tq = x->T, .Tk = x->T, .D = (int)D, .causal = !x->non_causal,
-        .scale = 1.0f / sqrtf((float)D), .key_mask = x->key_mask,
-        .q = {T * 3 * C, D, 3 * C}, .k = {T * 3 * C, D, 3 * C}, .v = {T * 3 * C, D, 3 * C},
-        .o = {T * C, D, C}, .dt = x->dt,
+        .B = x->B,
+        .H = x->H,
+        .Tq = x->T,
+        .Tk = x->T,
+        .D = (int)D,
+        .causal = !x->non_causal,
+        .scale = 1.0f / sqrtf((float)D),
+        .key_mask = x->key_mask,
+        .q = {T * 3 * C, D, 3 * C},
+        .k = {T * 3 * C, D, 3 * C},
+        .v = {T * 3 * C, D, 3 * C},
+        .o = {T * C, D, C},
+        .dt = x->dt,
     };
     return a;
 }
@@ -51,10 +62,19 @@ pxt_attn_args pxt_block_self_attn_args(const pxt_ctx *x) {
 pxt_attn_args pxt_block_cross_attn_args(const pxt_ctx *x) {
     int64_t C = x->C, T = x->T, Tc = x->Tc, D = x->C / x->H;
     pxt_attn_args a = {
-        .B = x->B, .H = x->H, .Tq = x->T, .Tk = x->Tc, .D = (int)D, .causal = 0,
-        .scale = 1.0f / sqrtf((float)D), .key_mask = x->context_mask,
-        .q = {T * C, D, C}, .k = {Tc * 2 * C, D, 2 * C}, .v = {Tc * 2 * C, D, 2 * C},
-        .o = {T * C, D, C}, .dt = x->dt,
+        .B = x->B,
+        .H = x->H,
+        .Tq = x->T,
+        .Tk = x->Tc,
+        .D = (int)D,
+        .causal = 0,
+        .scale = 1.0f / sqrtf((float)D),
+        .key_mask = x->context_mask,
+        .q = {T * C, D, C},
+        .k = {Tc * 2 * C, D, 2 * C},
+        .v = {Tc * 2 * C, D, 2 * C},
+        .o = {T * C, D, C},
+        .dt = x->dt,
     };
     return a;
 }
@@ -62,9 +82,9 @@ pxt_attn_args pxt_block_cross_attn_args(const pxt_ctx *x) {
 int pxt_block_gemm_shapes(const pxt_ctx *x, int shapes[][3]) {
     int N = x->B * x->T, Nc = x->B * x->Tc, C = x->C;
     const int all[PXT_BLOCK_GEMMS_MAX][3] = {
-        {N, 3 * C, C}, {N, C, C}, {N, 4 * C, C}, {N, C, 4 * C},                /* forward */
-        {N, C, 3 * C}, {C, 3 * C, N}, {C, C, N}, {C, 4 * C, N}, {4 * C, C, N}, /* backward */
-        {Nc, 2 * C, C}, {Nc, C, 2 * C}, {C, 2 * C, Nc},                        /* cross */
+        {N, 3 * C, C},  {N, C, C},      {N, 4 * C, C},  {N, C, 4 * C},                /* forward */
+        {N, C, 3 * C},  {C, 3 * C, N},  {C, C, N},      {C, 4 * C, N}, {4 * C, C, N}, /* backward */
+        {Nc, 2 * C, C}, {Nc, C, 2 * C}, {C, 2 * C, Nc},                               /* cross */
     };
     int n = x->Tc > 0 ? 12 : 9;
     memcpy(shapes, all, sizeof all[0] * (size_t)n);
@@ -90,16 +110,26 @@ int pxt_block_saves(pxt_ckpt policy, int act) {
 size_t pxt_block_act_bytes(int act, int B, int T, int Tc, int C, int H, pxt_dtype dt) {
     size_t N = (size_t)B * (size_t)T, es = pxt_dtype_size(dt);
     switch (act) {
-    case PXT_ACT_LN1: case PXT_ACT_ATT: case PXT_ACT_X2: case PXT_ACT_LN2:
-    case PXT_ACT_LNX: case PXT_ACT_XQ: case PXT_ACT_XATT: case PXT_ACT_X3:
-        return N * (size_t)C * es;
+    case PXT_ACT_LN1:
+    case PXT_ACT_ATT:
+    case PXT_ACT_X2:
+    case PXT_ACT_LN2:
+    case PXT_ACT_LNX:
+    case PXT_ACT_XQ:
+    case PXT_ACT_XATT:
+    case PXT_ACT_X3: return N * (size_t)C * es;
     case PXT_ACT_QKV: return N * 3 * (size_t)C * es;
-    case PXT_ACT_FC: case PXT_ACT_GELU: return N * 4 * (size_t)C * es;
+    case PXT_ACT_FC:
+    case PXT_ACT_GELU: return N * 4 * (size_t)C * es;
     case PXT_ACT_XKV: return (size_t)B * (size_t)Tc * 2 * (size_t)C * es;
-    case PXT_ACT_MEAN1: case PXT_ACT_RSTD1: case PXT_ACT_MEAN2: case PXT_ACT_RSTD2:
-    case PXT_ACT_MEANX: case PXT_ACT_RSTDX:
-        return N * sizeof(float);
-    case PXT_ACT_LSE: case PXT_ACT_XLSE: return N * (size_t)H * sizeof(float);
+    case PXT_ACT_MEAN1:
+    case PXT_ACT_RSTD1:
+    case PXT_ACT_MEAN2:
+    case PXT_ACT_RSTD2:
+    case PXT_ACT_MEANX:
+    case PXT_ACT_RSTDX: return N * sizeof(float);
+    case PXT_ACT_LSE:
+    case PXT_ACT_XLSE: return N * (size_t)H * sizeof(float);
     default: return 0;
     }
 }
@@ -139,22 +169,21 @@ static int cross_forward(const pxt_ctx *x, const pxt_block_params *p, const pxt_
     pxt_dtype dt = x->dt;
     /* queries: lnx (N, C) -> xq (N, C); keys | values: context (Nc, C) -> xkv (Nc, 2C) */
     PXT_TRY(be->layernorm_forward(d, a->lnx, a->meanx, a->rstdx, a->x2, p->w[PXT_XLN_W],
-                              p->w[PXT_XLN_B], N, C, x->eps, dt));
-    PXT_TRY(be->gemm(d, 0, 0, N, C, C, 1.0f, a->lnx, p->w[PXT_XQ_W], 0.0f, a->xq, dt, dt,
-                 x->gemm_ws));
+                                  p->w[PXT_XLN_B], N, C, x->eps, dt));
+    PXT_TRY(
+        be->gemm(d, 0, 0, N, C, C, 1.0f, a->lnx, p->w[PXT_XQ_W], 0.0f, a->xq, dt, dt, x->gemm_ws));
     PXT_TRY(be->add_bias(d, a->xq, p->w[PXT_XQ_B], N, C, dt));
     PXT_TRY(be->gemm(d, 0, 0, Nc, 2 * C, C, 1.0f, x->context, p->w[PXT_XKV_W], 0.0f, a->xkv, dt, dt,
-                 x->gemm_ws));
+                     x->gemm_ws));
     PXT_TRY(be->add_bias(d, a->xkv, p->w[PXT_XKV_B], Nc, 2 * C, dt));
     pxt_attn_args args = pxt_block_cross_attn_args(x);
     PXT_TRY(be->attention_forward(d, &args, a->xatt, a->xlse, a->xq, a->xkv,
-                              at(a->xkv, (size_t)C, dt), x->attn_ws));
+                                  at(a->xkv, (size_t)C, dt), x->attn_ws));
     PXT_TRY(be->copy(d, a->x3, a->x2, (size_t)N * C * pxt_dtype_size(dt), PXT_COPY_D2D));
     PXT_TRY(be->gemm(d, 0, 0, N, C, C, 1.0f, a->xatt, p->w[PXT_XPROJ_W], 1.0f, a->x3, dt, dt,
-                 x->gemm_ws));
+                     x->gemm_ws));
     return be->add_bias(d, a->x3, p->w[PXT_XPROJ_B], N, C, dt);
 }
-
 
 int pxt_block_forward(const pxt_ctx *x, const pxt_block_params *p, const pxt_block_acts *a,
                       const void *inp, void *out) {
@@ -164,17 +193,17 @@ int pxt_block_forward(const pxt_ctx *x, const pxt_block_params *p, const pxt_blo
     size_t NC = (size_t)N * C;
     /* attention half: ln1 (N, C) -> qkv (N, 3C) -> att (N, C) -> x2 = x + proj */
     PXT_TRY(be->layernorm_forward(d, a->ln1, a->mean1, a->rstd1, inp, p->w[PXT_LN1_W],
-                              p->w[PXT_LN1_B], N, C, x->eps, dt));
+                                  p->w[PXT_LN1_B], N, C, x->eps, dt));
     PXT_TRY(be->gemm(d, 0, 0, N, 3 * C, C, 1.0f, a->ln1, p->w[PXT_ATTN_W], 0.0f, a->qkv, dt, dt,
-                 x->gemm_ws));
+                     x->gemm_ws));
     PXT_TRY(be->add_bias(d, a->qkv, p->w[PXT_ATTN_B], N, 3 * C, dt));
     pxt_attn_args args = pxt_block_self_attn_args(x);
     PXT_TRY(be->attention_forward(d, &args, a->att, a->lse, a->qkv, at(a->qkv, (size_t)C, dt),
-                              at(a->qkv, 2 * (size_t)C, dt), x->attn_ws));
+                                  at(a->qkv, 2 * (size_t)C, dt), x->attn_ws));
     /* the projection accumulates onto a copy of the residual: no (N, C) temporary */
     PXT_TRY(be->copy(d, a->x2, inp, NC * pxt_dtype_size(dt), PXT_COPY_D2D));
     PXT_TRY(be->gemm(d, 0, 0, N, C, C, 1.0f, a->att, p->w[PXT_PROJ_W], 1.0f, a->x2, dt, dt,
-                 x->gemm_ws));
+                     x->gemm_ws));
     PXT_TRY(be->add_bias(d, a->x2, p->w[PXT_PROJ_B], N, C, dt));
     /* cross-attention half (with a context): x3 = x2 + cross-attention */
     const void *r = a->x2; /* the residual entering the MLP */
@@ -184,16 +213,17 @@ int pxt_block_forward(const pxt_ctx *x, const pxt_block_params *p, const pxt_blo
     }
     /* MLP half: ln2 (N, C) -> fc (N, 4C) -> gelu (N, 4C) -> y = r + proj */
     PXT_TRY(be->layernorm_forward(d, a->ln2, a->mean2, a->rstd2, r, p->w[PXT_LN2_W],
-                              p->w[PXT_LN2_B], N, C, x->eps, dt));
+                                  p->w[PXT_LN2_B], N, C, x->eps, dt));
     PXT_TRY(be->gemm(d, 0, 0, N, 4 * C, C, 1.0f, a->ln2, p->w[PXT_FC_W], 0.0f, a->fc, dt, dt,
-                 x->gemm_ws));
+                     x->gemm_ws));
     PXT_TRY(be->add_bias(d, a->fc, p->w[PXT_FC_B], N, 4 * C, dt));
     PXT_TRY(be->gelu_forward(d, a->gelu, a->fc, NC * 4, dt));
-    if (!out)
+    if (!out) {
         return PXT_OK;
+    }
     PXT_TRY(be->copy(d, out, r, NC * pxt_dtype_size(dt), PXT_COPY_D2D));
     PXT_TRY(be->gemm(d, 0, 0, N, C, 4 * C, 1.0f, a->gelu, p->w[PXT_FCP_W], 1.0f, out, dt, dt,
-                 x->gemm_ws));
+                     x->gemm_ws));
     return be->add_bias(d, out, p->w[PXT_FCP_B], N, C, dt);
 }
 
@@ -206,9 +236,7 @@ static int recompute(const pxt_ctx *x, const pxt_block_params *p, const pxt_bloc
     const pxt_backend *be = x->be;
     int d = x->dev, N = x->B * x->T, C = x->C;
     switch (policy) {
-    case PXT_CKPT_NONE:
-        *acts = *saved;
-        return PXT_OK;
+    case PXT_CKPT_NONE: *acts = *saved; return PXT_OK;
     case PXT_CKPT_SELECTIVE:
         /* layernorms and GELU from their saved inputs; the statistics come out
          * bit-identical to the saved ones (same kernel, same input) */
@@ -217,15 +245,15 @@ static int recompute(const pxt_ctx *x, const pxt_block_params *p, const pxt_bloc
         acts->ln2 = work->ln2;
         acts->gelu = work->gelu;
         PXT_TRY(be->layernorm_forward(d, acts->ln1, acts->mean1, acts->rstd1, inp, p->w[PXT_LN1_W],
-                                  p->w[PXT_LN1_B], N, C, x->eps, x->dt));
+                                      p->w[PXT_LN1_B], N, C, x->eps, x->dt));
         if (x->context) {
             acts->lnx = work->lnx;
             PXT_TRY(be->layernorm_forward(d, acts->lnx, acts->meanx, acts->rstdx, acts->x2,
-                                      p->w[PXT_XLN_W], p->w[PXT_XLN_B], N, C, x->eps, x->dt));
+                                          p->w[PXT_XLN_W], p->w[PXT_XLN_B], N, C, x->eps, x->dt));
         }
         PXT_TRY(be->layernorm_forward(d, acts->ln2, acts->mean2, acts->rstd2,
-                                  x->context ? acts->x3 : acts->x2, p->w[PXT_LN2_W],
-                                  p->w[PXT_LN2_B], N, C, x->eps, x->dt));
+                                      x->context ? acts->x3 : acts->x2, p->w[PXT_LN2_W],
+                                      p->w[PXT_LN2_B], N, C, x->eps, x->dt));
         return be->gelu_forward(d, acts->gelu, acts->fc, (size_t)N * 4 * C, x->dt);
     default: /* full: the whole block again, from its input */
         *acts = *work;
@@ -243,23 +271,26 @@ static int cross_backward(const pxt_ctx *x, const pxt_block_params *p, const pxt
     int d = x->dev, N = x->B * x->T, Nc = x->B * x->Tc, C = x->C;
     pxt_dtype dt = x->dt, f32 = PXT_FLOAT32;
     /* out: dxatt (N, C) = dx3 W_cp^T; dW_cp (C, C) += xatt^T dx3 */
-    PXT_TRY(be->gemm(d, 0, 1, N, C, C, 1.0f, dres, p->w[PXT_XPROJ_W], 0.0f, dB, dt, dt, x->gemm_ws));
+    PXT_TRY(
+        be->gemm(d, 0, 1, N, C, C, 1.0f, dres, p->w[PXT_XPROJ_W], 0.0f, dB, dt, dt, x->gemm_ws));
     PXT_TRY(be->gemm(d, 1, 0, C, C, N, 1.0f, a->xatt, dres, 1.0f, g->g[PXT_XPROJ_W], dt, f32,
-                 x->gemm_ws));
+                     x->gemm_ws));
     PXT_TRY(be->bias_backward(d, g->g[PXT_XPROJ_B], dres, N, C, dt));
     /* attention: dxq (N, C) into dA, dk | dv (Nc, 2C) into dkv, laid out like xkv */
     pxt_attn_args args = pxt_block_cross_attn_args(x);
     PXT_TRY(be->attention_backward(d, &args, dA, x->dkv, at(x->dkv, (size_t)C, dt), dB, a->xq,
-                               a->xkv, at(a->xkv, (size_t)C, dt), a->xatt, a->xlse, x->attn_ws));
+                                   a->xkv, at(a->xkv, (size_t)C, dt), a->xatt, a->xlse,
+                                   x->attn_ws));
     /* queries: dlnx (N, C) = dxq W_q^T; dW_q (C, C) += lnx^T dxq */
     PXT_TRY(be->gemm(d, 0, 1, N, C, C, 1.0f, dA, p->w[PXT_XQ_W], 0.0f, dB, dt, dt, x->gemm_ws));
-    PXT_TRY(be->gemm(d, 1, 0, C, C, N, 1.0f, a->lnx, dA, 1.0f, g->g[PXT_XQ_W], dt, f32, x->gemm_ws));
+    PXT_TRY(
+        be->gemm(d, 1, 0, C, C, N, 1.0f, a->lnx, dA, 1.0f, g->g[PXT_XQ_W], dt, f32, x->gemm_ws));
     PXT_TRY(be->bias_backward(d, g->g[PXT_XQ_B], dA, N, C, dt));
     /* keys | values: dcontext (Nc, C) += dkv W_kv^T; dW_kv (C, 2C) += context^T dkv */
-    PXT_TRY(be->gemm(d, 0, 1, Nc, C, 2 * C, 1.0f, x->dkv, p->w[PXT_XKV_W], 1.0f, x->dcontext, dt, dt,
-                 x->gemm_ws));
-    PXT_TRY(be->gemm(d, 1, 0, C, 2 * C, Nc, 1.0f, x->context, x->dkv, 1.0f, g->g[PXT_XKV_W], dt, f32,
-                 x->gemm_ws));
+    PXT_TRY(be->gemm(d, 0, 1, Nc, C, 2 * C, 1.0f, x->dkv, p->w[PXT_XKV_W], 1.0f, x->dcontext, dt,
+                     dt, x->gemm_ws));
+    PXT_TRY(be->gemm(d, 1, 0, C, 2 * C, Nc, 1.0f, x->context, x->dkv, 1.0f, g->g[PXT_XKV_W], dt,
+                     f32, x->gemm_ws));
     PXT_TRY(be->bias_backward(d, g->g[PXT_XKV_B], x->dkv, Nc, 2 * C, dt));
     /* lnx: dx2 = dx3 + LNx'(dlnx), accumulated into dres */
     return be->layernorm_backward(d, dres, g->g[PXT_XLN_W], g->g[PXT_XLN_B], dB, a->x2,
@@ -275,40 +306,41 @@ int pxt_block_backward(const pxt_ctx *x, const pxt_block_params *p, const pxt_bl
     pxt_block_acts a;
     PXT_TRY(recompute(x, p, saved, work, policy, inp, &a));
     /* MLP out: dgelu (N, 4C) = dy W_fcp^T; dW_fcp (4C, C) += gelu^T dy */
-    PXT_TRY(be->gemm(d, 0, 1, N, 4 * C, C, 1.0f, dres, p->w[PXT_FCP_W], 0.0f, dA, dt, dt,
-                 x->gemm_ws));
+    PXT_TRY(
+        be->gemm(d, 0, 1, N, 4 * C, C, 1.0f, dres, p->w[PXT_FCP_W], 0.0f, dA, dt, dt, x->gemm_ws));
     PXT_TRY(be->gemm(d, 1, 0, 4 * C, C, N, 1.0f, a.gelu, dres, 1.0f, g->g[PXT_FCP_W], dt, f32,
-                 x->gemm_ws));
+                     x->gemm_ws));
     PXT_TRY(be->bias_backward(d, g->g[PXT_FCP_B], dres, N, C, dt));
     /* GELU, in place: dfc (N, 4C) */
     PXT_TRY(be->gelu_backward(d, dA, a.fc, dA, (size_t)N * 4 * C, dt));
     /* MLP in: dln2 (N, C) = dfc W_fc^T; dW_fc (C, 4C) += ln2^T dfc */
     PXT_TRY(be->gemm(d, 0, 1, N, C, 4 * C, 1.0f, dA, p->w[PXT_FC_W], 0.0f, dB, dt, dt, x->gemm_ws));
-    PXT_TRY(be->gemm(d, 1, 0, C, 4 * C, N, 1.0f, a.ln2, dA, 1.0f, g->g[PXT_FC_W], dt, f32,
-                 x->gemm_ws));
+    PXT_TRY(
+        be->gemm(d, 1, 0, C, 4 * C, N, 1.0f, a.ln2, dA, 1.0f, g->g[PXT_FC_W], dt, f32, x->gemm_ws));
     PXT_TRY(be->bias_backward(d, g->g[PXT_FC_B], dA, N, 4 * C, dt));
     /* ln2: dr = dy + LN2'(dln2), accumulated into dres (r = x3 or x2) */
     PXT_TRY(be->layernorm_backward(d, dres, g->g[PXT_LN2_W], g->g[PXT_LN2_B], dB,
-                               x->context ? a.x3 : a.x2, p->w[PXT_LN2_W], a.mean2, a.rstd2, N,
-                               C, dt));
+                                   x->context ? a.x3 : a.x2, p->w[PXT_LN2_W], a.mean2, a.rstd2, N,
+                                   C, dt));
     /* cross-attention: dres becomes dx2, dcontext accumulates */
-    if (x->context)
+    if (x->context) {
         PXT_TRY(cross_backward(x, p, g, &a, dres, dA, dB));
+    }
     /* attention out: datt (N, C) = dx2 W_proj^T; dW_proj (C, C) += att^T dx2 */
     PXT_TRY(be->gemm(d, 0, 1, N, C, C, 1.0f, dres, p->w[PXT_PROJ_W], 0.0f, dB, dt, dt, x->gemm_ws));
-    PXT_TRY(be->gemm(d, 1, 0, C, C, N, 1.0f, a.att, dres, 1.0f, g->g[PXT_PROJ_W], dt, f32,
-                 x->gemm_ws));
+    PXT_TRY(
+        be->gemm(d, 1, 0, C, C, N, 1.0f, a.att, dres, 1.0f, g->g[PXT_PROJ_W], dt, f32, x->gemm_ws));
     PXT_TRY(be->bias_backward(d, g->g[PXT_PROJ_B], dres, N, C, dt));
     /* attention: dqkv (N, 3C) into dA, laid out like qkv */
     pxt_attn_args args = pxt_block_self_attn_args(x);
-    PXT_TRY(be->attention_backward(d, &args, dA, at(dA, (size_t)C, dt), at(dA, 2 * (size_t)C, dt), dB,
-                               a.qkv, at(a.qkv, (size_t)C, dt), at(a.qkv, 2 * (size_t)C, dt),
-                               a.att, a.lse, x->attn_ws));
+    PXT_TRY(be->attention_backward(d, &args, dA, at(dA, (size_t)C, dt), at(dA, 2 * (size_t)C, dt),
+                                   dB, a.qkv, at(a.qkv, (size_t)C, dt),
+                                   at(a.qkv, 2 * (size_t)C, dt), a.att, a.lse, x->attn_ws));
     /* QKV: dln1 (N, C) = dqkv W_attn^T; dW_attn (C, 3C) += ln1^T dqkv */
-    PXT_TRY(be->gemm(d, 0, 1, N, C, 3 * C, 1.0f, dA, p->w[PXT_ATTN_W], 0.0f, dB, dt, dt,
-                 x->gemm_ws));
+    PXT_TRY(
+        be->gemm(d, 0, 1, N, C, 3 * C, 1.0f, dA, p->w[PXT_ATTN_W], 0.0f, dB, dt, dt, x->gemm_ws));
     PXT_TRY(be->gemm(d, 1, 0, C, 3 * C, N, 1.0f, a.ln1, dA, 1.0f, g->g[PXT_ATTN_W], dt, f32,
-                 x->gemm_ws));
+                     x->gemm_ws));
     PXT_TRY(be->bias_backward(d, g->g[PXT_ATTN_B], dA, N, 3 * C, dt));
     /* ln1: dx = dx2 + LN1'(dln1), accumulated into dres */
     return be->layernorm_backward(d, dres, g->g[PXT_LN1_W], g->g[PXT_LN1_B], dB, inp,

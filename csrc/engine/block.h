@@ -36,21 +36,21 @@ typedef enum { PXT_CKPT_NONE = 0, PXT_CKPT_SELECTIVE = 1, PXT_CKPT_FULL = 2 } px
  * GPT block (the model builds it with designated initialisers). */
 typedef struct {
     const pxt_backend *be;
-    int dev;          /* device index */
-    pxt_dtype dt;     /* activations and parameters */
-    int B, T, C, H;   /* N = B * T rows */
+    int dev;        /* device index */
+    pxt_dtype dt;   /* activations and parameters */
+    int B, T, C, H; /* N = B * T rows */
     float eps;
     const uint8_t *key_mask; /* (B, T) on the device: 0 = padding, never attended; or NULL */
-    void *attn_ws;    /* attention workspace (max over the block's attentions, fwd and bwd) */
-    void *gemm_ws;    /* GEMM widening workspace (plan.gemm_ws_bytes) */
-    int non_causal;   /* 1: self-attention sees every (unmasked) key, as an encoder */
+    void *attn_ws;  /* attention workspace (max over the block's attentions, fwd and bwd) */
+    void *gemm_ws;  /* GEMM widening workspace (plan.gemm_ws_bytes) */
+    int non_causal; /* 1: self-attention sees every (unmasked) key, as an encoder */
     /* cross-attention: all unused when context is NULL. An encoder-decoder stack
      * shares one context among its decoder blocks, and dcontext sums over them. */
-    const void *context;          /* (B, Tc, C) dt: the encoder's output, or NULL */
-    const uint8_t *context_mask;  /* (B, Tc): 0 = padding, never attended; or NULL */
-    int Tc;                       /* context rows per sample (>= 1 with a context) */
-    void *dcontext;               /* (B, Tc, C) dt, += in backward */
-    void *dkv;                    /* (B, Tc, 2C) dt: backward scratch (dk | dv) */
+    const void *context;         /* (B, Tc, C) dt: the encoder's output, or NULL */
+    const uint8_t *context_mask; /* (B, Tc): 0 = padding, never attended; or NULL */
+    int Tc;                      /* context rows per sample (>= 1 with a context) */
+    void *dcontext;              /* (B, Tc, C) dt, += in backward */
+    void *dkv;                   /* (B, Tc, 2C) dt: backward scratch (dk | dv) */
 } pxt_ctx;
 
 /* Parameter tensor j of a block (gpt.h's enum); the PXT_X* entries only with a context. */
@@ -90,11 +90,27 @@ typedef struct {
  * the lse and the layernorm statistics, and recomputes the layernorm outputs
  * and GELU; full saves nothing (the block input is kept by the caller). */
 enum {
-    PXT_ACT_LN1, PXT_ACT_MEAN1, PXT_ACT_RSTD1, PXT_ACT_QKV, PXT_ACT_ATT, PXT_ACT_LSE,
-    PXT_ACT_X2, PXT_ACT_LN2, PXT_ACT_MEAN2, PXT_ACT_RSTD2, PXT_ACT_FC, PXT_ACT_GELU,
+    PXT_ACT_LN1,
+    PXT_ACT_MEAN1,
+    PXT_ACT_RSTD1,
+    PXT_ACT_QKV,
+    PXT_ACT_ATT,
+    PXT_ACT_LSE,
+    PXT_ACT_X2,
+    PXT_ACT_LN2,
+    PXT_ACT_MEAN2,
+    PXT_ACT_RSTD2,
+    PXT_ACT_FC,
+    PXT_ACT_GELU,
     PXT_ACT_PLAIN, /* the activations above exist in every block; those below with a context */
-    PXT_ACT_LNX = PXT_ACT_PLAIN, PXT_ACT_MEANX, PXT_ACT_RSTDX, PXT_ACT_XQ, PXT_ACT_XKV,
-    PXT_ACT_XATT, PXT_ACT_XLSE, PXT_ACT_X3,
+    PXT_ACT_LNX = PXT_ACT_PLAIN,
+    PXT_ACT_MEANX,
+    PXT_ACT_RSTDX,
+    PXT_ACT_XQ,
+    PXT_ACT_XKV,
+    PXT_ACT_XATT,
+    PXT_ACT_XLSE,
+    PXT_ACT_X3,
     PXT_ACT_COUNT
 };
 int pxt_block_saves(pxt_ckpt policy, int act);

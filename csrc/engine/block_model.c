@@ -69,10 +69,18 @@ static void block_views(const pxt_block_model *m, pxt_block_params *p, pxt_block
 static pxt_ctx run_ctx(const pxt_block_model *m, char *base) {
     const pxt_block_plan *p = &m->plan;
     pxt_ctx x = {
-        .be = m->flat.be, .dev = m->flat.device.index, .dt = m->flat.dt, .B = p->B, .T = p->T,
-        .C = m->C, .H = m->H, .eps = m->eps,
+        .be = m->flat.be,
+        .dev = m->flat.device.index,
+        .dt = m->flat.dt,
+        .B = p->B,
+        .T = p->T,
+        .C = m->C,
+        .H = m->H,
+        .eps = m->eps,
         .key_mask = m->has_key_mask ? (const uint8_t *)(base + p->key_mask) : NULL,
-        .attn_ws = base + p->attn_ws, .gemm_ws = base + p->gemm_ws, .non_causal = !m->causal,
+        .attn_ws = base + p->attn_ws,
+        .gemm_ws = base + p->gemm_ws,
+        .non_causal = !m->causal,
     };
     if (p->cross) {
         x.context = base + p->context;
@@ -125,7 +133,7 @@ int pxt_block_model_backward(pxt_block_model *m, const void *dy, int dy_host) {
     int d = m->flat.device.index;
     size_t es = pxt_dtype_size(m->flat.dt), N = (size_t)p->B * p->T, Nc = (size_t)p->B * p->Tc;
     char *base = m->arena->data;
-    m->pending = 0; /* one backward per forward, whatever happens */
+    m->pending = 0;             /* one backward per forward, whatever happens */
     if (base + p->dres != dy) { /* dres (N, C): dy -> dx */
         PXT_TRY(be->copy(d, base + p->dres, dy, N * m->C * es, copy_kind(m, dy_host)));
     }

@@ -16,10 +16,10 @@
 typedef struct {
     int C, H, cross;
     float eps;
-    pxt_flat flat;         /* params[j] is tensor j of layout.h's enums; fp32 */
-    pxt_ckpt ckpt;         /* policy of the next forward */
-    pxt_storage *arena;    /* plan.arena_bytes, NULL before the first forward */
-    pxt_block_plan plan;   /* the arena's layout */
+    pxt_flat flat;       /* params[j] is tensor j of layout.h's enums; fp32 */
+    pxt_ckpt ckpt;       /* policy of the next forward */
+    pxt_storage *arena;  /* plan.arena_bytes, NULL before the first forward */
+    pxt_block_plan plan; /* the arena's layout */
     /* the forward whose activations the arena holds (backward repeats its ctx) */
     int pending, causal, has_key_mask, has_context_mask;
 } pxt_block_model;
@@ -30,7 +30,7 @@ typedef struct {
 typedef struct {
     const void *x;
     int x_host;
-    const uint8_t *key_mask;     /* (B, T) */
+    const uint8_t *key_mask; /* (B, T) */
     const void *context;
     int context_host;
     const uint8_t *context_mask; /* (B, Tc) */

@@ -25,7 +25,7 @@ static const struct {
     size_t size;
     int is_float;
 } dtype_table[PXT_NUM_DTYPES] = {
-    [PXT_FLOAT32] = {"float32", 4, 1}, [PXT_FLOAT16] = {"float16", 2, 1},
+    [PXT_FLOAT32] = {"float32", 4, 1},   [PXT_FLOAT16] = {"float16", 2, 1},
     [PXT_BFLOAT16] = {"bfloat16", 2, 1}, [PXT_INT32] = {"int32", 4, 0},
     [PXT_INT64] = {"int64", 8, 0},       [PXT_UINT8] = {"uint8", 1, 0},
     [PXT_BOOL] = {"bool", 1, 0},
@@ -37,9 +37,10 @@ int pxt_dtype_is_float(pxt_dtype t) { return dtype_table[t].is_float; }
 
 /* ---- devices --------------------------------------------------------------- */
 const char *pxt_device_str(pxt_device d, char *buf, size_t len) {
-    if (d.type == PXT_CPU)
+    if (d.type == PXT_CPU) {
         snprintf(buf, len, "cpu");
-    else
+    } else {
         snprintf(buf, len, "cuda:%d", d.index);
+    }
     return buf;
 }

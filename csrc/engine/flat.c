@@ -14,7 +14,8 @@ static void gpt2_init(const pxt_param_layout *l, float *host, uint64_t seed, flo
         float *dst = host + p->offset;
         size_t len = strlen(p->name);
         if (p->ndim == 2) {
-            int resid = strstr(p->name, "attn.c_proj.weight") || strstr(p->name, "mlp.c_proj.weight");
+            int resid =
+                strstr(p->name, "attn.c_proj.weight") || strstr(p->name, "mlp.c_proj.weight");
             pxt_rng_normal(&rng, dst, p->numel, resid ? resid_std : 0.02f);
         } else if (len > 7 && !strcmp(p->name + len - 7, ".weight")) {
             for (size_t k = 0; k < p->numel; k++) {

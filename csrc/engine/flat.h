@@ -15,11 +15,11 @@ typedef struct {
     pxt_param_layout layout; /* owned */
     pxt_device device;
     const pxt_backend *be;
-    pxt_dtype dt;            /* of the parameters */
-    pxt_storage *params;     /* (layout.numel) dt */
-    pxt_storage *grads;      /* (layout.numel) fp32 */
-    int busy;                /* a step of the owner (or of its optimizer) runs */
-    size_t optimizer_bytes;  /* allocator bytes of optimizer state over these buffers */
+    pxt_dtype dt;           /* of the parameters */
+    pxt_storage *params;    /* (layout.numel) dt */
+    pxt_storage *grads;     /* (layout.numel) fp32 */
+    int busy;               /* a step of the owner (or of its optimizer) runs */
+    size_t optimizer_bytes; /* allocator bytes of optimizer state over these buffers */
 } pxt_flat;
 
 /* Takes over *layout (freed with the state, on failure too), reserves both

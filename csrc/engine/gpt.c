@@ -51,7 +51,9 @@ int pxt_gpt_plan(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, px
         for (int step = 0; step <= 2 * L; step++) {
             /* step k: the first min(k, L) blocks selective, the first k - L full */
             for (int l = 0; l < L; l++) {
-                pol[l] = l < step - L ? PXT_CKPT_FULL : l < step ? PXT_CKPT_SELECTIVE : PXT_CKPT_NONE;
+                pol[l] = l < step - L ? PXT_CKPT_FULL
+                         : l < step   ? PXT_CKPT_SELECTIVE
+                                      : PXT_CKPT_NONE;
             }
             pxt_plan_free(p);
             rc = pxt_plan_make(p, c, be, B, Lt, La, Nc, dt, pol, train);
@@ -195,14 +197,14 @@ static int embed_forward(const pxt_gpt *m, const pxt_plan *p, char *base, const 
         const int32_t *tp = (const int32_t *)(base + p->text_pos) + (size_t)b * p->Lt;
         const int32_t *ai = (const int32_t *)(base + p->audio_ids) + (size_t)b * p->La;
         const int32_t *ap = (const int32_t *)(base + p->audio_pos) + (size_t)b * p->La;
-        PXT_TRY(be->embedding_forward(d, xt, ti, pxt_flat_param(&m->flat, l->text_emb), p->Lt, C,
-                                      0, p->dt));
-        PXT_TRY(be->embedding_forward(d, xt, tp, pxt_flat_param(&m->flat, l->text_pos), p->Lt, C,
-                                      1, p->dt));
-        PXT_TRY(be->embedding_forward(d, xa, ai, pxt_flat_param(&m->flat, l->mel_emb), p->La, C,
-                                      0, p->dt));
-        PXT_TRY(be->embedding_forward(d, xa, ap, pxt_flat_param(&m->flat, l->mel_pos), p->La, C,
-                                      1, p->dt));
+        PXT_TRY(be->embedding_forward(d, xt, ti, pxt_flat_param(&m->flat, l->text_emb), p->Lt, C, 0,
+                                      p->dt));
+        PXT_TRY(be->embedding_forward(d, xt, tp, pxt_flat_param(&m->flat, l->text_pos), p->Lt, C, 1,
+                                      p->dt));
+        PXT_TRY(be->embedding_forward(d, xa, ai, pxt_flat_param(&m->flat, l->mel_emb), p->La, C, 0,
+                                      p->dt));
+        PXT_TRY(be->embedding_forward(d, xa, ap, pxt_flat_param(&m->flat, l->mel_pos), p->La, C, 1,
+                                      p->dt));
     }
     return PXT_OK;
 }
@@ -347,25 +349,23 @@ static int gpt_backward(const pxt_gpt *m, const pxt_plan *p, char *base, const p
     char *resid = base + p->resid;
     char *dres = base + p->dres, *dA = base + p->dA, *dB = base + p->dB; /* (N,C) (N,4C) (N,C) */
     PXT_TRY(be->memset_zero(d, dA, NC));
-    PXT_TRY(be->layernorm_backward(d, dA, pxt_flat_grad(&m->flat, l->fnorm_w),
-                                   pxt_flat_grad(&m->flat, l->fnorm_b), dB, base + p->hf,
-                                   pxt_flat_param(&m->flat, l->fnorm_w),
-                                   (float *)(base + p->h2_mean), (float *)(base + p->h2_rstd), N,
-                                   C, p->dt));
+    PXT_TRY(be->layernorm_backward(
+        d, dA, pxt_flat_grad(&m->flat, l->fnorm_w), pxt_flat_grad(&m->flat, l->fnorm_b), dB,
+        base + p->hf, pxt_flat_param(&m->flat, l->fnorm_w), (float *)(base + p->h2_mean),
+        (float *)(base + p->h2_rstd), N, C, p->dt));
     PXT_TRY(be->memset_zero(d, dres, NC));
-    PXT_TRY(be->layernorm_backward(d, dres, pxt_flat_grad(&m->flat, l->ln_f_w),
-                                   pxt_flat_grad(&m->flat, l->ln_f_b), dA, top,
-                                   pxt_flat_param(&m->flat, l->ln_f_w),
-                                   (float *)(base + p->hf_mean), (float *)(base + p->hf_rstd), N,
-                                   C, p->dt));
+    PXT_TRY(be->layernorm_backward(
+        d, dres, pxt_flat_grad(&m->flat, l->ln_f_w), pxt_flat_grad(&m->flat, l->ln_f_b), dA, top,
+        pxt_flat_param(&m->flat, l->ln_f_w), (float *)(base + p->hf_mean),
+        (float *)(base + p->hf_rstd), N, C, p->dt));
     pxt_block_acts work = block_acts(base, p, -1);
     for (int i = L - 1; i >= 0; i--) {
         pxt_block_params bp;
         pxt_block_grads bg;
         block_views(m, i, &bp, &bg);
         pxt_block_acts saved = block_acts(base, p, i);
-        PXT_TRY(pxt_block_backward(x, &bp, &bg, &saved, &work, p->policy[i],
-                                   resid + (size_t)i * NC, dres, dA, dB));
+        PXT_TRY(pxt_block_backward(x, &bp, &bg, &saved, &work, p->policy[i], resid + (size_t)i * NC,
+                                   dres, dA, dB));
     }
     return embed_backward(m, p, base, dres);
 }
@@ -374,10 +374,17 @@ int pxt_gpt_step(pxt_gpt *m, const pxt_gpt_batch *in, pxt_gpt_losses *out) {
     const pxt_plan *p = &m->plan;
     char *base = m->arena->data;
     pxt_ctx x = {
-        .be = m->flat.be, .dev = m->flat.device.index, .dt = p->dt, .B = p->B, .T = p->T,
-        .C = p->C, .H = p->H, .eps = m->cfg.eps,
+        .be = m->flat.be,
+        .dev = m->flat.device.index,
+        .dt = p->dt,
+        .B = p->B,
+        .T = p->T,
+        .C = p->C,
+        .H = p->H,
+        .eps = m->cfg.eps,
         .key_mask = (const uint8_t *)(base + p->key_mask),
-        .attn_ws = base + p->attn_ws, .gemm_ws = base + p->gemm_ws,
+        .attn_ws = base + p->attn_ws,
+        .gemm_ws = base + p->gemm_ws,
     };
     char *top = NULL;
     PXT_TRY(upload(m, p, base, in));

@@ -18,10 +18,10 @@ enum { PXT_CKPT_AUTO = 3 };
 
 typedef struct {
     pxt_gpt_config cfg;
-    pxt_flat flat;        /* parameters, gradients, device, dtype */
-    int ckpt;             /* pxt_ckpt or PXT_CKPT_AUTO: the policy of the next step */
-    pxt_storage *arena;   /* plan.arena_bytes; NULL until the first step */
-    pxt_plan plan;        /* the arena's layout */
+    pxt_flat flat;      /* parameters, gradients, device, dtype */
+    int ckpt;           /* pxt_ckpt or PXT_CKPT_AUTO: the policy of the next step */
+    pxt_storage *arena; /* plan.arena_bytes; NULL until the first step */
+    pxt_plan plan;      /* the arena's layout */
 } pxt_gpt;
 
 /* A batch on the host, validated by the caller's shapes: B samples of Lt text
@@ -31,10 +31,10 @@ typedef struct {
     const int32_t *text_ids, *text_tgt, *text_pos;    /* (B, Lt) */
     const int32_t *audio_ids, *audio_tgt, *audio_pos; /* (B, La) */
     const uint8_t *key_mask;                          /* (B, T): 0 = padding */
-    const char *cond;                       /* (B, Nc, C) model dtype, or NULL */
-    const int32_t *text_len, *audio_len;    /* (B) */
-    double n_text, n_audio;                 /* normalisers of the mean losses */
-    double loss_scale;                      /* multiplies the loss gradient (1: none) */
+    const char *cond;                                 /* (B, Nc, C) model dtype, or NULL */
+    const int32_t *text_len, *audio_len;              /* (B) */
+    double n_text, n_audio;                           /* normalisers of the mean losses */
+    double loss_scale;                                /* multiplies the loss gradient (1: none) */
 } pxt_gpt_batch;
 
 typedef struct {

@@ -9,15 +9,16 @@
 #define ALIGN_ELEMS 64 /* 256 bytes of fp32: every tensor starts aligned */
 
 static const char *block_suffix[PXT_BLOCK_TENSORS] = {
-    "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
-    "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
-    "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias",
+    "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
+    "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
+    "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias",
 };
 
 static int add(pxt_param_layout *l, int cap, const char *name, int ndim, int64_t d0, int64_t d1,
                int decay) {
-    if (l->count >= cap)
+    if (l->count >= cap) {
         return -1;
+    }
     pxt_param_info *p = &l->params[l->count];
     snprintf(p->name, sizeof p->name, "%s", name);
     p->ndim = ndim;
@@ -43,10 +44,12 @@ static int add_block(pxt_param_layout *l, int cap, const char *prefix, int64_t C
         snprintf(name, sizeof name, "%s%s", prefix, block_suffix[j]);
         int nd = shape_kind[j][0];
         int i = add(l, cap, name, nd, shape_kind[j][1] * C, shape_kind[j][2] * C, nd == 2);
-        if (i < 0)
+        if (i < 0) {
             return -1;
-        if (j == 0)
+        }
+        if (j == 0) {
             first = i;
+        }
     }
     return first;
 }
@@ -55,8 +58,9 @@ int pxt_param_layout_init(pxt_param_layout *l, const pxt_gpt_config *c) {
     memset(l, 0, sizeof *l);
     int cap = 16 + PXT_BLOCK_TENSORS * c->n_layers;
     l->params = calloc((size_t)cap, sizeof *l->params);
-    if (!l->params)
+    if (!l->params) {
         return pxt_error(PXT_ERR_OOM, "out of host memory for the parameter table");
+    }
     int64_t C = c->d_model;
     l->text_emb = add(l, cap, "text_embedding.weight", 2, c->text_vocab, C, 1);
     l->mel_emb = add(l, cap, "mel_embedding.weight", 2, c->audio_vocab, C, 1);
@@ -66,8 +70,9 @@ int pxt_param_layout_init(pxt_param_layout *l, const pxt_gpt_config *c) {
         char prefix[PXT_NAME_LEN];
         snprintf(prefix, sizeof prefix, "gpt.h.%d.", i);
         int first = add_block(l, cap, prefix, C);
-        if (i == 0)
+        if (i == 0) {
             l->block0 = first;
+        }
     }
     l->ln_f_w = add(l, cap, "gpt.ln_f.weight", 1, C, 0, 0);
     l->ln_f_b = add(l, cap, "gpt.ln_f.bias", 1, C, 0, 0);
@@ -82,18 +87,20 @@ int pxt_param_layout_init(pxt_param_layout *l, const pxt_gpt_config *c) {
 
 int pxt_block_layout_init(pxt_param_layout *l, int d_model, int cross) {
     static const char *cross_name[] = {
-        "crossattn.ln.weight", "crossattn.ln.bias", "crossattn.q.weight", "crossattn.q.bias",
-        "crossattn.kv.weight", "crossattn.kv.bias", "crossattn.c_proj.weight",
-        "crossattn.c_proj.bias",
+        "crossattn.ln.weight",     "crossattn.ln.bias",     "crossattn.q.weight",
+        "crossattn.q.bias",        "crossattn.kv.weight",   "crossattn.kv.bias",
+        "crossattn.c_proj.weight", "crossattn.c_proj.bias",
     };
-    static const int cross_shape[][3] = { /* ndim, rows, cols in units of C */
+    static const int cross_shape[][3] = {
+        /* ndim, rows, cols in units of C */
         {1, 1, 0}, {1, 1, 0}, {2, 1, 1}, {1, 1, 0}, {2, 1, 2}, {1, 2, 0}, {2, 1, 1}, {1, 1, 0},
     };
     int cap = cross ? PXT_BLOCK_TENSORS_CROSS : PXT_BLOCK_TENSORS;
     memset(l, 0, sizeof *l);
     l->params = calloc((size_t)cap, sizeof *l->params);
-    if (!l->params)
+    if (!l->params) {
         return pxt_error(PXT_ERR_OOM, "out of host memory for the parameter table");
+    }
     int64_t C = d_model;
     l->block0 = add_block(l, cap, "", C);
     for (int j = PXT_BLOCK_TENSORS; j < cap; j++) {
@@ -134,15 +141,16 @@ int pxt_gpt_config_check(const pxt_gpt_config *c) {
     }
     if (c->d_model % c->n_heads != 0) {
         return pxt_error(PXT_ERR_VALUE,
-                         "ModelConfig.d_model: must be divisible by n_heads=%d, got %d",
-                         c->n_heads, c->d_model);
+                         "ModelConfig.d_model: must be divisible by n_heads=%d, got %d", c->n_heads,
+                         c->d_model);
     }
     if (c->n_cond < 0) {
         return pxt_error(PXT_ERR_VALUE, "ModelConfig.n_cond_latents: must be >= 0, got %d",
                          c->n_cond);
     }
     if (!(c->eps > 0.0f) || !isfinite(c->eps)) {
-        return pxt_error(PXT_ERR_VALUE, "ModelConfig.layer_norm_eps: must be finite and > 0, got %g",
+        return pxt_error(PXT_ERR_VALUE,
+                         "ModelConfig.layer_norm_eps: must be finite and > 0, got %g",
                          (double)c->eps);
     }
     const struct {
@@ -164,3 +172,5 @@ int pxt_gpt_config_check(const pxt_gpt_config *c) {
     }
     return PXT_OK;
 }
+
+#undef ALIGN_ELEMS

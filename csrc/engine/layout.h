@@ -22,8 +22,18 @@ typedef struct {
 
 /* Tensors of one block, in the order they sit in the flat buffer. */
 enum {
-    PXT_LN1_W, PXT_LN1_B, PXT_ATTN_W, PXT_ATTN_B, PXT_PROJ_W, PXT_PROJ_B,
-    PXT_LN2_W, PXT_LN2_B, PXT_FC_W, PXT_FC_B, PXT_FCP_W, PXT_FCP_B,
+    PXT_LN1_W,
+    PXT_LN1_B,
+    PXT_ATTN_W,
+    PXT_ATTN_B,
+    PXT_PROJ_W,
+    PXT_PROJ_B,
+    PXT_LN2_W,
+    PXT_LN2_B,
+    PXT_FC_W,
+    PXT_FC_B,
+    PXT_FCP_W,
+    PXT_FCP_B,
     PXT_BLOCK_TENSORS
 };
 
@@ -32,8 +42,14 @@ enum {
  * bias (C), crossattn.kv.weight (C, 2C) + bias (2C), crossattn.c_proj.weight
  * (C, C) + bias (C). The GPT's blocks have none (its layout is unchanged). */
 enum {
-    PXT_XLN_W = PXT_BLOCK_TENSORS, PXT_XLN_B, PXT_XQ_W, PXT_XQ_B, PXT_XKV_W, PXT_XKV_B,
-    PXT_XPROJ_W, PXT_XPROJ_B,
+    PXT_XLN_W = PXT_BLOCK_TENSORS,
+    PXT_XLN_B,
+    PXT_XQ_W,
+    PXT_XQ_B,
+    PXT_XKV_W,
+    PXT_XKV_B,
+    PXT_XPROJ_W,
+    PXT_XPROJ_B,
     PXT_BLOCK_TENSORS_CROSS
 };
 
@@ -45,7 +61,7 @@ typedef struct {
     int64_t shape[2];
     size_t offset; /* in elements from the start of the flat buffer (256-byte aligned) */
     size_t numel;
-    int decay;     /* 1 for matrices and embeddings (AdamW weight decay applies) */
+    int decay; /* 1 for matrices and embeddings (AdamW weight decay applies) */
 } pxt_param_info;
 
 typedef struct {

@@ -19,7 +19,9 @@ static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 
 /* ---- helpers -------------------------------------------------------------------- */
 
-size_t pxt_plan_align(size_t n) { return (n + PXT_ARENA_ALIGN - 1) / PXT_ARENA_ALIGN * PXT_ARENA_ALIGN; }
+size_t pxt_plan_align(size_t n) {
+    return (n + PXT_ARENA_ALIGN - 1) / PXT_ARENA_ALIGN * PXT_ARENA_ALIGN;
+}
 
 size_t pxt_plan_take(size_t *cursor, size_t bytes) {
     size_t at = *cursor;
@@ -298,3 +300,5 @@ int pxt_block_plan_same(const pxt_block_plan *a, const pxt_block_plan *b) {
     return a->B == b->B && a->T == b->T && a->Tc == b->Tc && a->cross == b->cross &&
            a->policy == b->policy && a->arena_bytes == b->arena_bytes;
 }
+
+#undef LOGITS_ROWS

@@ -65,15 +65,15 @@ typedef struct {
     /* saved for backward (or the ping-pong residuals of evaluation) */
     size_t resid; /* (L + 1, N, C): block inputs, then the last output */
     size_t resid_bytes;
-    pxt_block_offsets *blocks;    /* (L); owned */
-    size_t *block_saved_bytes;    /* (L); owned */
-    size_t hf, hf_mean, hf_rstd;  /* ln_f output (N, C), stats (N) */
-    size_t h2, h2_mean, h2_rstd;  /* final_norm output (N, C), stats (N) */
+    pxt_block_offsets *blocks;   /* (L); owned */
+    size_t *block_saved_bytes;   /* (L); owned */
+    size_t hf, hf_mean, hf_rstd; /* ln_f output (N, C), stats (N) */
+    size_t h2, h2_mean, h2_rstd; /* final_norm output (N, C), stats (N) */
     size_t final_bytes;
     size_t saved_bytes; /* resid + blocks + final */
     /* scratch: one region, used in turn by each phase */
-    size_t scratch;                /* start of the region */
-    pxt_block_offsets work;        /* a whole block's activations (forward, recompute) */
+    size_t scratch;         /* start of the region */
+    pxt_block_offsets work; /* a whole block's activations (forward, recompute) */
     size_t work_bytes;
     size_t attn_ws, attn_ws_bytes; /* attention workspace (max of forward, backward) */
     size_t logits, logits_bytes;   /* (logits_rows, max vocab) fp32 */

@@ -15,10 +15,10 @@ extern "C" {
 /* ---- status codes: every fallible C function returns one ---------------- */
 enum {
     PXT_OK = 0,
-    PXT_ERR_OOM = 1,     /* -> pyxtts.OutOfMemoryError */
-    PXT_ERR_VALUE = 2,   /* -> ValueError */
-    PXT_ERR_TYPE = 3,    /* -> TypeError */
-    PXT_ERR_DEVICE = 4,  /* a CUDA/cuBLAS/OS call failed -> RuntimeError */
+    PXT_ERR_OOM = 1,             /* -> pyxtts.OutOfMemoryError */
+    PXT_ERR_VALUE = 2,           /* -> ValueError */
+    PXT_ERR_TYPE = 3,            /* -> TypeError */
+    PXT_ERR_DEVICE = 4,          /* a CUDA/cuBLAS/OS call failed -> RuntimeError */
     PXT_ERR_NOT_IMPLEMENTED = 5, /* a backend lacks an op -> NotImplementedError */
 };
 
@@ -32,11 +32,11 @@ int pxt_error(int code, const char *fmt, ...)
 const char *pxt_error_message(void);
 
 /* Returns the status of `call` from the enclosing function unless it is PXT_OK. */
-#define PXT_TRY(call)                                                                    \
-    do {                                                                                 \
-        int pxt_rc_ = (call);                                                            \
-        if (pxt_rc_ != PXT_OK)                                                           \
-            return pxt_rc_;                                                              \
+#define PXT_TRY(call)                                                                              \
+    do {                                                                                           \
+        int pxt_rc_ = (call);                                                                      \
+        if (pxt_rc_ != PXT_OK)                                                                     \
+            return pxt_rc_;                                                                        \
     } while (0)
 
 /* ---- dtypes --------------------------------------------------------------- */

@@ -11,7 +11,9 @@ static uint64_t splitmix64(uint64_t *x) {
 }
 
 void pxt_rng_seed(pxt_rng *r, uint64_t seed) {
-    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);
+    for (int i = 0; i < 4; i++) {
+        r->s[i] = splitmix64(&seed);
+    }
 }
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
@@ -38,7 +40,8 @@ void pxt_rng_normal(pxt_rng *r, float *out, size_t n, float std) {
         double rad = sqrt(-2.0 * log(uniform(r)));
         double ang = two_pi * uniform(r);
         out[i] = (float)(rad * cos(ang) * std);
-        if (i + 1 < n)
+        if (i + 1 < n) {
             out[i + 1] = (float)(rad * sin(ang) * std);
+        }
     }
 }

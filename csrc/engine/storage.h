@@ -14,8 +14,8 @@
 #include "alloc.h"
 
 typedef struct pxt_storage {
-    char *data;      /* device pointer to byte 0; NULL when nbytes == 0 */
-    size_t nbytes;   /* as requested */
+    char *data;    /* device pointer to byte 0; NULL when nbytes == 0 */
+    size_t nbytes; /* as requested */
     pxt_device device;
     pxt_allocator *alloc;
     pxt_block *block; /* NULL when nbytes == 0 */

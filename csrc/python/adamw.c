@@ -27,11 +27,12 @@ static PyTypeObject adamw_type;
 /* ---- hyper-parameters (ValueError/TypeError naming the argument) --------------------------- */
 
 /* A real by the rule: [lo, ...) or (lo, ...), below hi or up to it. */
-static int real_arg(PyObject *obj, const char *name, double *out, double lo, int lo_open,
-                    double hi, int hi_open, const char *rule) {
+static int real_arg(PyObject *obj, const char *name, double *out, double lo, int lo_open, double hi,
+                    int hi_open, const char *rule) {
     pxt_py_real r = PXT_PY_REAL(name, lo, lo_open, hi, hi_open, rule);
-    if (!pxt_py_real_converter(obj, &r))
+    if (!pxt_py_real_converter(obj, &r)) {
         return -1;
+    }
     *out = r.value;
     return 0;
 }
@@ -50,12 +51,14 @@ static int parse_betas(PyObject *obj, double *b1, double *b2) {
     double b[2];
     for (int i = 0; i < 2; i++) {
         PyObject *it = PySequence_GetItem(obj, i);
-        if (!it)
+        if (!it) {
             return -1;
+        }
         int rc = real_arg(it, i ? "betas[1]" : "betas[0]", &b[i], 0.0, 0, 1.0, 1, "in [0, 1)");
         Py_DECREF(it);
-        if (rc < 0)
+        if (rc < 0) {
             return -1;
+        }
     }
     *b1 = b[0];
     *b2 = b[1];
@@ -84,8 +87,9 @@ static int parse_ema(PyObject *obj, int *on, double *d) {
 
 static int parse_count(PyObject *obj, const char *name, long long *out, long long lo) {
     pxt_py_int n = PXT_PY_INT(name, lo, LLONG_MAX);
-    if (!pxt_py_int_converter(obj, &n))
+    if (!pxt_py_int_converter(obj, &n)) {
         return -1;
+    }
     *out = n.value;
     return 0;
 }
@@ -94,8 +98,10 @@ static int parse_count(PyObject *obj, const char *name, long long *out, long lon
 
 static int check_idle(pxt_py_adamw *o, const char *what) {
     if (o->busy || o->opt.flat->busy) {
-        PyErr_Format(PyExc_RuntimeError, "%s: a step of this model or optimizer is running (in "
-                     "another thread)", what);
+        PyErr_Format(PyExc_RuntimeError,
+                     "%s: a step of this model or optimizer is running (in "
+                     "another thread)",
+                     what);
         return -1;
     }
     return 0;
@@ -103,8 +109,10 @@ static int check_idle(pxt_py_adamw *o, const char *what) {
 
 static int check_unswapped(pxt_py_adamw *o, const char *what) {
     if (o->opt.swapped) {
-        PyErr_Format(PyExc_RuntimeError, "%s: the model holds the EMA weights; call swap_ema() "
-                     "again to swap the training weights back first", what);
+        PyErr_Format(PyExc_RuntimeError,
+                     "%s: the model holds the EMA weights; call swap_ema() "
+                     "again to swap the training weights back first",
+                     what);
         return -1;
     }
     return 0;
@@ -120,8 +128,9 @@ static int check_init(pxt_py_adamw *o) {
 
 static int adamw_init(PyObject *op, PyObject *args, PyObject *kwargs) {
     pxt_py_adamw *o = (pxt_py_adamw *)op;
-    static char *kw[] = {"model", "lr", "betas", "eps", "weight_decay", "grad_clip", "loss_scale",
-                         "ema_decay", "growth_interval", NULL};
+    static char *kw[] = {"model",           "lr",        "betas",      "eps",
+                         "weight_decay",    "grad_clip", "loss_scale", "ema_decay",
+                         "growth_interval", NULL};
     PyObject *model, *lr = NULL, *betas = NULL, *eps = NULL, *wd = NULL, *clip = NULL;
     PyObject *ls = Py_None, *ema = Py_None, *gi = NULL;
     if (o->model) {
@@ -129,11 +138,17 @@ static int adamw_init(PyObject *op, PyObject *args, PyObject *kwargs) {
         return -1;
     }
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OOOOOOOO:AdamW", kw, &model, &lr, &betas,
-                                     &eps, &wd, &clip, &ls, &ema, &gi))
+                                     &eps, &wd, &clip, &ls, &ema, &gi)) {
         return -1;
+    }
     /* every argument checked before anything is allocated */
-    pxt_adamw_hparams h = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.96, .eps = 1e-8,
-                           .weight_decay = 0.01, .grad_clip = 1.0, .growth_interval = 2000};
+    pxt_adamw_hparams h = {.lr = 1e-4,
+                           .beta1 = 0.9,
+                           .beta2 = 0.96,
+                           .eps = 1e-8,
+                           .weight_decay = 0.01,
+                           .grad_clip = 1.0,
+                           .growth_interval = 2000};
     int has_ema = 0;
     if ((lr && parse_lr(lr, "lr", &h.lr) < 0) ||
         (betas && parse_betas(betas, &h.beta1, &h.beta2) < 0) ||
@@ -141,9 +156,11 @@ static int adamw_init(PyObject *op, PyObject *args, PyObject *kwargs) {
         (wd && real_arg(wd, "weight_decay", &h.weight_decay, 0.0, 0, INFINITY, 1,
                         "a finite number >= 0") < 0) ||
         (clip && parse_clip(clip, &h.grad_clip) < 0) ||
-        parse_loss_scale(ls, &h.scaling, &h.scale) < 0 || parse_ema(ema, &has_ema, &h.ema_decay) < 0 ||
-        (gi && parse_count(gi, "growth_interval", &h.growth_interval, 1) < 0))
+        parse_loss_scale(ls, &h.scaling, &h.scale) < 0 ||
+        parse_ema(ema, &has_ema, &h.ema_decay) < 0 ||
+        (gi && parse_count(gi, "growth_interval", &h.growth_interval, 1) < 0)) {
         return -1;
+    }
     /* the model: a pyxtts._C.GPT, or what holds one as _core (pyxtts.XTTSGPT) */
     PyObject *core = NULL;
     pxt_flat *flat = pxt_py_gpt_flat(model);
@@ -151,8 +168,9 @@ static int adamw_init(PyObject *op, PyObject *args, PyObject *kwargs) {
         core = Py_NewRef(model);
     } else {
         core = PyObject_GetAttrString(model, "_core");
-        if (!core)
+        if (!core) {
             PyErr_Clear();
+        }
         if (!core || !(flat = pxt_py_gpt_flat(core))) {
             Py_XDECREF(core);
             PyErr_Format(PyExc_TypeError, "model: expected a pyxtts.XTTSGPT, got %.100s",
@@ -162,7 +180,8 @@ static int adamw_init(PyObject *op, PyObject *args, PyObject *kwargs) {
     }
     if (flat->busy) {
         Py_DECREF(core);
-        PyErr_SetString(PyExc_RuntimeError, "model: a step of this model is running (in another thread)");
+        PyErr_SetString(PyExc_RuntimeError,
+                        "model: a step of this model is running (in another thread)");
         return -1;
     }
     int rc = pxt_adamw_init(&o->opt, flat, &h, has_ema);
@@ -186,21 +205,25 @@ static void adamw_dealloc(PyObject *op) {
 static PyObject *adamw_step(PyObject *op, PyObject *unused) {
     (void)unused;
     pxt_py_adamw *o = (pxt_py_adamw *)op;
-    if (check_init(o) < 0 || check_idle(o, "step") < 0 || check_unswapped(o, "step") < 0)
+    if (check_init(o) < 0 || check_idle(o, "step") < 0 || check_unswapped(o, "step") < 0) {
         return NULL;
+    }
     pxt_adamw_result r;
     int rc;
     o->busy = o->opt.flat->busy = 1;
-    Py_BEGIN_ALLOW_THREADS rc = pxt_adamw_run(&o->opt, &r);
+    Py_BEGIN_ALLOW_THREADS
+    rc = pxt_adamw_run(&o->opt, &r);
     Py_END_ALLOW_THREADS
     o->busy = o->opt.flat->busy = 0;
-    if (rc != PXT_OK)
+    if (rc != PXT_OK) {
         return pxt_raise(rc);
+    }
     pxt_adamw_account(&o->opt, &r);
     const pxt_adamw_hparams *h = &o->opt.h;
     PyObject *scale = h->scaling ? PyFloat_FromDouble(h->scale) : Py_NewRef(Py_None);
-    if (!scale)
+    if (!scale) {
         return NULL;
+    }
     return Py_BuildValue("{s:O,s:d,s:N,s:d,s:L}", "skipped", r.applied ? Py_False : Py_True,
                          "grad_norm", r.grad_norm, "loss_scale", scale, "lr", h->lr, "step",
                          o->opt.step);
@@ -209,11 +232,13 @@ static PyObject *adamw_step(PyObject *op, PyObject *unused) {
 static PyObject *adamw_zero_grad(PyObject *op, PyObject *unused) {
     (void)unused;
     pxt_py_adamw *o = (pxt_py_adamw *)op;
-    if (check_init(o) < 0 || check_idle(o, "zero_grad") < 0)
+    if (check_init(o) < 0 || check_idle(o, "zero_grad") < 0) {
         return NULL;
+    }
     int rc = pxt_flat_zero_grad(o->opt.flat);
-    if (rc != PXT_OK)
+    if (rc != PXT_OK) {
         return pxt_raise(rc);
+    }
     Py_RETURN_NONE;
 }
 
@@ -221,14 +246,17 @@ static PyObject *adamw_zero_grad(PyObject *op, PyObject *unused) {
 static PyObject *adamw_swap_ema(PyObject *op, PyObject *unused) {
     (void)unused;
     pxt_py_adamw *o = (pxt_py_adamw *)op;
-    if (check_init(o) < 0 || check_idle(o, "swap_ema") < 0)
+    if (check_init(o) < 0 || check_idle(o, "swap_ema") < 0) {
         return NULL;
-    if (!o->opt.ema)
+    }
+    if (!o->opt.ema) {
         return PyErr_Format(PyExc_RuntimeError, "swap_ema: this optimizer keeps no EMA "
-                            "(construct it with ema_decay=...)");
+                                                "(construct it with ema_decay=...)");
+    }
     int rc = pxt_adamw_swap_ema(&o->opt);
-    if (rc != PXT_OK)
+    if (rc != PXT_OK) {
         return pxt_raise(rc);
+    }
     return PyBool_FromLong(o->opt.swapped);
 }
 
@@ -238,8 +266,9 @@ static PyObject *adamw_swap_ema(PyObject *op, PyObject *unused) {
 static PyObject *flat_numpy(pxt_storage *s, size_t n) {
     int64_t shape = (int64_t)n;
     PyObject *t = pxt_tensor_view(s, 0, PXT_FLOAT32, 1, &shape);
-    if (!t)
+    if (!t) {
         return NULL;
+    }
     PyObject *a = PyObject_CallMethod(t, "numpy", NULL);
     Py_DECREF(t);
     return a;
@@ -248,25 +277,30 @@ static PyObject *flat_numpy(pxt_storage *s, size_t n) {
 static PyObject *adamw_state_dict(PyObject *op, PyObject *unused) {
     (void)unused;
     pxt_py_adamw *o = (pxt_py_adamw *)op;
-    if (check_init(o) < 0 || check_idle(o, "state_dict") < 0 || check_unswapped(o, "state_dict") < 0)
+    if (check_init(o) < 0 || check_idle(o, "state_dict") < 0 ||
+        check_unswapped(o, "state_dict") < 0) {
         return NULL;
+    }
     const pxt_adamw *a = &o->opt;
     const pxt_adamw_hparams *h = &a->h;
     PyObject *m = flat_numpy(a->m, a->n), *v = NULL, *master = NULL, *ema = NULL;
-    if (!m || !(v = flat_numpy(a->v, a->n)))
+    if (!m || !(v = flat_numpy(a->v, a->n))) {
         goto fail;
+    }
     master = flat_numpy(a->master ? a->master : a->flat->params, a->n);
-    if (!master)
+    if (!master) {
         goto fail;
+    }
     ema = a->ema ? flat_numpy(a->ema, a->n) : Py_NewRef(Py_None);
-    if (!ema)
+    if (!ema) {
         goto fail;
+    }
     PyObject *ls = h->scaling ? PyFloat_FromDouble(h->scale) : Py_NewRef(Py_None);
     PyObject *ed = a->ema ? PyFloat_FromDouble(h->ema_decay) : Py_NewRef(Py_None);
     PyObject *gc = h->grad_clip > 0 ? PyFloat_FromDouble(h->grad_clip) : Py_NewRef(Py_None);
-    return Py_BuildValue("{s:L,s:N,s:N,s:N,s:N,s:d,s:(dd),s:d,s:d,s:N,s:N,s:L,s:L,s:N,s:n}",
-                         "step", a->step, "m", m, "v", v, "master", master, "ema", ema, "lr",
-                         h->lr, "betas", h->beta1, h->beta2, "eps", h->eps, "weight_decay",
+    return Py_BuildValue("{s:L,s:N,s:N,s:N,s:N,s:d,s:(dd),s:d,s:d,s:N,s:N,s:L,s:L,s:N,s:n}", "step",
+                         a->step, "m", m, "v", v, "master", master, "ema", ema, "lr", h->lr,
+                         "betas", h->beta1, h->beta2, "eps", h->eps, "weight_decay",
                          h->weight_decay, "grad_clip", gc, "loss_scale", ls, "growth_interval",
                          h->growth_interval, "good_steps", a->good_steps, "ema_decay", ed,
                          "num_elements", (Py_ssize_t)a->n);
@@ -282,8 +316,10 @@ static PyObject *get_key(PyObject *d, const char *key) {
     PyObject *v = PyMapping_GetItemString(d, key);
     if (!v && PyErr_ExceptionMatches(PyExc_KeyError)) {
         PyErr_Clear();
-        PyErr_Format(PyExc_KeyError, "state: missing key '%s' (pass what AdamW.state_dict() "
-                     "returned)", key);
+        PyErr_Format(PyExc_KeyError,
+                     "state: missing key '%s' (pass what AdamW.state_dict() "
+                     "returned)",
+                     key);
     }
     return v;
 }
@@ -302,22 +338,25 @@ static PyArrayObject *flat_arg(PyObject *obj, const char *key, size_t n) {
         return NULL;
     }
     if (PyArray_NDIM(a) != 1 || (size_t)PyArray_DIM(a, 0) != n) {
-        PyErr_Format(PyExc_ValueError, "state['%s']: expected shape (%zu,) (this model's flat "
-                     "buffer), got %d dimensions of %zd elements", key, n, PyArray_NDIM(a),
-                     (Py_ssize_t)PyArray_SIZE(a));
+        PyErr_Format(PyExc_ValueError,
+                     "state['%s']: expected shape (%zu,) (this model's flat "
+                     "buffer), got %d dimensions of %zd elements",
+                     key, n, PyArray_NDIM(a), (Py_ssize_t)PyArray_SIZE(a));
         return NULL;
     }
-    PyArrayObject *c = (PyArrayObject *)PyArray_FROM_OTF(obj, NPY_FLOAT32,
-                                                         NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED);
-    if (!c)
+    PyArrayObject *c = (PyArrayObject *)PyArray_FROM_OTF(
+        obj, NPY_FLOAT32, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED);
+    if (!c) {
         return NULL;
+    }
     const float *x = PyArray_DATA(c);
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         if (!isfinite(x[i])) {
             Py_DECREF(c);
             PyErr_Format(PyExc_ValueError, "state['%s']: NaN or infinity at index %zu", key, i);
             return NULL;
         }
+    }
     return c;
 }
 
@@ -327,23 +366,45 @@ static const void *data_or_null(PyArrayObject *a) { return a ? PyArray_DATA(a) :
 static PyObject *adamw_load_state_dict(PyObject *op, PyObject *state) {
     pxt_py_adamw *o = (pxt_py_adamw *)op;
     if (check_init(o) < 0 || check_idle(o, "load_state_dict") < 0 ||
-        check_unswapped(o, "load_state_dict") < 0)
+        check_unswapped(o, "load_state_dict") < 0) {
         return NULL;
-    if (!PyMapping_Check(state) || !PyObject_HasAttrString(state, "keys"))
-        return PyErr_Format(PyExc_TypeError, "state: expected a dict (from AdamW.state_dict()), "
-                            "got %.100s", Py_TYPE(state)->tp_name);
-    static const char *keys[] = {"step", "m", "v", "master", "ema", "lr", "betas", "eps",
+    }
+    if (!PyMapping_Check(state) || !PyObject_HasAttrString(state, "keys")) {
+        return PyErr_Format(PyExc_TypeError,
+                            "state: expected a dict (from AdamW.state_dict()), "
+                            "got %.100s",
+                            Py_TYPE(state)->tp_name);
+    }
+    static const char *keys[] = {"step",         "m",         "v",          "master",
+                                 "ema",          "lr",        "betas",      "eps",
                                  "weight_decay", "grad_clip", "loss_scale", "growth_interval",
-                                 "good_steps", "ema_decay"};
-    enum { K_STEP, K_M, K_V, K_MASTER, K_EMA, K_LR, K_BETAS, K_EPS, K_WD, K_CLIP, K_LS, K_GI,
-           K_GOOD, K_EMAD, NK };
+                                 "good_steps",   "ema_decay"};
+    enum {
+        K_STEP,
+        K_M,
+        K_V,
+        K_MASTER,
+        K_EMA,
+        K_LR,
+        K_BETAS,
+        K_EPS,
+        K_WD,
+        K_CLIP,
+        K_LS,
+        K_GI,
+        K_GOOD,
+        K_EMAD,
+        NK
+    };
     pxt_adamw *a = &o->opt;
     PyObject *val[NK] = {0};
     PyArrayObject *arr[4] = {0}; /* m, v, master, ema */
     PyObject *result = NULL;
-    for (int k = 0; k < NK; k++)
-        if (!(val[k] = get_key(state, keys[k])))
+    for (int k = 0; k < NK; k++) {
+        if (!(val[k] = get_key(state, keys[k]))) {
             goto done;
+        }
+    }
     long long step, good;
     pxt_adamw_hparams h = a->h;
     int scaling, has_ema;
@@ -351,18 +412,22 @@ static PyObject *adamw_load_state_dict(PyObject *op, PyObject *state) {
     if (parse_count(val[K_STEP], "state['step']", &step, 0) < 0 ||
         parse_lr(val[K_LR], "state['lr']", &h.lr) < 0 ||
         parse_betas(val[K_BETAS], &h.beta1, &h.beta2) < 0 ||
-        real_arg(val[K_EPS], "state['eps']", &h.eps, 0.0, 1, INFINITY, 1, "a finite number > 0") < 0 ||
+        real_arg(val[K_EPS], "state['eps']", &h.eps, 0.0, 1, INFINITY, 1, "a finite number > 0") <
+            0 ||
         real_arg(val[K_WD], "state['weight_decay']", &h.weight_decay, 0.0, 0, INFINITY, 1,
                  "a finite number >= 0") < 0 ||
         parse_clip(val[K_CLIP], &h.grad_clip) < 0 ||
         parse_loss_scale(val[K_LS], &scaling, &scale) < 0 ||
         parse_count(val[K_GI], "state['growth_interval']", &h.growth_interval, 1) < 0 ||
         parse_count(val[K_GOOD], "state['good_steps']", &good, 0) < 0 ||
-        parse_ema(val[K_EMAD], &has_ema, &emad) < 0)
+        parse_ema(val[K_EMAD], &has_ema, &emad) < 0) {
         goto done;
+    }
     if (scaling != a->h.scaling) {
-        PyErr_Format(PyExc_ValueError, "state['loss_scale']: this optimizer %s loss scaling but "
-                     "the state %s", a->h.scaling ? "uses" : "has no", scaling ? "has" : "has none");
+        PyErr_Format(PyExc_ValueError,
+                     "state['loss_scale']: this optimizer %s loss scaling but "
+                     "the state %s",
+                     a->h.scaling ? "uses" : "has no", scaling ? "has" : "has none");
         goto done;
     }
     if (has_ema != (a->ema != NULL) || (val[K_EMA] == Py_None) != !has_ema) {
@@ -372,8 +437,9 @@ static PyObject *adamw_load_state_dict(PyObject *op, PyObject *state) {
     }
     if (!(arr[0] = flat_arg(val[K_M], "m", a->n)) || !(arr[1] = flat_arg(val[K_V], "v", a->n)) ||
         !(arr[2] = flat_arg(val[K_MASTER], "master", a->n)) ||
-        (has_ema && !(arr[3] = flat_arg(val[K_EMA], "ema", a->n))))
+        (has_ema && !(arr[3] = flat_arg(val[K_EMA], "ema", a->n)))) {
         goto done;
+    }
     /* all checked: now write */
     int rc = pxt_adamw_load(a, data_or_null(arr[0]), data_or_null(arr[1]), data_or_null(arr[2]),
                             data_or_null(arr[3]));
@@ -381,19 +447,23 @@ static PyObject *adamw_load_state_dict(PyObject *op, PyObject *state) {
         pxt_raise(rc);
         goto done;
     }
-    if (scaling)
+    if (scaling) {
         h.scale = scale;
-    if (has_ema)
+    }
+    if (has_ema) {
         h.ema_decay = emad;
+    }
     a->h = h;
     a->step = step;
     a->good_steps = good;
     result = Py_NewRef(Py_None);
 done:
-    for (int k = 0; k < NK; k++)
+    for (int k = 0; k < NK; k++) {
         Py_XDECREF(val[k]);
-    for (int i = 0; i < 4; i++)
+    }
+    for (int i = 0; i < 4; i++) {
         Py_XDECREF(arr[i]);
+    }
     return result;
 }
 
@@ -414,10 +484,12 @@ static int set_lr(PyObject *op, PyObject *v, void *c) {
         return -1;
     }
     double x;
-    if (parse_lr(v, "lr", &x) < 0)
+    if (parse_lr(v, "lr", &x) < 0) {
         return -1;
-    if (o->model && check_idle(o, "lr") < 0)
+    }
+    if (o->model && check_idle(o, "lr") < 0) {
         return -1;
+    }
     o->opt.h.lr = x;
     return 0;
 }

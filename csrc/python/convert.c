@@ -132,8 +132,7 @@ int pxt_py_real_converter(PyObject *obj, void *arg) {
         return 0;
     }
     int ok = !p->rule || (isfinite(v) && (p->lo_open ? v > p->lo : v >= p->lo) &&
-                          (p->hi_open ? v < p->hi : v <= p->hi) &&
-                          (!p->f32 || isfinite((float)v)));
+                          (p->hi_open ? v < p->hi : v <= p->hi) && (!p->f32 || isfinite((float)v)));
     if (!ok) {
         PyObject *f = PyFloat_FromDouble(v);
         if (f) {
@@ -160,8 +159,8 @@ static const char *utf8_of(PyObject *obj, const char *name, const char *what) {
         return NULL;
     }
     if ((size_t)len != strlen(s)) { /* "full\0junk" must not pass as "full" */
-        PyErr_Format(PyExc_ValueError, "%s: expected %s, got %R (with a NUL character)", name,
-                     what, obj);
+        PyErr_Format(PyExc_ValueError, "%s: expected %s, got %R (with a NUL character)", name, what,
+                     obj);
         return NULL;
     }
     return s;
@@ -299,8 +298,8 @@ int pxt_py_device_converter(PyObject *obj, void *arg) {
                          name, Py_TYPE(obj)->tp_name);
             return 0;
         }
-        const char *s = PyUnicode_Check(str) ? utf8_of(str, name, "'cpu', 'cuda' or 'cuda:N'")
-                                             : NULL;
+        const char *s =
+            PyUnicode_Check(str) ? utf8_of(str, name, "'cpu', 'cuda' or 'cuda:N'") : NULL;
         int ok = s && device_of_name(s, &dev);
         if (s && !ok) {
             PyErr_Format(PyExc_ValueError, "%s: expected 'cpu', 'cuda' or 'cuda:N', got %R", name,
@@ -325,10 +324,10 @@ static const struct {
     const char *alias;
     pxt_dtype t;
 } dtype_aliases[] = {
-    {"float32", PXT_FLOAT32},   {"fp32", PXT_FLOAT32}, {"float", PXT_FLOAT32},
-    {"float16", PXT_FLOAT16},   {"fp16", PXT_FLOAT16}, {"half", PXT_FLOAT16},
+    {"float32", PXT_FLOAT32},   {"fp32", PXT_FLOAT32},  {"float", PXT_FLOAT32},
+    {"float16", PXT_FLOAT16},   {"fp16", PXT_FLOAT16},  {"half", PXT_FLOAT16},
     {"bfloat16", PXT_BFLOAT16}, {"bf16", PXT_BFLOAT16}, {"int32", PXT_INT32},
-    {"int64", PXT_INT64},       {"long", PXT_INT64},   {"uint8", PXT_UINT8},
+    {"int64", PXT_INT64},       {"long", PXT_INT64},    {"uint8", PXT_UINT8},
     {"bool", PXT_BOOL},
 };
 

@@ -66,9 +66,9 @@ typedef struct {
     const char *rule;
     double value;
 } pxt_py_real;
-#define PXT_PY_REAL(name, lo, lo_open, hi, hi_open, rule) \
+#define PXT_PY_REAL(name, lo, lo_open, hi, hi_open, rule)                                          \
     {{(name), 0, 0}, (lo), (hi), (lo_open), (hi_open), 0, (rule), 0.0}
-#define PXT_PY_REAL_OPT(name, lo, lo_open, hi, hi_open, rule, dflt) \
+#define PXT_PY_REAL_OPT(name, lo, lo_open, hi, hi_open, rule, dflt)                                \
     {{(name), 1, 0}, (lo), (hi), (lo_open), (hi_open), 0, (rule), (dflt)}
 /* Any real number, inf and NaN included (the caller's checks come after). */
 #define PXT_PY_NUMBER(name, dflt) {{(name), 0, 0}, 0.0, 0.0, 0, 0, 0, NULL, (dflt)}
@@ -96,7 +96,7 @@ typedef struct {
 int pxt_py_choice_converter(PyObject *obj, void *arg);
 
 /* The choice lists of the engine's enums, in enum order. */
-extern const char *const pxt_py_ckpt_names[];      /* none, selective, full, auto (pxt_ckpt) */
+extern const char *const pxt_py_ckpt_names[];       /* none, selective, full, auto (pxt_ckpt) */
 extern const char *const pxt_py_block_ckpt_names[]; /* none, selective, full */
 extern const char *const pxt_py_precision_names[];  /* fp32, bf16, fp16 */
 /* The dtype of precision choice i. */
@@ -155,11 +155,10 @@ int pxt_py_check_writable(const pxt_tensor *t, const char *name);
 
 /* The device's backend when it has `op` (a table entry), else NotImplementedError. */
 const pxt_backend *pxt_py_backend_with(pxt_device dev, const void *op, const char *op_name);
-#define PXT_BACKEND_OP(dev, field)                                                          \
-    pxt_py_backend_with((dev),                                                              \
-                        pxt_backend_for((dev).type)                                        \
-                            ? (const void *)pxt_backend_for((dev).type)->field             \
-                            : NULL,                                                         \
-                        #field)
+#define PXT_BACKEND_OP(dev, field)                                                                 \
+    pxt_py_backend_with(                                                                           \
+        (dev),                                                                                     \
+        pxt_backend_for((dev).type) ? (const void *)pxt_backend_for((dev).type)->field : NULL,     \
+        #field)
 
 #endif /* PXT_PY_CONVERT_H */

@@ -67,12 +67,14 @@ static PyTypeObject dtype_type = {
 };
 
 int pxt_dtype_init(PyObject *module) {
-    if (PyType_Ready(&dtype_type) < 0)
+    if (PyType_Ready(&dtype_type) < 0) {
         return -1;
+    }
     for (int t = 0; t < PXT_NUM_DTYPES; t++) {
         pxt_dtype_obj *o = PyObject_New(pxt_dtype_obj, &dtype_type);
-        if (!o)
+        if (!o) {
             return -1;
+        }
         o->t = (pxt_dtype)t;
         dtype_objs[t] = (PyObject *)o;
         Py_INCREF(o); /* one reference stays here, one goes to the module */
@@ -94,17 +96,20 @@ PyObject *pxt_dtype_object(pxt_dtype t) { return dtype_objs[t]; }
 static PyObject *bfloat16(void) {
     if (!bfloat16_descr) {
         PyObject *mod = PyImport_ImportModule("ml_dtypes");
-        if (!mod)
+        if (!mod) {
             return NULL;
+        }
         PyObject *type = PyObject_GetAttrString(mod, "bfloat16");
         Py_DECREF(mod);
-        if (!type)
+        if (!type) {
             return NULL;
+        }
         PyArray_Descr *d = NULL;
         int ok = PyArray_DescrConverter(type, &d);
         Py_DECREF(type);
-        if (!ok)
+        if (!ok) {
             return NULL;
+        }
         bfloat16_descr = (PyObject *)d;
     }
     return bfloat16_descr;
@@ -134,23 +139,39 @@ int pxt_dtype_from_descr(PyObject *descr, pxt_dtype *out) {
     npy_intp size = PyDataType_ELSIZE(d);
     switch (d->kind) {
     case 'f':
-        if (size == 4) { *out = PXT_FLOAT32; return 1; }
-        if (size == 2) { *out = PXT_FLOAT16; return 1; }
+        if (size == 4) {
+            *out = PXT_FLOAT32;
+            return 1;
+        }
+        if (size == 2) {
+            *out = PXT_FLOAT16;
+            return 1;
+        }
         return 0;
     case 'i':
-        if (size == 4) { *out = PXT_INT32; return 1; }
-        if (size == 8) { *out = PXT_INT64; return 1; }
+        if (size == 4) {
+            *out = PXT_INT32;
+            return 1;
+        }
+        if (size == 8) {
+            *out = PXT_INT64;
+            return 1;
+        }
         return 0;
     case 'u':
-        if (size == 1) { *out = PXT_UINT8; return 1; }
+        if (size == 1) {
+            *out = PXT_UINT8;
+            return 1;
+        }
         return 0;
     case 'b': *out = PXT_BOOL; return 1;
     case 'V':
     case 'T':
         if (size == 2) { /* ml_dtypes registers bfloat16 as a 2-byte user type */
             PyObject *bf = bfloat16();
-            if (!bf)
+            if (!bf) {
                 return -1;
+            }
             if (((PyArray_Descr *)bf)->typeobj == d->typeobj) {
                 *out = PXT_BFLOAT16;
                 return 1;
@@ -162,8 +183,9 @@ int pxt_dtype_from_descr(PyObject *descr, pxt_dtype *out) {
 }
 
 int pxt_dtype_object_value(PyObject *obj, pxt_dtype *out) {
-    if (!Py_IS_TYPE(obj, &dtype_type))
+    if (!Py_IS_TYPE(obj, &dtype_type)) {
         return 0;
+    }
     *out = ((pxt_dtype_obj *)obj)->t;
     return 1;
 }

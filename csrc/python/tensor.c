@@ -6,7 +6,6 @@
 #define NPY_NO_DEPRECATED_API NPY_2_0_API_VERSION
 #include <numpy/arrayobject.h>
 
-
 /* ---- construction ---------------------------------------------------------- */
 
 /* numel and nbytes of a shape, or -1 with ValueError on negative sizes or overflow. */
@@ -20,9 +19,9 @@ static int shape_bytes(int ndim, const int64_t *shape, pxt_dtype dt, int64_t *nu
                          (long long)shape[i], i);
             return -1;
         }
-        if (shape[i] == 0)
+        if (shape[i] == 0) {
             zero = 1;
-        else if (!zero && n > INT64_MAX / 16 / shape[i]) {
+        } else if (!zero && n > INT64_MAX / 16 / shape[i]) {
             PyErr_SetString(PyExc_ValueError, "shape: the number of elements overflows");
             return -1;
         }
@@ -36,8 +35,9 @@ static int shape_bytes(int ndim, const int64_t *shape, pxt_dtype dt, int64_t *nu
 static pxt_tensor *tensor_alloc_object(pxt_device dev, pxt_dtype dt, int ndim,
                                        const int64_t *shape) {
     pxt_tensor *t = PyObject_GC_New(pxt_tensor, &pxt_tensor_type);
-    if (!t)
+    if (!t) {
         return NULL;
+    }
     t->data = NULL;
     t->storage = NULL;
     t->base = NULL;
@@ -46,7 +46,9 @@ static pxt_tensor *tensor_alloc_object(pxt_device dev, pxt_dtype dt, int ndim,
     t->dtype = dt;
     t->ndim = ndim;
     t->readonly = 0;
-    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+    for (int i = 0; i < ndim; i++) {
+        t->shape[i] = shape[i];
+    }
     if (shape_bytes(ndim, shape, dt, &t->numel, &t->nbytes) < 0) {
         t->ndim = 0;
         PyObject_GC_Del(t);
@@ -57,14 +59,17 @@ static pxt_tensor *tensor_alloc_object(pxt_device dev, pxt_dtype dt, int ndim,
 }
 
 PyObject *pxt_tensor_empty(pxt_device dev, pxt_dtype dt, int ndim, const int64_t *shape) {
-    if (ndim < 0 || ndim > PXT_MAX_DIMS)
-        return PyErr_Format(PyExc_ValueError, "shape: at most %d dimensions, got %d",
-                            PXT_MAX_DIMS, ndim);
-    if (!pxt_allocator_get(dev))
+    if (ndim < 0 || ndim > PXT_MAX_DIMS) {
+        return PyErr_Format(PyExc_ValueError, "shape: at most %d dimensions, got %d", PXT_MAX_DIMS,
+                            ndim);
+    }
+    if (!pxt_allocator_get(dev)) {
         return pxt_raise(PXT_ERR_VALUE);
+    }
     pxt_tensor *t = tensor_alloc_object(dev, dt, ndim, shape);
-    if (!t)
+    if (!t) {
         return NULL;
+    }
     int rc = pxt_storage_new(dev, t->nbytes, &t->storage);
     if (rc != PXT_OK) {
         Py_DECREF(t);
@@ -77,8 +82,9 @@ PyObject *pxt_tensor_empty(pxt_device dev, pxt_dtype dt, int ndim, const int64_t
 PyObject *pxt_tensor_view(pxt_storage *s, size_t offset, pxt_dtype dt, int ndim,
                           const int64_t *shape) {
     pxt_tensor *t = tensor_alloc_object(s->device, dt, ndim, shape);
-    if (!t)
+    if (!t) {
         return NULL;
+    }
     t->storage = pxt_storage_ref(s);
     t->data = t->nbytes ? s->data + offset : NULL;
     return (PyObject *)t;
@@ -86,8 +92,9 @@ PyObject *pxt_tensor_view(pxt_storage *s, size_t offset, pxt_dtype dt, int ndim,
 
 PyObject *pxt_tensor_flat_views(const pxt_param_layout *l, pxt_storage *flat, pxt_dtype dt) {
     PyObject *d = PyDict_New();
-    if (!d)
+    if (!d) {
         return NULL;
+    }
     size_t es = pxt_dtype_size(dt);
     for (int i = 0; i < l->count; i++) {
         const pxt_param_info *p = &l->params[i];
@@ -105,8 +112,9 @@ PyObject *pxt_tensor_flat_views(const pxt_param_layout *l, pxt_storage *flat, px
 PyObject *pxt_tensor_borrow(PyObject *base, char *data, pxt_device dev, pxt_dtype dt, int ndim,
                             const int64_t *shape, int readonly) {
     pxt_tensor *t = tensor_alloc_object(dev, dt, ndim, shape);
-    if (!t)
+    if (!t) {
         return NULL;
+    }
     t->data = t->nbytes ? data : NULL;
     t->readonly = readonly;
     Py_INCREF(base);
@@ -126,8 +134,9 @@ static int tensor_clear(pxt_tensor *self) {
 
 static void tensor_dealloc(pxt_tensor *self) {
     PyObject_GC_UnTrack(self);
-    if (self->weakreflist)
+    if (self->weakreflist) {
         PyObject_ClearWeakRefs((PyObject *)self);
+    }
     pxt_storage_clear(&self->storage);
     tensor_clear(self);
     PyObject_GC_Del(self);
@@ -140,7 +149,8 @@ static int run_copy(const pxt_backend *be, int index, void *dst, const void *src
                     pxt_copy_kind kind) {
     int rc;
     if (nbytes >= PXT_NOGIL_BYTES) {
-        Py_BEGIN_ALLOW_THREADS rc = be->copy(index, dst, src, nbytes, kind);
+        Py_BEGIN_ALLOW_THREADS
+        rc = be->copy(index, dst, src, nbytes, kind);
         Py_END_ALLOW_THREADS
     } else {
         rc = be->copy(index, dst, src, nbytes, kind);
@@ -152,7 +162,8 @@ static int run_cast(const pxt_backend *be, int index, void *dst, pxt_dtype dt, c
                     pxt_dtype st, size_t n) {
     int rc;
     if (n * pxt_dtype_size(st) >= PXT_NOGIL_BYTES) {
-        Py_BEGIN_ALLOW_THREADS rc = be->cast(index, dst, dt, src, st, n);
+        Py_BEGIN_ALLOW_THREADS
+        rc = be->cast(index, dst, dt, src, st, n);
         Py_END_ALLOW_THREADS
     } else {
         rc = be->cast(index, dst, dt, src, st, n);
@@ -162,8 +173,9 @@ static int run_cast(const pxt_backend *be, int index, void *dst, pxt_dtype dt, c
 
 /* Copies host bytes (already in dst's dtype) into the tensor dst. */
 static int copy_from_host(pxt_tensor *dst, const void *host) {
-    if (!dst->nbytes)
+    if (!dst->nbytes) {
         return 0;
+    }
     const pxt_backend *be = pxt_backend_for(dst->device.type);
     int rc = run_copy(be, dst->device.index, dst->data, host, dst->nbytes,
                       dst->device.type == PXT_CPU ? PXT_COPY_D2D : PXT_COPY_H2D);
@@ -175,8 +187,9 @@ static int copy_from_host(pxt_tensor *dst, const void *host) {
 }
 
 static int copy_to_host(void *host, pxt_tensor *src) {
-    if (!src->nbytes)
+    if (!src->nbytes) {
         return 0;
+    }
     const pxt_backend *be = pxt_backend_for(src->device.type);
     int rc = run_copy(be, src->device.index, host, src->data, src->nbytes,
                       src->device.type == PXT_CPU ? PXT_COPY_D2D : PXT_COPY_D2H);
@@ -187,12 +200,15 @@ static int copy_to_host(void *host, pxt_tensor *src) {
     return 0;
 }
 
-static int same_device(pxt_device a, pxt_device b) { return a.type == b.type && a.index == b.index; }
+static int same_device(pxt_device a, pxt_device b) {
+    return a.type == b.type && a.index == b.index;
+}
 
 PyObject *pxt_tensor_convert(pxt_tensor *src, pxt_device dev, pxt_dtype dt) {
     PyObject *out = pxt_tensor_empty(dev, dt, src->ndim, src->shape);
-    if (!out || !src->numel)
+    if (!out || !src->numel) {
         return out;
+    }
     pxt_tensor *dst = (pxt_tensor *)out;
     const pxt_backend *sbe = pxt_backend_for(src->device.type);
     if (same_device(src->device, dev)) { /* one pass on the device itself */
@@ -242,22 +258,28 @@ PyObject *pxt_tensor_convert(pxt_tensor *src, pxt_device dev, pxt_dtype dt) {
 /* The default pyxtts dtype for a NumPy dtype that is not one of ours. */
 static int default_dtype(PyArray_Descr *d, pxt_dtype *out) {
     int found = pxt_dtype_from_descr((PyObject *)d, out);
-    if (found != 0)
+    if (found != 0) {
         return found == 1 ? 0 : -1;
+    }
     switch (d->kind) {
     case 'f': *out = PXT_FLOAT32; return 0; /* float64 becomes the engine's float32 */
-    case 'i':
-        *out = PyDataType_ELSIZE(d) < 4 ? PXT_INT32 : PXT_INT64;
-        return 0;
+    case 'i': *out = PyDataType_ELSIZE(d) < 4 ? PXT_INT32 : PXT_INT64; return 0;
     case 'u':
-        if (PyDataType_ELSIZE(d) <= 2) { *out = PXT_INT32; return 0; }
-        if (PyDataType_ELSIZE(d) == 4) { *out = PXT_INT64; return 0; }
+        if (PyDataType_ELSIZE(d) <= 2) {
+            *out = PXT_INT32;
+            return 0;
+        }
+        if (PyDataType_ELSIZE(d) == 4) {
+            *out = PXT_INT64;
+            return 0;
+        }
         break;
     default: break;
     }
     PyErr_Format(PyExc_TypeError,
                  "data: arrays of dtype %R cannot become a pyxtts tensor (expected a real "
-                 "number or bool dtype)%s", (PyObject *)d,
+                 "number or bool dtype)%s",
+                 (PyObject *)d,
                  d->kind == 'u' ? "; pass dtype=pyxtts.int64 to convert uint64 explicitly" : "");
     return -1;
 }
@@ -270,8 +292,9 @@ static int is_numeric_kind(char kind) {
  * double (pyxtts.tensor(float64_array, dtype=int32): NumPy's own cast is C's,
  * undefined out of range, and float32 first would lose integers > 2^24). */
 static void cast_f64_to_int(void *dst, pxt_dtype dt, const double *src, size_t n) {
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         pxt_store_int_sat(dst, dt, i, src[i]);
+    }
 }
 
 /* pyxtts.tensor(data, dtype=None, device="cpu"): always a copy. */
@@ -279,8 +302,9 @@ PyObject *pxt_tensor_from_data(PyObject *data, PyObject *dtype_arg, PyObject *de
     pxt_py_device dev_arg = PXT_PY_DEVICE_OPT("device", 1);
     pxt_py_dtype want_arg = PXT_PY_DTYPE_OPT("dtype", PXT_FLOAT32);
     if ((device_arg && !pxt_py_device_converter(device_arg, &dev_arg)) ||
-        (dtype_arg && !pxt_py_dtype_converter(dtype_arg, &want_arg)))
+        (dtype_arg && !pxt_py_dtype_converter(dtype_arg, &want_arg))) {
         return NULL;
+    }
     pxt_device dev = dev_arg.value;
     pxt_dtype want = want_arg.value;
     int have_want = want_arg.a.given;
@@ -296,8 +320,10 @@ PyObject *pxt_tensor_from_data(PyObject *data, PyObject *dtype_arg, PyObject *de
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
 #endif
-        PyErr_Format(PyExc_TypeError, "data: expected something NumPy can view as an array, "
-                     "got %.100s (%S)", Py_TYPE(data)->tp_name, value ? value : Py_None);
+        PyErr_Format(PyExc_TypeError,
+                     "data: expected something NumPy can view as an array, "
+                     "got %.100s (%S)",
+                     Py_TYPE(data)->tp_name, value ? value : Py_None);
         Py_XDECREF(type);
         Py_XDECREF(value);
         Py_XDECREF(tb);
@@ -307,12 +333,14 @@ PyObject *pxt_tensor_from_data(PyObject *data, PyObject *dtype_arg, PyObject *de
     PyArray_Descr *d = PyArray_DESCR(arr);
     pxt_dtype src_dt;
     int ours = pxt_dtype_from_descr((PyObject *)d, &src_dt);
-    if (ours < 0)
+    if (ours < 0) {
         goto done;
+    }
     if (!ours && !is_numeric_kind(d->kind)) {
         PyErr_Format(PyExc_TypeError,
                      "data: arrays of dtype %R cannot become a pyxtts tensor (expected a real "
-                     "number or bool dtype)", (PyObject *)d);
+                     "number or bool dtype)",
+                     (PyObject *)d);
         goto done;
     }
     if (PyArray_NDIM(arr) > PXT_MAX_DIMS) {
@@ -321,49 +349,57 @@ PyObject *pxt_tensor_from_data(PyObject *data, PyObject *dtype_arg, PyObject *de
         goto done;
     }
     pxt_dtype dt;
-    if (have_want)
+    if (have_want) {
         dt = want;
-    else if (default_dtype(d, &dt) < 0)
+    } else if (default_dtype(d, &dt) < 0) {
         goto done;
+    }
     /* NumPy brings the data to native byte order and C order; when the source
      * dtype is ours the element conversion is ours too (same rules as .to).
      * Wider floats (float64) into integers also follow our rules (truncate,
      * saturate, NaN -> 0): NumPy would do C's undefined out-of-range cast. */
     pxt_dtype stage_dt = ours ? src_dt : dt;
     int via_f64 = !ours && d->kind == 'f' && !pxt_dtype_is_float(dt) && dt != PXT_BOOL;
-    PyObject *stage_descr = via_f64 ? (PyObject *)PyArray_DescrFromType(NPY_FLOAT64)
-                                    : pxt_dtype_to_descr(stage_dt);
-    if (!stage_descr)
+    PyObject *stage_descr =
+        via_f64 ? (PyObject *)PyArray_DescrFromType(NPY_FLOAT64) : pxt_dtype_to_descr(stage_dt);
+    if (!stage_descr) {
         goto done;
+    }
     PyArrayObject *c = (PyArrayObject *)PyArray_FromAny(
         (PyObject *)arr, (PyArray_Descr *)stage_descr, 0, 0,
         NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_FORCECAST, NULL);
-    if (!c)
+    if (!c) {
         goto done;
+    }
     int64_t shape[PXT_MAX_DIMS];
-    for (int i = 0; i < PyArray_NDIM(c); i++) shape[i] = PyArray_DIM(c, i);
+    for (int i = 0; i < PyArray_NDIM(c); i++) {
+        shape[i] = PyArray_DIM(c, i);
+    }
     pxt_device cpu = {PXT_CPU, 0};
     if (stage_dt == dt && !via_f64) {
         result = pxt_tensor_empty(dev, dt, PyArray_NDIM(c), shape);
-        if (result && copy_from_host((pxt_tensor *)result, PyArray_DATA(c)) < 0)
+        if (result && copy_from_host((pxt_tensor *)result, PyArray_DATA(c)) < 0) {
             Py_CLEAR(result);
+        }
     } else { /* cast on the host, then move */
         PyObject *host = pxt_tensor_empty(cpu, dt, PyArray_NDIM(c), shape);
         if (host) {
             pxt_tensor *h = (pxt_tensor *)host;
             int rc = PXT_OK;
-            if (via_f64)
+            if (via_f64) {
                 cast_f64_to_int(h->data, dt, PyArray_DATA(c), (size_t)h->numel);
-            else if (h->numel)
+            } else if (h->numel) {
                 rc = run_cast(pxt_backend_for(PXT_CPU), 0, h->data, dt, PyArray_DATA(c), stage_dt,
                               (size_t)h->numel);
-            if (rc != PXT_OK)
+            }
+            if (rc != PXT_OK) {
                 pxt_raise(rc);
-            else if (dev.type == PXT_CPU) {
+            } else if (dev.type == PXT_CPU) {
                 result = host;
                 host = NULL;
-            } else
+            } else {
                 result = pxt_tensor_convert(h, dev, dt);
+            }
             Py_XDECREF(host);
         }
     }
@@ -377,14 +413,18 @@ static PyObject *tensor_numpy(PyObject *op, PyObject *unused) {
     (void)unused;
     pxt_tensor *self = (pxt_tensor *)op;
     PyObject *descr = pxt_dtype_to_descr(self->dtype);
-    if (!descr)
+    if (!descr) {
         return NULL;
+    }
     npy_intp dims[PXT_MAX_DIMS];
-    for (int i = 0; i < self->ndim; i++) dims[i] = (npy_intp)self->shape[i];
+    for (int i = 0; i < self->ndim; i++) {
+        dims[i] = (npy_intp)self->shape[i];
+    }
     PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, (PyArray_Descr *)descr, self->ndim, dims,
                                          NULL, NULL, 0, NULL); /* steals descr */
-    if (!arr)
+    if (!arr) {
         return NULL;
+    }
     if (copy_to_host(PyArray_DATA((PyArrayObject *)arr), self) < 0) {
         Py_DECREF(arr);
         return NULL;
@@ -396,8 +436,9 @@ static PyObject *tensor_numpy(PyObject *op, PyObject *unused) {
 static PyObject *tensor_array(PyObject *op, PyObject *args, PyObject *kwargs) {
     static char *kw[] = {"dtype", "copy", NULL};
     PyObject *dtype = Py_None, *copy = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO:__array__", kw, &dtype, &copy))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO:__array__", kw, &dtype, &copy)) {
         return NULL;
+    }
     if (copy == Py_False) {
         PyErr_SetString(PyExc_ValueError,
                         "a pyxtts.Tensor cannot be viewed by NumPy without a copy; use "
@@ -405,8 +446,9 @@ static PyObject *tensor_array(PyObject *op, PyObject *args, PyObject *kwargs) {
         return NULL;
     }
     PyObject *arr = tensor_numpy(op, NULL);
-    if (!arr || dtype == Py_None)
+    if (!arr || dtype == Py_None) {
         return arr;
+    }
     PyObject *res = PyObject_CallMethod(arr, "astype", "O", dtype);
     Py_DECREF(arr);
     return res;
@@ -418,8 +460,9 @@ static PyObject *tensor_to(PyObject *op, PyObject *args, PyObject *kwargs) {
     static char *kw[] = {"device", "dtype", "copy", NULL};
     PyObject *dev_arg = Py_None, *dt_arg = Py_None;
     int copy = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO$p:to", kw, &dev_arg, &dt_arg, &copy))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO$p:to", kw, &dev_arg, &dt_arg, &copy)) {
         return NULL;
+    }
     pxt_tensor *self = (pxt_tensor *)op;
     pxt_py_device dev = PXT_PY_DEVICE_OPT("device", 1);
     pxt_py_dtype dt = PXT_PY_DTYPE_OPT("dtype", self->dtype);
@@ -431,12 +474,14 @@ static PyObject *tensor_to(PyObject *op, PyObject *args, PyObject *kwargs) {
             dev_arg = Py_None;
         } else {
             PyErr_Clear();
-            if (!pxt_py_device_converter(dev_arg, &dev))
+            if (!pxt_py_device_converter(dev_arg, &dev)) {
                 return NULL;
+            }
         }
     }
-    if (!pxt_py_dtype_converter(dt_arg, &dt))
+    if (!pxt_py_dtype_converter(dt_arg, &dt)) {
         return NULL;
+    }
     if (!copy && same_device(dev.value, self->device) && dt.value == self->dtype) {
         Py_INCREF(op);
         return op;
@@ -450,18 +495,23 @@ static PyObject *shape_tuple(pxt_tensor *t);
  * Writes in place, so views (named parameters) see the new values. */
 static PyObject *tensor_copy_(PyObject *op, PyObject *arg) {
     pxt_tensor *self = (pxt_tensor *)op;
-    if (self->readonly)
+    if (self->readonly) {
         return PyErr_Format(PyExc_ValueError, "copy_: the tensor is read-only");
+    }
     PyObject *src = pxt_tensor_check(arg) ? Py_NewRef(arg) : pxt_tensor_from_data(arg, NULL, NULL);
-    if (!src)
+    if (!src) {
         return NULL;
+    }
     pxt_tensor *s = (pxt_tensor *)src;
     int same = s->ndim == self->ndim;
-    for (int i = 0; same && i < s->ndim; i++) same = s->shape[i] == self->shape[i];
+    for (int i = 0; same && i < s->ndim; i++) {
+        same = s->shape[i] == self->shape[i];
+    }
     if (!same) {
         PyObject *a = shape_tuple(self), *b = shape_tuple(s);
-        if (a && b)
+        if (a && b) {
             PyErr_Format(PyExc_ValueError, "copy_: expected a source of shape %R, got %R", a, b);
+        }
         Py_XDECREF(a);
         Py_XDECREF(b);
         Py_DECREF(src);
@@ -469,17 +519,20 @@ static PyObject *tensor_copy_(PyObject *op, PyObject *arg) {
     }
     /* bring the source to our device and dtype, then move the bytes */
     PyObject *conv = (same_device(s->device, self->device) && s->dtype == self->dtype)
-                         ? Py_NewRef(src) : pxt_tensor_convert(s, self->device, self->dtype);
+                         ? Py_NewRef(src)
+                         : pxt_tensor_convert(s, self->device, self->dtype);
     Py_DECREF(src);
-    if (!conv)
+    if (!conv) {
         return NULL;
+    }
     pxt_tensor *c = (pxt_tensor *)conv;
     int rc = c->nbytes ? run_copy(pxt_backend_for(self->device.type), self->device.index,
                                   self->data, c->data, c->nbytes, PXT_COPY_D2D)
                        : PXT_OK;
     Py_DECREF(conv);
-    if (rc != PXT_OK)
+    if (rc != PXT_OK) {
         return pxt_raise(rc);
+    }
     Py_RETURN_NONE;
 }
 
@@ -495,8 +548,9 @@ static PyObject *tensor_numel(PyObject *op, PyObject *unused) {
 
 static PyObject *shape_tuple(pxt_tensor *t) {
     PyObject *tup = PyTuple_New(t->ndim);
-    if (!tup)
+    if (!tup) {
         return NULL;
+    }
     for (int i = 0; i < t->ndim; i++) {
         PyObject *v = PyLong_FromLongLong(t->shape[i]);
         if (!v) {
@@ -567,17 +621,19 @@ static PyObject *tensor_repr(PyObject *op) {
             values = PyObject_Str(arr);
             Py_DECREF(arr);
         }
-        if (!values)
+        if (!values) {
             PyErr_Clear(); /* a repr never fails because of the values */
+        }
     }
     PyObject *res = NULL;
     if (shape && dev) {
-        if (values)
-            res = PyUnicode_FromFormat("pyxtts.Tensor(shape=%R, dtype=%s, device='%U')\n%U",
-                                       shape, pxt_dtype_name(t->dtype), dev, values);
-        else
+        if (values) {
+            res = PyUnicode_FromFormat("pyxtts.Tensor(shape=%R, dtype=%s, device='%U')\n%U", shape,
+                                       pxt_dtype_name(t->dtype), dev, values);
+        } else {
             res = PyUnicode_FromFormat("pyxtts.Tensor(shape=%R, dtype=%s, device='%U')", shape,
                                        pxt_dtype_name(t->dtype), dev);
+        }
     }
     Py_XDECREF(shape);
     Py_XDECREF(dev);
@@ -586,7 +642,8 @@ static PyObject *tensor_repr(PyObject *op) {
 }
 
 static PyMethodDef tensor_methods[] = {
-    {"numpy", tensor_numpy, METH_NOARGS, "numpy() -> a copy as a NumPy array (bfloat16 as ml_dtypes.bfloat16)."},
+    {"numpy", tensor_numpy, METH_NOARGS,
+     "numpy() -> a copy as a NumPy array (bfloat16 as ml_dtypes.bfloat16)."},
     {"to", (PyCFunction)(void (*)(void))tensor_to, METH_VARARGS | METH_KEYWORDS,
      "to(device=None, dtype=None, *, copy=False) -> the tensor on that device and dtype.\n"
      "Returns self when nothing changes (unless copy=True). Floats round to nearest even."},
@@ -618,8 +675,9 @@ static PyObject *tensor_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     (void)type;
     static char *kw[] = {"data", "dtype", "device", NULL};
     PyObject *data, *dtype = Py_None, *device = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OO:Tensor", kw, &data, &dtype, &device))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OO:Tensor", kw, &data, &dtype, &device)) {
         return NULL;
+    }
     return pxt_tensor_from_data(data, dtype, device);
 }
 
@@ -642,3 +700,5 @@ PyTypeObject pxt_tensor_type = {
 int pxt_tensor_init_type(PyObject *module) {
     return PyModule_AddType(module, &pxt_tensor_type); /* readies it; the name after the last dot */
 }
+
+#undef REPR_MAX_ELEMENTS

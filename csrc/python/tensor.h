@@ -14,13 +14,13 @@
 
 typedef struct {
     PyObject_HEAD
-    char *data;              /* device pointer to element 0; NULL when nbytes == 0 */
-    pxt_storage *storage;    /* engine memory this tensor holds a reference to, or NULL */
-    PyObject *base;          /* keeps borrowed memory alive, or NULL */
+    char *data;           /* device pointer to element 0; NULL when nbytes == 0 */
+    pxt_storage *storage; /* engine memory this tensor holds a reference to, or NULL */
+    PyObject *base;       /* keeps borrowed memory alive, or NULL */
     pxt_device device;
     pxt_dtype dtype;
     int ndim;
-    int readonly;            /* imported read-only memory (DLPack flag) */
+    int readonly; /* imported read-only memory (DLPack flag) */
     int64_t shape[PXT_MAX_DIMS];
     int64_t numel;
     size_t nbytes;
