@@ -19,17 +19,30 @@ static int none_for(pxt_py_arg *a, PyObject *obj) {
 
 /* ---- numbers ---------------------------------------------------------------------- */
 
+/* An integer argument (int or __index__, not bool) as a new int reference, or
+ * NULL with TypeError naming it. */
+static PyObject *integer_of(PyObject *obj, const char *name) {
+    if (PyBool_Check(obj) || !PyIndex_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s: expected an integer, got %.100s", name,
+                     Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    return PyNumber_Index(obj);
+}
+
+/* "name: expected an integer <want>, got <v>"; 0. */
+static int integer_out_of_range(const char *name, const char *want, PyObject *v) {
+    PyErr_Format(PyExc_ValueError, "%s: expected an integer %s, got %R", name, want, v);
+    Py_DECREF(v);
+    return 0;
+}
+
 int pxt_py_int_converter(PyObject *obj, void *arg) {
     pxt_py_int *p = arg;
     if (none_for(&p->a, obj)) {
         return 1;
     }
-    if (PyBool_Check(obj) || !PyIndex_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "%s: expected an integer, got %.100s", p->a.name,
-                     Py_TYPE(obj)->tp_name);
-        return 0;
-    }
-    PyObject *v = PyNumber_Index(obj);
+    PyObject *v = integer_of(obj, p->a.name);
     if (!v) {
         return 0;
     }
@@ -48,9 +61,7 @@ int pxt_py_int_converter(PyObject *obj, void *arg) {
         } else {
             snprintf(want, sizeof want, "in [%lld, %lld]", p->lo, p->hi);
         }
-        PyErr_Format(PyExc_ValueError, "%s: expected an integer %s, got %R", p->a.name, want, v);
-        Py_DECREF(v);
-        return 0;
+        return integer_out_of_range(p->a.name, want, v);
     }
     Py_DECREF(v);
     p->value = n;
@@ -62,22 +73,14 @@ int pxt_py_u64_converter(PyObject *obj, void *arg) {
     if (none_for(&p->a, obj)) {
         return 1;
     }
-    if (PyBool_Check(obj) || !PyIndex_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "%s: expected an integer, got %.100s", p->a.name,
-                     Py_TYPE(obj)->tp_name);
-        return 0;
-    }
-    PyObject *v = PyNumber_Index(obj);
+    PyObject *v = integer_of(obj, p->a.name);
     if (!v) {
         return 0;
     }
     unsigned long long n = PyLong_AsUnsignedLongLong(v); /* OverflowError when < 0 or too big */
     if (n == (unsigned long long)-1 && PyErr_Occurred()) {
         PyErr_Clear();
-        PyErr_Format(PyExc_ValueError, "%s: expected an integer in [0, 2**64), got %R", p->a.name,
-                     v);
-        Py_DECREF(v);
-        return 0;
+        return integer_out_of_range(p->a.name, "in [0, 2**64)", v);
     }
     Py_DECREF(v);
     p->value = n;
