@@ -44,6 +44,7 @@ typedef struct {
     pxt_py_arg a;
     unsigned long long value;
 } pxt_py_u64;
+#define PXT_PY_U64(name) {{(name), 0, 0}, 0}
 #define PXT_PY_U64_OPT(name, dflt) {{(name), 1, 0}, (dflt)}
 int pxt_py_u64_converter(PyObject *obj, void *arg);
 

@@ -106,8 +106,7 @@ static int gpt_init(PyObject *op, PyObject *args, PyObject *kwargs) {
     pxt_py_device dev = PXT_PY_DEVICE_OPT("device", 1);
     pxt_py_choice prec = PXT_PY_CHOICE("precision", pxt_py_precision_names);
     pxt_py_choice ckpt = PXT_PY_CHOICE("checkpointing", pxt_py_ckpt_names);
-    pxt_py_u64 seed = PXT_PY_U64_OPT("seed", 0);
-    seed.a.optional = 0; /* a model's seed is a number: None is a mistake, not a default */
+    pxt_py_u64 seed = PXT_PY_U64("seed"); /* a number: None is a mistake, not a default */
     if (g->ready) {
         PyErr_SetString(PyExc_RuntimeError, "GPT.__init__ called twice");
         return -1;
