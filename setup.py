@@ -85,10 +85,11 @@ def configure_cuda(ext: Extension) -> None:
     ext.depends += cu_sources + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "cuda").glob("*.cuh"))
     ext.depends += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "cuda").glob("*.h"))
     libdir = cuda.home / "lib64" if (cuda.home / "lib64").is_dir() else cuda.home / "lib"
-    # cudart statically (no runtime dependency on a toolkit); cuBLAS from its wheel or the
-    # toolkit (wheels ship no unversioned libcublas.so); nvcc's launch stubs need libstdc++
+    # cudart statically (no runtime dependency on a toolkit); cuBLAS and cuBLASLt from their
+    # wheel or the toolkit (wheels ship no unversioned .so); nvcc's launch stubs need libstdc++
     ext.extra_objects.append(str(libdir / "libcudart_static.a"))
-    ext.extra_link_args += [f"-L{cuda.cublas_lib}", f"-l:libcublas.so.{cuda.version[0]}", "-lrt", "-ldl",
+    ext.extra_link_args += [f"-L{cuda.cublas_lib}", f"-l:libcublas.so.{cuda.version[0]}",
+                            f"-l:libcublasLt.so.{cuda.version[0]}", "-lrt", "-ldl",
                             "-lpthread", "-lstdc++", f"-Wl,-rpath,{cuda.cublas_lib}"]
     if cuda.cublas_from_wheel:
         ext.extra_link_args.append(f"-Wl,-rpath,$ORIGIN/../nvidia/cu{cuda.version[0]}/lib")

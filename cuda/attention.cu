@@ -414,7 +414,7 @@ int pxt_cuda_attention_forward(int index, const pxt_attn_args *a, void *out, flo
     if (grid == 0) {
         return PXT_OK;
     }
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    PXT_CUDA_ENTER(index);
     const void *ptrs[] = {out, q, k, v};
     int use_tc = 0; /* attention_tc.cu: 16-bit, D = 64 / 128, sm_80+ (PYXTTS_CUDA_ATTENTION) */
     PXT_TRY(pxt_cuda_attention_tc_select(index, a, ptrs, 4, &use_tc));
@@ -451,7 +451,7 @@ int pxt_cuda_attention_backward(int index, const pxt_attn_args *a, void *dq, voi
         return pxt_error(PXT_ERR_VALUE, "attention_backward: no workspace (attention_workspace "
                                         "bytes), got NULL");
     }
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    PXT_CUDA_ENTER(index);
     cudaStream_t stream = pxt_cuda_stream(index);
     float *Di = (float *)(((uintptr_t)workspace + 255) & ~(uintptr_t)255); /* (B, H, Tq) */
     const int64_t rows = (int64_t)a->B * a->H * a->Tq;

@@ -114,12 +114,11 @@ int pxt_cuda_cast(int index, void *dst, pxt_dtype dt, const void *src, pxt_dtype
     if (n == 0) {
         return PXT_OK; /* a grid of 0 blocks is a launch error */
     }
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    PXT_CUDA_ENTER(index);
     cudaStream_t stream = pxt_cuda_stream(index);
     if (dt == st) {
         PXT_CUDA_CHECK(
             cudaMemcpyAsync(dst, src, n * pxt_dtype_size(dt), cudaMemcpyDeviceToDevice, stream));
-        PXT_CUDA_CHECK(cudaStreamSynchronize(stream));
         return PXT_OK;
     }
     size_t blocks = (n + CAST_BLOCK - 1) / CAST_BLOCK;
@@ -139,9 +138,8 @@ int pxt_cuda_cast(int index, void *dst, pxt_dtype dt, const void *src, pxt_dtype
     } else {
         cast_kernel<<<grid, CAST_BLOCK, 0, stream>>>(dst, dt, src, st, pxt_dtype_is_float(st), n);
     }
-    PXT_CUDA_CHECK(cudaGetLastError());
-    PXT_CUDA_CHECK(cudaStreamSynchronize(stream)); /* casts finish before they return */
-    return PXT_OK;
+    PXT_CUDA_CHECK_LAUNCH("cast");
+    return PXT_OK; /* queued: ordered before the device's next work */
 }
 
 #undef CAST_BLOCK

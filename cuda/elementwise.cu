@@ -10,7 +10,7 @@ template <typename T> __global__ static void add_kernel(T *out, const T *a, cons
 }
 
 int pxt_cuda_add(int index, void *out, const void *a, const void *b, size_t n, pxt_dtype dt) {
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    PXT_CUDA_ENTER(index);
     PXT_TRY(pxt_cuda_dispatch(dt, "add", [&](auto tag) {
         using T = decltype(tag);
         if (n) {

@@ -41,7 +41,7 @@ __global__ static void gelu_backward_kernel(T *dinp, const T *inp, const T *dout
 }
 
 int pxt_cuda_gelu_forward(int index, void *out, const void *inp, size_t n, pxt_dtype dt) {
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    PXT_CUDA_ENTER(index);
     PXT_TRY(pxt_cuda_dispatch(dt, "gelu_forward", [&](auto tag) {
         using T = decltype(tag);
         if (n) {
@@ -55,7 +55,7 @@ int pxt_cuda_gelu_forward(int index, void *out, const void *inp, size_t n, pxt_d
 
 int pxt_cuda_gelu_backward(int index, void *dinp, const void *inp, const void *dout, size_t n,
                            pxt_dtype dt) {
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    PXT_CUDA_ENTER(index);
     PXT_TRY(pxt_cuda_dispatch(dt, "gelu_backward", [&](auto tag) {
         using T = decltype(tag);
         if (n) {

@@ -3,10 +3,8 @@
  *
  * Rows go one per warp: the row sums are taken in double (lanes stride the
  * row, then a fixed butterfly), and mean, rstd are saved as float32 as on the
- * CPU. The backward has no workspace, so dweight and dbias are not reduced
- * through partial buffers: one thread per column walks all N rows in order
- * into double accumulators, the CPU's exact order, so those two come out
- * bit-identical to the CPU and independent of the launch. */
+ * CPU. dweight and dbias are backend.h's two-stage column sums (colsum.cu):
+ * the CPU's bits, with (chunks x columns) threads instead of one per column. */
 #include "elem.cuh"
 
 #define LN_WARPS 8 /* rows per block of the row kernels */
@@ -57,7 +55,7 @@ int pxt_cuda_layernorm_forward(int index, void *out, float *mean, float *rstd, c
     if (N < 0 || C <= 0) {
         return pxt_error(PXT_ERR_VALUE, "layernorm_forward: bad size N=%d C=%d", N, C);
     }
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    PXT_CUDA_ENTER(index);
     PXT_TRY(pxt_cuda_dispatch(dt, "layernorm_forward", [&](auto tag) {
         using T = decltype(tag);
         if (N) {
@@ -97,35 +95,14 @@ __global__ static void layernorm_dinp_kernel(T *dinp, const T *dout, const T *in
     }
 }
 
-/* Pass 2, a thread per column: dbias += sum_i dout, dweight += sum_i n * dout,
- * rows in order (the CPU's order: its bits). */
-template <typename T>
-__global__ static void layernorm_dparams_kernel(float *dweight, float *dbias, const T *dout,
-                                                const T *inp, const float *mean, const float *rstd,
-                                                int N, int C) {
-    int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= C) {
-        return;
-    }
-    double dw = 0.0, db = 0.0;
-    for (int i = 0; i < N; i++) {
-        size_t k = (size_t)i * C + j;
-        float g = ldf(dout[k]);
-        float n = (ldf(inp[k]) - mean[i]) * rstd[i];
-        db += g;
-        dw += (double)n * g;
-    }
-    dweight[j] = (float)(dweight[j] + dw);
-    dbias[j] = (float)(dbias[j] + db);
-}
-
 int pxt_cuda_layernorm_backward(int index, void *dinp, float *dweight, float *dbias,
                                 const void *dout, const void *inp, const void *weight,
-                                const float *mean, const float *rstd, int N, int C, pxt_dtype dt) {
+                                const float *mean, const float *rstd, int N, int C, pxt_dtype dt,
+                                void *workspace) {
     if (N < 0 || C <= 0) {
         return pxt_error(PXT_ERR_VALUE, "layernorm_backward: bad size N=%d C=%d", N, C);
     }
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    PXT_CUDA_ENTER(index);
     cudaStream_t stream = pxt_cuda_stream(index);
     /* dinp, dout, inp (N, C); weight (C); dweight, dbias (C) fp32; mean, rstd (N) */
     PXT_TRY(pxt_cuda_dispatch(dt, "layernorm_backward", [&](auto tag) {
@@ -136,13 +113,9 @@ int pxt_cuda_layernorm_backward(int index, void *dinp, float *dweight, float *db
         }
     }));
     PXT_CUDA_CHECK_LAUNCH("layernorm_backward (dinp)");
-    PXT_TRY(pxt_cuda_dispatch(dt, "layernorm_backward", [&](auto tag) {
-        using T = decltype(tag);
-        layernorm_dparams_kernel<T><<<(C + 127) / 128, 128, 0, stream>>>(
-            dweight, dbias, (const T *)dout, (const T *)inp, mean, rstd, N, C);
-    }));
-    PXT_CUDA_CHECK_LAUNCH("layernorm_backward (dweight, dbias)");
-    return PXT_OK;
+    /* pass 2: dbias += sum_i dout, dweight += sum_i n * dout, two-stage */
+    return pxt_cuda_layernorm_dparams(index, dweight, dbias, dout, inp, mean, rstd, N, C, dt,
+                                      workspace);
 }
 
 #undef LN_WARPS

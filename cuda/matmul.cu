@@ -1,5 +1,5 @@
-/* matmul.cu: gemm through cuBLAS, the bias add and its backward
- * (csrc/cpu/matmul.c is the reference).
+/* matmul.cu: gemm through cuBLAS and the bias add (csrc/cpu/matmul.c and
+ * bias.c are the reference; the bias backward is in colsum.cu).
  *
  * Row-major to cuBLAS's column-major: a row-major (M, N) matrix is the
  * column-major (N, M) one with the same bytes, so C = op(A) op(B) is computed
@@ -129,7 +129,7 @@ int pxt_cuda_gemm(int index, int trans_a, int trans_b, int M, int N, int K, floa
     if (!workspace) {
         return pxt_error(PXT_ERR_VALUE, "gemm: no workspace (gemm_workspace() bytes), got NULL");
     }
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    PXT_CUDA_ENTER(index);
     cudaStream_t stream = pxt_cuda_stream(index);
     if (K == 0) { /* no products: C = beta * C, as the CPU (cuBLAS leaves k = 0 to us) */
         size_t n = (size_t)M * N;
@@ -140,8 +140,8 @@ int pxt_cuda_gemm(int index, int trans_a, int trans_b, int M, int N, int K, floa
         PXT_CUDA_CHECK_LAUNCH("gemm (k = 0)");
         return PXT_OK;
     }
-    cublasHandle_t h;
-    PXT_TRY(pxt_cuda_cublas(index, &h));
+    pxt_cuda_blas blas(index); /* the handle, ours until the product is queued */
+    cublasHandle_t h = blas.h;
     /* per call, not per handle: the workspace is the caller's, and the math mode
      * must hold even if something else shares the handle */
     PXT_CUBLAS_CHECK(cublasSetWorkspace(h, workspace, GEMM_CUBLAS_WS));
@@ -174,7 +174,7 @@ int pxt_cuda_add_bias(int index, void *out, const void *bias, int M, int N, pxt_
     if (M < 0 || N < 0) {
         return pxt_error(PXT_ERR_VALUE, "add_bias: negative size M=%d N=%d", M, N);
     }
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    PXT_CUDA_ENTER(index);
     size_t n = (size_t)M * N;
     PXT_TRY(pxt_cuda_dispatch(dt, "add_bias", [&](auto tag) {
         using T = decltype(tag);
@@ -184,38 +184,6 @@ int pxt_cuda_add_bias(int index, void *out, const void *bias, int M, int N, pxt_
         }
     }));
     PXT_CUDA_CHECK_LAUNCH("add_bias");
-    return PXT_OK;
-}
-
-/* dbias (N) += column sums of dout (M, N). One thread per column adds the rows
- * in order into a double, exactly as the CPU's column slices do: the CPU's bits,
- * for any launch. A warp reads 32 adjacent columns of a row: coalesced. */
-template <typename T>
-__global__ static void bias_backward_kernel(float *dbias, const T *dout, int M, int N) {
-    int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= N) {
-        return;
-    }
-    double acc = 0.0;
-    for (int i = 0; i < M; i++) {
-        acc += ldf(dout[(size_t)i * N + j]);
-    }
-    dbias[j] = (float)(dbias[j] + acc);
-}
-
-int pxt_cuda_bias_backward(int index, float *dbias, const void *dout, int M, int N, pxt_dtype dt) {
-    if (M < 0 || N < 0) {
-        return pxt_error(PXT_ERR_VALUE, "bias_backward: negative size M=%d N=%d", M, N);
-    }
-    PXT_CUDA_CHECK(cudaSetDevice(index));
-    PXT_TRY(pxt_cuda_dispatch(dt, "bias_backward", [&](auto tag) {
-        using T = decltype(tag);
-        if (N) {
-            bias_backward_kernel<T>
-                <<<(N + 127) / 128, 128, 0, pxt_cuda_stream(index)>>>(dbias, (const T *)dout, M, N);
-        }
-    }));
-    PXT_CUDA_CHECK_LAUNCH("bias_backward");
     return PXT_OK;
 }
 

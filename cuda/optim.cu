@@ -16,7 +16,7 @@ int pxt_cuda_grad_sumsq(int index, double *sumsq, int *nonfinite, const float *g
         return pxt_error(PXT_ERR_VALUE, "grad_sumsq: no workspace (%d doubles), got NULL",
                          PXT_SUMSQ_PARTS);
     }
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    PXT_CUDA_ENTER(index);
     cudaStream_t stream = pxt_cuda_stream(index);
     double *parts = (double *)workspace; /* (PXT_SUMSQ_PARTS) on the device */
     parts_sum_kernel<true>
@@ -85,7 +85,7 @@ int pxt_cuda_adamw(int index, const pxt_adamw_args *a, float *master, float *m, 
     if (a->n_segments < 0) {
         return pxt_error(PXT_ERR_VALUE, "adamw: negative segment count %d", a->n_segments);
     }
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    PXT_CUDA_ENTER(index);
     int write_params = (void *)master != params;
     dim3 grid(ADAMW_BLOCKS_X, a->n_segments < ADAMW_MAX_GRID_Y ? a->n_segments : ADAMW_MAX_GRID_Y);
     PXT_TRY(pxt_cuda_dispatch(a->dt, "adamw (params)", [&](auto tag) {
@@ -121,7 +121,7 @@ int pxt_cuda_swap(int index, void *a, void *b, size_t n, pxt_dtype dt) {
     if (n == 0 || esz == 0) {
         return PXT_OK;
     }
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    PXT_CUDA_ENTER(index);
     cudaStream_t stream = pxt_cuda_stream(index);
     unsigned int grid = pxt_ew_grid(n);
     switch (esz) {

@@ -81,7 +81,7 @@ int pxt_cuda_softmax_xent(int index, float *logits, float *losses, const int32_t
     if (N == 0) {
         return PXT_OK;
     }
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    PXT_CUDA_ENTER(index);
     /* targets live on the device: the callers check them ([-1, V)) on the host
      * side; the kernel turns any other value into NaN rather than reading out of
      * the row */
@@ -120,7 +120,7 @@ int pxt_cuda_sum(int index, double *out, const float *x, size_t n) {
         *out = 0.0;
         return PXT_OK;
     }
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    PXT_CUDA_ENTER(index);
     pthread_mutex_lock(&sum_lock);
     int rc = sum_locked(index, out, x, n);
     pthread_mutex_unlock(&sum_lock);

@@ -79,6 +79,7 @@ class MemoryPlan:
     train: bool
     allocator_rounding: int = 0  # block rounding the allocator adds (in total)
     head_casts: int = 0  # 16-bit models: fp32 head biases and a dt copy of dlogits (in scratch)
+    reduce_workspace: int = 0  # partial sums of the deterministic reductions (in scratch)
     precision: str = "fp32"
     n_layers: int = field(repr=False, default=0)
 
@@ -103,6 +104,7 @@ class MemoryPlan:
             ("attention workspace", self.attention_workspace), ("logits chunk", self.logits),
             ("head casts (16-bit)", self.head_casts),
             ("activation gradients", self.activation_gradients), ("GEMM workspace", self.gemm_workspace),
+            ("reduction workspace", self.reduce_workspace),
             ("allocator rounding", self.allocator_rounding),
         ]
         lines = [f"memory plan ({self.precision}): batch {self.batch_size} x {self.sequence_length} tokens, "

@@ -345,7 +345,7 @@ def test_arena_is_planned_exactly_and_reused(cross, rng):
     Tc = 9 if cross else 0
     est = b.estimate_memory(3, 13, Tc)
     parts = ["inputs", "output", "saved", "activation_gradients", "work", "attention_workspace",
-             "gemm_workspace"]
+             "gemm_workspace", "reduce_workspace"]
     assert sum(est[k] for k in parts) == est["arena"]
     run(b, x, dy, **kw)
     assert b.arena_bytes == est["arena"]

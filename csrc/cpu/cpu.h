@@ -12,15 +12,23 @@ int pxt_cpu_gemm(int index, int trans_a, int trans_b, int M, int N, int K, float
                  const void *A, const void *B, float beta, void *C, pxt_dtype dt_ab, pxt_dtype dt_c,
                  void *workspace);
 size_t pxt_cpu_gemm_workspace(int M, int N, int K, pxt_dtype dt_ab);
+/* gemm_fused.c */
+struct pxt_gemm_args;
+int pxt_cpu_gemm_fused(int index, const struct pxt_gemm_args *g, void *workspace);
+size_t pxt_cpu_gemm_fused_workspace(const struct pxt_gemm_args *g);
+/* bias.c */
 int pxt_cpu_add_bias(int index, void *out, const void *bias, int M, int N, pxt_dtype dt);
-int pxt_cpu_bias_backward(int index, float *dbias, const void *dout, int M, int N, pxt_dtype dt);
+int pxt_cpu_bias_backward(int index, float *dbias, const void *dout, int M, int N, pxt_dtype dt,
+                          void *workspace);
+size_t pxt_cpu_colsum_workspace(int rows, int cols);
 /* layernorm.c */
 int pxt_cpu_layernorm_forward(int index, void *out, float *mean, float *rstd, const void *inp,
                               const void *weight, const void *bias, int N, int C, float eps,
                               pxt_dtype dt);
 int pxt_cpu_layernorm_backward(int index, void *dinp, float *dweight, float *dbias,
                                const void *dout, const void *inp, const void *weight,
-                               const float *mean, const float *rstd, int N, int C, pxt_dtype dt);
+                               const float *mean, const float *rstd, int N, int C, pxt_dtype dt,
+                               void *workspace);
 /* gelu.c */
 int pxt_cpu_gelu_forward(int index, void *out, const void *inp, size_t n, pxt_dtype dt);
 int pxt_cpu_gelu_backward(int index, void *dinp, const void *inp, const void *dout, size_t n,
@@ -30,7 +38,8 @@ int pxt_cpu_add(int index, void *out, const void *a, const void *b, size_t n, px
 int pxt_cpu_embedding_forward(int index, void *out, const int32_t *ids, const void *table, int N,
                               int C, int accumulate, pxt_dtype dt);
 int pxt_cpu_embedding_backward(int index, float *dtable, const void *dout, const int32_t *ids,
-                               int N, int C, pxt_dtype dt);
+                               int N, int C, int V, pxt_dtype dt, void *workspace);
+size_t pxt_cpu_embedding_workspace(int N, int C, int V);
 /* xent.c */
 int pxt_cpu_softmax_xent(int index, float *logits, float *losses, const int32_t *targets, int N,
                          int V, float scale, int backward);

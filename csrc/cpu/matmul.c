@@ -162,55 +162,6 @@ int pxt_cpu_gemm(int index, int trans_a, int trans_b, int M, int N, int K, float
     return PXT_OK;
 }
 
-/* out (M, N) += bias (N): each row is independent. */
-int pxt_cpu_add_bias(int index, void *out, const void *bias, int M, int N, pxt_dtype dt) {
-    (void)index;
-    int rc = pxt_cpu_check_float(dt, "add_bias");
-    if (rc != PXT_OK) {
-        return rc;
-    }
-    if (M < 0 || N < 0) {
-        return pxt_error(PXT_ERR_VALUE, "add_bias: negative size M=%d N=%d", M, N);
-    }
-#pragma omp parallel for schedule(static) if ((size_t)M * N >= PXT_OMP_MIN_WORK)
-    for (int i = 0; i < M; i++) {
-        size_t row = (size_t)i * N;
-        for (int j = 0; j < N; j++) {
-            pxt_st(out, row + j, dt, pxt_ld(out, row + j, dt) + pxt_ld(bias, j, dt));
-        }
-    }
-    return PXT_OK;
-}
-
-/* dbias (N) += sum over rows of dout (M, N). A column slice per task, rows added
- * in order into double accumulators: the same bits for any thread count. */
-int pxt_cpu_bias_backward(int index, float *dbias, const void *dout, int M, int N, pxt_dtype dt) {
-    (void)index;
-    int rc = pxt_cpu_check_float(dt, "bias_backward");
-    if (rc != PXT_OK) {
-        return rc;
-    }
-    if (M < 0 || N < 0) {
-        return pxt_error(PXT_ERR_VALUE, "bias_backward: negative size M=%d N=%d", M, N);
-    }
-    int nslices = (N + PXT_COL_SLICE - 1) / PXT_COL_SLICE;
-#pragma omp parallel for schedule(static) if ((size_t)M * N >= PXT_OMP_MIN_WORK)
-    for (int s = 0; s < nslices; s++) {
-        int c0 = s * PXT_COL_SLICE, w = N - c0 < PXT_COL_SLICE ? N - c0 : PXT_COL_SLICE;
-        double acc[PXT_COL_SLICE] = {0}; /* (w) */
-        for (int i = 0; i < M; i++) {
-            size_t row = (size_t)i * N + c0;
-            for (int j = 0; j < w; j++) {
-                acc[j] += pxt_ld(dout, row + j, dt);
-            }
-        }
-        for (int j = 0; j < w; j++) {
-            dbias[c0 + j] = (float)(dbias[c0 + j] + acc[j]);
-        }
-    }
-    return PXT_OK;
-}
-
 #undef GEMM_TILE
 #undef GEMM_TILE_N
 #undef PANEL_ALIGN

@@ -47,6 +47,63 @@ typedef struct pxt_attn_args {
 /* Fixed number of parts of grad_sumsq's deterministic reduction. */
 #define PXT_SUMSQ_PARTS 256
 
+/* ---- deterministic reductions: the chunking every backend shares -------------
+ * Column sums (bias_backward, layernorm's dweight and dbias, and later the
+ * conditioning path's norms) run in two stages on every backend: the rows are
+ * cut into chunks of pxt_colsum_chunk_rows(rows, cols) consecutive rows; stage
+ * 1 sums each column of each chunk in double, rows in order, from 0.0; stage 2
+ * adds a column's chunk sums in chunk order in double, from 0.0, and adds that
+ * total to the fp32 output once. The chunks depend on the shape alone (never
+ * on thread or SM counts), so every backend gives the same bits, while a GPU
+ * runs chunks x columns partial sums in parallel. PXT_COLSUM_PARALLEL is about
+ * how many partial sums a shape gets; chunks are at least PXT_COLSUM_MIN_ROWS
+ * rows so that stage 2 stays short. */
+#define PXT_COLSUM_PARALLEL (1 << 17)
+#define PXT_COLSUM_MIN_ROWS 16
+
+static inline int pxt_colsum_chunk_rows(int rows, int cols) {
+    int64_t want = (int64_t)PXT_COLSUM_PARALLEL / (cols > 0 ? cols : 1); /* chunks */
+    if (want < 1) {
+        want = 1;
+    }
+    int64_t r = ((int64_t)rows + want - 1) / want;
+    return (int)(r < PXT_COLSUM_MIN_ROWS ? PXT_COLSUM_MIN_ROWS : r);
+}
+
+static inline int pxt_colsum_chunks(int rows, int cols) {
+    int r = pxt_colsum_chunk_rows(rows, cols);
+    return (int)(((int64_t)rows + r - 1) / r);
+}
+
+/* embedding_backward's scatter, in two stages as well: ids are cut into chunks
+ * of PXT_EMB_CHUNK consecutive rows; stage 1 adds, per chunk and per id present
+ * in it, that id's rows of dout in order in double from 0.0; stage 2 adds, per
+ * id, its chunk sums in chunk order in double from 0.0 (chunks without the id
+ * add nothing) and adds the total to the table row once. A repeated id (a
+ * padding token, a position of every sample) is thus summed in parallel pieces
+ * of at most PXT_EMB_CHUNK rows, in the same order everywhere. */
+#define PXT_EMB_CHUNK 64
+
+/* embedding_backward's size and workspace checks, shared by the backends so
+ * their refusals agree: PXT_OK with *empty = 1 when there is nothing to add. */
+static inline int pxt_embedding_backward_check(int N, int C, int V, const void *workspace,
+                                               int *empty) {
+    *empty = 1;
+    if (N < 0 || C < 0 || V < 0) {
+        return pxt_error(PXT_ERR_VALUE, "embedding_backward: negative size N=%d C=%d V=%d", N, C,
+                         V);
+    }
+    if (N == 0 || C == 0) {
+        return PXT_OK;
+    }
+    if (!workspace) {
+        return pxt_error(PXT_ERR_VALUE, "embedding_backward: no workspace "
+                                        "(embedding_workspace() bytes), got NULL");
+    }
+    *empty = 0;
+    return PXT_OK;
+}
+
 /* One tensor of the flat buffers: elements [offset, offset + numel). */
 typedef struct pxt_adamw_segment {
     size_t offset, numel;
@@ -71,6 +128,51 @@ typedef struct pxt_adamw_args {
     float ema_decay, one_minus_ema_decay;
     pxt_dtype dt; /* of params */
 } pxt_adamw_args;
+
+/* The epilogues of gemm_fused. With P = alpha op(A) op(B) + beta C (C read only
+ * when beta != 0; NULL means D itself), all on (M, N):
+ *   PXT_EPI_NONE         D = P
+ *   PXT_EPI_BIAS         D = P + bias
+ *   PXT_EPI_BIAS_GELU    pre = P + bias; D = gelu_tanh(pre)   (pre kept for backward)
+ *   PXT_EPI_DGELU_BGRAD  D = P * gelu_tanh'(pre); dbias += column sums of D
+ *                        (alpha = 1, beta = 0: the MLP's dfc and its bias gradient)
+ *   PXT_EPI_BGRAD_B      D = P; dbias += column sums of op(B) over its K rows
+ *                        (alpha = 1, trans_b = 0: dW += x^T dy with db += sum dy) */
+typedef enum {
+    PXT_EPI_NONE = 0,
+    PXT_EPI_BIAS = 1,
+    PXT_EPI_BIAS_GELU = 2,
+    PXT_EPI_DGELU_BGRAD = 3,
+    PXT_EPI_BGRAD_B = 4,
+} pxt_epilogue;
+
+/* Arguments of gemm_fused: the operands of `gemm` plus the epilogue's. A, B are
+ * dt_ab; C, D, bias, pre are dt_c; dbias is fp32 and accumulates. */
+typedef struct pxt_gemm_args {
+    int trans_a, trans_b, M, N, K;
+    float alpha, beta;
+    const void *A, *B;
+    const void *C; /* (M, N) or NULL (= D); may equal D */
+    void *D;       /* (M, N) */
+    pxt_dtype dt_ab, dt_c;
+    pxt_epilogue epilogue;
+    const void *bias; /* (N): BIAS, BIAS_GELU */
+    void *pre;        /* (M, N): written by BIAS_GELU, read by DGELU_BGRAD */
+    float *dbias;     /* (N) +=: DGELU_BGRAD, BGRAD_B */
+} pxt_gemm_args;
+
+/* PXT_OK when g's epilogue arguments are consistent (pointers present, alpha and
+ * beta as the epilogue requires), else PXT_ERR_VALUE naming the problem. Both
+ * backends check with it, so their refusals agree. */
+int pxt_gemm_args_check(const pxt_gemm_args *g);
+
+struct pxt_backend;
+/* gemm_fused as the unfused ops of backend `be` one after another (copy, gemm,
+ * add_bias, gelu, gelu', bias_backward): the CPU's gemm_fused, and the CUDA
+ * backend's wherever cuBLASLt has no kernel. gemm_ws: gemm_workspace bytes;
+ * sums_ws: colsum_workspace of the bias gradient's shape. */
+int pxt_gemm_fused_composed(const struct pxt_backend *be, int index, const pxt_gemm_args *g,
+                            void *gemm_ws, void *sums_ws);
 
 /* What build_info() reports of a backend's libraries ("" where none). */
 typedef struct {
@@ -102,7 +204,10 @@ typedef struct pxt_backend {
     int (*raw_alloc)(int index, size_t nbytes, void **ptr);
     void (*raw_free)(int index, void *ptr);
 
-    /* Copies finish before they return (host memory may be reused at once). */
+    /* Every call below is queued in order with the device's other work; a call
+     * that returns before the device has run it is still seen by the next one.
+     * Host memory is safe at return: a copy from it (H2D) has taken the bytes,
+     * a copy into it (D2H) has landed (the one kind of call that waits). */
     int (*copy)(int index, void *dst, const void *src, size_t nbytes, pxt_copy_kind kind);
     int (*memset_zero)(int index, void *dst, size_t nbytes);
     /* dst[i] = (dst_dtype) src[i] for n elements; floats round to nearest even. */
@@ -130,17 +235,30 @@ typedef struct pxt_backend {
     size_t (*gemm_workspace)(int M, int N, int K, pxt_dtype dt_ab);
     /* out (M, N) += bias (N), broadcast over rows. */
     int (*add_bias)(int index, void *out, const void *bias, int M, int N, pxt_dtype dt);
-    /* dbias (N) += sum over rows of dout (M, N). Deterministic. */
-    int (*bias_backward)(int index, float *dbias, const void *dout, int M, int N, pxt_dtype dt);
+    /* dbias (N) += sum over rows of dout (M, N), chunked as pxt_colsum_chunk_rows
+     * says (the same bits on every backend). workspace: colsum_workspace(M, N). */
+    int (*bias_backward)(int index, float *dbias, const void *dout, int M, int N, pxt_dtype dt,
+                         void *workspace);
+    /* Bytes of workspace bias_backward and layernorm_backward need for a column
+     * reduction of (rows, cols) (0 on the CPU, which needs none). */
+    size_t (*colsum_workspace)(int rows, int cols);
+
+    /* Fused GEMM: one product with its epilogue (see pxt_gemm_args), cuBLASLt's
+     * epilogues on CUDA (own kernels where cuBLASLt has no kernel for a case), the
+     * unfused composition of the ops above on the CPU. workspace:
+     * gemm_fused_workspace(g) bytes. */
+    int (*gemm_fused)(int index, const struct pxt_gemm_args *g, void *workspace);
+    size_t (*gemm_fused_workspace)(const struct pxt_gemm_args *g);
 
     /* out (N, C) = (inp - mean) * rstd * weight + bias; mean, rstd (N) saved. */
     int (*layernorm_forward)(int index, void *out, float *mean, float *rstd, const void *inp,
                              const void *weight, const void *bias, int N, int C, float eps,
                              pxt_dtype dt);
-    /* dinp (N, C) +=, dweight (C) +=, dbias (C) +=. Deterministic. */
+    /* dinp (N, C) +=, dweight (C) +=, dbias (C) +=. dweight and dbias are column
+     * sums chunked as pxt_colsum_chunk_rows says. workspace: colsum_workspace(N, C). */
     int (*layernorm_backward)(int index, void *dinp, float *dweight, float *dbias, const void *dout,
                               const void *inp, const void *weight, const float *mean,
-                              const float *rstd, int N, int C, pxt_dtype dt);
+                              const float *rstd, int N, int C, pxt_dtype dt, void *workspace);
 
     /* out (n) = gelu_tanh(inp (n)). */
     int (*gelu_forward)(int index, void *out, const void *inp, size_t n, pxt_dtype dt);
@@ -153,9 +271,12 @@ typedef struct pxt_backend {
     /* out (N, C) (+)= table (V, C)[ids (N)]; ids are in [0, V) (checked by the caller). */
     int (*embedding_forward)(int index, void *out, const int32_t *ids, const void *table, int N,
                              int C, int accumulate, pxt_dtype dt);
-    /* dtable (V, C) += scatter of dout (N, C) by ids (N). Deterministic. */
+    /* dtable (V, C) += scatter of dout (N, C) by ids (N), in the two stages of
+     * PXT_EMB_CHUNK (the same bits on every backend). workspace:
+     * embedding_workspace(N, C, V). */
     int (*embedding_backward)(int index, float *dtable, const void *dout, const int32_t *ids, int N,
-                              int C, pxt_dtype dt);
+                              int C, int V, pxt_dtype dt, void *workspace);
+    size_t (*embedding_workspace)(int N, int C, int V);
 
     /* Softmax cross-entropy on fp32 logits (N, V) against targets (N); a target
      * of -1 is ignored (loss 0, zero gradient). losses (N) = -log softmax[target].

@@ -12,6 +12,9 @@ int pxt_ctx_check_ops(const pxt_backend *be, const char *dev) {
         {(const void *)be->gemm, "gemm"},
         {(const void *)be->add_bias, "add_bias"},
         {(const void *)be->bias_backward, "bias_backward"},
+        {(const void *)be->colsum_workspace, "colsum_workspace"},
+        {(const void *)be->gemm_fused, "gemm_fused"},
+        {(const void *)be->gemm_fused_workspace, "gemm_fused_workspace"},
         {(const void *)be->layernorm_forward, "layernorm_forward"},
         {(const void *)be->layernorm_backward, "layernorm_backward"},
         {(const void *)be->gelu_forward, "gelu_forward"},
@@ -19,6 +22,7 @@ int pxt_ctx_check_ops(const pxt_backend *be, const char *dev) {
         {(const void *)be->add, "add"},
         {(const void *)be->embedding_forward, "embedding_forward"},
         {(const void *)be->embedding_backward, "embedding_backward"},
+        {(const void *)be->embedding_workspace, "embedding_workspace"},
         {(const void *)be->softmax_xent, "softmax_xent"},
         {(const void *)be->sum, "sum"},
         {(const void *)be->attention_forward, "attention_forward"},
@@ -79,6 +83,19 @@ pxt_attn_args pxt_block_cross_attn_args(const pxt_ctx *x) {
     return a;
 }
 
+int pxt_block_colsum_shapes(const pxt_ctx *x, int shapes[][2]) {
+    int N = x->B * x->T, Nc = x->B * x->Tc, C = x->C;
+    const int all[PXT_BLOCK_COLSUMS_MAX][2] = {
+        {N, C},
+        {N, 3 * C},
+        {N, 4 * C},  /* layernorms and biases */
+        {Nc, 2 * C}, /* the context's keys and values */
+    };
+    int n = x->Tc > 0 ? 4 : 3;
+    memcpy(shapes, all, sizeof all[0] * (size_t)n);
+    return n;
+}
+
 int pxt_block_gemm_shapes(const pxt_ctx *x, int shapes[][3]) {
     int N = x->B * x->T, Nc = x->B * x->Tc, C = x->C;
     const int all[PXT_BLOCK_GEMMS_MAX][3] = {
@@ -93,6 +110,48 @@ int pxt_block_gemm_shapes(const pxt_ctx *x, int shapes[][3]) {
 
 static char *at(const void *base, size_t elems, pxt_dtype dt) {
     return (char *)base + elems * pxt_dtype_size(dt);
+}
+
+/* ---- the block's products, through the fused GEMM ------------------------------ */
+
+/* y (M, N) = a (M, K) W (K, N) + b, plus resid (M, N) when given: one product
+ * whose epilogue adds the bias (and the residual, as beta C). */
+static int linear(const pxt_ctx *x, int M, int N, int K, const void *a, const void *w,
+                  const void *b, const void *resid, void *y) {
+    pxt_gemm_args g = {.M = M,
+                       .N = N,
+                       .K = K,
+                       .alpha = 1.0f,
+                       .beta = resid ? 1.0f : 0.0f,
+                       .A = a,
+                       .B = w,
+                       .C = resid,
+                       .D = y,
+                       .dt_ab = x->dt,
+                       .dt_c = x->dt,
+                       .epilogue = PXT_EPI_BIAS,
+                       .bias = b};
+    return x->be->gemm_fused(x->dev, &g, x->gemm_ws);
+}
+
+/* dW (K, N) += a^T dy and, when db is given, db (N) += the column sums of dy, for
+ * a (M, K) and dy (M, N): one product whose epilogue reduces dy as well. */
+static int linear_dweight(const pxt_ctx *x, int M, int N, int K, const void *a, const void *dy,
+                          float *dw, float *db) {
+    pxt_gemm_args g = {.trans_a = 1,
+                       .M = K,
+                       .N = N,
+                       .K = M,
+                       .alpha = 1.0f,
+                       .beta = 1.0f,
+                       .A = a,
+                       .B = dy,
+                       .D = dw,
+                       .dt_ab = x->dt,
+                       .dt_c = PXT_FLOAT32,
+                       .epilogue = db ? PXT_EPI_BGRAD_B : PXT_EPI_NONE,
+                       .dbias = db};
+    return x->be->gemm_fused(x->dev, &g, x->gemm_ws);
 }
 
 /* ---- the activations one by one ---------------------------------------------- */
@@ -170,19 +229,12 @@ static int cross_forward(const pxt_ctx *x, const pxt_block_params *p, const pxt_
     /* queries: lnx (N, C) -> xq (N, C); keys | values: context (Nc, C) -> xkv (Nc, 2C) */
     PXT_TRY(be->layernorm_forward(d, a->lnx, a->meanx, a->rstdx, a->x2, p->w[PXT_XLN_W],
                                   p->w[PXT_XLN_B], N, C, x->eps, dt));
-    PXT_TRY(
-        be->gemm(d, 0, 0, N, C, C, 1.0f, a->lnx, p->w[PXT_XQ_W], 0.0f, a->xq, dt, dt, x->gemm_ws));
-    PXT_TRY(be->add_bias(d, a->xq, p->w[PXT_XQ_B], N, C, dt));
-    PXT_TRY(be->gemm(d, 0, 0, Nc, 2 * C, C, 1.0f, x->context, p->w[PXT_XKV_W], 0.0f, a->xkv, dt, dt,
-                     x->gemm_ws));
-    PXT_TRY(be->add_bias(d, a->xkv, p->w[PXT_XKV_B], Nc, 2 * C, dt));
+    PXT_TRY(linear(x, N, C, C, a->lnx, p->w[PXT_XQ_W], p->w[PXT_XQ_B], NULL, a->xq));
+    PXT_TRY(linear(x, Nc, 2 * C, C, x->context, p->w[PXT_XKV_W], p->w[PXT_XKV_B], NULL, a->xkv));
     pxt_attn_args args = pxt_block_cross_attn_args(x);
     PXT_TRY(be->attention_forward(d, &args, a->xatt, a->xlse, a->xq, a->xkv,
                                   at(a->xkv, (size_t)C, dt), x->attn_ws));
-    PXT_TRY(be->copy(d, a->x3, a->x2, (size_t)N * C * pxt_dtype_size(dt), PXT_COPY_D2D));
-    PXT_TRY(be->gemm(d, 0, 0, N, C, C, 1.0f, a->xatt, p->w[PXT_XPROJ_W], 1.0f, a->x3, dt, dt,
-                     x->gemm_ws));
-    return be->add_bias(d, a->x3, p->w[PXT_XPROJ_B], N, C, dt);
+    return linear(x, N, C, C, a->xatt, p->w[PXT_XPROJ_W], p->w[PXT_XPROJ_B], a->x2, a->x3);
 }
 
 int pxt_block_forward(const pxt_ctx *x, const pxt_block_params *p, const pxt_block_acts *a,
@@ -194,17 +246,12 @@ int pxt_block_forward(const pxt_ctx *x, const pxt_block_params *p, const pxt_blo
     /* attention half: ln1 (N, C) -> qkv (N, 3C) -> att (N, C) -> x2 = x + proj */
     PXT_TRY(be->layernorm_forward(d, a->ln1, a->mean1, a->rstd1, inp, p->w[PXT_LN1_W],
                                   p->w[PXT_LN1_B], N, C, x->eps, dt));
-    PXT_TRY(be->gemm(d, 0, 0, N, 3 * C, C, 1.0f, a->ln1, p->w[PXT_ATTN_W], 0.0f, a->qkv, dt, dt,
-                     x->gemm_ws));
-    PXT_TRY(be->add_bias(d, a->qkv, p->w[PXT_ATTN_B], N, 3 * C, dt));
+    PXT_TRY(linear(x, N, 3 * C, C, a->ln1, p->w[PXT_ATTN_W], p->w[PXT_ATTN_B], NULL, a->qkv));
     pxt_attn_args args = pxt_block_self_attn_args(x);
     PXT_TRY(be->attention_forward(d, &args, a->att, a->lse, a->qkv, at(a->qkv, (size_t)C, dt),
                                   at(a->qkv, 2 * (size_t)C, dt), x->attn_ws));
-    /* the projection accumulates onto a copy of the residual: no (N, C) temporary */
-    PXT_TRY(be->copy(d, a->x2, inp, NC * pxt_dtype_size(dt), PXT_COPY_D2D));
-    PXT_TRY(be->gemm(d, 0, 0, N, C, C, 1.0f, a->att, p->w[PXT_PROJ_W], 1.0f, a->x2, dt, dt,
-                     x->gemm_ws));
-    PXT_TRY(be->add_bias(d, a->x2, p->w[PXT_PROJ_B], N, C, dt));
+    /* the projection's epilogue adds the residual (beta = 1): no (N, C) temporary */
+    PXT_TRY(linear(x, N, C, C, a->att, p->w[PXT_PROJ_W], p->w[PXT_PROJ_B], inp, a->x2));
     /* cross-attention half (with a context): x3 = x2 + cross-attention */
     const void *r = a->x2; /* the residual entering the MLP */
     if (x->context) {
@@ -214,17 +261,28 @@ int pxt_block_forward(const pxt_ctx *x, const pxt_block_params *p, const pxt_blo
     /* MLP half: ln2 (N, C) -> fc (N, 4C) -> gelu (N, 4C) -> y = r + proj */
     PXT_TRY(be->layernorm_forward(d, a->ln2, a->mean2, a->rstd2, r, p->w[PXT_LN2_W],
                                   p->w[PXT_LN2_B], N, C, x->eps, dt));
-    PXT_TRY(be->gemm(d, 0, 0, N, 4 * C, C, 1.0f, a->ln2, p->w[PXT_FC_W], 0.0f, a->fc, dt, dt,
-                     x->gemm_ws));
-    PXT_TRY(be->add_bias(d, a->fc, p->w[PXT_FC_B], N, 4 * C, dt));
-    PXT_TRY(be->gelu_forward(d, a->gelu, a->fc, NC * 4, dt));
+    if (x->gelu_apart) {
+        PXT_TRY(linear(x, N, 4 * C, C, a->ln2, p->w[PXT_FC_W], p->w[PXT_FC_B], NULL, a->fc));
+        PXT_TRY(be->gelu_forward(d, a->gelu, a->fc, NC * 4, dt));
+    } else { /* fc = ln2 W + b kept for backward, gelu(fc) from the same epilogue */
+        pxt_gemm_args g = {.M = N,
+                           .N = 4 * C,
+                           .K = C,
+                           .alpha = 1.0f,
+                           .A = a->ln2,
+                           .B = p->w[PXT_FC_W],
+                           .D = a->gelu,
+                           .dt_ab = dt,
+                           .dt_c = dt,
+                           .epilogue = PXT_EPI_BIAS_GELU,
+                           .bias = p->w[PXT_FC_B],
+                           .pre = a->fc};
+        PXT_TRY(be->gemm_fused(d, &g, x->gemm_ws));
+    }
     if (!out) {
         return PXT_OK;
     }
-    PXT_TRY(be->copy(d, out, r, NC * pxt_dtype_size(dt), PXT_COPY_D2D));
-    PXT_TRY(be->gemm(d, 0, 0, N, C, 4 * C, 1.0f, a->gelu, p->w[PXT_FCP_W], 1.0f, out, dt, dt,
-                     x->gemm_ws));
-    return be->add_bias(d, out, p->w[PXT_FCP_B], N, C, dt);
+    return linear(x, N, C, 4 * C, a->gelu, p->w[PXT_FCP_W], p->w[PXT_FCP_B], r, out);
 }
 
 /* ---- recomputation for checkpointing --------------------------------------- */
@@ -239,7 +297,8 @@ static int recompute(const pxt_ctx *x, const pxt_block_params *p, const pxt_bloc
     case PXT_CKPT_NONE: *acts = *saved; return PXT_OK;
     case PXT_CKPT_SELECTIVE:
         /* layernorms and GELU from their saved inputs; the statistics come out
-         * bit-identical to the saved ones (same kernel, same input) */
+         * bit-identical to the saved ones (same kernel, same input), and so does
+         * GELU: the forward of a selective block ran gelu_forward too (gelu_apart) */
         *acts = *saved;
         acts->ln1 = work->ln1;
         acts->ln2 = work->ln2;
@@ -269,32 +328,26 @@ static int cross_backward(const pxt_ctx *x, const pxt_block_params *p, const pxt
                           const pxt_block_acts *a, void *dres, void *dA, void *dB) {
     const pxt_backend *be = x->be;
     int d = x->dev, N = x->B * x->T, Nc = x->B * x->Tc, C = x->C;
-    pxt_dtype dt = x->dt, f32 = PXT_FLOAT32;
-    /* out: dxatt (N, C) = dx3 W_cp^T; dW_cp (C, C) += xatt^T dx3 */
+    pxt_dtype dt = x->dt;
+    /* out: dxatt (N, C) = dx3 W_cp^T; dW_cp (C, C) += xatt^T dx3, db_cp += sum dx3 */
     PXT_TRY(
         be->gemm(d, 0, 1, N, C, C, 1.0f, dres, p->w[PXT_XPROJ_W], 0.0f, dB, dt, dt, x->gemm_ws));
-    PXT_TRY(be->gemm(d, 1, 0, C, C, N, 1.0f, a->xatt, dres, 1.0f, g->g[PXT_XPROJ_W], dt, f32,
-                     x->gemm_ws));
-    PXT_TRY(be->bias_backward(d, g->g[PXT_XPROJ_B], dres, N, C, dt));
+    PXT_TRY(linear_dweight(x, N, C, C, a->xatt, dres, g->g[PXT_XPROJ_W], g->g[PXT_XPROJ_B]));
     /* attention: dxq (N, C) into dA, dk | dv (Nc, 2C) into dkv, laid out like xkv */
     pxt_attn_args args = pxt_block_cross_attn_args(x);
     PXT_TRY(be->attention_backward(d, &args, dA, x->dkv, at(x->dkv, (size_t)C, dt), dB, a->xq,
                                    a->xkv, at(a->xkv, (size_t)C, dt), a->xatt, a->xlse,
                                    x->attn_ws));
-    /* queries: dlnx (N, C) = dxq W_q^T; dW_q (C, C) += lnx^T dxq */
+    /* queries: dlnx (N, C) = dxq W_q^T; dW_q (C, C) += lnx^T dxq, db_q += sum dxq */
     PXT_TRY(be->gemm(d, 0, 1, N, C, C, 1.0f, dA, p->w[PXT_XQ_W], 0.0f, dB, dt, dt, x->gemm_ws));
-    PXT_TRY(
-        be->gemm(d, 1, 0, C, C, N, 1.0f, a->lnx, dA, 1.0f, g->g[PXT_XQ_W], dt, f32, x->gemm_ws));
-    PXT_TRY(be->bias_backward(d, g->g[PXT_XQ_B], dA, N, C, dt));
+    PXT_TRY(linear_dweight(x, N, C, C, a->lnx, dA, g->g[PXT_XQ_W], g->g[PXT_XQ_B]));
     /* keys | values: dcontext (Nc, C) += dkv W_kv^T; dW_kv (C, 2C) += context^T dkv */
     PXT_TRY(be->gemm(d, 0, 1, Nc, C, 2 * C, 1.0f, x->dkv, p->w[PXT_XKV_W], 1.0f, x->dcontext, dt,
                      dt, x->gemm_ws));
-    PXT_TRY(be->gemm(d, 1, 0, C, 2 * C, Nc, 1.0f, x->context, x->dkv, 1.0f, g->g[PXT_XKV_W], dt,
-                     f32, x->gemm_ws));
-    PXT_TRY(be->bias_backward(d, g->g[PXT_XKV_B], x->dkv, Nc, 2 * C, dt));
+    PXT_TRY(linear_dweight(x, Nc, 2 * C, C, x->context, x->dkv, g->g[PXT_XKV_W], g->g[PXT_XKV_B]));
     /* lnx: dx2 = dx3 + LNx'(dlnx), accumulated into dres */
     return be->layernorm_backward(d, dres, g->g[PXT_XLN_W], g->g[PXT_XLN_B], dB, a->x2,
-                                  p->w[PXT_XLN_W], a->meanx, a->rstdx, N, C, dt);
+                                  p->w[PXT_XLN_W], a->meanx, a->rstdx, N, C, dt, x->reduce_ws);
 }
 
 int pxt_block_backward(const pxt_ctx *x, const pxt_block_params *p, const pxt_block_grads *g,
@@ -302,47 +355,50 @@ int pxt_block_backward(const pxt_ctx *x, const pxt_block_params *p, const pxt_bl
                        const void *inp, void *dres, void *dA, void *dB) {
     const pxt_backend *be = x->be;
     int d = x->dev, N = x->B * x->T, C = x->C;
-    pxt_dtype dt = x->dt, f32 = PXT_FLOAT32;
+    pxt_dtype dt = x->dt;
     pxt_block_acts a;
     PXT_TRY(recompute(x, p, saved, work, policy, inp, &a));
-    /* MLP out: dgelu (N, 4C) = dy W_fcp^T; dW_fcp (4C, C) += gelu^T dy */
-    PXT_TRY(
-        be->gemm(d, 0, 1, N, 4 * C, C, 1.0f, dres, p->w[PXT_FCP_W], 0.0f, dA, dt, dt, x->gemm_ws));
-    PXT_TRY(be->gemm(d, 1, 0, 4 * C, C, N, 1.0f, a.gelu, dres, 1.0f, g->g[PXT_FCP_W], dt, f32,
-                     x->gemm_ws));
-    PXT_TRY(be->bias_backward(d, g->g[PXT_FCP_B], dres, N, C, dt));
-    /* GELU, in place: dfc (N, 4C) */
-    PXT_TRY(be->gelu_backward(d, dA, a.fc, dA, (size_t)N * 4 * C, dt));
-    /* MLP in: dln2 (N, C) = dfc W_fc^T; dW_fc (C, 4C) += ln2^T dfc */
+    /* MLP out: dfc (N, 4C) = (dy W_fcp^T) * gelu'(fc) and db_fc += sum dfc, one
+     * product; dW_fcp (4C, C) += gelu^T dy and db_fcp += sum dy, another */
+    pxt_gemm_args gd = {.trans_b = 1,
+                        .M = N,
+                        .N = 4 * C,
+                        .K = C,
+                        .alpha = 1.0f,
+                        .A = dres,
+                        .B = p->w[PXT_FCP_W],
+                        .D = dA,
+                        .dt_ab = dt,
+                        .dt_c = dt,
+                        .epilogue = PXT_EPI_DGELU_BGRAD,
+                        .pre = a.fc,
+                        .dbias = g->g[PXT_FC_B]};
+    PXT_TRY(be->gemm_fused(d, &gd, x->gemm_ws));
+    PXT_TRY(linear_dweight(x, N, C, 4 * C, a.gelu, dres, g->g[PXT_FCP_W], g->g[PXT_FCP_B]));
+    /* MLP in: dln2 (N, C) = dfc W_fc^T; dW_fc (C, 4C) += ln2^T dfc (its bias is done) */
     PXT_TRY(be->gemm(d, 0, 1, N, C, 4 * C, 1.0f, dA, p->w[PXT_FC_W], 0.0f, dB, dt, dt, x->gemm_ws));
-    PXT_TRY(
-        be->gemm(d, 1, 0, C, 4 * C, N, 1.0f, a.ln2, dA, 1.0f, g->g[PXT_FC_W], dt, f32, x->gemm_ws));
-    PXT_TRY(be->bias_backward(d, g->g[PXT_FC_B], dA, N, 4 * C, dt));
+    PXT_TRY(linear_dweight(x, N, 4 * C, C, a.ln2, dA, g->g[PXT_FC_W], NULL));
     /* ln2: dr = dy + LN2'(dln2), accumulated into dres (r = x3 or x2) */
     PXT_TRY(be->layernorm_backward(d, dres, g->g[PXT_LN2_W], g->g[PXT_LN2_B], dB,
                                    x->context ? a.x3 : a.x2, p->w[PXT_LN2_W], a.mean2, a.rstd2, N,
-                                   C, dt));
+                                   C, dt, x->reduce_ws));
     /* cross-attention: dres becomes dx2, dcontext accumulates */
     if (x->context) {
         PXT_TRY(cross_backward(x, p, g, &a, dres, dA, dB));
     }
-    /* attention out: datt (N, C) = dx2 W_proj^T; dW_proj (C, C) += att^T dx2 */
+    /* attention out: datt (N, C) = dx2 W_proj^T; dW_proj (C, C) += att^T dx2, db += sum dx2 */
     PXT_TRY(be->gemm(d, 0, 1, N, C, C, 1.0f, dres, p->w[PXT_PROJ_W], 0.0f, dB, dt, dt, x->gemm_ws));
-    PXT_TRY(
-        be->gemm(d, 1, 0, C, C, N, 1.0f, a.att, dres, 1.0f, g->g[PXT_PROJ_W], dt, f32, x->gemm_ws));
-    PXT_TRY(be->bias_backward(d, g->g[PXT_PROJ_B], dres, N, C, dt));
+    PXT_TRY(linear_dweight(x, N, C, C, a.att, dres, g->g[PXT_PROJ_W], g->g[PXT_PROJ_B]));
     /* attention: dqkv (N, 3C) into dA, laid out like qkv */
     pxt_attn_args args = pxt_block_self_attn_args(x);
     PXT_TRY(be->attention_backward(d, &args, dA, at(dA, (size_t)C, dt), at(dA, 2 * (size_t)C, dt),
                                    dB, a.qkv, at(a.qkv, (size_t)C, dt),
                                    at(a.qkv, 2 * (size_t)C, dt), a.att, a.lse, x->attn_ws));
-    /* QKV: dln1 (N, C) = dqkv W_attn^T; dW_attn (C, 3C) += ln1^T dqkv */
+    /* QKV: dln1 (N, C) = dqkv W_attn^T; dW_attn (C, 3C) += ln1^T dqkv, db += sum dqkv */
     PXT_TRY(
         be->gemm(d, 0, 1, N, C, 3 * C, 1.0f, dA, p->w[PXT_ATTN_W], 0.0f, dB, dt, dt, x->gemm_ws));
-    PXT_TRY(be->gemm(d, 1, 0, C, 3 * C, N, 1.0f, a.ln1, dA, 1.0f, g->g[PXT_ATTN_W], dt, f32,
-                     x->gemm_ws));
-    PXT_TRY(be->bias_backward(d, g->g[PXT_ATTN_B], dA, N, 3 * C, dt));
+    PXT_TRY(linear_dweight(x, N, 3 * C, C, a.ln1, dA, g->g[PXT_ATTN_W], g->g[PXT_ATTN_B]));
     /* ln1: dx = dx2 + LN1'(dln1), accumulated into dres */
     return be->layernorm_backward(d, dres, g->g[PXT_LN1_W], g->g[PXT_LN1_B], dB, inp,
-                                  p->w[PXT_LN1_W], a.mean1, a.rstd1, N, C, dt);
+                                  p->w[PXT_LN1_W], a.mean1, a.rstd1, N, C, dt, x->reduce_ws);
 }

@@ -41,9 +41,14 @@ typedef struct {
     int B, T, C, H; /* N = B * T rows */
     float eps;
     const uint8_t *key_mask; /* (B, T) on the device: 0 = padding, never attended; or NULL */
-    void *attn_ws;  /* attention workspace (max over the block's attentions, fwd and bwd) */
-    void *gemm_ws;  /* GEMM widening workspace (plan.gemm_ws_bytes) */
-    int non_causal; /* 1: self-attention sees every (unmasked) key, as an encoder */
+    void *attn_ws;   /* attention workspace (max over the block's attentions, fwd and bwd) */
+    void *gemm_ws;   /* GEMM workspace, plain and fused (pxt_plan_gemm_ws of the block's) */
+    void *reduce_ws; /* column sums' workspace (pxt_plan_colsum_ws of the block's) */
+    int non_causal;  /* 1: self-attention sees every (unmasked) key, as an encoder */
+    /* 1: GELU by gelu_forward after the bias GEMM instead of in its epilogue, so
+     * that a "selective" block, which recomputes GELU that way in backward, uses
+     * the very bits its forward used (the epilogue's GELU may round otherwise) */
+    int gelu_apart;
     /* cross-attention: all unused when context is NULL. An encoder-decoder stack
      * shares one context among its decoder blocks, and dcontext sums over them. */
     const void *context;         /* (B, Tc, C) dt: the encoder's output, or NULL */
@@ -131,6 +136,10 @@ pxt_attn_args pxt_block_cross_attn_args(const pxt_ctx *x);
  * GEMM workspace: 9, or 12 with a context (x->Tc > 0). shapes holds 12. */
 #define PXT_BLOCK_GEMMS_MAX 12
 int pxt_block_gemm_shapes(const pxt_ctx *x, int shapes[][3]);
+/* The (rows, cols) of every column sum the block's backward takes (bias and
+ * layernorm gradients), for the reduction workspace: 3, or 4 with a context. */
+#define PXT_BLOCK_COLSUMS_MAX 4
+int pxt_block_colsum_shapes(const pxt_ctx *x, int shapes[][2]);
 
 /* y (N, C) = block(x (N, C)); activations written to `a`. y may be NULL
  * (recomputation in backward needs the activations only). */

@@ -80,7 +80,9 @@ static pxt_ctx run_ctx(const pxt_block_model *m, char *base) {
         .key_mask = m->has_key_mask ? (const uint8_t *)(base + p->key_mask) : NULL,
         .attn_ws = base + p->attn_ws,
         .gemm_ws = base + p->gemm_ws,
+        .reduce_ws = base + p->reduce_ws,
         .non_causal = !m->causal,
+        .gelu_apart = p->policy == PXT_CKPT_SELECTIVE, /* recompute's GELU, bit for bit */
     };
     if (p->cross) {
         x.context = base + p->context;

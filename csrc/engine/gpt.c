@@ -214,7 +214,9 @@ static int embed_backward(const pxt_gpt *m, const pxt_plan *p, char *base, const
     const pxt_backend *be = m->flat.be;
     const pxt_param_layout *l = &m->flat.layout;
     int d = m->flat.device.index, C = p->C, T = p->T;
+    const pxt_gpt_config *c = &m->cfg;
     size_t row = (size_t)C * pxt_dtype_size(p->dt);
+    void *ws = base + p->reduce_ws; /* (embedding_workspace bytes) */
     for (int b = 0; b < p->B; b++) {
         const char *dt_ = dx0 + ((size_t)b * T + p->Nc) * row, *da = dt_ + (size_t)p->Lt * row;
         const int32_t *ti = (const int32_t *)(base + p->text_ids) + (size_t)b * p->Lt;
@@ -222,13 +224,13 @@ static int embed_backward(const pxt_gpt *m, const pxt_plan *p, char *base, const
         const int32_t *ai = (const int32_t *)(base + p->audio_ids) + (size_t)b * p->La;
         const int32_t *ap = (const int32_t *)(base + p->audio_pos) + (size_t)b * p->La;
         PXT_TRY(be->embedding_backward(d, pxt_flat_grad(&m->flat, l->text_emb), dt_, ti, p->Lt, C,
-                                       p->dt));
+                                       c->text_vocab, p->dt, ws));
         PXT_TRY(be->embedding_backward(d, pxt_flat_grad(&m->flat, l->text_pos), dt_, tp, p->Lt, C,
-                                       p->dt));
+                                       c->max_text, p->dt, ws));
         PXT_TRY(be->embedding_backward(d, pxt_flat_grad(&m->flat, l->mel_emb), da, ai, p->La, C,
-                                       p->dt));
+                                       c->audio_vocab, p->dt, ws));
         PXT_TRY(be->embedding_backward(d, pxt_flat_grad(&m->flat, l->mel_pos), da, ap, p->La, C,
-                                       p->dt));
+                                       c->max_audio, p->dt, ws));
     }
     return PXT_OK;
 }
@@ -266,14 +268,16 @@ static int head_segment(const pxt_gpt *m, const pxt_plan *p, char *base, const p
         }
         PXT_TRY(be->gemm(d, 0, 0, n, C, V, 1.0f, dlog, W, 0.0f, dh, dt, dt, x->gemm_ws));
         PXT_TRY(be->gemm(d, 1, 0, V, C, n, 1.0f, dlog, h, 1.0f, dW, dt, PXT_FLOAT32, x->gemm_ws));
-        PXT_TRY(be->bias_backward(d, pxt_flat_grad(&m->flat, head_b), logits, n, V, PXT_FLOAT32));
+        PXT_TRY(be->bias_backward(d, pxt_flat_grad(&m->flat, head_b), logits, n, V, PXT_FLOAT32,
+                                  x->reduce_ws));
     }
     return PXT_OK;
 }
 
-/* Both heads over every sample's valid rows; the padding rows keep loss 0 and dh2 0. */
+/* Both heads over every sample's valid rows; the padding rows keep loss 0 and dh2 0.
+ * The per-row losses stay on the device (losses_sum reads them back). */
 static int heads(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt_ctx *x,
-                 const pxt_gpt_batch *in, pxt_gpt_losses *out) {
+                 const pxt_gpt_batch *in) {
     const pxt_backend *be = m->flat.be;
     const pxt_param_layout *l = &m->flat.layout;
     int d = m->flat.device.index;
@@ -304,6 +308,14 @@ static int heads(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt_ctx 
                              (const int32_t *)(base + p->audio_tgt) + (size_t)b * p->La,
                              al + (size_t)b * p->La, as));
     }
+    return PXT_OK;
+}
+
+/* The loss sums, read back to the host: the step's one wait for the device. */
+static int losses_sum(const pxt_gpt *m, const pxt_plan *p, char *base, pxt_gpt_losses *out) {
+    const pxt_backend *be = m->flat.be;
+    int d = m->flat.device.index;
+    const float *tl = (const float *)(base + p->losses), *al = tl + (size_t)p->B * p->Lt;
     PXT_TRY(be->sum(d, &out->text_sum, tl, (size_t)p->B * p->Lt));
     return be->sum(d, &out->audio_sum, al, (size_t)p->B * p->La);
 }
@@ -325,7 +337,9 @@ static int gpt_forward(const pxt_gpt *m, const pxt_plan *p, char *base, const px
         pxt_block_acts a = block_acts(base, p, i);
         size_t in_slot = p->train ? (size_t)i : (size_t)(i % 2);
         size_t out_slot = p->train ? (size_t)i + 1 : (size_t)((i + 1) % 2);
-        PXT_TRY(pxt_block_forward(x, &bp, &a, resid + in_slot * NC, resid + out_slot * NC));
+        pxt_ctx xi = *x; /* GELU as this block's backward would recompute it */
+        xi.gelu_apart = p->train && p->policy[i] == PXT_CKPT_SELECTIVE;
+        PXT_TRY(pxt_block_forward(&xi, &bp, &a, resid + in_slot * NC, resid + out_slot * NC));
     }
     *top = resid + (p->train ? (size_t)L : (size_t)(L % 2)) * NC;
     PXT_TRY(be->layernorm_forward(d, base + p->hf, (float *)(base + p->hf_mean),
@@ -352,20 +366,22 @@ static int gpt_backward(const pxt_gpt *m, const pxt_plan *p, char *base, const p
     PXT_TRY(be->layernorm_backward(
         d, dA, pxt_flat_grad(&m->flat, l->fnorm_w), pxt_flat_grad(&m->flat, l->fnorm_b), dB,
         base + p->hf, pxt_flat_param(&m->flat, l->fnorm_w), (float *)(base + p->h2_mean),
-        (float *)(base + p->h2_rstd), N, C, p->dt));
+        (float *)(base + p->h2_rstd), N, C, p->dt, x->reduce_ws));
     PXT_TRY(be->memset_zero(d, dres, NC));
     PXT_TRY(be->layernorm_backward(
         d, dres, pxt_flat_grad(&m->flat, l->ln_f_w), pxt_flat_grad(&m->flat, l->ln_f_b), dA, top,
         pxt_flat_param(&m->flat, l->ln_f_w), (float *)(base + p->hf_mean),
-        (float *)(base + p->hf_rstd), N, C, p->dt));
+        (float *)(base + p->hf_rstd), N, C, p->dt, x->reduce_ws));
     pxt_block_acts work = block_acts(base, p, -1);
     for (int i = L - 1; i >= 0; i--) {
         pxt_block_params bp;
         pxt_block_grads bg;
         block_views(m, i, &bp, &bg);
         pxt_block_acts saved = block_acts(base, p, i);
-        PXT_TRY(pxt_block_backward(x, &bp, &bg, &saved, &work, p->policy[i], resid + (size_t)i * NC,
-                                   dres, dA, dB));
+        pxt_ctx xi = *x; /* "full" recomputes the forward, fused as it ran */
+        xi.gelu_apart = p->policy[i] == PXT_CKPT_SELECTIVE;
+        PXT_TRY(pxt_block_backward(&xi, &bp, &bg, &saved, &work, p->policy[i],
+                                   resid + (size_t)i * NC, dres, dA, dB));
     }
     return embed_backward(m, p, base, dres);
 }
@@ -385,10 +401,14 @@ int pxt_gpt_step(pxt_gpt *m, const pxt_gpt_batch *in, pxt_gpt_losses *out) {
         .key_mask = (const uint8_t *)(base + p->key_mask),
         .attn_ws = base + p->attn_ws,
         .gemm_ws = base + p->gemm_ws,
+        .reduce_ws = base + p->reduce_ws,
     };
     char *top = NULL;
     PXT_TRY(upload(m, p, base, in));
     PXT_TRY(gpt_forward(m, p, base, &x, in, &top));
-    PXT_TRY(heads(m, p, base, &x, in, out));
-    return p->train ? gpt_backward(m, p, base, &x, top) : PXT_OK;
+    PXT_TRY(heads(m, p, base, &x, in));
+    if (p->train) {
+        PXT_TRY(gpt_backward(m, p, base, &x, top));
+    }
+    return losses_sum(m, p, base, out); /* last: nothing before it waits for the device */
 }

@@ -2,7 +2,8 @@
  *
  * GPT arena (training):
  *   inputs  | resid (L+1, N, C) | per-block saved | ln_f, final_norm outputs | scratch
- *   scratch = dres (N,C) | dA (N,4C) | dB (N,C) | work + attention ws | gemm ws
+ *   scratch = dres (N,C) | dA (N,4C) | dB (N,C) | work + attention ws | gemm ws |
+ *             reduction ws (column sums' and the embedding scatter's partials)
  *             (the heads phase puts its logits chunk over work + attention ws,
  *              and for a 16-bit model the fp32 head biases and a dt copy of dlogits)
  * Phases run one after another, so the scratch is shared: forward uses work and
@@ -88,12 +89,26 @@ size_t pxt_plan_attn_ws(const pxt_backend *be, const pxt_ctx *x, int backward) {
 }
 
 size_t pxt_plan_gemm_ws(const pxt_backend *be, const int (*shapes)[3], int n, pxt_dtype dt) {
-    if (!be->gemm_workspace) {
-        return 0;
-    }
     size_t m = 0;
     for (int i = 0; i < n; i++) {
-        m = max_sz(m, be->gemm_workspace(shapes[i][0], shapes[i][1], shapes[i][2], dt));
+        pxt_gemm_args g = {
+            .M = shapes[i][0], .N = shapes[i][1], .K = shapes[i][2], .dt_ab = dt, .dt_c = dt};
+        if (be->gemm_workspace) {
+            m = max_sz(m, be->gemm_workspace(g.M, g.N, g.K, dt));
+        }
+        if (be->gemm_fused_workspace) {
+            m = max_sz(m, be->gemm_fused_workspace(&g));
+            g.dt_c = PXT_FLOAT32; /* the weight gradients */
+            m = max_sz(m, be->gemm_fused_workspace(&g));
+        }
+    }
+    return m;
+}
+
+size_t pxt_plan_colsum_ws(const pxt_backend *be, const int (*shapes)[2], int n) {
+    size_t m = 0;
+    for (int i = 0; be->colsum_workspace && i < n; i++) {
+        m = max_sz(m, be->colsum_workspace(shapes[i][0], shapes[i][1]));
     }
     return m;
 }
@@ -108,6 +123,27 @@ static size_t gpt_gemm_ws(const pxt_plan *p, const pxt_ctx *x, const pxt_backend
     const int heads[3][3] = {{R, V, C}, {R, C, V}, {V, C, R}};
     memcpy(shapes[n], heads, sizeof heads);
     return pxt_plan_gemm_ws(be, (const int (*)[3])shapes, n + 3, p->dt);
+}
+
+/* The step's reductions: the blocks' column sums (the final norms' shape is
+ * theirs), the head biases' (R, V) and the four embedding scatters. */
+static size_t gpt_reduce_ws(const pxt_plan *p, const pxt_ctx *x, const pxt_backend *be,
+                            const pxt_gpt_config *c) {
+    int shapes[PXT_BLOCK_COLSUMS_MAX + 2][2];
+    int n = pxt_block_colsum_shapes(x, shapes);
+    const int heads[2][2] = {{p->logits_rows, c->text_vocab}, {p->logits_rows, c->audio_vocab}};
+    memcpy(shapes[n], heads, sizeof heads);
+    size_t m = pxt_plan_colsum_ws(be, (const int (*)[2])shapes, n + 2);
+    if (be->embedding_workspace) {
+        const int tables[4][2] = {{p->Lt, c->text_vocab},
+                                  {p->Lt, c->max_text},
+                                  {p->La, c->audio_vocab},
+                                  {p->La, c->max_audio}};
+        for (int i = 0; i < 4; i++) {
+            m = max_sz(m, be->embedding_workspace(tables[i][0], p->C, tables[i][1]));
+        }
+    }
+    return m;
 }
 
 static int check_shape(const pxt_gpt_config *c, int B, int Lt, int La, int Nc) {
@@ -225,6 +261,8 @@ int pxt_plan_make(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, i
     cur = max_sz(block_phase_end, lcur);
     p->gemm_ws_bytes = gpt_gemm_ws(p, &shape, be);
     p->gemm_ws = pxt_plan_take(&cur, p->gemm_ws_bytes);
+    p->reduce_ws_bytes = train ? gpt_reduce_ws(p, &shape, be, c) : 0; /* backward only */
+    p->reduce_ws = pxt_plan_take(&cur, p->reduce_ws_bytes);
     p->scratch_bytes = cur - p->scratch;
     p->arena_bytes = cur;
     return PXT_OK;
@@ -293,6 +331,10 @@ void pxt_block_plan_make(pxt_block_plan *p, const pxt_backend *be, int B, int T,
     int n = pxt_block_gemm_shapes(&shape, shapes);
     p->gemm_ws_bytes = pxt_plan_align(pxt_plan_gemm_ws(be, (const int (*)[3])shapes, n, dt));
     p->gemm_ws = pxt_plan_take(&cur, p->gemm_ws_bytes);
+    int sums[PXT_BLOCK_COLSUMS_MAX][2];
+    int ns = pxt_block_colsum_shapes(&shape, sums);
+    p->reduce_ws_bytes = pxt_plan_align(pxt_plan_colsum_ws(be, (const int (*)[2])sums, ns));
+    p->reduce_ws = pxt_plan_take(&cur, p->reduce_ws_bytes);
     p->arena_bytes = cur;
 }
 

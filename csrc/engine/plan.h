@@ -45,8 +45,11 @@ pxt_block_acts pxt_plan_block_acts(char *base, const pxt_block_offsets *saved,
 /* Workspace bytes of a block's attentions (self, and cross with a context),
  * forward and, with backward, the backward's: the largest. */
 size_t pxt_plan_attn_ws(const pxt_backend *be, const pxt_ctx *x, int backward);
-/* The largest GEMM workspace over n (M, N, K) shapes at dtype dt. */
+/* The largest GEMM workspace over n (M, N, K) shapes at dtype dt: plain, and
+ * fused into dt or (the weight gradients) into fp32. */
 size_t pxt_plan_gemm_ws(const pxt_backend *be, const int (*shapes)[3], int n, pxt_dtype dt);
+/* The largest column-sum workspace over n (rows, cols) shapes. */
+size_t pxt_plan_colsum_ws(const pxt_backend *be, const int (*shapes)[2], int n);
 
 /* ---- the GPT step ------------------------------------------------------------- */
 
@@ -81,11 +84,12 @@ typedef struct {
      * GEMMs (logits_rows, max vocab) dt, and both head biases cast to fp32 once
      * per step (text_vocab + audio_vocab) fp32; both next to the logits chunk */
     size_t dlogits16, head_bias32, head_cast_bytes;
-    size_t gemm_ws, gemm_ws_bytes; /* widening buffers of 16-bit gemms */
-    size_t dres, dA, dB;           /* backward: (N, C), (N, 4C), (N, C) */
-    size_t grad_bytes;             /* dres + dA + dB */
-    size_t scratch_bytes;          /* max over phases */
-    size_t arena_bytes;            /* inputs + saved + scratch */
+    size_t gemm_ws, gemm_ws_bytes;     /* GEMM workspace (plain and fused products) */
+    size_t reduce_ws, reduce_ws_bytes; /* column sums' and embedding scatter's partials */
+    size_t dres, dA, dB;               /* backward: (N, C), (N, 4C), (N, C) */
+    size_t grad_bytes;                 /* dres + dA + dB */
+    size_t scratch_bytes;              /* max over phases */
+    size_t arena_bytes;                /* inputs + saved + scratch */
 } pxt_plan;
 
 /* Plans a GPT step. policy: L entries (copied). backend gives workspace sizes.
@@ -103,7 +107,8 @@ int pxt_plan_same(const pxt_plan *a, const pxt_plan *b);
  *   saved    the activations the policy keeps (pxt_block_saves)
  *   grads    dres (N, C): dy -> dx | dA (N, 4C) | dB (N, C) | dkv (Nc, 2C) | dcontext (Nc, C)
  *   work     the activations the policy recomputes
- *   ws       attention workspace (max over self/cross, fwd/bwd) | GEMM workspace
+ *   ws       attention workspace (max over self/cross, fwd/bwd) | GEMM workspace |
+ *            column sums' workspace
  * N = B T, Nc = B Tc (the context regions only with cross-attention). No region
  * overlaps another, so y survives the backward and dx the next forward. */
 typedef struct {
@@ -116,7 +121,7 @@ typedef struct {
     size_t saved_bytes;
     size_t dres, dA, dB, dkv, dcontext, grad_bytes;
     size_t work_bytes;
-    size_t attn_ws, attn_ws_bytes, gemm_ws, gemm_ws_bytes;
+    size_t attn_ws, attn_ws_bytes, gemm_ws, gemm_ws_bytes, reduce_ws, reduce_ws_bytes;
     size_t arena_bytes;
 } pxt_block_plan;
 

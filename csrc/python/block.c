@@ -542,12 +542,13 @@ static PyObject *block_estimate(PyObject *op, PyObject *args, PyObject *kwargs) 
     size_t total =
         pxt_alloc_block_size(pb) + pxt_alloc_block_size(gb) + pxt_alloc_block_size(p.arena_bytes);
     return Py_BuildValue(
-        "{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:s,s:L,s:L,s:L}", "parameters",
+        "{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:s,s:L,s:L,s:L}", "parameters",
         (Py_ssize_t)pb, "gradients", (Py_ssize_t)gb, "inputs", (Py_ssize_t)p.inputs_bytes, "output",
         (Py_ssize_t)p.output_bytes, "saved", (Py_ssize_t)p.saved_bytes, "activation_gradients",
         (Py_ssize_t)p.grad_bytes, "work", (Py_ssize_t)p.work_bytes, "attention_workspace",
-        (Py_ssize_t)p.attn_ws_bytes, "gemm_workspace", (Py_ssize_t)p.gemm_ws_bytes, "arena",
-        (Py_ssize_t)p.arena_bytes, "total", (Py_ssize_t)total, "allocator_rounding",
+        (Py_ssize_t)p.attn_ws_bytes, "gemm_workspace", (Py_ssize_t)p.gemm_ws_bytes,
+        "reduce_workspace", (Py_ssize_t)p.reduce_ws_bytes, "arena", (Py_ssize_t)p.arena_bytes,
+        "total", (Py_ssize_t)total, "allocator_rounding",
         (Py_ssize_t)(total - pb - gb - p.arena_bytes), "checkpointing",
         pxt_py_block_ckpt_names[policy], "batch_size", B, "sequence_length", T, "context_length",
         Tc);

@@ -204,7 +204,7 @@ static PyObject *plan_dict(size_t n_params, pxt_dtype dt, const pxt_plan *p, siz
     }
     return Py_BuildValue(
         "{s:n,s:n,s:n,s:n,s:n,s:n,s:N,s:N,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:i,s:i,s:i,"
-        "s:i,s:n,s:s}",
+        "s:i,s:n,s:n,s:s}",
         "parameters", (Py_ssize_t)param_bytes, "gradients", (Py_ssize_t)grad_bytes, "optimizer",
         (Py_ssize_t)opt_bytes, "inputs", (Py_ssize_t)p->inputs_bytes, "residuals",
         (Py_ssize_t)p->resid_bytes, "final_norms", (Py_ssize_t)p->final_bytes, "saved_per_block",
@@ -216,7 +216,7 @@ static PyObject *plan_dict(size_t n_params, pxt_dtype dt, const pxt_plan *p, siz
         (Py_ssize_t)(total - param_bytes - grad_bytes - p->arena_bytes - opt_bytes),
         "sequence_length", (Py_ssize_t)p->T, "batch_size", p->B, "logits_rows", p->logits_rows,
         "train", p->train, "n_layers", p->L, "head_casts", (Py_ssize_t)p->head_cast_bytes,
-        "precision", pxt_py_precision_name(dt));
+        "reduce_workspace", (Py_ssize_t)p->reduce_ws_bytes, "precision", pxt_py_precision_name(dt));
 }
 
 /* The arena's budget from a budget argument: what is left of it once the

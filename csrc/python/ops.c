@@ -108,6 +108,22 @@ static pxt_tensor *opt_out(PyObject *obj, const char *name, const pxt_tensor *li
     return t;
 }
 
+/* A uint8 scratch tensor of nbytes on dev (a new reference in *hold; none for 0
+ * bytes): *data is its memory or NULL. -1 on failure (out of memory raised). */
+static int scratch(pxt_device dev, size_t nbytes, PyObject **hold, void **data) {
+    *hold = NULL;
+    *data = NULL;
+    if (nbytes == 0) {
+        return 0;
+    }
+    int64_t n = (int64_t)nbytes;
+    if (!(*hold = pxt_tensor_empty(dev, PXT_UINT8, 1, &n))) {
+        return -1;
+    }
+    *data = ((pxt_tensor *)*hold)->data;
+    return 0;
+}
+
 /* Kernel status to an exception: 0 or -1. */
 static int status(int rc) {
     if (rc == PXT_OK) {
@@ -134,6 +150,51 @@ static int overlaps(const pxt_tensor *a, const pxt_tensor *b) {
 
 /* ---- matmul ---------------------------------------------------------------- */
 
+/* The operands of a product: A (2-d float), B like A with op(A) (M, K) op(B)
+ * (K, N), the sizes as ints, alpha and beta finite float32, out_dtype a float
+ * dtype (not given: A's, and given = 0). A and B are new references parked in
+ * *ah, *bh. 0 or -1. */
+typedef struct {
+    pxt_tensor *A, *B;
+    int M, N, K, given;
+    pxt_dtype dt_c;
+} gemm_operands;
+
+static int parse_gemm_operands(PyObject *a_obj, PyObject *b_obj, int ta, int tb, double alpha,
+                               double beta, const pxt_py_dtype *dt_arg, PyObject **ah,
+                               PyObject **bh, gemm_operands *g) {
+    g->A = arg(a_obj, "A", NULL, ah);
+    if (!g->A || pxt_py_check_float(g->A, "A") < 0 ||
+        pxt_py_check_shape(g->A, "A", 2, (int64_t[]){-1, -1}) < 0) {
+        return -1;
+    }
+    g->B = arg(b_obj, "B", g->A, bh);
+    if (!g->B || check_like(g->B, "B", g->A) < 0) {
+        return -1;
+    }
+    int64_t M = g->A->shape[ta ? 1 : 0], K = g->A->shape[ta ? 0 : 1];
+    if (pxt_py_check_shape(g->B, "B", 2, tb ? (int64_t[]){-1, K} : (int64_t[]){K, -1}) < 0) {
+        return -1;
+    }
+    int64_t N = g->B->shape[tb ? 0 : 1];
+    if (to_int(M, "A", &g->M) < 0 || to_int(K, "A", &g->K) < 0 || to_int(N, "B", &g->N) < 0) {
+        return -1;
+    }
+    if (!isfinite(alpha) || !isfinite(beta) || fabs(alpha) > FLT_MAX || fabs(beta) > FLT_MAX) {
+        PyErr_Format(PyExc_ValueError, "alpha, beta: expected finite float32 values, got %g, %g",
+                     alpha, beta);
+        return -1;
+    }
+    g->given = dt_arg->a.given;
+    g->dt_c = g->given ? dt_arg->value : g->A->dtype;
+    if (g->dt_c != PXT_FLOAT32 && g->dt_c != PXT_FLOAT16 && g->dt_c != PXT_BFLOAT16) {
+        PyErr_Format(PyExc_TypeError, "out_dtype: expected float32, float16 or bfloat16, got %s",
+                     pxt_dtype_name(g->dt_c));
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *op_gemm(PyObject *m, PyObject *args, PyObject *kwargs) {
     (void)m;
     static char *kw[] = {"A", "B", "trans_a", "trans_b", "alpha", "beta", "C", "out_dtype", NULL};
@@ -149,41 +210,14 @@ static PyObject *op_gemm(PyObject *m, PyObject *args, PyObject *kwargs) {
     double alpha = alpha_arg.value, beta = beta_arg.value;
     PyObject *ah = NULL, *bh = NULL, *ch = NULL, *ws = NULL, *result = NULL;
     pxt_tensor *A, *B, *C = NULL;
-    A = arg(a_obj, "A", NULL, &ah);
-    if (!A || pxt_py_check_float(A, "A") < 0 ||
-        pxt_py_check_shape(A, "A", 2, (int64_t[]){-1, -1}) < 0) {
+    gemm_operands g;
+    if (parse_gemm_operands(a_obj, b_obj, ta, tb, alpha, beta, &dt_arg, &ah, &bh, &g) < 0) {
         goto done;
     }
-    B = arg(b_obj, "B", A, &bh);
-    if (!B || check_like(B, "B", A) < 0) {
-        goto done;
-    }
-    /* op(A) (M, K), op(B) (K, N) */
-    int64_t M = A->shape[ta ? 1 : 0], K = A->shape[ta ? 0 : 1];
-    if (pxt_py_check_shape(B, "B", 2, tb ? (int64_t[]){-1, K} : (int64_t[]){K, -1}) < 0) {
-        goto done;
-    }
-    int64_t N = B->shape[tb ? 0 : 1];
-    int m_ = 0, n_ = 0, k_ = 0;
-    if (to_int(M, "A", &m_) < 0 || to_int(K, "A", &k_) < 0 || to_int(N, "B", &n_) < 0) {
-        goto done;
-    }
-    if (!isfinite(alpha) || !isfinite(beta) || fabs(alpha) > FLT_MAX || fabs(beta) > FLT_MAX) {
-        PyErr_Format(PyExc_ValueError, "alpha, beta: expected finite float32 values, got %g, %g",
-                     alpha, beta);
-        goto done;
-    }
-    pxt_dtype dt_c = A->dtype;
-    int have_dt = dt_arg.a.given;
-    if (have_dt) {
-        dt_c = dt_arg.value;
-        if (dt_c != PXT_FLOAT32 && dt_c != PXT_FLOAT16 && dt_c != PXT_BFLOAT16) {
-            PyErr_Format(PyExc_TypeError,
-                         "out_dtype: expected float32, float16 or bfloat16, got %s",
-                         pxt_dtype_name(dt_c));
-            goto done;
-        }
-    }
+    A = g.A, B = g.B;
+    int m_ = g.M, n_ = g.N, k_ = g.K, have_dt = g.given;
+    int64_t M = m_, N = n_;
+    pxt_dtype dt_c = g.dt_c;
     if (c_obj != Py_None) {
         C = arg(c_obj, "C", A, &ch);
         if (!C) {
@@ -217,12 +251,11 @@ static PyObject *op_gemm(PyObject *m, PyObject *args, PyObject *kwargs) {
         }
         C = (pxt_tensor *)ch;
     }
-    int64_t wsb = (int64_t)be->gemm_workspace(m_, n_, k_, A->dtype);
-    if (wsb > 0 && !(ws = pxt_tensor_empty(A->device, PXT_UINT8, 1, &wsb))) {
+    void *wsp;
+    if (scratch(A->device, be->gemm_workspace(m_, n_, k_, A->dtype), &ws, &wsp) < 0) {
         goto done;
     }
     int rc;
-    void *wsp = ws ? ((pxt_tensor *)ws)->data : NULL;
     RUN_NOGIL(rc, be->gemm(A->device.index, ta, tb, m_, n_, k_, (float)alpha, A->data, B->data,
                            (float)beta, C->data, A->dtype, dt_c, wsp));
     if (status(rc) < 0) {
@@ -234,6 +267,155 @@ done:
     Py_XDECREF(ah);
     Py_XDECREF(bh);
     Py_XDECREF(ch);
+    Py_XDECREF(ws);
+    return result;
+}
+
+/* the epilogue names of _op_gemm_fused, in pxt_epilogue's order */
+static const char *const epilogue_names[] = {"none",        "bias",    "bias_gelu",
+                                             "dgelu_bgrad", "bgrad_b", NULL};
+
+/* An optional read-only operand of dtype dt and shape on like's device: NULL
+ * (and no error) when obj is None. *bad on failure. */
+static pxt_tensor *opt_in(PyObject *obj, const char *name, const pxt_tensor *like, pxt_dtype dt,
+                          int ndim, const int64_t *shape, PyObject **hold, int *bad) {
+    *hold = NULL;
+    if (obj == Py_None) {
+        return NULL;
+    }
+    pxt_tensor *t = arg(obj, name, like, hold);
+    if (!t || pxt_py_check_device(t, name, like->device) < 0 ||
+        pxt_py_check_dtype(t, name, dt) < 0 || pxt_py_check_shape(t, name, ndim, shape) < 0) {
+        *bad = 1;
+        return NULL;
+    }
+    return t;
+}
+
+/* No output shares memory with an input (D may be C itself: the accumulation). */
+static int check_fused_overlaps(pxt_epilogue epi, const pxt_tensor *A, const pxt_tensor *B,
+                                const pxt_tensor *C, const pxt_tensor *D, const pxt_tensor *bias,
+                                const pxt_tensor *pre, const pxt_tensor *dbias) {
+    const pxt_tensor *ins[] = {A, B, C, bias, epi == PXT_EPI_DGELU_BGRAD ? pre : NULL};
+    const pxt_tensor *outs[] = {D, epi == PXT_EPI_BIAS_GELU ? pre : NULL, dbias};
+    const char *names[] = {"D", "pre", "dbias"};
+    for (int o = 0; o < 3; o++) {
+        for (int i = 0; i < 5 && outs[o]; i++) {
+            if (ins[i] && overlaps(outs[o], ins[i]) && !(o == 0 && ins[i] == C && C == D)) {
+                PyErr_Format(PyExc_ValueError, "%s: must not share memory with the inputs",
+                             names[o]);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+static PyObject *op_gemm_fused(PyObject *m, PyObject *args, PyObject *kwargs) {
+    (void)m;
+    static char *kw[] = {"A", "B", "epilogue", "trans_a", "trans_b", "alpha",     "beta",
+                         "C", "D", "bias",     "pre",     "dbias",   "out_dtype", NULL};
+    PyObject *a_obj, *b_obj, *c_obj = Py_None, *d_obj = Py_None, *bias_obj = Py_None;
+    PyObject *pre_obj = Py_None, *db_obj = Py_None;
+    int ta = 0, tb = 0, bad = 0;
+    pxt_py_choice epi_arg = PXT_PY_CHOICE_OPT("epilogue", epilogue_names, PXT_EPI_NONE);
+    pxt_py_real alpha_arg = PXT_PY_NUMBER("alpha", 1.0), beta_arg = PXT_PY_NUMBER("beta", 0.0);
+    pxt_py_dtype dt_arg = PXT_PY_DTYPE_OPT("out_dtype", PXT_FLOAT32);
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O&ppO&O&OOOOOO&:_op_gemm_fused", kw, &a_obj,
+                                     &b_obj, pxt_py_choice_converter, &epi_arg, &ta, &tb,
+                                     pxt_py_real_converter, &alpha_arg, pxt_py_real_converter,
+                                     &beta_arg, &c_obj, &d_obj, &bias_obj, &pre_obj, &db_obj,
+                                     pxt_py_dtype_converter, &dt_arg)) {
+        return NULL;
+    }
+    pxt_epilogue epi = (pxt_epilogue)epi_arg.index;
+    double alpha = alpha_arg.value, beta = beta_arg.value;
+    PyObject *ah = NULL, *bh = NULL, *ch = NULL, *dh = NULL, *biash = NULL, *preh = NULL;
+    PyObject *dbh = NULL, *ws = NULL, *result = NULL;
+    pxt_tensor *C = NULL, *D = NULL, *bias = NULL, *pre = NULL, *dbias = NULL;
+    gemm_operands g;
+    if (parse_gemm_operands(a_obj, b_obj, ta, tb, alpha, beta, &dt_arg, &ah, &bh, &g) < 0) {
+        goto done;
+    }
+    int64_t N = g.N, mn[2] = {g.M, g.N};
+    C = opt_in(c_obj, "C", g.A, g.dt_c, 2, mn, &ch, &bad);
+    D = bad ? NULL : opt_out(d_obj, "D", g.A, g.dt_c, 2, mn, &dh, &bad);
+    bias = bad ? NULL : opt_in(bias_obj, "bias", g.A, g.dt_c, 1, &N, &biash, &bad);
+    pre = bad ? NULL : opt_out(pre_obj, "pre", g.A, g.dt_c, 2, mn, &preh, &bad);
+    dbias = bad ? NULL : opt_out(db_obj, "dbias", g.A, PXT_FLOAT32, 1, &N, &dbh, &bad);
+    if (bad) {
+        goto done;
+    }
+    if (beta != 0.0 && !C && !D) {
+        PyErr_Format(PyExc_ValueError, "beta: must be 0 when neither C nor D is given, got %g",
+                     beta);
+        goto done;
+    }
+    if (epi == PXT_EPI_DGELU_BGRAD && !pre) {
+        PyErr_SetString(PyExc_ValueError, "pre: the 'dgelu_bgrad' epilogue reads it; got None");
+        goto done;
+    }
+    if (check_fused_overlaps(epi, g.A, g.B, C, D, bias, pre, dbias) < 0) {
+        goto done;
+    }
+    const pxt_backend *be = PXT_BACKEND_OP(g.A->device, gemm_fused);
+    if (!be || !PXT_BACKEND_OP(g.A->device, gemm_fused_workspace)) {
+        goto done;
+    }
+    if (!D) {
+        if (!(dh = pxt_tensor_empty(g.A->device, g.dt_c, 2, mn))) {
+            goto done;
+        }
+        D = (pxt_tensor *)dh;
+    }
+    if (epi == PXT_EPI_BIAS_GELU && !pre) {
+        if (!(preh = pxt_tensor_empty(g.A->device, g.dt_c, 2, mn))) {
+            goto done;
+        }
+        pre = (pxt_tensor *)preh;
+    }
+    if ((epi == PXT_EPI_DGELU_BGRAD || epi == PXT_EPI_BGRAD_B) && !dbias) {
+        if (!(dbh = new_zeros(g.A->device, PXT_FLOAT32, 1, &N))) {
+            goto done;
+        }
+        dbias = (pxt_tensor *)dbh;
+    }
+    pxt_gemm_args ga = {.trans_a = ta,
+                        .trans_b = tb,
+                        .M = g.M,
+                        .N = g.N,
+                        .K = g.K,
+                        .alpha = (float)alpha,
+                        .beta = (float)beta,
+                        .A = g.A->data,
+                        .B = g.B->data,
+                        .C = C ? C->data : NULL,
+                        .D = D->data,
+                        .dt_ab = g.A->dtype,
+                        .dt_c = g.dt_c,
+                        .epilogue = epi,
+                        .bias = bias ? bias->data : NULL,
+                        .pre = pre ? pre->data : NULL,
+                        .dbias = dbias ? (float *)dbias->data : NULL};
+    void *wsp;
+    if (scratch(g.A->device, be->gemm_fused_workspace(&ga), &ws, &wsp) < 0) {
+        goto done;
+    }
+    int rc;
+    RUN_NOGIL(rc, be->gemm_fused(g.A->device.index, &ga, wsp));
+    if (status(rc) < 0) {
+        goto done;
+    }
+    result = PyTuple_Pack(3, (PyObject *)D, pre ? (PyObject *)pre : Py_None,
+                          dbias ? (PyObject *)dbias : Py_None);
+done:
+    Py_XDECREF(ah);
+    Py_XDECREF(bh);
+    Py_XDECREF(ch);
+    Py_XDECREF(dh);
+    Py_XDECREF(biash);
+    Py_XDECREF(preh);
+    Py_XDECREF(dbh);
     Py_XDECREF(ws);
     return result;
 }
@@ -285,8 +467,9 @@ static PyObject *op_bias_backward(PyObject *m, PyObject *args, PyObject *kwargs)
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:_op_bias_backward", kw, &d_obj, &db_obj)) {
         return NULL;
     }
-    PyObject *dh = NULL, *dbh = NULL, *result = NULL;
+    PyObject *dh = NULL, *dbh = NULL, *ws = NULL, *result = NULL;
     int bad = 0;
+    void *wsp;
     pxt_tensor *dout = arg(d_obj, "dout", NULL, &dh), *dbias;
     if (!dout || pxt_py_check_float(dout, "dout") < 0 ||
         pxt_py_check_shape(dout, "dout", 2, (int64_t[]){-1, -1}) < 0) {
@@ -299,7 +482,7 @@ static PyObject *op_bias_backward(PyObject *m, PyObject *args, PyObject *kwargs)
         goto done;
     }
     const pxt_backend *be = PXT_BACKEND_OP(dout->device, bias_backward);
-    if (!be) {
+    if (!be || scratch(dout->device, be->colsum_workspace(M, N), &ws, &wsp) < 0) {
         goto done;
     }
     if (!dbias) {
@@ -310,7 +493,7 @@ static PyObject *op_bias_backward(PyObject *m, PyObject *args, PyObject *kwargs)
     }
     int rc;
     RUN_NOGIL(rc, be->bias_backward(dout->device.index, (float *)dbias->data, dout->data, M, N,
-                                    dout->dtype));
+                                    dout->dtype, wsp));
     if (status(rc) < 0) {
         goto done;
     }
@@ -319,6 +502,7 @@ static PyObject *op_bias_backward(PyObject *m, PyObject *args, PyObject *kwargs)
 done:
     Py_XDECREF(dh);
     Py_XDECREF(dbh);
+    Py_XDECREF(ws);
     return result;
 }
 
@@ -407,8 +591,9 @@ static PyObject *op_layernorm_backward(PyObject *m, PyObject *args, PyObject *kw
         return NULL;
     }
     PyObject *dh = NULL, *xh = NULL, *wh = NULL, *mh = NULL, *rh = NULL;
-    PyObject *dih = NULL, *dwh = NULL, *dbh = NULL, *result = NULL;
+    PyObject *dih = NULL, *dwh = NULL, *dbh = NULL, *ws = NULL, *result = NULL;
     int N = 0, C = 0, bad = 0;
+    void *wsp;
     pxt_tensor *dout = arg(d_obj, "dout", NULL, &dh), *x, *w, *mean, *rstd, *dinp, *dw, *db;
     if (!dout || pxt_py_check_float(dout, "dout") < 0 || rows_cols(dout, "dout", &N, &C) < 0) {
         goto done;
@@ -448,7 +633,7 @@ static PyObject *op_layernorm_backward(PyObject *m, PyObject *args, PyObject *kw
         goto done;
     }
     const pxt_backend *be = PXT_BACKEND_OP(dout->device, layernorm_backward);
-    if (!be) {
+    if (!be || scratch(dout->device, be->colsum_workspace(N, C), &ws, &wsp) < 0) {
         goto done;
     }
     if (!dinp) {
@@ -473,12 +658,13 @@ static PyObject *op_layernorm_backward(PyObject *m, PyObject *args, PyObject *kw
     RUN_NOGIL(rc, be->layernorm_backward(dout->device.index, dinp->data, (float *)dw->data,
                                          (float *)db->data, dout->data, x->data, w->data,
                                          (const float *)mean->data, (const float *)rstd->data, N, C,
-                                         dout->dtype));
+                                         dout->dtype, wsp));
     if (status(rc) < 0) {
         goto done;
     }
     result = PyTuple_Pack(3, dih, dwh, dbh);
 done:
+    Py_XDECREF(ws);
     Py_XDECREF(dh);
     Py_XDECREF(xh);
     Py_XDECREF(wh);
@@ -674,8 +860,9 @@ static PyObject *op_embedding_backward(PyObject *m, PyObject *args, PyObject *kw
         return NULL;
     }
     long long V = V_arg.value;
-    PyObject *ih = NULL, *dh = NULL, *dth = NULL, *result = NULL;
+    PyObject *ih = NULL, *dh = NULL, *dth = NULL, *ws = NULL, *result = NULL;
     int N = 0, C = 0, v_ = 0, bad = 0;
+    void *wsp;
     pxt_tensor *ids = arg(i_obj, "ids", NULL, &ih), *dout, *dtable;
     if (!ids || check_id_tensor(ids, "ids", &N) < 0) {
         goto done;
@@ -707,7 +894,8 @@ static PyObject *op_embedding_backward(PyObject *m, PyObject *args, PyObject *kw
         goto done;
     }
     const pxt_backend *be = PXT_BACKEND_OP(ids->device, embedding_backward);
-    if (!be || check_ids(ids, "ids", 0, v_) < 0) {
+    if (!be || check_ids(ids, "ids", 0, v_) < 0 ||
+        scratch(ids->device, be->embedding_workspace(N, C, v_), &ws, &wsp) < 0) {
         goto done;
     }
     if (!dtable) {
@@ -718,13 +906,14 @@ static PyObject *op_embedding_backward(PyObject *m, PyObject *args, PyObject *kw
     }
     int rc;
     RUN_NOGIL(rc, be->embedding_backward(ids->device.index, (float *)dtable->data, dout->data,
-                                         (const int32_t *)ids->data, N, C, dout->dtype));
+                                         (const int32_t *)ids->data, N, C, v_, dout->dtype, wsp));
     if (status(rc) < 0) {
         goto done;
     }
     result = dth;
     dth = NULL;
 done:
+    Py_XDECREF(ws);
     Py_XDECREF(ih);
     Py_XDECREF(dh);
     Py_XDECREF(dth);
@@ -826,6 +1015,10 @@ PyMethodDef pxt_py_ops_methods[] = {
      " -> C = alpha * op(A) @ op(B) + beta * C (fp32 accumulation)."},
     {"_op_add_bias", PXT_PY_KW(op_add_bias),
      "_op_add_bias(out, bias): out (M, N) += bias (N), in place."},
+    {"_op_gemm_fused", PXT_PY_KW(op_gemm_fused),
+     "_op_gemm_fused(A, B, epilogue='none', trans_a=False, trans_b=False, alpha=1.0, beta=0.0,"
+     " C=None, D=None, bias=None, pre=None, dbias=None, out_dtype=None) -> (D, pre, dbias):"
+     " one product with its epilogue ('none', 'bias', 'bias_gelu', 'dgelu_bgrad', 'bgrad_b')."},
     {"_op_bias_backward", PXT_PY_KW(op_bias_backward),
      "_op_bias_backward(dout, dbias=None) -> dbias (N) fp32 += column sums of dout (M, N)."},
     {"_op_layernorm_forward", PXT_PY_KW(op_layernorm_forward),
