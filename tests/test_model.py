@@ -105,6 +105,26 @@ def test_forward_backward_matches_pytorch(cfg, policy):
     assert_grads_close(grads_of(m), ref_grads, rtol=1e-4)
 
 
+@pytest.mark.parametrize("padding", ["middle", "end"])
+def test_heads_gather_rows_across_samples(padding):
+    """8 samples of 40 audio rows are 320 rows: the heads take them in chunks of 256
+    gathered across samples, one chunk ending inside a sample. With padding only at
+    each sample's end (every text full) the step passes no key mask, causal
+    attention being enough; with text padding (in the middle) it must pass one.
+    Both against the float64 reference."""
+    rng = np.random.default_rng()
+    m = pyxtts.XTTSGPT(TINY, seed=int(rng.integers(1 << 30)))
+    batch = random_batch(rng, TINY, B=8, Lt=20, La=40)
+    if padding == "end":
+        batch["text_lengths"][:] = 20
+    assert m.estimate_memory(8, 20, 40).logits_rows == 256
+    out = m.forward_backward(batch)
+    loss, tl, al, ref_grads = reference_step(m, batch)
+    assert out["text_loss"] == pytest.approx(tl, rel=1e-5)
+    assert out["audio_loss"] == pytest.approx(al, rel=1e-5)
+    assert_grads_close(grads_of(m), ref_grads, rtol=1e-4)
+
+
 def test_without_conditioning_latents_and_with_empty_text_sample():
     rng = np.random.default_rng()
     m = pyxtts.XTTSGPT(TINY)

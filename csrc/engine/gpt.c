@@ -235,43 +235,100 @@ static int embed_backward(const pxt_gpt *m, const pxt_plan *p, char *base, const
     return PXT_OK;
 }
 
-/* One head over one sample's segment of valid rows, chunk by chunk: logits,
- * cross-entropy and (train) dh2 rows, dW, db, without the full logits. */
-static int head_segment(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt_ctx *x,
-                        int head_w, int head_b, const float *bias32, int V, size_t row0, int rows,
-                        const int32_t *tgt, float *losses, float scale) {
+/* One gathered segment: n rows from sample b, position t, at chunk row at. A
+ * chunk holds at most PXT_HEAD_SEGS segments (samples shorter than a chunk / 64
+ * rows end a chunk early rather than overflow the list). */
+#define PXT_HEAD_SEGS 64
+
+typedef struct {
+    int b, t, at, n;
+} head_seg;
+
+/* One head: rows off.. of each sample, L of them, lens[b] valid. */
+typedef struct {
+    int head_w, head_b, V, off, L;
+    const int32_t *lens; /* (B) host */
+    const int32_t *tgt;  /* (B, L) device */
+    float *losses;       /* (B, L) device */
+    const float *bias32; /* (V) fp32 copy of the bias (16-bit models), else NULL */
+    float scale;         /* of the loss gradient */
+} head_spec;
+
+/* One chunk of gathered rows: the h2 rows and targets copied together, logits,
+ * cross-entropy and (train) dh2 rows, dW, db; the losses and dh2 rows copied
+ * back to their samples. */
+static int head_chunk(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt_ctx *x,
+                      const head_spec *h, const head_seg *segs, int nseg, int n) {
     const pxt_backend *be = m->flat.be;
-    int d = m->flat.device.index, C = p->C;
+    int d = m->flat.device.index, C = p->C, V = h->V;
     pxt_dtype dt = p->dt;
-    size_t es = pxt_dtype_size(dt);
-    float *logits = (float *)(base + p->logits); /* (logits_rows, V) fp32 */
+    size_t es = pxt_dtype_size(dt), row = (size_t)C * es;
+    float *logits = (float *)(base + p->logits);         /* (n, V) fp32 */
+    char *rows = base + p->head_rows;                    /* (n, C) */
+    int32_t *tgt = (int32_t *)(base + p->head_tgt);      /* (n) */
+    float *loss = (float *)(base + p->head_loss);        /* (n) */
+    const char *W = pxt_flat_param(&m->flat, h->head_w); /* (V, C) */
     int wide = dt == PXT_FLOAT32;
-    const char *W = pxt_flat_param(&m->flat, head_w); /* (V, C) */
-    float *dW = pxt_flat_grad(&m->flat, head_w);
+    for (int s = 0; s < nseg; s++) { /* gather */
+        size_t src = (size_t)segs[s].b * p->T + (size_t)h->off + (size_t)segs[s].t;
+        PXT_TRY(be->copy(d, rows + (size_t)segs[s].at * row, base + p->h2 + src * row,
+                         (size_t)segs[s].n * row, PXT_COPY_D2D));
+        PXT_TRY(be->copy(d, tgt + segs[s].at, h->tgt + (size_t)segs[s].b * h->L + segs[s].t,
+                         (size_t)segs[s].n * sizeof(int32_t), PXT_COPY_D2D));
+    }
+    PXT_TRY(be->gemm(d, 0, 1, n, V, C, 1.0f, rows, W, 0.0f, logits, dt, PXT_FLOAT32, x->gemm_ws));
+    PXT_TRY(be->add_bias(d, logits,
+                         wide ? (const void *)pxt_flat_param(&m->flat, h->head_b)
+                              : (const void *)h->bias32,
+                         n, V, PXT_FLOAT32));
+    PXT_TRY(be->softmax_xent(d, logits, loss, tgt, n, V, h->scale, p->train));
+    for (int s = 0; s < nseg; s++) { /* the losses back to their (b, t) */
+        PXT_TRY(be->copy(d, h->losses + (size_t)segs[s].b * h->L + segs[s].t, loss + segs[s].at,
+                         (size_t)segs[s].n * sizeof(float), PXT_COPY_D2D));
+    }
+    if (!p->train) {
+        return PXT_OK;
+    }
     /* the gemms' A and B share one dtype: a 16-bit model feeds them a dt copy of
      * dlogits (the fp32 logits chunk stays for the bias gradient) */
     void *dlog = wide ? (void *)logits : (void *)(base + p->dlogits16);
-    for (int r = 0; r < rows; r += p->logits_rows) {
-        int n = rows - r < p->logits_rows ? rows - r : p->logits_rows;
-        const char *h = base + p->h2 + (row0 + (size_t)r) * C * es; /* (n, C) */
-        PXT_TRY(be->gemm(d, 0, 1, n, V, C, 1.0f, h, W, 0.0f, logits, dt, PXT_FLOAT32, x->gemm_ws));
-        PXT_TRY(be->add_bias(d, logits,
-                             wide ? (const void *)pxt_flat_param(&m->flat, head_b) : bias32, n, V,
-                             PXT_FLOAT32));
-        PXT_TRY(be->softmax_xent(d, logits, losses + r, tgt + r, n, V, scale, p->train));
-        if (!p->train) {
-            continue;
-        }
-        char *dh = base + p->dB + (row0 + (size_t)r) * C * es; /* (n, C) */
-        if (!wide) {
-            PXT_TRY(be->cast(d, dlog, dt, logits, PXT_FLOAT32, (size_t)n * V));
-        }
-        PXT_TRY(be->gemm(d, 0, 0, n, C, V, 1.0f, dlog, W, 0.0f, dh, dt, dt, x->gemm_ws));
-        PXT_TRY(be->gemm(d, 1, 0, V, C, n, 1.0f, dlog, h, 1.0f, dW, dt, PXT_FLOAT32, x->gemm_ws));
-        PXT_TRY(be->bias_backward(d, pxt_flat_grad(&m->flat, head_b), logits, n, V, PXT_FLOAT32,
-                                  x->reduce_ws));
+    if (!wide) {
+        PXT_TRY(be->cast(d, dlog, dt, logits, PXT_FLOAT32, (size_t)n * V));
+    }
+    char *dh = base + p->head_dh; /* (n, C) */
+    PXT_TRY(be->gemm(d, 0, 0, n, C, V, 1.0f, dlog, W, 0.0f, dh, dt, dt, x->gemm_ws));
+    PXT_TRY(be->gemm(d, 1, 0, V, C, n, 1.0f, dlog, rows, 1.0f, pxt_flat_grad(&m->flat, h->head_w),
+                     dt, PXT_FLOAT32, x->gemm_ws));
+    PXT_TRY(be->bias_backward(d, pxt_flat_grad(&m->flat, h->head_b), logits, n, V, PXT_FLOAT32,
+                              x->reduce_ws));
+    for (int s = 0; s < nseg; s++) { /* dh2 rows back into dB (N, C) */
+        size_t dst = (size_t)segs[s].b * p->T + (size_t)h->off + (size_t)segs[s].t;
+        PXT_TRY(be->copy(d, base + p->dB + dst * row, dh + (size_t)segs[s].at * row,
+                         (size_t)segs[s].n * row, PXT_COPY_D2D));
     }
     return PXT_OK;
+}
+
+/* One head over the valid rows of every sample, in chunks of logits_rows rows
+ * gathered across samples: products of M = logits_rows rows instead of one per
+ * sample. Padding rows are never computed: they keep loss 0 and dh2 0. */
+static int head_all(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt_ctx *x,
+                    const head_spec *h) {
+    head_seg segs[PXT_HEAD_SEGS];
+    int nseg = 0, n = 0;
+    for (int b = 0; b < p->B; b++) {
+        for (int t = 0; t < h->lens[b];) {
+            int take = h->lens[b] - t < p->logits_rows - n ? h->lens[b] - t : p->logits_rows - n;
+            segs[nseg++] = (head_seg){b, t, n, take};
+            n += take;
+            t += take;
+            if (n == p->logits_rows || nseg == PXT_HEAD_SEGS) { /* a full chunk */
+                PXT_TRY(head_chunk(m, p, base, x, h, segs, nseg, n));
+                nseg = n = 0;
+            }
+        }
+    }
+    return n ? head_chunk(m, p, base, x, h, segs, nseg, n) : PXT_OK;
 }
 
 /* Both heads over every sample's valid rows; the padding rows keep loss 0 and dh2 0.
@@ -297,17 +354,20 @@ static int heads(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt_ctx 
         PXT_TRY(be->cast(d, ab32, PXT_FLOAT32, pxt_flat_param(&m->flat, l->mel_head_b), p->dt,
                          (size_t)p->audio_vocab));
     }
-    for (int b = 0; b < p->B; b++) {
-        size_t row = (size_t)b * p->T + p->Nc;
-        PXT_TRY(head_segment(m, p, base, x, l->text_head_w, l->text_head_b, tb32, p->text_vocab,
-                             row, in->text_len[b],
-                             (const int32_t *)(base + p->text_tgt) + (size_t)b * p->Lt,
-                             tl + (size_t)b * p->Lt, ts));
-        PXT_TRY(head_segment(m, p, base, x, l->mel_head_w, l->mel_head_b, ab32, p->audio_vocab,
-                             row + p->Lt, in->audio_len[b],
-                             (const int32_t *)(base + p->audio_tgt) + (size_t)b * p->La,
-                             al + (size_t)b * p->La, as));
-    }
+    const int32_t *ttgt = (const int32_t *)(base + p->text_tgt);
+    const int32_t *atgt = (const int32_t *)(base + p->audio_tgt);
+    head_spec th = {l->text_head_w, l->text_head_b,
+                    p->text_vocab,  p->Nc,
+                    p->Lt,          in->text_len,
+                    ttgt,           tl,
+                    tb32,           ts};
+    head_spec ah = {l->mel_head_w,  l->mel_head_b,
+                    p->audio_vocab, p->Nc + p->Lt,
+                    p->La,          in->audio_len,
+                    atgt,           al,
+                    ab32,           as};
+    PXT_TRY(head_all(m, p, base, x, &th));
+    PXT_TRY(head_all(m, p, base, x, &ah));
     return PXT_OK;
 }
 
@@ -386,6 +446,28 @@ static int gpt_backward(const pxt_gpt *m, const pxt_plan *p, char *base, const p
     return embed_backward(m, p, base, dres);
 }
 
+/* 1 when some sample has a masked key before an unmasked one: padding in the
+ * middle (a text shorter than Lt before the audio), which causal attention
+ * alone would let the valid queries after it see. Padding only at a sample's
+ * end needs no mask: no valid query sees a later key, and the padding queries'
+ * outputs are never used (their targets are ignored, their gradients zero). So
+ * the mask is passed only when it changes a valid row: attention then skips its
+ * masked path (on the GPU, every tile of it). */
+static int key_mask_needed(const uint8_t *key_mask, int B, int T) {
+    for (int b = 0; b < B; b++) {
+        const uint8_t *k = key_mask + (size_t)b * T; /* (T) */
+        int padding = 0;
+        for (int t = 0; t < T; t++) {
+            if (!k[t]) {
+                padding = 1;
+            } else if (padding) {
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
 int pxt_gpt_step(pxt_gpt *m, const pxt_gpt_batch *in, pxt_gpt_losses *out) {
     const pxt_plan *p = &m->plan;
     char *base = m->arena->data;
@@ -398,7 +480,9 @@ int pxt_gpt_step(pxt_gpt *m, const pxt_gpt_batch *in, pxt_gpt_losses *out) {
         .C = p->C,
         .H = p->H,
         .eps = m->cfg.eps,
-        .key_mask = (const uint8_t *)(base + p->key_mask),
+        .key_mask = key_mask_needed(in->key_mask, p->B, p->T)
+                        ? (const uint8_t *)(base + p->key_mask)
+                        : NULL,
         .attn_ws = base + p->attn_ws,
         .gemm_ws = base + p->gemm_ws,
         .reduce_ws = base + p->reduce_ws,
@@ -412,3 +496,5 @@ int pxt_gpt_step(pxt_gpt *m, const pxt_gpt_batch *in, pxt_gpt_losses *out) {
     }
     return losses_sum(m, p, base, out); /* last: nothing before it waits for the device */
 }
+
+#undef PXT_HEAD_SEGS

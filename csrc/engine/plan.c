@@ -5,7 +5,8 @@
  *   scratch = dres (N,C) | dA (N,4C) | dB (N,C) | work + attention ws | gemm ws |
  *             reduction ws (column sums' and the embedding scatter's partials)
  *             (the heads phase puts its logits chunk over work + attention ws,
- *              and for a 16-bit model the fp32 head biases and a dt copy of dlogits)
+ *              and for a 16-bit model the fp32 head biases and a dt copy of dlogits,
+ *              then the chunk's rows gathered from every sample)
  * Phases run one after another, so the scratch is shared: forward uses work and
  * attention workspace, heads use dB (dh2) and the logits chunk, backward uses
  * all of it. Evaluation keeps two residual buffers and no gradients. */
@@ -179,10 +180,9 @@ int pxt_plan_make(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, i
     p->C = c->d_model, p->H = c->n_heads, p->L = c->n_layers;
     p->text_vocab = c->text_vocab, p->audio_vocab = c->audio_vocab;
     p->dt = dt, p->train = train;
-    p->logits_rows = Lt > La ? Lt : La;
-    if (p->logits_rows > LOGITS_ROWS) {
-        p->logits_rows = LOGITS_ROWS;
-    }
+    /* a chunk gathers valid rows across samples: as many as the batch has, at most */
+    int64_t most = (int64_t)B * (Lt > La ? Lt : La);
+    p->logits_rows = most < LOGITS_ROWS ? (int)most : LOGITS_ROWS;
     int L = p->L;
     p->policy = malloc(sizeof *p->policy * (size_t)L);
     p->blocks = calloc((size_t)L, sizeof *p->blocks);
@@ -258,6 +258,14 @@ int pxt_plan_make(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, i
         }
         p->head_cast_bytes = lcur - before;
     }
+    size_t rows = (size_t)p->logits_rows, before_gather = lcur;
+    p->head_rows = pxt_plan_take(&lcur, rows * C * es);
+    p->head_tgt = pxt_plan_take(&lcur, rows * sizeof(int32_t));
+    p->head_loss = pxt_plan_take(&lcur, rows * sizeof(float));
+    if (train) {
+        p->head_dh = pxt_plan_take(&lcur, rows * C * es);
+    }
+    p->head_gather_bytes = lcur - before_gather;
     cur = max_sz(block_phase_end, lcur);
     p->gemm_ws_bytes = gpt_gemm_ws(p, &shape, be);
     p->gemm_ws = pxt_plan_take(&cur, p->gemm_ws_bytes);

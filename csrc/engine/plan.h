@@ -59,7 +59,7 @@ typedef struct {
     int C, H, L, text_vocab, audio_vocab;
     pxt_dtype dt;
     int train;        /* 0: evaluation forward (nothing saved) */
-    int logits_rows;  /* rows per logits chunk */
+    int logits_rows;  /* rows per logits chunk, gathered across samples */
     pxt_ckpt *policy; /* (L) per block; owned */
 
     /* inputs (int32 / uint8) */
@@ -84,6 +84,10 @@ typedef struct {
      * GEMMs (logits_rows, max vocab) dt, and both head biases cast to fp32 once
      * per step (text_vocab + audio_vocab) fp32; both next to the logits chunk */
     size_t dlogits16, head_bias32, head_cast_bytes;
+    /* the heads gather each chunk's valid rows from every sample: their h2 rows
+     * (logits_rows, C) dt, targets (logits_rows) int32 and losses (logits_rows)
+     * fp32, and (train) their dh2 rows (logits_rows, C) dt, before scattering back */
+    size_t head_rows, head_dh, head_tgt, head_loss, head_gather_bytes;
     size_t gemm_ws, gemm_ws_bytes;     /* GEMM workspace (plain and fused products) */
     size_t reduce_ws, reduce_ws_bytes; /* column sums' and embedding scatter's partials */
     size_t dres, dA, dB;               /* backward: (N, C), (N, 4C), (N, C) */
