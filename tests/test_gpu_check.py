@@ -14,8 +14,10 @@ SCRIPT = Path(__file__).resolve().parent / "bench" / "gpu_check.sh"
 BASH = shutil.which("bash")
 pytestmark = pytest.mark.skipif(not (BASH and shutil.which("timeout")), reason="needs bash and timeout")
 
-STEPS = {"A": ["versions", "wheels", "build", "imports-pyxtts-first", "imports-torch-first", "kernel-tests",
-               "memcheck", "device-tests", "copy-extension"],
+# run A builds through tests/bench/gpu_build.sh where the tree has it, else by itself
+BUILD = (["build"] if (SCRIPT.parent / "gpu_build.sh").exists() else
+         ["versions", "wheels", "build", "imports-pyxtts-first", "imports-torch-first", "copy-extension"])
+STEPS = {"A": BUILD + ["kernel-tests", "memcheck", "device-tests"],
          "B": ["versions", "wheels", "extension", "ops", "xtts-torch_eager", "xtts-torch_compile",
                "xtts-pyxtts_none", "xtts-pyxtts_full", "attention"]}
 

@@ -4,22 +4,23 @@
 # under `timeout` and a failing step does not stop the next (the summary lists each
 # step's exit status and seconds).
 #
-#   A  versions (nvidia-smi, driver, nvcc, python, torch); the device build for sm_90
-#      alone from wheels carried in the tree (tests/bench/gpu_build.sh where it exists,
-#      else setup.py build_ext --inplace); pyxtts then torch, and torch then pyxtts,
-#      each with a matmul on both; the CUDA kernel tests with CUDA_LAUNCH_BLOCKING=1;
-#      compute-sanitizer memcheck on a short selection; the CUDA and attention tests and
-#      every device-parametrised test (engine, optimizer, trainer, memory, DLPack) on
-#      cuda:0; the built extension copied into OUTDIR for run B.
+#   A  the device build: tests/bench/gpu_build.sh where it exists (versions, the wheels
+#      carried in the tree, setup.py build_ext --inplace for sm_90 alone, pyxtts then
+#      torch and torch then pyxtts with a matmul in each, the extension copied into
+#      OUTDIR), else the same steps here; then the CUDA kernel tests with
+#      CUDA_LAUNCH_BLOCKING=1; compute-sanitizer memcheck on a short selection; the
+#      CUDA and attention tests and every device-parametrised test (engine, optimizer,
+#      trainer, memory, DLPack) on cuda:0.
 #   B  with run A's extension (EXTENSION_DIR, else OUTDIR): per-op timings at XTTS sizes
 #      against torch; the XTTS v2 step against torch eager (SDPA, autocast bf16, fused
 #      AdamW) and torch.compile at batch 8, with the largest batch; attention against
 #      SDPA flash at T = 490, 1024, 2048, 4096. JSON in tests/bench/results/ and OUTDIR.
 #
 # Budget (H100 machine, 16 cores; estimates, not yet measured there):
-#   A  versions 10 s | build 270 s max (serial nvcc for sm_90: ~4 min; ~1.5 with the
-#      parallel build script) | imports 30 | kernel tests 100 | memcheck 70 |
-#      CUDA, attention and device tests 150 (pytest-xdist, 8 workers)  => <= 580 s
+#   A  build 330 s max (gpu_build.sh: versions, wheels, ~1-2 min of parallel nvcc for
+#      sm_90, two import checks; without it, setup.py's serial nvcc ~4 min) | kernel
+#      tests 100 | memcheck 70 | CUDA, attention and device tests 150 (pytest-xdist,
+#      8 workers)                                                      => <= 580 s
 #   B  versions 10 | ops 70 | eager 100 | compile 150 | pyxtts none 90 | full 80 |
 #      attention 70                                                   => <= 570 s
 # The step limits below add up to these; a step that runs out is killed and reported.
@@ -77,23 +78,22 @@ torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU for torc
     command -v compute-sanitizer || echo "no compute-sanitizer"
 }
 
-# the carried wheels (what the machine lacks: scipy-openblas32) into a private site dir
+# the carried wheels (what the machine lacks: scipy-openblas32) into a private site dir,
+# the one gpu_build.sh uses
+SITE=${PYXTTS_WHEEL_SITE:-/tmp/pyxtts-wheels}
 wheels() {
     local dir=${PYXTTS_WHEELS:-.whl}
     if ls "$dir"/*.whl > /dev/null 2>&1; then
         "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target /tmp/pyxtts-site "$dir"/*.whl
+            --target "$SITE" "$dir"/*.whl
     else
         echo "no wheels in $dir: using what is installed"
     fi
 }
 
+# the build without gpu_build.sh
 build() {
-    if [ -f tests/bench/gpu_build.sh ]; then
-        PYXTTS_CUDA_ARCHS=90 bash tests/bench/gpu_build.sh
-    else
-        PYXTTS_CUDA=1 PYXTTS_CUDA_ARCHS=90 "$PY" setup.py build_ext --inplace -j "$(nproc)"
-    fi
+    PYXTTS_CUDA=1 PYXTTS_CUDA_ARCHS=90 "$PY" setup.py build_ext --inplace -j "$(nproc)"
 }
 
 # pyxtts and torch in one process, in the given import order, each multiplying on the GPU
@@ -140,20 +140,29 @@ run_a() {
     # test_cuda_attention_tc.py
     local device=(tests --ignore=tests/test_cuda_emu.py -k cuda) f
     for f in "${KERNEL_FILES[@]}"; do device+=(--ignore="$f"); done
-    if step build 270 build; then
+    if [ -f tests/bench/gpu_build.sh ]; then
+        # versions, wheels, the sm_90 build, both import orders, the extension into OUTDIR
+        step build 330 env PYXTTS_GPU_BUILD_TIMEOUT=270 PYXTTS_WHEEL_SITE="$SITE" \
+            bash tests/bench/gpu_build.sh "$OUTDIR" 90 || return
+    else
+        step versions 30 versions
+        step wheels 60 wheels
+        step build 270 build || return
         step imports-pyxtts-first 30 imports pyxtts,torch
         step imports-torch-first 30 imports torch,pyxtts
-        step kernel-tests 100 env CUDA_LAUNCH_BLOCKING=1 "${PYTEST[@]}" "${KERNEL_SELECTION[@]}"
-        step memcheck 70 compute-sanitizer --tool memcheck --error-exitcode 9 "${PYTEST[@]}" \
-            "${MEMCHECK_SELECTION[@]}"
-        step device-tests 150 "${PYTEST[@]}" -n 8 "${device[@]}"
         step copy-extension 30 copy_extension
     fi
+    step kernel-tests 100 env CUDA_LAUNCH_BLOCKING=1 "${PYTEST[@]}" "${KERNEL_SELECTION[@]}"
+    step memcheck 70 compute-sanitizer --tool memcheck --error-exitcode 9 "${PYTEST[@]}" \
+        "${MEMCHECK_SELECTION[@]}"
+    step device-tests 150 "${PYTEST[@]}" -n 8 "${device[@]}"
 }
 
 run_b() {
     local R=tests/bench/results run
     mkdir -p $R
+    step versions 30 versions
+    step wheels 60 wheels
     step extension 30 use_extension || return
     step ops 70 "$PY" tests/bench/bench_ops_gpu.py --repeats 30 --json $R/ops_gpu.json
     for run in torch_eager:100 torch_compile:150 pyxtts_none:90 pyxtts_full:80; do
@@ -180,13 +189,11 @@ main() {
     EXTDIR=$(cd "$EXTDIR" && pwd)
     SUMMARY="$OUTDIR/summary_$run.txt"
     : > "$SUMMARY"
-    export OUTDIR EXTDIR ROOT SUMMARY PY PYTHONUNBUFFERED=1
-    export PYTHONPATH=/tmp/pyxtts-site:$ROOT${PYTHONPATH:+:$PYTHONPATH}
+    export OUTDIR EXTDIR ROOT SUMMARY PY SITE PYTHONUNBUFFERED=1
+    export PYTHONPATH=$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}
     export -f versions wheels build imports copy_extension use_extension
     exec > >(tee -a "$OUTDIR/run_$run.log") 2>&1
     echo "gpu_check.sh run $run, $(date -u +%FT%TZ), tree $(git rev-parse --short HEAD 2> /dev/null || echo '?')"
-    step versions 30 versions
-    step wheels 60 wheels
     if [ "$run" = A ]; then run_a; else run_b; fi
     echo "=== summary of run $run"
     cat "$SUMMARY"
