@@ -49,16 +49,6 @@ static int check_args(const pxt_attn_args *a) {
     return PXT_OK;
 }
 
-/* blocks of a grid of B*H heads x `per` tiles each, within the 1-d grid limit */
-static int grid_of(const pxt_attn_args *a, int per, unsigned int *grid) {
-    int64_t n = (int64_t)a->B * a->H * per;
-    if (n > INT32_MAX)
-        return pxt_error(PXT_ERR_VALUE, "attention: %lld blocks are more than one grid holds",
-                         (long long)n);
-    *grid = (unsigned int)n;
-    return PXT_OK;
-}
-
 /* Di (B, H, Tq) fp32, 256-byte aligned at the start: linear in Tq, none for the forward.
  * The tensor-core path (attention_tc.cu) needs exactly this too. */
 size_t pxt_cuda_attention_workspace(const pxt_attn_args *a, int backward) {
@@ -73,7 +63,7 @@ int pxt_cuda_attention_forward(int index, const pxt_attn_args *a, void *out, flo
     PXT_TRY(check_args(a));
     const int nqb = (a->Tq + FWD_BR - 1) / FWD_BR;
     unsigned int grid = 0;
-    PXT_TRY(grid_of(a, nqb, &grid));
+    PXT_TRY(attn_grid(a, nqb, &grid));
     if (grid == 0)
         return PXT_OK;
     PXT_CUDA_CHECK(cudaSetDevice(index));
@@ -102,8 +92,8 @@ int pxt_cuda_attention_backward(int index, const pxt_attn_args *a, void *dq, voi
     PXT_TRY(check_args(a));
     const int nqb = (a->Tq + DQ_BR - 1) / DQ_BR, nkb = (a->Tk + KV_BC - 1) / KV_BC;
     unsigned int qgrid = 0, kgrid = 0;
-    PXT_TRY(grid_of(a, nqb, &qgrid));
-    PXT_TRY(grid_of(a, nkb, &kgrid));
+    PXT_TRY(attn_grid(a, nqb, &qgrid));
+    PXT_TRY(attn_grid(a, nkb, &kgrid));
     if (qgrid + kgrid == 0)
         return PXT_OK;
     if (!workspace)

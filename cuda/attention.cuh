@@ -18,6 +18,16 @@
 #define DQ_BR 32   /* query rows of a dQ block */
 #define DQ_BC 8    /* keys of a dQ tile */
 
+/* blocks of a grid of B*H heads x `per` tiles each, within the 1-d grid limit */
+static inline int attn_grid(const pxt_attn_args *a, int per, unsigned int *grid) {
+    int64_t n = (int64_t)a->B * a->H * per;
+    if (n > INT32_MAX)
+        return pxt_error(PXT_ERR_VALUE, "attention: %lld blocks are more than one grid holds",
+                         (long long)n);
+    *grid = (unsigned int)n;
+    return PXT_OK;
+}
+
 /* the general kernels (attention_simple.cuh), D <= DMAX; the caller checks the launch */
 template <typename T, int DMAX>
 void attn_fwd_launch(unsigned int grid, cudaStream_t stream, const pxt_attn_args &a, T *out,

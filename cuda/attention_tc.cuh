@@ -698,21 +698,12 @@ static int launch(K kernel, unsigned int grid, int smem, cudaStream_t stream, Ar
     return PXT_OK;
 }
 
-static int tc_grid(const pxt_attn_args *a, int per, unsigned int *grid) {
-    int64_t n = (int64_t)a->B * a->H * per;
-    if (n > INT32_MAX)
-        return pxt_error(PXT_ERR_VALUE, "attention: %lld blocks are more than one grid holds",
-                         (long long)n);
-    *grid = (unsigned int)n;
-    return PXT_OK;
-}
-
 template <typename T, int D>
 int attn_tc_fwd_launch(const pxt_attn_args *a, void *out, float *lse, const void *q,
                        const void *k, const void *v, cudaStream_t stream) {
     const int nqb = (a->Tq + fwd_bq<D>() - 1) / fwd_bq<D>();
     unsigned int grid = 0;
-    PXT_TRY(tc_grid(a, nqb, &grid));
+    PXT_TRY(attn_grid(a, nqb, &grid));
     if (!grid)
         return PXT_OK;
     PXT_TRY(launch(attn_tc_fwd_kernel<T, D>, grid, fwd_smem_bytes<D>(), stream, *a, (T *)out,
@@ -727,8 +718,8 @@ int attn_tc_bwd_launch(const pxt_attn_args *a, void *dq, void *dk, void *dv, con
                        const float *Di, cudaStream_t stream) {
     const int nkb = (a->Tk + TC_BK - 1) / TC_BK, nqb = (a->Tq + TC_BQ - 1) / TC_BQ;
     unsigned int kgrid = 0, qgrid = 0;
-    PXT_TRY(tc_grid(a, nkb, &kgrid));
-    PXT_TRY(tc_grid(a, nqb, &qgrid));
+    PXT_TRY(attn_grid(a, nkb, &kgrid));
+    PXT_TRY(attn_grid(a, nqb, &qgrid));
     if (kgrid) {
         PXT_TRY(launch(attn_tc_bwd_kv_kernel<T, D>, kgrid, kv_smem_bytes<D>(), stream, *a,
                        (T *)dk, (T *)dv, (const T *)dout, (const T *)q, (const T *)k,
