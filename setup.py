@@ -138,10 +138,12 @@ class BuildExt(build_ext):
     def finalize_options(self):
         super().finalize_options()
         self.force = True  # the cache, not file times, decides what is compiled
+        # setuptools' run() clears inplace while it builds (it copies the module after)
+        self.into_source = bool(self.inplace)
 
     def build_extension(self, ext):
         self._cuda_units = []
-        rpath = runpath(self.inplace)
+        rpath = runpath(self.into_source)
         if cuda:
             nvcc_flags = configure_cuda(ext)
             identity = units.compiler_identity(str(cuda.nvcc), "gcc")
