@@ -11,6 +11,7 @@ import re
 import resource
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
@@ -97,6 +98,12 @@ class Pool:
         self._total = 0
         self._lock = threading.Lock()
 
+    def _say(self, text: str) -> None:
+        """One whole line at a time: the workers' lines never interleave."""
+        with self._lock:
+            sys.stdout.write(text + "\n")
+            sys.stdout.flush()
+
     def _unit_key(self, unit: Unit) -> UnitKey:
         extra = {v: os.environ[v] for v in _STEERING if v in os.environ}
         return UnitKey(unit.identity, [*unit.compiler[1:], *unit.flags], unit.include_dirs,
@@ -109,7 +116,7 @@ class Pool:
             raise CompileError(f"{unit.label} failed on {os.path.relpath(unit.source, self.root)} "
                                f"(exit {proc.returncode}):\n{' '.join(command)}\n{output}")
         if output:
-            print(output, flush=True)
+            self._say(output)
 
     def _run(self, unit: Unit) -> None:
         t0 = time.monotonic()
@@ -131,8 +138,7 @@ class Pool:
             n = self._done
         rel = os.path.relpath(unit.source, self.root)
         w = len(str(self._total))
-        print(f"pyxtts: [{n:>{w}}/{self._total}] {how:<6} {rel}  {time.monotonic() - t0:.1f} s",
-              flush=True)
+        self._say(f"pyxtts: [{n:>{w}}/{self._total}] {how:<6} {rel}  {time.monotonic() - t0:.1f} s")
 
     def run(self, units: list[Unit]) -> None:
         if not units:
@@ -153,5 +159,5 @@ class Pool:
             self.cache.prune()
         cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime
-        print(f"pyxtts: {len(units)} units in {time.monotonic() - t0:.1f} s ({cpu:.1f} s of CPU in the "
-              f"compilers), {self.njobs} at a time", flush=True)
+        self._say(f"pyxtts: {len(units)} units in {time.monotonic() - t0:.1f} s ({cpu:.1f} s of CPU in the "
+                  f"compilers), {self.njobs} at a time")
