@@ -100,7 +100,7 @@ def find() -> Cuda | None:
 # Without a visible GPU: machine code for Ampere (which also runs on sm_86 and on
 # Ada's sm_89) and Hopper, plus Hopper's PTX, which newer GPUs compile at load.
 # Turing (sm_75) is built when such a GPU is visible or named in PYXTTS_CUDA_ARCHS:
-# each architecture costs about 95 s of compiler CPU time (tests/bench/RESULTS.md).
+# each architecture adds about 90 s of compiler CPU time (tests/bench/RESULTS.md).
 DEFAULT_ARCHS = ["80", "90"]
 _ARCH = re.compile(r"(\d{2,3})([af]?)")
 
