@@ -24,7 +24,8 @@ from objcache import ObjectCache, UnitKey, parse_depfile
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 # environment variables that change what a compiler does
-_STEERING = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH")
+_STEERING = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN", "CPATH", "C_INCLUDE_PATH",
+             "CPLUS_INCLUDE_PATH")
 
 
 @dataclass
@@ -132,7 +133,10 @@ class Pool:
             else:
                 depfile = unit.obj.with_suffix(".d")
                 self._compile(unit, [*unit.command(), "-MD", "-MF", str(depfile)])
-                self.cache.store(k, key, unit.obj, parse_depfile(depfile.read_text()))
+                try:
+                    self.cache.store(k, key, unit.obj, parse_depfile(depfile.read_text()))
+                except OSError as e:  # a full or read-only cache costs later hits, not this build
+                    self._say(f"pyxtts: not cached ({e})")
         with self._lock:
             self._done += 1
             n = self._done

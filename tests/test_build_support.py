@@ -151,6 +151,18 @@ def test_cache_recompiles_when_an_object_was_pruned(project, tmp_path, capsys):
     assert not list((cache_dir / "objects").glob("*/*.o"))
 
 
+@needs_gcc
+def test_an_unwritable_cache_costs_hits_not_the_build(project, tmp_path, capsys):
+    root, inc = project
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cache = objcache.ObjectCache(blocker / "cache")  # under a file: every write fails
+    units.Pool(root, 2, cache, None).run(gcc_units(root, inc, tmp_path / "b1"))
+    out = capsys.readouterr().out
+    assert out.count("pyxtts: not cached (") == 2, out
+    assert (tmp_path / "b1" / "a.o").read_bytes() == fresh_object(root, inc, ("-O2",), "a", tmp_path)
+
+
 def test_cache_location_and_switch(monkeypatch, tmp_path):
     monkeypatch.delenv("PYXTTS_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
