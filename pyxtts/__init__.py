@@ -51,12 +51,13 @@ try:
         uint8,
         zeros,
     )
-except ImportError as exc:  # a source checkout that was never built
-    raise ImportError(
-        "pyxtts's C extension (pyxtts._C) is not built here. Install the package with "
-        "`pip install .` and run from outside the source tree, or build in place with "
-        "`python setup.py build_ext --inplace`."
-    ) from exc
+except ImportError as exc:  # not built here, or built but a library it needs is missing
+    from pyxtts._origin import load_error
+
+    raise load_error(exc) from exc
+from pyxtts._origin import warn_if_shadowing as _warn_if_shadowing
+
+_warn_if_shadowing()
 from pyxtts.batch import (
     StepResult,
     find_optimal_batch_size,

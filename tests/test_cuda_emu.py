@@ -9,7 +9,7 @@ device buffers), and check:
   backend's results (csrc/cpu/ is linked in), tiny to XTTS v2 sizes, every dtype;
 - the index math of the fused GEMM (cuda/lt_map.h): through a float64 model of cuBLASLt's
   documented column-major semantics, against backend.h's row-major definition;
-- the attention kernels (cuda/attention_tc.cu's tensor-core path, cuda/attention.cu's
+- the attention kernels (cuda/attention_tc.cuh's tensor-core path, cuda/attention_simple.cuh's
   general one, extracted verbatim but for the dynamic shared-memory declaration):
   against float64, with masks, lengths, odd sizes and XTTS shapes.
 
@@ -43,9 +43,11 @@ CXXFLAGS = ["-O2", "-std=c++17", "-U_FORTIFY_SOURCE", "-Wall", "-Wextra", "-Wno-
             "-Werror", "-Icsrc", "-Icuda"]
 
 # the attention kernels: (file, first line of the region, the line after it)
-TC_REGION = ("cuda/attention_tc.cu", "/* an output pair (cols d, d+1 of one row)",
-             "/* ---- host: the switch")
-FB_REGION = ("cuda/attention.cu", "#define ATTN_THREADS 128", "/* ---- the table entries")
+TC_REGION = ("cuda/attention_tc.cuh", "/* an output pair (cols d, d+1 of one row)",
+             "/* ---- host: launches")
+FB_CONSTS = ("cuda/attention.cuh", "#define ATTN_THREADS 128", "/* blocks of a grid")
+FB_REGION = ("cuda/attention_simple.cuh", "/* ---- helpers: lengths", "/* ---- launches")
+DI_REGION = ("cuda/attention.cu", "/* ---- backward: Di = rowsum", "/* ---- the table entries")
 DYNAMIC_SMEM = "extern __shared__ __align__(16) uint16_t smem[];"
 
 
@@ -62,12 +64,12 @@ def extracted() -> dict[str, str]:
     """The attention kernels' source as the emulator includes it."""
     tc = (ROOT / TC_REGION[0]).read_text()
     consts = [line for line in tc.splitlines() if re.match(r"#define TC_(THREADS|PAD|BQ|BK) ", line)]
-    assert len(consts) == 4, "cuda/attention_tc.cu: TC_THREADS, TC_PAD, TC_BQ, TC_BK not found"
+    assert len(consts) == 4, "cuda/attention_tc.cuh: TC_THREADS, TC_PAD, TC_BQ, TC_BK not found"
     tc_kernels = region(TC_REGION)
-    assert DYNAMIC_SMEM in tc_kernels, "cuda/attention_tc.cu: the dynamic shared memory changed"
+    assert DYNAMIC_SMEM in tc_kernels, "cuda/attention_tc.cuh: the dynamic shared memory changed"
     return {"tc_consts.inc": "\n".join(consts) + "\n",
             "tc_kernels.inc": tc_kernels.replace(DYNAMIC_SMEM, "uint16_t *smem = (uint16_t *)emu_smem;"),
-            "fb_kernels.inc": region(FB_REGION)}
+            "fb_kernels.inc": "\n".join(map(region, (FB_CONSTS, FB_REGION, DI_REGION)))}
 
 
 def inputs_hash(generated: dict[str, str]) -> str:
