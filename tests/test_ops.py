@@ -276,6 +276,68 @@ def test_gemm_errors():
         _C._op_gemm(A, object())
 
 
+# The products of the thread-count test: (M, N, K, trans_a, trans_b, operand dtype, C dtype).
+# (132, 96, 96) is the product OpenBLAS rounds differently when it is split into panels;
+# the others have grids of several tiles in rows, columns or both, with ragged edges, in
+# the transposes the model uses (forward, dX = dY W^T, dW = X^T dY), and 16-bit operands.
+GEMM_THREAD_CASES = [(132, 96, 96, 0, 0, "float32", "float32"), (132, 288, 96, 0, 0, "float32", "float32"),
+                     (1000, 333, 77, 0, 0, "float32", "float32"), (1168, 1024, 256, 0, 0, "float32", "float32"),
+                     (1168, 256, 1024, 0, 1, "float32", "float32"), (256, 768, 1168, 1, 0, "float32", "float32"),
+                     (240, 6681, 256, 0, 1, "float32", "float32"), (1168, 1024, 256, 0, 0, "bfloat16", "bfloat16"),
+                     (256, 1024, 1168, 1, 0, "bfloat16", "float32")]
+GEMM_THREADS_SCRIPT = textwrap.dedent("""
+    import hashlib, sys
+    import numpy as np
+    import pyxtts
+    from pyxtts import _C
+
+    def products(seed, cases):
+        \"\"\"[(case, A, B, C)] for each case, C = A @ B with beta = 0.\"\"\"
+        rng = np.random.default_rng(seed)
+        out = []
+        for M, N, K, ta, tb, dt, dt_c in cases:
+            A = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
+            B = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
+            A, B = (pyxtts.tensor(x, dtype=getattr(pyxtts, dt)) for x in (A, B))
+            C = _C._op_gemm(A, B, trans_a=bool(ta), trans_b=bool(tb), out_dtype=getattr(pyxtts, dt_c))
+            out.append(((M, N, K, ta, tb, dt, dt_c), A, B, C))
+        return out
+
+    if __name__ == "__main__":
+        import ast
+        for case, _, _, C in products(int(sys.argv[1]), ast.literal_eval(sys.argv[2])):
+            print(case, hashlib.sha256(C.numpy().tobytes()).hexdigest())
+""")
+
+
+@pytest.mark.slow
+def test_gemm_is_bit_identical_for_any_thread_count(seed):
+    """Each product has the same bits under OMP_NUM_THREADS = 1..5 (fresh processes), the
+    bits this process gets, and agrees with float64 NumPy to fp32 rounding."""
+    outs = {}
+    for threads in range(1, 6):
+        p = run_python(GEMM_THREADS_SCRIPT, str(seed), repr(GEMM_THREAD_CASES),
+                       env={"OMP_NUM_THREADS": str(threads)})
+        assert p.returncode == 0, p.stderr
+        outs[threads] = p.stdout.strip().splitlines()
+    for i, case in enumerate(GEMM_THREAD_CASES):
+        lines = {t: o[i] for t, o in outs.items()}
+        assert len(set(lines.values())) == 1, f"seed={seed} {case}: bits depend on the thread count: {lines}"
+    scope: dict = {}
+    exec(GEMM_THREADS_SCRIPT, scope)
+    import hashlib
+    for (case, A, B, C), line in zip(scope["products"](seed, GEMM_THREAD_CASES), outs[1]):
+        M, N, K, ta, tb, dt, dt_c = case
+        msg = f"seed={seed} {case}"
+        assert line == f"{case} {hashlib.sha256(C.numpy().tobytes()).hexdigest()}", msg
+        a, b = f64(A), f64(B)
+        opA, opB = (a.T if ta else a), (b.T if tb else b)
+        ref, mag = opA @ opB, np.abs(opA) @ np.abs(opB)
+        # fp32 sums as in test_gemm_fp32, then one rounding to C's dtype
+        tol = 1e-5 * mag + (U16[dt_c] * np.abs(ref) if dt_c in U16 else 0)
+        assert_within(f64(C), ref, tol, msg)
+
+
 # ---- bias ---------------------------------------------------------------------------
 
 
