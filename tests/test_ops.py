@@ -170,6 +170,10 @@ def onehot(targets, V):
 # ---- gemm ---------------------------------------------------------------------------
 
 GEMM_SHAPES = [(1, 1, 1), (3, 5, 7), (150, 300, 33), (N_REAL, 256, 1024), (N_REAL // 8, 1026, 256)]
+TRANSPOSES = [(False, False), (True, False), (False, True), (True, True)]
+# the realistic sizes run two transposes, not all four (test time)
+GEMM_FP32_CASES = [(M, N, K, ta, tb) for M, N, K in GEMM_SHAPES for ta, tb in TRANSPOSES
+                   if M * N * K <= 1e8 or ta == tb]
 
 
 def gemm_operands(rng, M, N, K, ta, tb, dtype="float32"):
@@ -180,11 +184,8 @@ def gemm_operands(rng, M, N, K, ta, tb, dtype="float32"):
     return A, B, opA, opB
 
 
-@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
-@pytest.mark.parametrize("M,N,K", GEMM_SHAPES, ids=str)
+@pytest.mark.parametrize("M,N,K,ta,tb", GEMM_FP32_CASES)
 def test_gemm_fp32(rng, seed, M, N, K, ta, tb):
-    if M * N * K > 1e8 and (ta, tb) not in [(False, False), (True, True)]:
-        pytest.skip("the realistic sizes run two transposes, not all four (test time)")
     A, B, opA, opB = gemm_operands(rng, M, N, K, ta, tb)
     alpha = float(rng.uniform(0.5, 2.0) * rng.choice([-1, 1]))
     msg = f"seed={seed} M,N,K={M},{N},{K} trans={ta},{tb} alpha={alpha}"
@@ -643,14 +644,14 @@ def test_gelu_add_errors():
 
 # ---- embedding ----------------------------------------------------------------------
 
-EMB_CASES = [(1, 1, 1), (5, 3, 4), (N_REAL, 1026, 1024), (N_REAL, 6681, 256)]
+EMB_SHAPES = [(1, 1, 1), (5, 3, 4), (N_REAL, 1026, 1024), (N_REAL, 6681, 256)]
+# one realistic size per 16-bit dtype (test time)
+EMB_CASES = [(N, V, C, dt) for N, V, C in EMB_SHAPES for dt in FLOATS
+             if dt == "float32" or N * C <= 1e6 or V == 1026]
 
 
-@pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("N,V,C", EMB_CASES, ids=str)
+@pytest.mark.parametrize("N,V,C,dtype", EMB_CASES)
 def test_embedding_forward(rng, seed, N, V, C, dtype):
-    if dtype != "float32" and N * C > 1e6 and V != 1026:
-        pytest.skip("one realistic size per 16-bit dtype (test time)")
     ids = rng.integers(0, V, (N // 4 or 1, 4) if N >= 4 else (N,)).astype(np.int32)
     table = rand(rng, (V, C), dtype=dtype)
     msg = f"seed={seed} ids={ids.shape} V,C={V},{C} {dtype}"
@@ -666,11 +667,8 @@ def test_embedding_forward(rng, seed, N, V, C, dtype):
     assert_bits_equal(given.numpy(), r16(out0 + table[ids], dtype), msg + " (+=)")
 
 
-@pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("N,V,C", EMB_CASES + [(1000, 3, 130)], ids=str)
+@pytest.mark.parametrize("N,V,C,dtype", EMB_CASES + [(1000, 3, 130, dt) for dt in FLOATS])
 def test_embedding_backward(rng, seed, N, V, C, dtype):
-    if dtype != "float32" and N * C > 1e6 and V != 1026:
-        pytest.skip("one realistic size per 16-bit dtype (test time)")
     # few distinct ids, so most table rows receive many additions
     ids = rng.integers(0, max(1, V // 3), N).astype(np.int32)
     dout = rand(rng, (N, C), dtype=dtype)
