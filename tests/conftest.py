@@ -6,7 +6,9 @@
   fixture.
 - ``devices``: the list of device names present here ("cpu" [+ "cuda:0"]).
 - ``seed`` / ``rng``: a fresh seed every run (PYXTTS_TEST_SEED=N repeats a
-  run); put ``seed`` in assertion messages.
+  run; child processes inherit it). ``rng`` is salted with the test's id, so no
+  two tests draw the same numbers. Put ``seed`` in assertion messages. All other
+  randomness of the suite comes from ``helpers.make_rng`` (test_suite.py checks).
 - ``check_memory``: fails a test whose allocator bytes in use
   (``memory_allocated``) differ from their start value once it is over. Opt in
   per module with ``pytestmark = pytest.mark.usefixtures("check_memory")``.
@@ -15,13 +17,13 @@ from __future__ import annotations
 
 import gc
 import os
-import secrets
 
 import numpy as np
 import pytest
 
 import pyxtts
 import pyxtts.testing
+from helpers import SEED, make_rng
 
 HAS_CUDA = pyxtts.cuda_available()
 NO_GPU_REASON = "no CUDA device here (pyxtts.cuda_available() is False)"
@@ -31,8 +33,6 @@ DEVICES = [
     pytest.param("cpu", id="cpu"),
     pytest.param("cuda:0", id="cuda:0", marks=requires_cuda),
 ]
-
-SEED = int(os.environ.get("PYXTTS_TEST_SEED", "") or secrets.randbits(32))
 
 
 def pytest_report_header(config):
@@ -55,8 +55,9 @@ def seed() -> int:
 
 
 @pytest.fixture
-def rng(seed) -> np.random.Generator:
-    return np.random.default_rng(seed)
+def rng(request) -> np.random.Generator:
+    # module and test name (with its parameters), wherever pytest runs from
+    return make_rng(request.node.module.__name__, request.node.name)
 
 
 def pytest_collection_finish(session):

@@ -35,7 +35,7 @@ def worker(impl: str, name: str, policy: str, steps: int) -> dict:
 
     sys.path.insert(0, str(HERE.parent))
     import pyxtts
-    from batches import random_batch  # NumPy only: torch stays out of pyxtts's RSS
+    from helpers import random_batch  # NumPy only: torch stays out of pyxtts's RSS
 
     kwargs, B, Lt, La = CONFIGS[name]
     cfg = pyxtts.ModelConfig(**kwargs)
@@ -57,7 +57,7 @@ def worker(impl: str, name: str, policy: str, steps: int) -> dict:
     else:
         import torch
 
-        from reference import RefGPT
+        from helpers.torch_ref import RefGPT
 
         torch.set_num_threads(os.cpu_count())
         ref = RefGPT(cfg, dtype=torch.float32, sdpa=True)
