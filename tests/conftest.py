@@ -1,7 +1,8 @@
 """Shared fixtures: devices, a per-run random seed, an allocator leak check.
 
-- ``DEVICES``: pytest params "cpu" and "cuda:0"; the GPU one skips (with a
-  reason) when ``pyxtts.cuda_available()`` is False. Use it directly in
+- ``DEVICES``: pytest params "cpu" and "cuda:0"; the GPU one carries the ``gpu``
+  mark (``requires_cuda``), which skips a test (with a reason) when
+  ``pyxtts.cuda_available()`` is False. Use it directly in
   ``@pytest.mark.parametrize("device", DEVICES)`` or through the ``device``
   fixture.
 - ``devices``: the list of device names present here ("cpu" [+ "cuda:0"]).
@@ -27,7 +28,9 @@ from helpers import SEED, make_rng
 
 HAS_CUDA = pyxtts.cuda_available()
 NO_GPU_REASON = "no CUDA device here (pyxtts.cuda_available() is False)"
-requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason=NO_GPU_REASON)
+# the mark of every CUDA-only test (or "cuda:0" parameter): skipped with NO_GPU_REASON
+# on a machine without a GPU (pytest_collection_modifyitems), deselected by -m "not gpu"
+requires_cuda = pytest.mark.gpu
 
 DEVICES = [
     pytest.param("cpu", id="cpu"),
@@ -58,6 +61,15 @@ def seed() -> int:
 def rng(request) -> np.random.Generator:
     # module and test name (with its parameters), wherever pytest runs from
     return make_rng(request.node.module.__name__, request.node.name)
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason=NO_GPU_REASON)
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
 
 
 def pytest_collection_finish(session):

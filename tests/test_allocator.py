@@ -31,10 +31,6 @@ MID_MAX = 10 * MiB  # large pool, below this: 20 MiB segments
 MID_SEGMENT = 20 * MiB
 LARGE_ROUND = 2 * MiB  # larger requests: their size rounded to 2 MiB
 
-CUDA_SKIP = pytest.mark.skipif(not pyxtts.cuda_available(),
-                               reason="needs a CUDA device (pyxtts.cuda_available() is False)")
-DEVICES = ["cpu", pytest.param("cuda:0", marks=CUDA_SKIP)]
-
 
 def stats(device: str) -> dict:
     return pyxtts.memory_stats(device)

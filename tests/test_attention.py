@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import run_python
+from conftest import requires_cuda, run_python
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import pyxtts
@@ -616,7 +616,7 @@ def test_out_of_memory_at_every_allocation_leaves_no_trace():
             pytest.fail("the call never completed")
 
 
-@pytest.mark.skipif(not pyxtts.cuda_available(), reason="needs a CUDA device")
+@requires_cuda
 def test_operands_on_different_devices():
     q = pyxtts.tensor(Q)
     k = pyxtts.tensor(K, device="cuda:0")

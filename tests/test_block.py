@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import pyxtts
+from conftest import requires_cuda
 from helpers.torch_ref import BLOCK_PARAMS, CROSS_PARAMS, block_shapes, ref_block
 from pyxtts.testing import inject_oom
 
@@ -475,9 +476,8 @@ def test_estimate_memory_rejects_bad_arguments():
     assert cross.estimate_memory(1, 4, 3)["context_length"] == 3
 
 
+@requires_cuda
 def test_tensor_on_another_device_is_refused():
-    if not pyxtts.cuda_available():
-        pytest.skip("no CUDA device here (pyxtts.cuda_available() is False)")
     b = pyxtts.Block(16, 2)
     with pytest.raises(ValueError, match="x: expected a tensor on cpu"):
         b.forward(pyxtts.zeros((1, 2, 16), device="cuda:0"))
