@@ -473,6 +473,7 @@ def _check_invariants(device, base, live, limit):
     assert s["peak_reserved_bytes"] >= s["reserved_bytes"]
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(limit=LIMITS, ops=OPS)

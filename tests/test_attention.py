@@ -411,6 +411,7 @@ def peak_increase(T: int, rng) -> int:
     return peak - base
 
 
+@pytest.mark.slow
 def test_memory_is_linear_in_sequence_length(rng):
     """Outputs plus workspace grow like T, never like T^2 (a T x T fp32 matrix
     would be 64 MiB per head at T = 4096)."""
@@ -452,6 +453,7 @@ def test_backward_is_bit_identical_across_runs(rng, seed):
         assert x.numpy().tobytes() == y.numpy().tobytes(), f"seed={seed}"
 
 
+@pytest.mark.slow
 def test_bit_identical_for_any_thread_count(seed):
     """OMP_NUM_THREADS=1 (one pass per head) and 2..5 (dK/dV and dQ passes) agree bit for
     bit, float32 and bfloat16."""

@@ -49,6 +49,7 @@ def fits_real_step(model, opt, B):
     return ok
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limit_mib", [30, 60])
 def test_found_batch_fits_and_is_close_to_the_true_largest(limit_mib, rng):
     m = pyxtts.XTTSGPT(CFG, seed=1)
@@ -87,6 +88,7 @@ def test_search_respects_bounds_and_needs_no_optimizer():
         pyxtts.find_optimal_batch_size(m, start_batch_size=4, max_batch_size=2)
 
 
+@pytest.mark.slow
 def test_verification_falls_back_after_an_oom():
     m = pyxtts.XTTSGPT(CFG, seed=3)
     opt = pyxtts.AdamW(m)

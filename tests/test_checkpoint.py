@@ -307,6 +307,7 @@ def popen_python(code, *args):
                             stderr=subprocess.PIPE, text=True, env=env, cwd="/")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("slow", [True, False], ids=["killed-before-rename", "killed-while-writing"])
 def test_killed_save_leaves_previous_checkpoint(saved, seed, slow):
     path, model, opt = saved
@@ -382,6 +383,7 @@ print("optimizer", "AdamW" if opt is not None else "SGD")
 """
 
 
+@pytest.mark.slow
 def test_resume_in_fresh_process_is_bit_exact(tmp_path, seed):
     cfg = json.dumps({k: v for k, v in asdict(TINY).items() if k != "max_attention_sequence_length"})
     s = str(seed % (1 << 30))

@@ -140,6 +140,7 @@ print(np.mean(losses[:5]), np.mean(losses[-10:]), time.perf_counter() - t0)
 """
 
 
+@pytest.mark.slow
 def test_small_model_learns_the_synthetic_task():
     """150 AdamW steps on the CPU. In a child with one thread: on a shared 2-core machine
     the threaded kernels were measured 30-40x slower under contention (0.8 s vs 28-37 s)."""

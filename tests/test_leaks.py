@@ -63,6 +63,7 @@ def run_flat(cycle, n: int, device: str = "cpu") -> None:
     assert SANITIZED or grown <= RSS_SLACK, f"RSS grew by {grown / MiB:.1f} MiB over {n} cycles"
 
 
+@pytest.mark.slow
 def test_empty_and_tensor_cycles_are_flat(cpu):
     src32 = np.arange(64, dtype=np.float32)
     src64 = np.arange(33, dtype=np.float64)  # cast on the way in

@@ -169,6 +169,7 @@ def test_padding_content_never_matters(rng):
 
 # ---- memory ------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("policy", POLICIES)
 def test_plan_total_matches_measured_peak_and_arena_is_reused(rng, precision, policy):

@@ -734,7 +734,8 @@ def test_embedding_errors():
 # ---- cross-entropy ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("N,V", [(1, 1), (1, 2), (6, 5), (N_REAL // 2, 1026), (N_REAL, 6681)], ids=str)
+@pytest.mark.parametrize("N,V", [(1, 1), (1, 2), (6, 5), (N_REAL // 2, 1026),
+                                 pytest.param(N_REAL, 6681, marks=pytest.mark.slow)], ids=str)
 def test_softmax_xent(rng, seed, N, V):
     logits = rand(rng, (N, V), scale=3.0, offset=5.0)
     targets = rng.integers(0, V, N).astype(np.int32)
@@ -854,6 +855,7 @@ DETERMINISM_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_determinism_across_runs_and_threads(rng, seed):
     # repeated calls in this process: bit-identical
     N, C = N_REAL, 1024

@@ -225,6 +225,7 @@ def train_curve(prec, batches, steps, seed, lr=5e-4):
     return np.array(losses), skipped
 
 
+@pytest.mark.slow
 def test_16bit_training_follows_fp32_loss_curve(one_thread, rng):
     """200 AdamW steps over 4 fixed batches: the mean of the last 10 losses within 2%.
     At lr 5e-4 the loss falls to about half (measured over 8 seeds: worst 0.7% bf16, 0.6%

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 import pyxtts
@@ -18,6 +19,7 @@ def sgd_step(model: pyxtts.XTTSGPT, lr: float) -> None:
         p.copy_(p.numpy() - np.float32(lr) * grads[name].numpy())
 
 
+@pytest.mark.slow
 def test_sgd_loss_curves_agree_over_100_steps(rng):
     # a learnable task: a fixed small set of batches seen repeatedly
     batches = [random_batch(rng, CFG, B=4, Lt=10, La=16) for _ in range(4)]
