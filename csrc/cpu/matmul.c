@@ -40,13 +40,17 @@ size_t pxt_cpu_gemm_workspace(int M, int N, int K, pxt_dtype dt_ab) {
  * (M, N, K) alone, never of the thread count: threads take whole tiles, and any
  * number of them gives the same bits. Each tile is one single-threaded sgemm
  * over the whole K. The grid halves the longer tile edge while a tile keeps
- * TILE_MIN_FLOPS of work and edges of TILE_MIN_EDGE: OpenBLAS repacks op(A)
- * for every column of tiles and op(B) for every row of them, which costs
- * ~5% more CPU at 8 tiles of (432, 768) than one call on (3456, 768, 256). */
-#define TILE_ALIGN 16          /* tile edges on multiples of 16 rows / columns */
-#define TILE_MIN_EDGE 128      /* rows or columns of the narrowest tile */
+ * TILE_MIN_FLOPS of work and edges of TILE_MIN_EDGE, up to TILE_MAX tiles.
+ * Tiles cost: OpenBLAS repacks op(A) for every column of tiles and op(B) for
+ * every row of them. Modelled for 2 threads from each tile's CPU time on one
+ * core, over the GEMMs of a step: at d=256, 8 tiles take 4-5% longer than the
+ * two panels of the old per-thread split, 16 tiles 11-12%; at d=64, edges of
+ * 128 (not 64) left the weight gradients on one thread (+17%). So at most 8
+ * threads share one product (tests/bench/RESULTS.md). */
+#define TILE_ALIGN 16            /* tile edges on multiples of 16 rows / columns */
+#define TILE_MIN_EDGE 64         /* rows or columns of the narrowest tile */
 #define TILE_MIN_FLOPS (1 << 22) /* work of the smallest tile: ~0.1 ms on one core */
-#define TILE_MAX 16            /* tiles of the largest products */
+#define TILE_MAX 8               /* tiles of the largest products */
 
 /* Rows of C split into *pm parts and columns into *pn (both powers of two). */
 static void tile_grid(int M, int N, int K, int *pm, int *pn) {
