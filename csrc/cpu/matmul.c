@@ -42,11 +42,12 @@ size_t pxt_cpu_gemm_workspace(int M, int N, int K, pxt_dtype dt_ab) {
  * over the whole K. The grid halves the longer tile edge while a tile keeps
  * TILE_MIN_FLOPS of work and edges of TILE_MIN_EDGE, up to TILE_MAX tiles.
  * Tiles cost: OpenBLAS repacks op(A) for every column of tiles and op(B) for
- * every row of them. Modelled for 2 threads from each tile's CPU time on one
- * core, over the GEMMs of a step: at d=256, 8 tiles take 4-5% longer than the
- * two panels of the old per-thread split, 16 tiles 11-12%; at d=64, edges of
- * 128 (not 64) left the weight gradients on one thread (+17%). So at most 8
- * threads share one product (tests/bench/RESULTS.md). */
+ * every row of them. tests/bench/bench_gemm_tiles.py models a step's GEMMs
+ * on T threads from each tile's CPU time: against the old split into T panels,
+ * this grid (8 tiles, edges >= 64) costs 4% at d=256 on 2 threads, 1.5% on 4
+ * and nothing on 8; 16 tiles cost 6-9% on 2 threads, and edges >= 128 kept the
+ * d=64 model's weight gradients on one thread (+16%). So at most 8 threads
+ * share one product. */
 #define TILE_ALIGN 16            /* tile edges on multiples of 16 rows / columns */
 #define TILE_MIN_EDGE 64         /* rows or columns of the narrowest tile */
 #define TILE_MIN_FLOPS (1 << 22) /* work of the smallest tile: ~0.1 ms on one core */
