@@ -25,12 +25,13 @@
 #include "cpu.h"
 #include "elem.h"
 
-#define GEMM_TILE 32768  /* floats in a 16-bit C's staging tile (128 KiB) */
-#define GEMM_TILE_N 256  /* its width in columns (at most) */
+#define GEMM_TILE 32768 /* floats in a 16-bit C's staging tile (128 KiB) */
+#define GEMM_TILE_N 256 /* its width in columns (at most) */
 
 size_t pxt_cpu_gemm_workspace(int M, int N, int K, pxt_dtype dt_ab) {
-    if (dt_ab == PXT_FLOAT32 || M <= 0 || N <= 0 || K <= 0)
+    if (dt_ab == PXT_FLOAT32 || M <= 0 || N <= 0 || K <= 0) {
         return 0;
+    }
     return ((size_t)M * (size_t)K + (size_t)K * (size_t)N) * sizeof(float);
 }
 
@@ -60,12 +61,13 @@ static void tile_grid(int M, int N, int K, int *pm, int *pn) {
     while (m * n < TILE_MAX && flops / (2 * m * n) >= TILE_MIN_FLOPS) {
         int h = M / m, w = N / n; /* the current tile edges */
         int can_m = h >= 2 * TILE_MIN_EDGE, can_n = w >= 2 * TILE_MIN_EDGE;
-        if (can_m && (h >= w || !can_n))
+        if (can_m && (h >= w || !can_n)) {
             m *= 2;
-        else if (can_n)
+        } else if (can_n) {
             n *= 2;
-        else
+        } else {
             break;
+        }
     }
     *pm = m;
     *pn = n;
@@ -91,8 +93,8 @@ static void sgemm_tiles(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M,
          * columns j0.. of op(B): columns of B, or rows of the stored (N, K) */
         const float *ap = ta == CblasTrans ? a + i0 : a + (size_t)i0 * lda;
         const float *bp = tb == CblasTrans ? b + (size_t)j0 * ldb : b + j0;
-        scipy_cblas_sgemm(CblasRowMajor, ta, tb, i1 - i0, j1 - j0, K, alpha, ap, lda, bp, ldb,
-                          beta, C + (size_t)i0 * ldc + j0, ldc);
+        scipy_cblas_sgemm(CblasRowMajor, ta, tb, i1 - i0, j1 - j0, K, alpha, ap, lda, bp, ldb, beta,
+                          C + (size_t)i0 * ldc + j0, ldc);
     }
 }
 
@@ -108,32 +110,38 @@ static void widen(float *dst, const void *src, size_t n, pxt_dtype dt) {
 }
 
 int pxt_cpu_gemm(int index, int trans_a, int trans_b, int M, int N, int K, float alpha,
-                 const void *A, const void *B, float beta, void *C, pxt_dtype dt_ab,
-                 pxt_dtype dt_c, void *workspace) {
+                 const void *A, const void *B, float beta, void *C, pxt_dtype dt_ab, pxt_dtype dt_c,
+                 void *workspace) {
     (void)index;
     int rc = pxt_cpu_check_float(dt_ab, "gemm (A, B)");
-    if (rc == PXT_OK)
+    if (rc == PXT_OK) {
         rc = pxt_cpu_check_float(dt_c, "gemm (C)");
-    if (rc != PXT_OK)
+    }
+    if (rc != PXT_OK) {
         return rc;
-    if (M < 0 || N < 0 || K < 0)
+    }
+    if (M < 0 || N < 0 || K < 0) {
         return pxt_error(PXT_ERR_VALUE, "gemm: negative size M=%d N=%d K=%d", M, N, K);
-    if (M == 0 || N == 0)
+    }
+    if (M == 0 || N == 0) {
         return PXT_OK;
+    }
     size_t mn = (size_t)M * N;
     if (K == 0) { /* no products: C = beta * C (beta = 0 ignores what C held) */
-        for (size_t i = 0; i < mn; i++)
+        for (size_t i = 0; i < mn; i++) {
             pxt_st(C, i, dt_c, beta == 0.0f ? 0.0f : beta * pxt_ld(C, i, dt_c));
+        }
         return PXT_OK;
     }
     const float *a = A; /* op(A) (M, K): stored (M, K), or (K, M) with trans_a */
     const float *b = B; /* op(B) (K, N): stored (K, N), or (N, K) with trans_b */
     if (dt_ab != PXT_FLOAT32) {
-        if (!workspace)
+        if (!workspace) {
             return pxt_error(PXT_ERR_VALUE, "gemm: 16-bit operands need a workspace of "
-                             "gemm_workspace() bytes, got NULL");
-        float *a32 = workspace;              /* (M*K) */
-        float *b32 = a32 + (size_t)M * K;    /* (K*N) */
+                                            "gemm_workspace() bytes, got NULL");
+        }
+        float *a32 = workspace;           /* (M*K) */
+        float *b32 = a32 + (size_t)M * K; /* (K*N) */
         widen(a32, A, (size_t)M * K, dt_ab);
         widen(b32, B, (size_t)K * N, dt_ab);
         a = a32;
@@ -163,15 +171,20 @@ int pxt_cpu_gemm(int index, int trans_a, int trans_b, int M, int N, int K, float
             int nj = N - j0 < nb ? N - j0 : nb;
             /* columns j0.. of op(B): columns of B, or rows of the stored (N, K) */
             const float *bp = trans_b ? b + (size_t)j0 * K : b + j0;
-            if (beta != 0.0f) /* beta = 0: C is not read (it may hold NaN) */
-                for (int i = 0; i < mi; i++)
-                    for (int j = 0; j < nj; j++)
+            if (beta != 0.0f) { /* beta = 0: C is not read (it may hold NaN) */
+                for (int i = 0; i < mi; i++) {
+                    for (int j = 0; j < nj; j++) {
                         tile[i * nj + j] = pxt_ld(C, (size_t)(i0 + i) * N + j0 + j, dt_c);
-            scipy_cblas_sgemm(CblasRowMajor, ta, tb, mi, nj, K, alpha, ap, lda, bp, ldb, beta,
-                              tile, nj);
-            for (int i = 0; i < mi; i++)
-                for (int j = 0; j < nj; j++)
+                    }
+                }
+            }
+            scipy_cblas_sgemm(CblasRowMajor, ta, tb, mi, nj, K, alpha, ap, lda, bp, ldb, beta, tile,
+                              nj);
+            for (int i = 0; i < mi; i++) {
+                for (int j = 0; j < nj; j++) {
                     pxt_st(C, (size_t)(i0 + i) * N + j0 + j, dt_c, tile[i * nj + j]);
+                }
+            }
         }
     }
     return PXT_OK;
@@ -181,15 +194,18 @@ int pxt_cpu_gemm(int index, int trans_a, int trans_b, int M, int N, int K, float
 int pxt_cpu_add_bias(int index, void *out, const void *bias, int M, int N, pxt_dtype dt) {
     (void)index;
     int rc = pxt_cpu_check_float(dt, "add_bias");
-    if (rc != PXT_OK)
+    if (rc != PXT_OK) {
         return rc;
-    if (M < 0 || N < 0)
+    }
+    if (M < 0 || N < 0) {
         return pxt_error(PXT_ERR_VALUE, "add_bias: negative size M=%d N=%d", M, N);
+    }
 #pragma omp parallel for schedule(static) if ((size_t)M * N >= PXT_OMP_MIN_WORK)
     for (int i = 0; i < M; i++) {
         size_t row = (size_t)i * N;
-        for (int j = 0; j < N; j++)
+        for (int j = 0; j < N; j++) {
             pxt_st(out, row + j, dt, pxt_ld(out, row + j, dt) + pxt_ld(bias, j, dt));
+        }
     }
     return PXT_OK;
 }
@@ -199,10 +215,12 @@ int pxt_cpu_add_bias(int index, void *out, const void *bias, int M, int N, pxt_d
 int pxt_cpu_bias_backward(int index, float *dbias, const void *dout, int M, int N, pxt_dtype dt) {
     (void)index;
     int rc = pxt_cpu_check_float(dt, "bias_backward");
-    if (rc != PXT_OK)
+    if (rc != PXT_OK) {
         return rc;
-    if (M < 0 || N < 0)
+    }
+    if (M < 0 || N < 0) {
         return pxt_error(PXT_ERR_VALUE, "bias_backward: negative size M=%d N=%d", M, N);
+    }
     int nslices = (N + PXT_COL_SLICE - 1) / PXT_COL_SLICE;
 #pragma omp parallel for schedule(static) if ((size_t)M * N >= PXT_OMP_MIN_WORK)
     for (int s = 0; s < nslices; s++) {
@@ -210,11 +228,20 @@ int pxt_cpu_bias_backward(int index, float *dbias, const void *dout, int M, int 
         double acc[PXT_COL_SLICE] = {0}; /* (w) */
         for (int i = 0; i < M; i++) {
             size_t row = (size_t)i * N + c0;
-            for (int j = 0; j < w; j++)
+            for (int j = 0; j < w; j++) {
                 acc[j] += pxt_ld(dout, row + j, dt);
+            }
         }
-        for (int j = 0; j < w; j++)
+        for (int j = 0; j < w; j++) {
             dbias[c0 + j] = (float)(dbias[c0 + j] + acc[j]);
+        }
     }
     return PXT_OK;
 }
+
+#undef GEMM_TILE
+#undef GEMM_TILE_N
+#undef TILE_ALIGN
+#undef TILE_MIN_EDGE
+#undef TILE_MIN_FLOPS
+#undef TILE_MAX
