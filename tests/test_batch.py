@@ -54,7 +54,7 @@ def fits_real_step(model, opt, B):
 def test_found_batch_fits_and_is_close_to_the_true_largest(limit_mib, rng):
     m = pyxtts.XTTSGPT(CFG, seed=1)
     opt = pyxtts.AdamW(m, lr=1e-3, ema_decay=0.9)
-    m.forward_backward(random_batch(rng, CFG, 2, 8, 12))
+    m.forward_backward(random_batch(rng, CFG, 2, 8, 12))  # non-zero gradients and moments to preserve
     opt.step()
     m.forward_backward(random_batch(rng, CFG, 2, 8, 12))
     before = snapshot(m, opt)

@@ -439,9 +439,9 @@ def synthetic_pth(path, model, rng):
     import torch
 
     sd = {"gpt." + k: torch.from_numpy(v.copy()) for k, v in model.state_dict().items()}
-    sd["gpt.conditioning_encoder.init.weight"] = torch.from_numpy(rng.standard_normal((4, 4)).astype(np.float32))
-    sd["hifigan_decoder.waveform_decoder.conv_pre.weight"] = torch.from_numpy(
-        rng.standard_normal((8, 3)).astype(np.float32))
+    randn = lambda *shape: torch.from_numpy(rng.standard_normal(shape).astype(np.float32))  # noqa: E731
+    sd["gpt.conditioning_encoder.init.weight"] = randn(4, 4)
+    sd["hifigan_decoder.waveform_decoder.conv_pre.weight"] = randn(8, 3)
     sd["mel_stats"] = torch.from_numpy(rng.standard_normal(80).astype(np.float32))
     torch.save({"config": {"model": "xtts"}, "model": sd}, path)
 
