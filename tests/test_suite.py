@@ -3,10 +3,10 @@
 A failing test must be repeatable with the PYXTTS_TEST_SEED its report prints, so the
 tests and their helpers never draw from an unseeded or fixed-seed generator: NumPy
 generators come from the ``rng`` fixture, ``helpers.make_rng`` or ``default_rng`` of a
-value derived from the seed (``seed``, ``SEED``, a child's ``sys.argv``); ``random.Random``
-and Hypothesis (``@seed(SEED)``) are seeded from ``SEED``; torch is never asked for random
-numbers. The check
-reads the code, including the Python programs that tests run in child processes.
+value derived from the seed (``seed``, ``SEED``, a child's ``sys.argv``); ``random.Random``,
+Hypothesis (``@seed(SEED)``) and torch (a ``generator=`` or ``manual_seed`` of such a value)
+are seeded from it too. The check reads the code, including the Python programs that tests
+run in child processes.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ SOURCES = sorted(p for p in TESTS.rglob("*.py") if "bench" not in p.relative_to(
 LEGACY_NUMPY = {"seed", "rand", "randn", "randint", "random", "random_sample", "normal", "uniform",
                 "choice", "shuffle", "permutation", "RandomState", "standard_normal", "bytes"}
 TORCH_RANDOM = {"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like",
-                "normal", "bernoulli", "multinomial", "poisson", "manual_seed", "seed", "Generator"}
+                "normal", "bernoulli", "multinomial", "poisson", "seed"}
 RANDOM_MODULE = {"random", "randint", "randrange", "choice", "choices", "shuffle", "sample", "uniform",
                  "gauss", "normalvariate", "seed", "getrandbits", "randbytes"}
 
@@ -45,15 +45,18 @@ def unseeded_calls(tree: ast.AST) -> list[tuple[int, str]]:
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
-        name = dotted(node.func)
-        head, _, last = name.rpartition(".")
+        name = dotted(node.func)  # '' for a method of a call's result: torch.Generator().manual_seed
+        head = name.rpartition(".")[0]
+        last = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
         literal_seed = (not node.args and not node.keywords) or (
             node.args and isinstance(node.args[0], ast.Constant))
         if last == "default_rng" and literal_seed:
             bad.append((node.lineno, ast.unparse(node)))
         elif head in ("np.random", "numpy.random") and last in LEGACY_NUMPY:
             bad.append((node.lineno, ast.unparse(node)))
-        elif head == "torch" and last in TORCH_RANDOM:
+        elif head == "torch" and last in TORCH_RANDOM and not any(k.arg == "generator" for k in node.keywords):
+            bad.append((node.lineno, ast.unparse(node)))
+        elif last == "manual_seed" and literal_seed:  # torch's global one or a Generator's
             bad.append((node.lineno, ast.unparse(node)))
         elif name == "random.Random" and literal_seed:
             bad.append((node.lineno, ast.unparse(node)))
@@ -103,7 +106,9 @@ def test_randomness_derives_from_the_run_seed(path):
 @pytest.mark.parametrize("code, n_bad", [
     ("np.random.default_rng()", 1), ("np.random.default_rng(0)", 1), ("np.random.default_rng(seed)", 0),
     ("np.random.default_rng([SEED, 3])", 0), ("np.random.rand(3)", 1), ("torch.randn(4, 4)", 1),
-    ("torch.manual_seed(0)", 1), ("random.Random(7)", 1), ("random.Random(f'{SEED}:7')", 0),
+    ("torch.randn(4, generator=gen)", 0), ("torch.Generator().manual_seed(seed)", 0),
+    ("torch.Generator().manual_seed(3)", 1), ("torch.manual_seed(0)", 1), ("torch.manual_seed(SEED)", 0),
+    ("random.Random(7)", 1), ("random.Random(f'{SEED}:7')", 0),
     ("random.shuffle(x)", 1), ("make_rng('x').random(3)", 0), ("rng.random(3)", 0),
 ])
 def test_the_randomness_check_finds_what_it_should(code, n_bad):
