@@ -267,7 +267,7 @@ def test_gpu_takes_cublaslt_at_xtts_shapes():
     code = """
 import numpy as np, os, sys, pyxtts
 from pyxtts import _C
-rng = np.random.default_rng(0)
+rng = np.random.default_rng(int(os.environ["PYXTTS_TEST_SEED"]))  # both runs draw the same
 M, C = 8 * 490, 1024
 def t(a, dt): return pyxtts.tensor(a.astype(np.float32), dtype=getattr(pyxtts, dt), device="cuda:0")
 x, w, b = rng.standard_normal((M, C)), rng.standard_normal((C, 4 * C)) * 0.03, rng.standard_normal(4 * C)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import NP_DTYPE, assert_bits_equal
-from reference import add_once, colsum_chunk_rows, colsum_exact, embedding_backward_exact
+from helpers.reductions import add_once, colsum_chunk_rows, colsum_exact, embedding_backward_exact
 
 import pyxtts
 from pyxtts import _C

@@ -74,7 +74,7 @@ def make_batch(cfg, B: int, Lt: int, La: int, seed: int = 0) -> dict:
     import numpy as np
 
     sys.path.insert(0, str(HERE.parent))
-    from batches import random_batch
+    from helpers import random_batch
 
     return random_batch(np.random.default_rng(seed), cfg, B, Lt, La, full=True)
 
