@@ -9,6 +9,8 @@
  *                         construction is never undone by a stale master)
  *   ema        (n) fp32   optional exponential moving average of the weights
  *   segments   (count)    the tensors of the flat buffers: offset, numel, decay
+ *                         (decay: the tensors named by the decay argument; by default
+ *                         those of 2+ dims)
  *   workspace  (PXT_SUMSQ_PARTS) double: the partial sums of the norm
  * n is the flat length, padding included: padding is in no segment, so it is
  * never read nor written by the update (and stays zero).
@@ -39,6 +41,7 @@ typedef struct {
     pxt_tensor *segments; /* uint8 (n_segments * sizeof(pxt_adamw_segment)) */
     pxt_tensor *workspace;/* uint8 (PXT_SUMSQ_PARTS * sizeof(double)) */
     int n_segments;
+    unsigned char *decay; /* (n_segments) host copy: 1 where weight decay applies */
     double lr, beta1, beta2, eps, weight_decay, grad_clip; /* grad_clip 0: off */
     double ema_decay;     /* used when ema != NULL */
     int scaling;          /* dynamic loss scaling on */
@@ -146,6 +149,50 @@ static int parse_ema(PyObject *obj, int *on, double *d) {
     return real_arg(obj, "ema_decay", d, 0.0, 0, 1.0, 0, "None or a number in [0, 1)");
 }
 
+/* None: the layout's choice (tensors of 2+ dims); else an iterable of parameter
+ * names, each decayed, every other tensor not. */
+static int parse_decay(PyObject *obj, const pxt_param_layout *L, unsigned char *out) {
+    for (int i = 0; i < L->count; i++)
+        out[i] = obj == Py_None ? (unsigned char)L->params[i].decay : 0;
+    if (obj == Py_None)
+        return 0;
+    if (PyUnicode_Check(obj)) {
+        PyErr_SetString(PyExc_TypeError, "decay: expected None or an iterable of parameter names, got "
+                        "a str (wrap a single name in a list)");
+        return -1;
+    }
+    PyObject *it = PyObject_GetIter(obj);
+    if (!it) {
+        PyErr_Format(PyExc_TypeError, "decay: expected None or an iterable of parameter names, got "
+                     "%.100s", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    PyObject *item;
+    while ((item = PyIter_Next(it))) {
+        const char *name = PyUnicode_Check(item) ? PyUnicode_AsUTF8(item) : NULL;
+        int found = -1;
+        for (int i = 0; name && i < L->count && found < 0; i++)
+            if (strcmp(L->params[i].name, name) == 0)
+                found = i;
+        if (found < 0) {
+            if (!PyErr_Occurred()) {
+                if (name)
+                    PyErr_Format(PyExc_ValueError, "decay: %R is not a parameter of this model", item);
+                else
+                    PyErr_Format(PyExc_TypeError, "decay: expected parameter names (str), got %.100s",
+                                 Py_TYPE(item)->tp_name);
+            }
+            Py_DECREF(item);
+            Py_DECREF(it);
+            return -1;
+        }
+        out[found] = 1;
+        Py_DECREF(item);
+    }
+    Py_DECREF(it);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
 static int parse_count(PyObject *obj, const char *name, long long *out, long long lo) {
     if (PyBool_Check(obj) || !PyLong_Check(obj)) {
         PyErr_Format(PyExc_TypeError, "%s: expected an int, got %.100s", name, Py_TYPE(obj)->tp_name);
@@ -193,15 +240,15 @@ static pxt_tensor *new_flat(pxt_adamw *o, pxt_dtype dt, size_t count) {
 static int adamw_init(PyObject *op, PyObject *args, PyObject *kwargs) {
     pxt_adamw *o = (pxt_adamw *)op;
     static char *kw[] = {"model", "lr", "betas", "eps", "weight_decay", "grad_clip", "loss_scale",
-                         "ema_decay", "growth_interval", NULL};
+                         "ema_decay", "growth_interval", "decay", NULL};
     PyObject *model, *lr = NULL, *betas = NULL, *eps = NULL, *wd = NULL, *clip = NULL;
-    PyObject *ls = Py_None, *ema = Py_None, *gi = NULL;
+    PyObject *ls = Py_None, *ema = Py_None, *gi = NULL, *decay = Py_None;
     if (o->core) {
         PyErr_SetString(PyExc_RuntimeError, "AdamW.__init__ called twice");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OOOOOOOO:AdamW", kw, &model, &lr, &betas,
-                                     &eps, &wd, &clip, &ls, &ema, &gi))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OOOOOOOOO:AdamW", kw, &model, &lr, &betas,
+                                     &eps, &wd, &clip, &ls, &ema, &gi, &decay))
         return -1;
     /* every argument checked before anything is allocated */
     o->lr = 1e-4, o->beta1 = 0.9, o->beta2 = 0.96, o->eps = 1e-8, o->weight_decay = 0.01;
@@ -241,8 +288,19 @@ static int adamw_init(PyObject *op, PyObject *args, PyObject *kwargs) {
                      "yet", o->g.be->name);
         return -1;
     }
-    o->core = core;
     const pxt_param_layout *L = o->g.layout;
+    if (!(o->decay = PyMem_RawCalloc((size_t)L->count, 1))) {
+        Py_DECREF(core);
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (parse_decay(decay, L, o->decay) < 0) {
+        Py_DECREF(core);
+        PyMem_RawFree(o->decay);
+        o->decay = NULL;
+        return -1;
+    }
+    o->core = core;
     const pxt_backend *be = o->g.be;
     int d = o->g.device.index;
     o->n = L->numel;
@@ -259,7 +317,7 @@ static int adamw_init(PyObject *op, PyObject *args, PyObject *kwargs) {
         goto fail;
     }
     for (int i = 0; i < L->count; i++)
-        segs[i] = (pxt_adamw_segment){L->params[i].offset, L->params[i].numel, L->params[i].decay};
+        segs[i] = (pxt_adamw_segment){L->params[i].offset, L->params[i].numel, o->decay[i]};
     int rc = be->copy(d, o->segments->data, segs, o->segments->nbytes, PXT_COPY_H2D);
     PyMem_RawFree(segs);
     size_t fb = o->n * sizeof(float);
@@ -283,6 +341,8 @@ fail:
     Py_CLEAR(o->segments);
     Py_CLEAR(o->workspace);
     Py_CLEAR(o->core);
+    PyMem_RawFree(o->decay);
+    o->decay = NULL;
     o->state_bytes = 0;
     return -1;
 }
@@ -298,6 +358,7 @@ static void adamw_dealloc(PyObject *op) {
     Py_CLEAR(o->segments);
     Py_CLEAR(o->workspace);
     Py_CLEAR(o->core);
+    PyMem_RawFree(o->decay);
     Py_TYPE(op)->tp_free(op);
 }
 
@@ -636,6 +697,22 @@ static PyObject *get_state_bytes(PyObject *op, void *c) {
     (void)c;
     return PyLong_FromSize_t(((pxt_adamw *)op)->state_bytes);
 }
+static PyObject *get_decay(PyObject *op, void *c) {
+    (void)c;
+    pxt_adamw *o = (pxt_adamw *)op;
+    if (check_init(o) < 0)
+        return NULL;
+    PyObject *out = PyList_New(0);
+    for (int i = 0; out && i < o->n_segments; i++) {
+        if (!o->decay[i])
+            continue;
+        PyObject *name = PyUnicode_FromString(o->g.layout->params[i].name);
+        if (!name || PyList_Append(out, name) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(name);
+    }
+    return out;
+}
 static PyObject *get_swapped(PyObject *op, void *c) {
     (void)c;
     return PyBool_FromLong(((pxt_adamw *)op)->swapped);
@@ -645,7 +722,8 @@ static PyGetSetDef adamw_getset[] = {
     {"lr", get_lr, set_lr, "learning rate (settable between steps; finite, >= 0)", NULL},
     {"betas", get_betas, NULL, "(beta1, beta2)", NULL},
     {"eps", get_eps, NULL, "added to the denominator", NULL},
-    {"weight_decay", get_wd, NULL, "decoupled weight decay (tensors of 2+ dims)", NULL},
+    {"weight_decay", get_wd, NULL, "decoupled weight decay (on the tensors named by decay)", NULL},
+    {"decay", get_decay, NULL, "names of the tensors weight decay applies to (a new list)", NULL},
     {"grad_clip", get_clip, NULL, "max global gradient norm, or None", NULL},
     {"loss_scale", get_scale, NULL, "current dynamic loss scale, or None", NULL},
     {"ema_decay", get_ema_decay, NULL, "EMA decay, or None", NULL},
@@ -673,9 +751,10 @@ static PyTypeObject adamw_type = {
     .tp_basicsize = sizeof(pxt_adamw),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "AdamW(model, lr=1e-4, betas=(0.9, 0.96), eps=1e-8, weight_decay=0.01, "
-              "grad_clip=1.0, loss_scale=None, ema_decay=None, growth_interval=2000)\n\n"
+              "grad_clip=1.0, loss_scale=None, ema_decay=None, growth_interval=2000, decay=None)\n\n"
               "torch.optim.AdamW over the model's flat buffers, with global-norm clipping "
-              "(grad_clip None or 0: off), weight decay on tensors of 2+ dims only, optional "
+              "(grad_clip None or 0: off), weight decay on the tensors named by decay (None: "
+              "those of 2+ dims), optional "
               "dynamic loss scaling (loss_scale: the start scale; x2 after growth_interval clean "
               "steps, x0.5 and the step skipped on inf/NaN) and an optional EMA of the weights.",
     .tp_new = PyType_GenericNew,
