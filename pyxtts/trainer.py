@@ -21,6 +21,7 @@ redoes the step instead of ending the run. Around it:
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -169,7 +170,7 @@ class Trainer:
         text = audio = 0.0
         n_text = n_audio = 0
         for g in batch_groups(dataset, c.data.batch_size, shuffle=False, bucket_factor=1):
-            r = self.model.forward(collate([dataset[int(i)] for i in g]))
+            r = self.model.forward(collate([dataset[int(i)] for i in g], config=c.model))
             text += r["text_loss"] * r["text_tokens"]
             audio += r["audio_loss"] * r["audio_tokens"]
             n_text += r["text_tokens"]
@@ -349,7 +350,7 @@ class Trainer:
             while self.step < total:
                 groups = batch_groups(dataset, effective, shuffle=d.shuffle, seed=d.shuffle_seed + self.epoch,
                                       bucket_factor=bucket)
-                ahead = _collated(dataset, groups[self.batch_in_epoch:], d.num_workers)
+                ahead = _collated(dataset, groups[self.batch_in_epoch:], d.num_workers, c.model)
                 for g, batch in ahead:
                     if self.step >= total:
                         break
@@ -419,24 +420,26 @@ class Trainer:
                          elapsed_s=elapsed, history=history, evals=evals)
 
 
-def _collated(dataset: Sequence[Sample], groups: list, workers: int) -> Iterator[tuple[Any, dict]]:
-    """(indices, batch) for each group in order; with ``workers`` > 0 that many threads
-    collate the next batches while a step runs (the engine releases the GIL)."""
+def _collated(dataset: Sequence[Sample], groups: list, workers: int, model_config: Any) -> Iterator[tuple[Any, dict]]:
+    """(indices, batch) for each group in order, framed as ``model_config`` says
+    (``collate``); with ``workers`` > 0 that many threads collate the next batches while a
+    step runs (the engine releases the GIL)."""
+    collate_batch = functools.partial(collate, config=model_config)
     if workers == 0:
         for g in groups:
-            yield g, collate([dataset[int(i)] for i in g])
+            yield g, collate_batch([dataset[int(i)] for i in g])
         return
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pyxtts-collate") as pool:
         todo = iter(groups)
         pending: deque = deque()
         try:
             for g in itertools.islice(todo, workers):
-                pending.append((g, pool.submit(collate, [dataset[int(i)] for i in g])))
+                pending.append((g, pool.submit(collate_batch, [dataset[int(i)] for i in g])))
             while pending:
                 g, future = pending.popleft()
                 nxt = next(todo, None)
                 if nxt is not None:
-                    pending.append((nxt, pool.submit(collate, [dataset[int(i)] for i in nxt])))
+                    pending.append((nxt, pool.submit(collate_batch, [dataset[int(i)] for i in nxt])))
                 yield g, future.result()
         finally:
             for _, f in pending:
