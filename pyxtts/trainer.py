@@ -39,6 +39,7 @@ from pyxtts import _C
 from pyxtts.batch import find_optimal_batch_size, train_step_with_accumulation
 from pyxtts.checkpoint import load_checkpoint, save_checkpoint
 from pyxtts.config import XTTSConfig
+from pyxtts.coqui_config import coqui_decay
 from pyxtts.data import Sample, TTSDataset, batch_groups, collate
 from pyxtts.memory import cleanup_gpu_memory, format_bytes
 from pyxtts.model import XTTSGPT
@@ -70,9 +71,13 @@ def model_from_config(config: XTTSConfig, device: str) -> XTTSGPT:
 
 
 def optimizer_from_config(model: XTTSGPT, t) -> Any:
-    """The ``AdamW`` a ``TrainingConfig`` describes; fp16 gets a dynamic loss scale."""
+    """The ``AdamW`` a ``TrainingConfig`` describes; fp16 gets a dynamic loss scale.
+    ``weight_decay_on`` "weights" decays the tensors Coqui's recipe decays
+    (``pyxtts.coqui_config.coqui_decay``), "matrices" every tensor of 2+ dims."""
+    decay = coqui_decay(model.parameters()) if t.weight_decay_on == "weights" else None
     return _C.AdamW(model, lr=t.learning_rate, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay,
-                    grad_clip=t.grad_clip, loss_scale=2.0**16 if t.precision == "fp16" else None)
+                    grad_clip=t.grad_clip, loss_scale=2.0**16 if t.precision == "fp16" else None,
+                    decay=decay)
 
 
 @dataclass
