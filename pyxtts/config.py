@@ -167,6 +167,9 @@ class TrainingConfig:
     log_interval: int = 50
     seed: int = 0
     device: str = "auto"  # "auto": cuda:0 when a GPU is available, else cpu
+    # weights a fresh run starts from: a pyxtts checkpoint's model tensors, e.g. the file
+    # import_xtts_checkpoint writes (a resumed run takes its own checkpoint's instead)
+    init_checkpoint: str | None = None
 
     def __post_init__(self) -> None:
         _check_types(self, "training")
@@ -230,6 +233,7 @@ class TrainingConfig:
             _rule(self.warmup_steps < self.max_steps, w + "warmup_steps", self.warmup_steps,
                   f"< max_steps={self.max_steps}")
         _rule(self.checkpoint_dir != "", w + "checkpoint_dir", self.checkpoint_dir, "a non-empty path")
+        _rule(self.init_checkpoint != "", w + "init_checkpoint", self.init_checkpoint, "null or a path")
         _rule(self.seed >= 0, w + "seed", self.seed, ">= 0")
         _rule(self.device == "auto" or self.device == "cpu" or re.fullmatch(r"cuda(:\d+)?", self.device) is not None,
               w + "device", self.device, "'auto', 'cpu', 'cuda' or 'cuda:N'")

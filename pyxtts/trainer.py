@@ -121,7 +121,8 @@ class _Progress:
 class Trainer:
     """Builds the model, optimizer and schedule a config describes and trains them.
 
-    ``device`` overrides ``training.device``. The device's memory budget is set to
+    ``training.init_checkpoint`` names the weights the model starts from (e.g. an
+    imported XTTS checkpoint). ``device`` overrides ``training.device``. The device's memory budget is set to
     ``training.max_memory_fraction`` of its total, unless a stricter limit is already set.
     ``log_path`` defaults to ``<checkpoint_dir>/train_log.jsonl``; ``progress=False``
     silences the bar and the log lines (the JSONL log is always written)."""
@@ -135,6 +136,8 @@ class Trainer:
         self.device = device if device is not None else t.resolved_device()
         self._apply_memory_fraction(t.max_memory_fraction)
         self.model = model_from_config(config, self.device)
+        if t.init_checkpoint is not None:  # before the optimizer takes its master copy
+            load_checkpoint(t.init_checkpoint, self.model)
         self.optimizer = optimizer_from_config(self.model, t)
         self.schedule = schedule_from_config(t)
         self.checkpoint_dir = Path(t.checkpoint_dir)
