@@ -139,15 +139,19 @@ def read_xtts_checkpoint(path: str | os.PathLike, config: Any = None) -> XTTSChe
     try:
         prefix, tensors = _gpt_tensors(path, file.obj)
         guessed = False
+        embedded = _embedded_config(file.obj)
         if config is not None:
             source = "the config argument"
-        elif (path.parent / "config.json").is_file():
-            config = ModelConfig.from_xtts_config(path.parent / "config.json")
-            source = str(path.parent / "config.json")
-        elif (embedded := _embedded_config(file.obj)) is not None:
+        elif (path.parent / "config.json").is_file() or embedded is not None:
+            cfg: Any = path.parent / "config.json"
+            source = str(cfg)
             vocab = path.parent / "vocab.json"
-            config = ModelConfig.from_xtts_config(embedded, vocab if vocab.is_file() else None)
-            source = f"the config pickled in {path.name}"
+            if not cfg.is_file():
+                cfg, source = embedded, f"the config pickled in {path.name}"
+            try:
+                config = ModelConfig.from_xtts_config(cfg, vocab if vocab.is_file() else None)
+            except (TypeError, ValueError) as exc:
+                raise CheckpointError(f"{path}: {source}: {exc}") from exc
         else:
             config = _infer_config(path, tensors)
             source = "the tensor shapes"

@@ -5,7 +5,8 @@ with Coqui's own classes (call after ``coqui.require_coqui()``).
   ``model.pth`` = ``{"config": <XttsConfig object>, "model": <Xtts state dict>}`` written
   by ``torch.save``, with ``XttsArgs`` and ``XttsAudioConfig`` pickled under
   ``TTS.tts.models.xtts`` as in the released file (Coqui's ``_legacy_safe_globals``
-  reads them from there); ``config.json`` (the config's ``to_dict()``); ``vocab.json``.
+  reads them from there); ``config.json`` (the config's ``to_dict()``), whose text
+  start/stop ids are null as in the released one; ``vocab.json``, where they are.
 - ``write_gpt_trainer_checkpoint(folder, seed)``: a checkpoint of Coqui's
   ``GPTTrainer`` (keys ``xtts.*``, ``dvae.*``, the mel extractors; config as a dict;
   AdamW state after one step) written by the trainer's own ``save_checkpoint``.
@@ -87,11 +88,15 @@ def _legacy_class_paths():
         c.XttsArgs.__module__, c.XttsAudioConfig.__module__ = old
 
 
+# the released config.json leaves the text start/stop ids null: Coqui reads them from vocab.json
+RELEASED_NULLS = {"gpt_start_text_token": None, "gpt_stop_text_token": None}
+
+
 def write_xtts_folder(folder: Path, seed: int, **overrides: Any) -> Path:
     """A released-style XTTS folder (model.pth, config.json, vocab.json); returns folder."""
     c = require_coqui()
     folder.mkdir(parents=True, exist_ok=True)
-    config = xtts_config(**overrides)
+    config = xtts_config(**{**RELEASED_NULLS, **overrides})
     write_vocab(folder / "vocab.json", config.model_args.gpt_number_text_tokens)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Xtts.init_from_config")  # Coqui deprecates its own API

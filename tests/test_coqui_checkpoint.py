@@ -86,13 +86,18 @@ def test_import_released_style(base, tmp_path):
 
 
 def test_import_takes_the_pickled_config_without_config_json(base, tmp_path):
-    folder = tmp_path / "only-pth"
+    folder = tmp_path / "no-config-json"
     folder.mkdir()
-    shutil.copyfile(base / "model.pth", folder / "model.pth")  # no config.json, no vocab.json
+    shutil.copyfile(base / "model.pth", folder / "model.pth")
+    # the pickled config, like the released config.json, leaves the text ids to vocab.json
+    with pytest.raises(pyxtts.CheckpointError, match="gpt_number_text_tokens|gpt_start_text_token"):
+        pyxtts.import_xtts_checkpoint(folder / "model.pth", tmp_path / "a.safetensors")
+    assert not (tmp_path / "a.safetensors").exists()
+    shutil.copyfile(base / "vocab.json", folder / "vocab.json")
     meta = pyxtts.import_xtts_checkpoint(folder / "model.pth", tmp_path / "a.safetensors")
     assert meta["extra"]["config_source"] == "the config pickled in model.pth"
     want = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
-    assert pyxtts.ModelConfig(**meta["config"]) == want
+    assert pyxtts.ModelConfig(**meta["config"]) == want and want.start_text_token == 261
 
 
 def test_import_gpt_trainer_checkpoint(trainer_checkpoint, tmp_path):
