@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from pyxtts.model import ModelConfig
+
 __all__ = ["XTTS_ARGS_DEFAULTS", "coqui_decay", "model_config_from_xtts", "read_vocab", "xtts_model_args"]
 
 # XttsArgs's defaults for the fields that size the GPT: Coqui fills a field a config
@@ -121,10 +123,8 @@ def _int(args: Mapping[str, Any], key: str, where: str) -> int:
     return v
 
 
-def model_config_from_xtts(cfg: Any, vocab: str | os.PathLike | None = None):
+def model_config_from_xtts(cfg: Any, vocab: str | os.PathLike | None = None) -> ModelConfig:
     """``ModelConfig.from_xtts_config``: see there."""
-    from pyxtts.model import ModelConfig
-
     args, where = xtts_model_args(cfg)
     if vocab is None and isinstance(cfg, (str, os.PathLike)):
         beside = (Path(cfg) if Path(cfg).is_dir() else Path(cfg).parent) / "vocab.json"
