@@ -65,10 +65,10 @@ from pyxtts.batch import (
 )
 from pyxtts.checkpoint import (
     CheckpointError,
-    import_xtts_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
+from pyxtts.coqui_checkpoint import export_xtts_checkpoint, import_xtts_checkpoint
 from pyxtts.config import (
     DataConfig,
     TrainingConfig,
@@ -135,6 +135,7 @@ __all__ = [
     "empty",
     "empty_cache",
     "estimate_memory",
+    "export_xtts_checkpoint",
     "find_optimal_batch_size",
     "float16",
     "float32",

@@ -129,7 +129,7 @@ def test_optional_none_keeps_the_default(model):
 
 
 def bad_configs():
-    base = dataclasses.asdict(CFG)
+    base = CFG.engine_args()  # the fields the engine takes (the framing ids are not its)
     return [
         {**base, "n_layers": 0}, {**base, "d_model": 15}, {**base, "n_heads": -1},
         {**base, "text_vocab_size": 0}, {**base, "n_cond_latents": -1},
@@ -158,7 +158,7 @@ def test_config_rules_are_the_engines_in_every_entry_point(fields):
 
 
 def test_config_messages_name_field_rule_and_value():
-    base = dataclasses.asdict(CFG)
+    base = CFG.engine_args()  # the fields the engine takes (the framing ids are not its)
     assert pyxtts.ModelConfig(**base).d_model == 16
     raises(ValueError, "ModelConfig.d_model", pyxtts.ModelConfig, **{**base, "d_model": 15},
            shows="divisible by n_heads=2, got 15")

@@ -181,7 +181,8 @@ def test_shipped_config_loads_and_round_trips(name, tmp_path):
 @pytest.mark.parametrize("name", list(TIERS))
 def test_tier_is_xtts_v2_and_fits_its_lower_bound(name, plan_device):
     cfg = XTTSConfig.load(name)
-    assert cfg.model == pyxtts.ModelConfig(), "tiers train the XTTS v2 GPT"
+    xtts_v2_framing = dict(start_text_token=261, stop_text_token=0, start_audio_token=1024, stop_audio_token=1025)
+    assert cfg.model == pyxtts.ModelConfig(**xtts_v2_framing), "tiers train the XTTS v2 GPT, framed as Coqui does"
     assert (cfg.data.max_text_tokens, cfg.data.max_audio_tokens) == (404, 608), "full-length sequences"
     assert cfg.effective_batch_size == 32
     limit = TIERS[name] * cfg.training.max_memory_fraction

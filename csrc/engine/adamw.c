@@ -24,7 +24,7 @@ static int reserve(pxt_adamw *o, pxt_storage **s, size_t nbytes) {
     return PXT_OK;
 }
 
-/* The table of segments, from the layout, onto the device. */
+/* The table of segments, from the layout and the decay flags, onto the device. */
 static int upload_segments(pxt_adamw *o) {
     const pxt_param_layout *L = &o->flat->layout;
     pxt_adamw_segment *segs = calloc((size_t)L->count ? (size_t)L->count : 1, sizeof *segs);
@@ -32,7 +32,7 @@ static int upload_segments(pxt_adamw *o) {
         return pxt_error(PXT_ERR_OOM, "out of host memory for the optimizer's segments");
     }
     for (int i = 0; i < L->count; i++) {
-        segs[i] = (pxt_adamw_segment){L->params[i].offset, L->params[i].numel, L->params[i].decay};
+        segs[i] = (pxt_adamw_segment){L->params[i].offset, L->params[i].numel, o->decay[i]};
     }
     int rc = o->flat->be->copy(o->flat->device.index, o->segments->data, segs, o->segments->nbytes,
                                PXT_COPY_H2D);
@@ -40,7 +40,8 @@ static int upload_segments(pxt_adamw *o) {
     return rc;
 }
 
-int pxt_adamw_init(pxt_adamw *o, pxt_flat *f, const pxt_adamw_hparams *h, int ema) {
+int pxt_adamw_init(pxt_adamw *o, pxt_flat *f, const pxt_adamw_hparams *h, int ema,
+                   const unsigned char *decay) {
     memset(o, 0, sizeof *o);
     const pxt_backend *be = f->be;
     if (!be->grad_sumsq || !be->adamw || !be->swap || !be->cast) {
@@ -53,6 +54,13 @@ int pxt_adamw_init(pxt_adamw *o, pxt_flat *f, const pxt_adamw_hparams *h, int em
     o->n_segments = f->layout.count;
     size_t fb = o->n * sizeof(float);
     int d = f->device.index;
+    o->decay = calloc((size_t)o->n_segments ? (size_t)o->n_segments : 1, 1);
+    if (!o->decay) {
+        return pxt_error(PXT_ERR_OOM, "out of host memory for the optimizer's decay flags");
+    }
+    for (int i = 0; i < o->n_segments; i++) {
+        o->decay[i] = decay ? decay[i] != 0 : f->layout.params[i].decay != 0;
+    }
     int rc = reserve(o, &o->m, fb);
     if (rc == PXT_OK) {
         rc = reserve(o, &o->v, fb);
@@ -102,6 +110,8 @@ void pxt_adamw_free(pxt_adamw *o) {
     pxt_storage_clear(&o->ema);
     pxt_storage_clear(&o->segments);
     pxt_storage_clear(&o->workspace);
+    free(o->decay);
+    o->decay = NULL;
     o->state_bytes = 0;
     o->flat = NULL;
 }

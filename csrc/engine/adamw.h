@@ -8,13 +8,15 @@
  *                         after construction is never undone by a stale master)
  *   ema        (n) fp32   optional exponential moving average of the weights
  *   segments   (count)    the tensors of the flat buffers: offset, numel, decay
+ *                         (decay: the tensors chosen at construction; by default
+ *                         those of 2+ dims)
  *   workspace  (PXT_SUMSQ_PARTS) double: the partial sums of the norm
  * n is the flat length, padding included: padding is in no segment, so it is
  * never read nor written by the update (and stays zero).
  *
  * A step is two passes through the backend table: grad_sumsq (global norm and
  * the finite check, deterministic), then adamw (unscale, clip, decoupled weight
- * decay on tensors of 2+ dims, bias-corrected moments, master, EMA, the
+ * decay on the chosen tensors, bias-corrected moments, master, EMA, the
  * compute-precision parameters); the scalars of the update are computed here,
  * on the host in double, rounded to float once. With non-finite gradients the
  * step is skipped before anything changes (and with loss scaling the scale
@@ -42,6 +44,7 @@ typedef struct {
     pxt_storage *master;    /* (n) fp32, or NULL: the fp32 parameters are the master */
     pxt_storage *ema;       /* (n) fp32, or NULL without an EMA */
     pxt_storage *segments;  /* (n_segments) pxt_adamw_segment */
+    unsigned char *decay;   /* (n_segments) host: 1 where weight decay applies */
     pxt_storage *workspace; /* (PXT_SUMSQ_PARTS) double */
     long long good_steps;   /* clean steps since the scale last changed */
     long long step;         /* updates applied (skipped steps do not count) */
@@ -63,8 +66,11 @@ size_t pxt_adamw_state_bytes(size_t numel, int n_tensors, pxt_dtype dt, int ema)
 
 /* Reserves the state over f (with an EMA when ema), fills it (moments 0,
  * master and EMA from the parameters) and adds its bytes to f's plans.
+ * decay (f->layout.count flags, copied) says which tensors weight decay
+ * applies to; NULL: the layout's choice (tensors of 2+ dims).
  * PXT_ERR_* with nothing reserved. */
-int pxt_adamw_init(pxt_adamw *o, pxt_flat *f, const pxt_adamw_hparams *h, int ema);
+int pxt_adamw_init(pxt_adamw *o, pxt_flat *f, const pxt_adamw_hparams *h, int ema,
+                   const unsigned char *decay);
 void pxt_adamw_free(pxt_adamw *o);
 
 /* The passes of one step; then pxt_adamw_account updates the step count and

@@ -126,19 +126,82 @@ static int check_init(pxt_py_adamw *o) {
     return 0;
 }
 
+/* decay: None, the layout's choice (out = NULL); else an iterable of parameter
+ * names, each decayed and every other tensor not (*out: L->count flags, to
+ * PyMem_RawFree). */
+static int parse_decay(PyObject *obj, const pxt_param_layout *L, unsigned char **out) {
+    *out = NULL;
+    if (obj == Py_None) {
+        return 0;
+    }
+    if (PyUnicode_Check(obj)) {
+        PyErr_SetString(PyExc_TypeError, "decay: expected None or an iterable of parameter "
+                                         "names, got a str (wrap a single name in a list)");
+        return -1;
+    }
+    PyObject *it = PyObject_GetIter(obj);
+    if (!it) {
+        PyErr_Format(PyExc_TypeError,
+                     "decay: expected None or an iterable of parameter names, got %.100s",
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    unsigned char *flags = PyMem_RawCalloc(L->count ? (size_t)L->count : 1, 1);
+    if (!flags) {
+        Py_DECREF(it);
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyObject *item;
+    while ((item = PyIter_Next(it))) {
+        int found = -1;
+        if (!PyUnicode_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "decay: expected parameter names (str), got %.100s",
+                         Py_TYPE(item)->tp_name);
+        } else {
+            Py_ssize_t len;
+            const char *name = PyUnicode_AsUTF8AndSize(item, &len);
+            for (int i = 0; name && i < L->count && found < 0; i++) {
+                if ((size_t)len == strlen(L->params[i].name) &&
+                    memcmp(L->params[i].name, name, (size_t)len) == 0) {
+                    found = i;
+                }
+            }
+            if (name && found < 0) {
+                PyErr_Format(PyExc_ValueError,
+                             "decay: expected names of this model's "
+                             "parameters, got %R",
+                             item);
+            }
+        }
+        Py_DECREF(item);
+        if (found < 0) {
+            break;
+        }
+        flags[found] = 1;
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred()) {
+        PyMem_RawFree(flags);
+        return -1;
+    }
+    *out = flags;
+    return 0;
+}
+
 static int adamw_init(PyObject *op, PyObject *args, PyObject *kwargs) {
     pxt_py_adamw *o = (pxt_py_adamw *)op;
     static char *kw[] = {"model",           "lr",        "betas",      "eps",
                          "weight_decay",    "grad_clip", "loss_scale", "ema_decay",
-                         "growth_interval", NULL};
+                         "growth_interval", "decay",     NULL};
     PyObject *model, *lr = NULL, *betas = NULL, *eps = NULL, *wd = NULL, *clip = NULL;
-    PyObject *ls = Py_None, *ema = Py_None, *gi = NULL;
+    PyObject *ls = Py_None, *ema = Py_None, *gi = NULL, *decay = Py_None;
     if (o->model) {
         PyErr_SetString(PyExc_RuntimeError, "AdamW.__init__ called twice");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OOOOOOOO:AdamW", kw, &model, &lr, &betas,
-                                     &eps, &wd, &clip, &ls, &ema, &gi)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OOOOOOOOO:AdamW", kw, &model, &lr, &betas,
+                                     &eps, &wd, &clip, &ls, &ema, &gi, &decay)) {
         return -1;
     }
     /* every argument checked before anything is allocated */
@@ -184,7 +247,13 @@ static int adamw_init(PyObject *op, PyObject *args, PyObject *kwargs) {
                         "model: a step of this model is running (in another thread)");
         return -1;
     }
-    int rc = pxt_adamw_init(&o->opt, flat, &h, has_ema);
+    unsigned char *flags = NULL;
+    if (parse_decay(decay, &flat->layout, &flags) < 0) {
+        Py_DECREF(core);
+        return -1;
+    }
+    int rc = pxt_adamw_init(&o->opt, flat, &h, has_ema, flags);
+    PyMem_RawFree(flags);
     if (rc != PXT_OK) {
         Py_DECREF(core);
         return pxt_raise_int(rc);
@@ -527,6 +596,25 @@ static PyObject *get_state_bytes(PyObject *op, void *c) {
     (void)c;
     return PyLong_FromSize_t(((pxt_py_adamw *)op)->opt.state_bytes);
 }
+static PyObject *get_decay(PyObject *op, void *c) {
+    (void)c;
+    pxt_py_adamw *o = (pxt_py_adamw *)op;
+    if (check_init(o) < 0) {
+        return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    for (int i = 0; out && i < o->opt.n_segments; i++) {
+        if (!o->opt.decay[i]) {
+            continue;
+        }
+        PyObject *name = PyUnicode_FromString(o->opt.flat->layout.params[i].name);
+        if (!name || PyList_Append(out, name) < 0) {
+            Py_CLEAR(out);
+        }
+        Py_XDECREF(name);
+    }
+    return out;
+}
 static PyObject *get_swapped(PyObject *op, void *c) {
     (void)c;
     return PyBool_FromLong(((pxt_py_adamw *)op)->opt.swapped);
@@ -536,7 +624,8 @@ static PyGetSetDef adamw_getset[] = {
     {"lr", get_lr, set_lr, "learning rate (settable between steps; finite, >= 0)", NULL},
     {"betas", get_betas, NULL, "(beta1, beta2)", NULL},
     {"eps", get_eps, NULL, "added to the denominator", NULL},
-    {"weight_decay", get_wd, NULL, "decoupled weight decay (tensors of 2+ dims)", NULL},
+    {"weight_decay", get_wd, NULL, "decoupled weight decay (on the tensors named by decay)", NULL},
+    {"decay", get_decay, NULL, "names of the tensors weight decay applies to (a new list)", NULL},
     {"grad_clip", get_clip, NULL, "max global gradient norm, or None", NULL},
     {"loss_scale", get_scale, NULL, "current dynamic loss scale, or None", NULL},
     {"ema_decay", get_ema_decay, NULL, "EMA decay, or None", NULL},
@@ -564,9 +653,11 @@ static PyTypeObject adamw_type = {
     .tp_basicsize = sizeof(pxt_py_adamw),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "AdamW(model, lr=1e-4, betas=(0.9, 0.96), eps=1e-8, weight_decay=0.01, "
-              "grad_clip=1.0, loss_scale=None, ema_decay=None, growth_interval=2000)\n\n"
+              "grad_clip=1.0, loss_scale=None, ema_decay=None, growth_interval=2000, "
+              "decay=None)\n\n"
               "torch.optim.AdamW over the model's flat buffers, with global-norm clipping "
-              "(grad_clip None or 0: off), weight decay on tensors of 2+ dims only, optional "
+              "(grad_clip None or 0: off), weight decay on the tensors named by decay (None: "
+              "those of 2+ dims), optional "
               "dynamic loss scaling (loss_scale: the start scale; x2 after growth_interval clean "
               "steps, x0.5 and the step skipped on inf/NaN) and an optional EMA of the weights.",
     .tp_new = PyType_GenericNew,
