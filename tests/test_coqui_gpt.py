@@ -215,5 +215,8 @@ def test_other_start_stop_ids_are_used(rng, seed):
     r, grads = pyxtts_losses(cfg, gpt, texts, codes, cond, "none")
     assert_agree(r, grads, lt, lm, ref, texts, codes, seed)
     swapped = dataclasses.replace(cfg, start_audio_token=8193, stop_audio_token=8192)
-    r2, _ = pyxtts_losses(swapped, gpt, texts, codes, cond, "none")
-    assert r2["audio_loss"] != pytest.approx(lm, rel=1e-3), "the control: the ids matter"
+    # the control: the ids matter, seen in the gradients (the mean loss of a random model
+    # hardly moves when 2 targets per sample change)
+    _, grads2 = pyxtts_losses(swapped, gpt, texts, codes, cond, "none")
+    change = max(float(np.abs(grads2[k] - grads[k]).max() / np.abs(grads[k]).max()) for k in grads)
+    assert change > 1e-2, f"the control: swapping the audio start/stop ids changed the gradients by {change:.1e}"
