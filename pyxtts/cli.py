@@ -114,6 +114,26 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare(args: argparse.Namespace) -> int:
+    try:
+        from pyxtts.prepare import prepare
+        from pyxtts.prepare.sources import MetadataError
+
+        result = prepare(args.xtts_dir, args.metadata, args.out, language=args.language, audio_dir=args.audio_dir,
+                         eval_fraction=args.eval_fraction, workers=args.workers,
+                         samples_per_shard=args.samples_per_shard, seed=args.seed, overwrite=args.overwrite,
+                         progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print("pyxtts prepare: interrupted; finished shards are kept, the same command resumes", file=sys.stderr)
+        return 130
+    except ImportError as exc:
+        return _fail("prepare", exc)
+    except (MetadataError, FileExistsError, OSError, TypeError, ValueError) as exc:
+        return _fail("prepare", exc)
+    print(result.format_summary())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pyxtts", description=pyxtts.__doc__)
     sub = parser.add_subparsers(dest="command")
@@ -143,6 +163,23 @@ def main(argv: list[str] | None = None) -> int:
     mt.add_argument("--no-step", action="store_true", help="plan only, no real step")
     mt.add_argument("--verbose", action="store_true", help="every block's policy and saved bytes, the arena")
     mt.set_defaults(func=_memtest)
+    pr = sub.add_parser("prepare", help="recordings and transcripts -> training shards (text ids, DVAE codes)")
+    pr.add_argument("--xtts-dir", required=True,
+                    help="XTTS v2 checkpoint folder: config.json, vocab.json, dvae.pth, mel_stats.pth")
+    pr.add_argument("--metadata", required=True,
+                    help="LJSpeech metadata.csv, Coqui's audio_file|text|speaker_name CSV, or a .jsonl manifest")
+    pr.add_argument("--audio-dir", default=None,
+                    help="folder the audio paths are relative to (default: wavs/ beside an LJSpeech "
+                         "metadata.csv, else the metadata's folder)")
+    pr.add_argument("--language", default="en", help="language of the transcripts (default en)")
+    pr.add_argument("--out", required=True, help="output folder: train/ and eval/ shards, report.tsv, summary.json")
+    pr.add_argument("--eval-fraction", type=float, default=0.0, help="share of samples held out into eval/")
+    pr.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    pr.add_argument("--samples-per-shard", type=int, default=256, help="samples per .npz shard (default 256)")
+    pr.add_argument("--seed", type=int, default=0, help="seed of the evaluation split (default 0)")
+    pr.add_argument("--overwrite", action="store_true", help="replace an output folder prepared from other inputs")
+    pr.add_argument("--no-progress", action="store_true", help="no progress bar")
+    pr.set_defaults(func=_prepare)
     gi = sub.add_parser("gpu-info", help="build, devices and memory")
     gi.add_argument("--json", action="store_true", help="machine-readable output")
     gi.set_defaults(func=_gpu_info)
