@@ -16,6 +16,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 __all__ = ["PthError", "read_pth"]
@@ -29,6 +30,7 @@ _STORAGE_DTYPES = {
     "FloatStorage": np.float32, "DoubleStorage": np.float64, "HalfStorage": np.float16,
     "LongStorage": np.int64, "IntStorage": np.int32, "ShortStorage": np.int16,
     "CharStorage": np.int8, "ByteStorage": np.uint8, "BoolStorage": np.bool_,
+    "BFloat16Storage": ml_dtypes.bfloat16,
 }
 
 

@@ -1,0 +1,331 @@
+"""pyxtts.prepare's audio side against references nobody here wrote: torch.save files read
+without torch, soundfile + soxr loading, the mel spectrograms and the conditioning slice
+against Coqui's own TorchMelSpectrogram and get_prompt_slice (in Coqui's Python), and the
+DVAE encoder against torch's float64 convolutions and Coqui's DiscreteVAE."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import zipfile
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from conftest import SEED
+from fixtures_prepare import (ESPEAK, NO_COQUI, TINY_DVAE, coqui_python, dvae_state, espeak, run_coqui,
+                              torch_save)
+
+sf = pytest.importorskip("soundfile", reason="the prepare extra (soundfile) is not installed")
+soxr = pytest.importorskip("soxr", reason="the prepare extra (soxr) is not installed")
+torch = pytest.importorskip("torch", reason="torch (the test extra) writes the .pth files")
+
+from pyxtts.prepare import (DVAE_MEL, STYLE_MEL, AudioError, DVAEEncoder, PthError, conditioning_mel,  # noqa: E402
+                            load_audio, mel_spectrogram, read_pth, reference_slice)
+from pyxtts.prepare.audio import STYLE_MEL_NO_PERCEIVER, MelSettings  # noqa: E402
+
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory) -> list[Path]:
+    """Four espeak-ng clips of different voices and lengths (22,050 Hz, 16-bit)."""
+    if ESPEAK is None:
+        pytest.skip("espeak-ng is not installed")
+    d = tmp_path_factory.mktemp("speech")
+    texts = ["Hello, this is a short test.", "The quick brown fox jumps over the lazy dog, twice.",
+             "Numbers such as 1984 and 3.14 are spoken too.", "Goodbye!"]
+    paths = []
+    for i, (t, v) in enumerate(zip(texts, ["en-us", "en-gb", "en-gb-scotland", "en-029"])):
+        paths.append(d / f"s{i}.wav")
+        espeak(t, paths[-1], v, 140 + 20 * i, 40 + 10 * i)
+    return paths
+
+
+# ---- .pth files -----------------------------------------------------------------------
+
+def test_read_pth_equals_torch_load(tmp_path, rng, seed):
+    g = torch.Generator().manual_seed(seed % 2**31)
+    big = torch.randn(7, 9, generator=g)
+    obj = {
+        "f32": torch.randn(3, 4, 5, generator=g),
+        "f64": torch.randn(6, generator=g, dtype=torch.float64),
+        "f16": torch.randn(2, 3, generator=g).half(),
+        "bf16": torch.randn(4, 2, generator=g).bfloat16(),
+        "i64": torch.randint(-2**40, 2**40, (5,), generator=g),
+        "i32": torch.randint(-2**30, 2**30, (2, 2), generator=g, dtype=torch.int32),
+        "i16": torch.randint(-2**15, 2**15, (3,), generator=g, dtype=torch.int16),
+        "i8": torch.randint(-128, 128, (4,), generator=g, dtype=torch.int8),
+        "u8": torch.randint(0, 256, (4,), generator=g, dtype=torch.uint8),
+        "bool": torch.rand(5, generator=g) < 0.5,
+        "scalar": torch.tensor(3.5),
+        "empty": torch.zeros(0, 4),
+        "transposed": big.t(),  # non-contiguous view
+        "sliced": big[2:5, 1::3],  # offset and strides into the same storage as "transposed"
+        "param": torch.nn.Parameter(torch.randn(2, 2, generator=g)),
+    }
+    path = tmp_path / "t.pth"
+    torch.save(obj, path)
+    got = read_pth(path)
+    assert list(got) == list(obj)
+    for k, t in obj.items():
+        want = t.detach()
+        want = want.float().numpy().astype(ml_dtypes.bfloat16) if want.dtype == torch.bfloat16 else want.numpy()
+        assert got[k].dtype == want.dtype and got[k].shape == want.shape, k
+        np.testing.assert_array_equal(got[k].reshape(-1).view(np.uint8),
+                                      np.ascontiguousarray(want).reshape(-1).view(np.uint8), err_msg=k)
+    torch.save(obj["f32"], path)  # a bare tensor, as mel_stats.pth is
+    np.testing.assert_array_equal(read_pth(path), obj["f32"].numpy())
+
+
+class _RunsCode:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_read_pth_executes_nothing(tmp_path):
+    marker = tmp_path / "ran"
+    path = tmp_path / "evil.pth"
+    torch.save({"x": _RunsCode(marker)}, path)
+    with pytest.raises(PthError, match=r"posix\.system|os\.system"):
+        read_pth(path)
+    assert not marker.exists()
+    # the file does run code when unpickled the ordinary way
+    with zipfile.ZipFile(path) as z:
+        data = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+
+    pickle.loads(data)
+    assert marker.exists()
+
+
+def test_read_pth_refuses_other_files(tmp_path):
+    p = tmp_path / "x.pth"
+    p.write_bytes(b"not a zip at all")
+    with pytest.raises(PthError, match="not a zip-format PyTorch file"):
+        read_pth(p)
+    with zipfile.ZipFile(p, "w") as z:
+        z.writestr("a/other.txt", "x")
+    with pytest.raises(PthError, match="data.pkl"):
+        read_pth(p)
+
+
+# ---- loading audio ------------------------------------------------------------------
+
+def test_load_audio_pcm16_is_exact(tmp_path, rng):
+    pcm = rng.integers(-32768, 32768, 22050, dtype=np.int16)
+    sf.write(tmp_path / "a.wav", pcm, 22050, subtype="PCM_16")
+    wav = load_audio(tmp_path / "a.wav")
+    assert wav.dtype == np.float32
+    np.testing.assert_array_equal(wav, pcm.astype(np.float32) / 32768)
+
+
+@pytest.mark.parametrize("fmt,subtype,rate", [("WAV", "FLOAT", 44100), ("FLAC", "PCM_24", 48000),
+                                              ("OGG", "VORBIS", 16000), ("WAV", "PCM_16", 22050)])
+def test_load_audio_stereo_any_rate(tmp_path, rng, fmt, subtype, rate):
+    n = rate * 2
+    t = np.arange(n) / rate
+    stereo = np.stack([0.5 * np.sin(2 * np.pi * 440 * t), 0.3 * np.sin(2 * np.pi * 220 * t + 1)], 1)
+    stereo += 0.01 * rng.standard_normal(stereo.shape)
+    path = tmp_path / f"a.{fmt.lower()}"
+    sf.write(path, stereo.astype(np.float32), rate, format=fmt, subtype=subtype)
+    data, r = sf.read(path, dtype="float32", always_2d=True)
+    mono = data.mean(axis=1, dtype=np.float32)
+    want = mono if r == 22050 else soxr.resample(mono, r, 22050)
+    wav = load_audio(path)
+    np.testing.assert_array_equal(wav, np.clip(want, -1, 1))
+    assert abs(wav.shape[0] - round(n * 22050 / rate)) <= 1
+    # a 440 Hz tone stays a 440 Hz tone (a resampler, not a reinterpretation of the samples)
+    spec = np.abs(np.fft.rfft(wav))
+    assert abs(np.argmax(spec) * 22050 / wav.shape[0] - 440) < 2
+
+
+def test_load_audio_clips_like_coqui(tmp_path):
+    x = np.array([0.5, 1.5, -2.0, 0.25], np.float32)
+    sf.write(tmp_path / "a.wav", x, 22050, subtype="FLOAT")
+    np.testing.assert_array_equal(load_audio(tmp_path / "a.wav"), [0.5, 1.0, -1.0, 0.25])
+
+
+def test_load_audio_errors(tmp_path):
+    (tmp_path / "bad.wav").write_bytes(b"RIFF....WAVEgarbage")
+    with pytest.raises(AudioError, match="bad.wav: cannot read audio"):
+        load_audio(tmp_path / "bad.wav")
+    with pytest.raises(AudioError, match="missing.wav: cannot read audio"):
+        load_audio(tmp_path / "missing.wav")
+    sf.write(tmp_path / "empty.wav", np.zeros(0, np.float32), 22050)
+    with pytest.raises(AudioError, match="holds no samples"):
+        load_audio(tmp_path / "empty.wav")
+
+
+# ---- mel spectrograms -------------------------------------------------------------------
+
+def _signals(speech: list[Path], rng) -> dict[str, np.ndarray]:
+    sig = {f"speech_{i}": load_audio(p) for i, p in enumerate(speech)}
+    sig["noise"] = (0.1 * rng.standard_normal(int(rng.integers(20000, 60000)))).astype(np.float32)
+    t = np.arange(30011) / 22050
+    sig["chirp"] = (0.7 * np.sin(2 * np.pi * (100 + 3000 * t) * t)).astype(np.float32)
+    sig["padded_slice"] = reference_slice(sig["speech_1"], rng)[0]  # zeros at the end, as Coqui pads
+    return sig
+
+
+MEL_SETTINGS = {"dvae": DVAE_MEL, "style": STYLE_MEL, "style-np": STYLE_MEL_NO_PERCEIVER}
+
+
+@pytest.fixture(scope="module")
+def coqui_ref(tmp_path_factory, speech):
+    """Everything this module compares with Coqui, computed in one run of Coqui's Python."""
+    if coqui_python() is None:
+        pytest.skip(NO_COQUI)
+    d = tmp_path_factory.mktemp("coqui")
+    rng = np.random.default_rng(SEED)
+    stats = rng.uniform(-6, -2, 80).astype(np.float32)
+    torch_save(stats, d / "stats.pth")
+    sig = _signals(speech, rng)
+    np.savez(d / "in.npz", **sig)
+    slices = {f"s{i}": reference_slice(load_audio(p), rng)[0] for i, p in enumerate(speech)}
+    np.savez(d / "slices.npz", **slices)
+    long_clip = d / "long.wav"  # longer than the 99,225-sample evaluation slice
+    sf.write(long_clip, np.concatenate([sf.read(p, dtype="int16")[0] for p in speech] * 3), 22050, subtype="PCM_16")
+    jobs = [["mel", str(d / "stats.pth"), str(st.n_fft), str(st.hop_length), str(st.win_length), dtype,
+             str(d / "in.npz"), str(d / f"mel-{name}-{dtype}.npz")]
+            for name, st in MEL_SETTINGS.items() for dtype in ("float64", "float32")]
+    jobs.append(["mel", str(d / "stats.pth"), "2048", "256", "1024", "float32", str(d / "slices.npz"),
+                 str(d / "cond.npz")])
+    jobs += [["slice", str(long_clip), str(d / "slice-long.npz")], ["slice", str(speech[3]), str(d / "slice-short.npz")]]
+    (d / "jobs.json").write_text(json.dumps(jobs))
+    run_coqui("batch", str(d / "jobs.json"))
+    return {"dir": d, "stats": stats, "signals": sig, "slices": slices, "long": long_clip}
+
+
+@pytest.mark.parametrize("name", list(MEL_SETTINGS))
+def test_mel_equals_coqui(coqui_ref, name):
+    """Coqui's TorchMelSpectrogram run in float64 gives the same mel to ~1e-12 (both exact);
+    run in float32, as Coqui trains, it is within its own rounding of it."""
+    settings = MEL_SETTINGS[name]
+    d = coqui_ref["dir"]
+    ref64, ref32 = np.load(d / f"mel-{name}-float64.npz"), np.load(d / f"mel-{name}-float32.npz")
+    for k, wav in coqui_ref["signals"].items():
+        mine = mel_spectrogram(wav, coqui_ref["stats"], settings)
+        assert mine.shape == (80, 1 + wav.shape[0] // settings.hop_length) == ref64[k].shape, k
+        # float64 on both sides: only the order of sums differs
+        np.testing.assert_allclose(mine, ref64[k], rtol=0, atol=1e-10, err_msg=f"{k}, seed {SEED}")
+        # float32 Coqui: a band's log-power carries relative error ~1e-7 x (frame's peak power / band's
+        # power); quiet bands (60 dB down) reach ~1e-4 in the log, normalised by |stats| >= 2
+        np.testing.assert_allclose(mine, ref32[k], rtol=0, atol=2e-3, err_msg=f"{k}, seed {SEED}")
+        assert np.median(np.abs(mine - ref32[k])) < 1e-5
+
+
+def test_mel_rejects_bad_input():
+    stats = np.full(80, -4.0)
+    with pytest.raises(ValueError, match=r"wav: expected a 1-d float array.*int"):
+        mel_spectrogram(np.zeros(5000, np.int16), stats, DVAE_MEL)
+    with pytest.raises(ValueError, match=r"wav: expected a 1-d float array.*\(2, 5000\)"):
+        mel_spectrogram(np.zeros((2, 5000), np.float32), stats, DVAE_MEL)
+    with pytest.raises(ValueError, match="wav: 512 samples is too short"):
+        mel_spectrogram(np.zeros(512, np.float32), stats, DVAE_MEL)
+    with pytest.raises(ValueError, match=r"mel_stats: expected shape \(80,\), got \(79,\)"):
+        mel_spectrogram(np.zeros(5000, np.float32), stats[:79], DVAE_MEL)
+
+
+# ---- conditioning -------------------------------------------------------------------------
+
+def test_reference_slice_in_evaluation_equals_coqui(coqui_ref, speech):
+    d = coqui_ref["dir"]
+    for path, name in ((coqui_ref["long"], "long"), (speech[3], "short")):  # short: half the clip
+        ref = np.load(d / f"slice-{name}.npz")
+        out, start, end = reference_slice(load_audio(path), np.random.default_rng(0), evaluation=True)
+        np.testing.assert_array_equal(out, ref["slice"])
+        assert [start, end] == ref["idxs"].tolist()
+
+
+def test_reference_slice_draws(rng, seed):
+    ref = rng.standard_normal(200000).astype(np.float32)
+    lengths = []
+    for _ in range(2000):
+        out, s, e = reference_slice(ref, rng)
+        assert out.shape == (132300,) and out.dtype == np.float32
+        assert 66150 <= e - s <= 132300 and 0 <= s and e <= ref.shape[0], (s, e, seed)
+        np.testing.assert_array_equal(out[:e - s], ref[s:e])
+        assert not out[e - s:].any()
+        lengths.append(e - s)
+    # uniform over [66150, 132300]: mean 99225, sd 19096 -> the mean of 2000 within 5 sd of it
+    assert abs(np.mean(lengths) - 99225) < 5 * 19096 / np.sqrt(2000), seed
+    short = rng.standard_normal(50000).astype(np.float32)  # shorter than any slice: half of it
+    out, s, e = reference_slice(short, rng)
+    assert e - s == 25000 and 0 <= s <= 25000
+    with pytest.raises(ValueError, match="ref_audio: expected a non-empty 1-d float array"):
+        reference_slice(np.zeros((2, 3), np.float32), rng)
+
+
+def test_conditioning_mel_equals_coqui(coqui_ref):
+    ref = np.load(coqui_ref["dir"] / "cond.npz")
+    stats = coqui_ref["stats"]
+    for k, wav in coqui_ref["slices"].items():
+        mine = conditioning_mel(wav, stats)
+        assert mine.dtype == np.float32 and mine.shape == (80, 517) == ref[k].shape  # 132,300 samples -> 517 frames
+        np.testing.assert_allclose(mine, ref[k], rtol=0, atol=2e-3, err_msg=f"{k}, seed {SEED}")
+        assert np.median(np.abs(mine - ref[k])) < 1e-5
+    wav = coqui_ref["slices"]["s0"]
+    np.testing.assert_array_equal(conditioning_mel(wav, stats, perceiver=False),
+                                  mel_spectrogram(wav, stats, STYLE_MEL_NO_PERCEIVER).astype(np.float32))
+
+
+# ---- the DVAE encoder ---------------------------------------------------------------------
+
+def _torch_encode(state: dict, mel: np.ndarray) -> np.ndarray:
+    """The encoder of Coqui's DiscreteVAE, written out with torch's float64 convolutions."""
+    F = torch.nn.functional
+
+    def conv(x, name, stride=1):
+        w = torch.from_numpy(state[f"{name}.weight"].astype(np.float64))
+        b = torch.from_numpy(state[f"{name}.bias"].astype(np.float64))
+        return F.conv1d(x, w, b, stride=stride, padding=(w.shape[2] - 1) // 2)
+
+    h = torch.from_numpy(mel)[None]
+    h = F.relu(conv(h, "encoder.0.0", 2))
+    h = F.relu(conv(h, "encoder.1.0", 2))
+    for i in (2, 3, 4):
+        r = F.relu(conv(h, f"encoder.{i}.net.0"))
+        r = F.relu(conv(r, f"encoder.{i}.net.2"))
+        h = conv(r, f"encoder.{i}.net.4") + h
+    return conv(h, "encoder.5")[0].T.numpy()
+
+
+@pytest.mark.parametrize("size", ["tiny", "full"])
+def test_dvae_encoder_equals_torch_float64(tmp_path, rng, seed, size):
+    dims = TINY_DVAE if size == "tiny" else {"hidden": 512, "codebook_dim": 512, "num_tokens": 1024}
+    state = dvae_state(rng, **dims)
+    torch_save(state, tmp_path / "dvae.pth")
+    enc = DVAEEncoder.load(tmp_path / "dvae.pth")
+    assert enc.num_tokens == dims["num_tokens"] and enc.downsampling == 4
+    for frames in (1, 2, 5, 8, 333 if size == "full" else 1001):
+        mel = rng.standard_normal((80, frames))
+        z = enc.encode(mel)
+        ref = _torch_encode(state, mel)
+        assert z.shape == ref.shape == (enc.n_codes(frames), dims["codebook_dim"])
+        np.testing.assert_allclose(z, ref, rtol=1e-12, atol=1e-12 * np.abs(ref).max(), err_msg=f"seed {seed}")
+        codes = enc.codes(mel)
+        embed = state["codebook.embed"].astype(np.float64)
+        want = np.argmin(((ref[:, :, None] - embed[None]) ** 2).sum(1), axis=1)  # nearest entry, directly
+        np.testing.assert_array_equal(codes, want)
+
+
+def test_dvae_load_errors(tmp_path, rng):
+    state = dvae_state(rng, **TINY_DVAE)
+    for drop, msg in (("encoder.3.net.2.bias", r"encoder\.3\.net\.2\.weight or .*bias missing"),
+                      ("codebook.embed", "codebook.embed missing")):
+        torch_save({k: v for k, v in state.items() if k != drop}, tmp_path / "d.pth")
+        with pytest.raises(ValueError, match=msg):
+            DVAEEncoder.load(tmp_path / "d.pth")
+    torch_save({**state, "encoder.1.0.weight": state["encoder.1.0.weight"][:, :5]}, tmp_path / "d.pth")
+    with pytest.raises(ValueError, match=r"encoder\.1\.0\.weight has shape .* does not chain"):
+        DVAEEncoder.load(tmp_path / "d.pth")
+    torch_save(state["codebook.embed"], tmp_path / "d.pth")
+    with pytest.raises(ValueError, match="expected a state dict of the DVAE"):
+        DVAEEncoder.load(tmp_path / "d.pth")
+    torch_save(state, tmp_path / "d.pth")
+    with pytest.raises(ValueError, match=r"mel: expected shape \(80, frames >= 1\)"):
+        DVAEEncoder.load(tmp_path / "d.pth").codes(np.zeros((40, 10)))
