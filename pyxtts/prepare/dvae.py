@@ -20,23 +20,40 @@ __all__ = ["DVAEEncoder"]
 _STRIDE = 2  # gpt_trainer's DiscreteVAE: stride 2, padding (kernel_size - 1) // 2
 
 
-def _conv1d(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int = 1) -> np.ndarray:
-    """x (C_in, T), w (C_out, C_in, K), zero padding (K - 1) // 2 -> (C_out, T_out)."""
-    k = w.shape[2]
+def _conv1d(x: np.ndarray, conv: "_Conv", stride: int = 1) -> np.ndarray:
+    """x (C_in, T), zero padding (K - 1) // 2 -> (C_out, T_out): one product of the
+    (C_out, K * C_in) weights with the K shifted copies of x stacked (im2col)."""
+    k = conv.kernel
     pad = (k - 1) // 2
     xp = np.pad(x, ((0, 0), (pad, pad))) if pad else x
     t_out = (x.shape[1] + 2 * pad - k) // stride + 1
-    out = np.empty((w.shape[0], t_out))  # (C_out, T_out)
-    out[:] = b[:, None]
-    for j in range(k):  # one (C_out, C_in) @ (C_in, T_out) product per tap
-        out += w[:, :, j] @ xp[:, j:j + stride * (t_out - 1) + 1:stride]
+    cols = xp if k == 1 and stride == 1 else \
+        np.concatenate([xp[:, j:j + stride * (t_out - 1) + 1:stride] for j in range(k)])  # (K * C_in, T_out)
+    out = conv.matrix @ cols  # (C_out, T_out)
+    out += conv.bias[:, None]
     return out
 
 
 @dataclass
 class _Conv:
-    weight: np.ndarray  # (C_out, C_in, K) float64
+    matrix: np.ndarray  # (C_out, K * C_in) float64, tap-major as _conv1d stacks its input
     bias: np.ndarray  # (C_out,) float64
+    kernel: int
+
+    @classmethod
+    def of(cls, weight: np.ndarray, bias: np.ndarray) -> "_Conv":
+        """From a Conv1d's (C_out, C_in, K) weight and (C_out,) bias."""
+        c_out, _, k = weight.shape
+        matrix = np.ascontiguousarray(weight.transpose(0, 2, 1).reshape(c_out, -1), dtype=np.float64)
+        return cls(matrix, bias.astype(np.float64), int(k))
+
+    @property
+    def c_out(self) -> int:
+        return int(self.matrix.shape[0])
+
+    @property
+    def c_in(self) -> int:
+        return int(self.matrix.shape[1]) // self.kernel
 
 
 class DVAEEncoder:
@@ -77,7 +94,7 @@ class DVAEEncoder:
                     or (k is not None and w.shape[2] != k) or w.shape[2] % 2 == 0:
                 raise ValueError(f"{where}: {prefix}.weight has shape {w.shape} (bias {b.shape}), which does "
                                  f"not chain (input channels {c_in}, kernel {k or 'odd'})")
-            return _Conv(w.astype(np.float64), b.astype(np.float64))
+            return _Conv.of(w, b)
 
         idx = sorted({int(m.group(1)) for k in state if (m := re.match(r"encoder\.(\d+)\.", k))})
         if idx != list(range(len(idx))) or not idx:
@@ -92,17 +109,17 @@ class DVAEEncoder:
                 downsample.append(c)
             else:  # ResBlock: conv k, ReLU, conv k, ReLU, conv 1x1, + input
                 c0 = conv(f"encoder.{i}.net.0", channels)
-                c1 = conv(f"encoder.{i}.net.2", c0.weight.shape[0])
-                c2 = conv(f"encoder.{i}.net.4", c1.weight.shape[0], 1)
-                if c2.weight.shape[0] != c0.weight.shape[1]:
+                c1 = conv(f"encoder.{i}.net.2", c0.c_out)
+                c2 = conv(f"encoder.{i}.net.4", c1.c_out, 1)
+                if c2.c_out != c0.c_in:
                     raise ValueError(f"{where}: residual block encoder.{i} does not return its input's width")
                 resblocks.append((c0, c1, c2))
                 c = c2
-            channels = c.weight.shape[0]
+            channels = c.c_out
         project = conv(f"encoder.{idx[-1]}", channels, 1)
         embed = state.get("codebook.embed")
-        if embed is None or embed.ndim != 2 or embed.shape[0] != project.weight.shape[0]:
-            raise ValueError(f"{where}: codebook.embed missing or not (codebook_dim={project.weight.shape[0]}, "
+        if embed is None or embed.ndim != 2 or embed.shape[0] != project.c_out:
+            raise ValueError(f"{where}: codebook.embed missing or not (codebook_dim={project.c_out}, "
                              f"num_tokens); got {None if embed is None else embed.shape}")
         if not downsample:
             raise ValueError(f"{where}: the encoder has no strided convolution")
@@ -110,7 +127,7 @@ class DVAEEncoder:
 
     @property
     def mel_channels(self) -> int:
-        return int(self.downsample[0].weight.shape[1])
+        return self.downsample[0].c_in
 
     def encode(self, mel: np.ndarray) -> np.ndarray:
         """(ceil(frames / 4), codebook_dim) float64: the encoder's output for a (80, frames) mel."""
@@ -119,12 +136,12 @@ class DVAEEncoder:
             raise ValueError(f"mel: expected shape ({self.mel_channels}, frames >= 1), got {mel.shape}")
         h = mel  # (80, F)
         for c in self.downsample:  # (C, F) -> (C', ceil(F / 2)), ReLU
-            h = np.maximum(_conv1d(h, c.weight, c.bias, _STRIDE), 0.0)
+            h = np.maximum(_conv1d(h, c, _STRIDE), 0.0)
         for c0, c1, c2 in self.resblocks:  # (C, F/4) -> same
-            r = np.maximum(_conv1d(h, c0.weight, c0.bias), 0.0)
-            r = np.maximum(_conv1d(r, c1.weight, c1.bias), 0.0)
-            h = _conv1d(r, c2.weight, c2.bias) + h
-        return _conv1d(h, self.project.weight, self.project.bias).T  # (F/4, codebook_dim)
+            r = np.maximum(_conv1d(h, c0), 0.0)
+            r = np.maximum(_conv1d(r, c1), 0.0)
+            h = _conv1d(r, c2) + h
+        return _conv1d(h, self.project).T  # (F/4, codebook_dim)
 
     def codes(self, mel: np.ndarray) -> np.ndarray:
         """The (ceil(frames / 4),) int64 codebook indices of a (80, frames) mel: the entry
