@@ -126,6 +126,20 @@ def write_shards(samples: Iterable, folder: str | os.PathLike, samples_per_shard
     return paths
 
 
+def json_lines(path: Path, error: type[ValueError] = DataError) -> Iterator[tuple[str, Any]]:
+    """``(where, record)`` for each non-blank line of a JSON-lines file, ``where`` being
+    ``path:line``; a line that is not JSON raises ``error`` naming it."""
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                yield where, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise error(f"{where}: not valid JSON: {exc}") from exc
+
+
 class TTSDataset(Sequence):
     """Pre-tokenised samples in memory. ``TTSDataset.from_shards(folder)``,
     ``TTSDataset.from_manifest(path)`` or ``TTSDataset.load(path)`` (either); with a
@@ -185,22 +199,14 @@ class TTSDataset(Sequence):
                     raise DataError(f"{where}: cannot read {key} file {str(p)!r}: {exc}") from exc
             return v
 
-        with open(path, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{lineno}"
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{where}: not valid JSON: {exc}") from exc
-                if not isinstance(rec, dict) or "text" not in rec or "audio" not in rec:
-                    raise DataError(f"{where}: expected an object with 'text' and 'audio' (and optional 'cond')")
-                cond = rec.get("cond")
-                samples.append(Sample(_ids(value(rec["text"], where, "text"), where, "text"),
-                                      _ids(value(rec["audio"], where, "audio"), where, "audio"),
-                                      None if cond is None else _cond(value(cond, where, "cond"), where),
-                                      where))
+        for where, rec in json_lines(path):
+            if not isinstance(rec, dict) or "text" not in rec or "audio" not in rec:
+                raise DataError(f"{where}: expected an object with 'text' and 'audio' (and optional 'cond')")
+            cond = rec.get("cond")
+            samples.append(Sample(_ids(value(rec["text"], where, "text"), where, "text"),
+                                  _ids(value(rec["audio"], where, "audio"), where, "audio"),
+                                  None if cond is None else _cond(value(cond, where, "cond"), where),
+                                  where))
         if not samples:
             raise DataError(f"{path}: the manifest holds no samples")
         return cls(samples, config)

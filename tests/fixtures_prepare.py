@@ -167,19 +167,19 @@ def dvae_state(rng: np.random.Generator, channels: int = 80, hidden: int = 512, 
     def conv(name: str, c_out: int, c_in: int, k: int) -> None:
         s[f"{name}.weight"], s[f"{name}.bias"] = _conv_init(rng, c_out, c_in, k)
 
+    def resblock(name: str, width: int) -> None:
+        for j, k in ((0, 3), (2, 3), (4, 1)):
+            conv(f"{name}.net.{j}", width, width, k)
+
     inner = hidden * 2
     conv("encoder.0.0", hidden, channels, 3)
     conv("encoder.1.0", inner, hidden, 3)
     for b in range(resblocks):
-        conv(f"encoder.{2 + b}.net.0", inner, inner, 3)
-        conv(f"encoder.{2 + b}.net.2", inner, inner, 3)
-        conv(f"encoder.{2 + b}.net.4", inner, inner, 1)
+        resblock(f"encoder.{2 + b}", inner)
     conv(f"encoder.{2 + resblocks}", codebook_dim, inner, 1)
     conv("decoder.0", inner, codebook_dim, 1)
     for b in range(resblocks):
-        conv(f"decoder.{1 + b}.net.0", inner, inner, 3)
-        conv(f"decoder.{1 + b}.net.2", inner, inner, 3)
-        conv(f"decoder.{1 + b}.net.4", inner, inner, 1)
+        resblock(f"decoder.{1 + b}", inner)
     conv(f"decoder.{1 + resblocks}.0.conv", inner, inner, 3)
     conv(f"decoder.{2 + resblocks}.0.conv", hidden, inner, 3)
     conv(f"decoder.{3 + resblocks}", channels, hidden, 1)
@@ -191,6 +191,26 @@ def dvae_state(rng: np.random.Generator, channels: int = 80, hidden: int = 512, 
     s["discrete_loss.accumulator_filled"] = np.zeros(1, np.int64)
     s["discrete_loss.accumulator"] = np.zeros((100, num_tokens), np.float32)
     return s
+
+
+def torch_dvae_encode(state: dict, mel):
+    """The encoder of Coqui's DiscreteVAE as gpt_trainer builds it, written out with torch's
+    convolutions in the dtype of ``mel`` (a (1, 80, frames) tensor): (frames / 4, codebook_dim)."""
+    import torch
+    import torch.nn.functional as F
+
+    def conv(h, name, stride=1):
+        w = torch.as_tensor(np.asarray(state[f"{name}.weight"]), dtype=mel.dtype)
+        b = torch.as_tensor(np.asarray(state[f"{name}.bias"]), dtype=mel.dtype)
+        return F.conv1d(h, w, b, stride=stride, padding=(w.shape[2] - 1) // 2)
+
+    h = F.relu(conv(mel, "encoder.0.0", 2))
+    h = F.relu(conv(h, "encoder.1.0", 2))
+    for i in (2, 3, 4):
+        r = F.relu(conv(h, f"encoder.{i}.net.0"))
+        r = F.relu(conv(r, f"encoder.{i}.net.2"))
+        h = conv(r, f"encoder.{i}.net.4") + h
+    return conv(h, "encoder.5")[0].T
 
 
 def torch_save(obj, path: Path) -> None:

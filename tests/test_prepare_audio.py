@@ -16,7 +16,7 @@ import pytest
 
 from conftest import SEED
 from fixtures_prepare import (ESPEAK, NO_COQUI, TINY_DVAE, coqui_python, dvae_state, espeak, run_coqui,
-                              torch_save)
+                              torch_dvae_encode, torch_save)
 
 sf = pytest.importorskip("soundfile", reason="the prepare extra (soundfile) is not installed")
 soxr = pytest.importorskip("soxr", reason="the prepare extra (soxr) is not installed")
@@ -275,25 +275,6 @@ def test_conditioning_mel_equals_coqui(coqui_ref):
 
 # ---- the DVAE encoder ---------------------------------------------------------------------
 
-def _torch_encode(state: dict, mel: np.ndarray) -> np.ndarray:
-    """The encoder of Coqui's DiscreteVAE, written out with torch's float64 convolutions."""
-    F = torch.nn.functional
-
-    def conv(x, name, stride=1):
-        w = torch.from_numpy(state[f"{name}.weight"].astype(np.float64))
-        b = torch.from_numpy(state[f"{name}.bias"].astype(np.float64))
-        return F.conv1d(x, w, b, stride=stride, padding=(w.shape[2] - 1) // 2)
-
-    h = torch.from_numpy(mel)[None]
-    h = F.relu(conv(h, "encoder.0.0", 2))
-    h = F.relu(conv(h, "encoder.1.0", 2))
-    for i in (2, 3, 4):
-        r = F.relu(conv(h, f"encoder.{i}.net.0"))
-        r = F.relu(conv(r, f"encoder.{i}.net.2"))
-        h = conv(r, f"encoder.{i}.net.4") + h
-    return conv(h, "encoder.5")[0].T.numpy()
-
-
 @pytest.mark.parametrize("size", ["tiny", "full"])
 def test_dvae_encoder_equals_torch_float64(tmp_path, rng, seed, size):
     dims = TINY_DVAE if size == "tiny" else {"hidden": 512, "codebook_dim": 512, "num_tokens": 1024}
@@ -304,7 +285,7 @@ def test_dvae_encoder_equals_torch_float64(tmp_path, rng, seed, size):
     for frames in (1, 2, 5, 8, 333 if size == "full" else 1001):
         mel = rng.standard_normal((80, frames))
         z = enc.encode(mel)
-        ref = _torch_encode(state, mel)
+        ref = torch_dvae_encode(state, torch.from_numpy(mel)[None]).numpy()  # float64
         assert z.shape == ref.shape == (enc.n_codes(frames), dims["codebook_dim"])
         np.testing.assert_allclose(z, ref, rtol=1e-12, atol=1e-12 * np.abs(ref).max(), err_msg=f"seed {seed}")
         codes = enc.codes(mel)

@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from pyxtts.data import json_lines
 from pyxtts.prepare.text import normalize_language
 
 __all__ = ["Item", "MetadataError", "read_metadata", "detect_format"]
@@ -85,29 +86,20 @@ def _coqui(path: Path, audio_dir: Path, language: str) -> list[Item]:
 
 def _jsonl(path: Path, audio_dir: Path, language: str) -> list[Item]:
     items = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise MetadataError(f"{where}: not valid JSON: {exc}") from exc
-            if not isinstance(rec, dict) or not isinstance(rec.get("audio"), str) \
-                    or not isinstance(rec.get("text"), str):
-                raise MetadataError(f"{where}: expected an object with string 'audio' and 'text' (and optional "
-                                    f"'language', 'reference'), got {line.strip()[:80]!r}")
-            lang = rec.get("language", language)
-            ref = rec.get("reference")
-            if ref is not None and not isinstance(ref, str):
-                raise MetadataError(f"{where}: 'reference' must be a path (a string), got {ref!r}")
-            try:
-                lang = normalize_language(lang)
-            except (TypeError, ValueError) as exc:
-                raise MetadataError(f"{where}: {exc}") from exc
-            items.append(Item(rec["audio"], _resolve(audio_dir, rec["audio"]), rec["text"], lang,
-                              None if ref is None else _resolve(audio_dir, ref), where))
+    for where, rec in json_lines(path, MetadataError):
+        if not isinstance(rec, dict) or not isinstance(rec.get("audio"), str) \
+                or not isinstance(rec.get("text"), str):
+            raise MetadataError(f"{where}: expected an object with string 'audio' and 'text' (and optional "
+                                f"'language', 'reference'), got {json.dumps(rec)[:80]}")
+        ref = rec.get("reference")
+        if ref is not None and not isinstance(ref, str):
+            raise MetadataError(f"{where}: 'reference' must be a path (a string), got {ref!r}")
+        try:
+            lang = normalize_language(rec.get("language", language))
+        except (TypeError, ValueError) as exc:
+            raise MetadataError(f"{where}: {exc}") from exc
+        items.append(Item(rec["audio"], _resolve(audio_dir, rec["audio"]), rec["text"], lang,
+                          None if ref is None else _resolve(audio_dir, ref), where))
     return items
 
 

@@ -39,24 +39,13 @@ def torch_codes(state: dict, stats: np.ndarray, wav: np.ndarray):
     """Coqui's computation in torch float32: TorchMelSpectrogram then DiscreteVAE's encoder
     and nearest-codebook-entry quantisation."""
     import torch
-    import torch.nn.functional as F
 
     x = torch.from_numpy(wav)
     spec = torch.stft(x, 1024, 256, 1024, torch.from_numpy(_window(DVAE_MEL).astype(np.float32)), center=True,
                       pad_mode="reflect", return_complex=True).abs().pow(2)
     mel = torch.from_numpy(_filterbank(DVAE_MEL, 22050).astype(np.float32)).T @ spec
     h = (torch.log(torch.clamp(mel, min=1e-5)) / torch.from_numpy(stats)[:, None])[None]
-
-    def conv(h, name, stride=1):
-        return F.conv1d(h, state[f"{name}.weight"], state[f"{name}.bias"], stride=stride,
-                        padding=(state[f"{name}.weight"].shape[2] - 1) // 2)
-    h = F.relu(conv(h, "encoder.0.0", 2))
-    h = F.relu(conv(h, "encoder.1.0", 2))
-    for i in (2, 3, 4):
-        r = F.relu(conv(h, f"encoder.{i}.net.0"))
-        r = F.relu(conv(r, f"encoder.{i}.net.2"))
-        h = conv(r, f"encoder.{i}.net.4") + h
-    z = conv(h, "encoder.5")[0].T
+    z = fp.torch_dvae_encode(state, h)
     e = state["codebook.embed"]
     dist = z.pow(2).sum(1, keepdim=True) - 2 * z @ e + e.pow(2).sum(0, keepdim=True)
     return dist.argmin(1).numpy()
@@ -99,7 +88,7 @@ def main() -> None:
         import torch
         enc = DVAEEncoder.load(work / "xtts" / "dvae.pth")
         stats = read_pth(work / "xtts" / "mel_stats.pth")
-        state = {k: torch.from_numpy(v) for k, v in read_pth(work / "xtts" / "dvae.pth").items()
+        state = {k: torch.from_numpy(v.copy()) for k, v in read_pth(work / "xtts" / "dvae.pth").items()
                  if k.startswith(("encoder", "codebook.embed"))}
         clips = [load_audio(w) for w in wavs]
         t0 = time.perf_counter()
