@@ -404,7 +404,8 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
         shards += [_Shard(split, j, split_items[j * samples_per_shard:(j + 1) * samples_per_shard], sub)
                    for j in range(n)]
         for stale in list(sub.glob("shard-*.npz")) + list(sub.glob("shard-*.json")):
-            if int(stale.stem.split("-")[1]) >= n:  # from an earlier, longer transcript
+            index = stale.stem.removeprefix("shard-")
+            if index.isdigit() and int(index) >= n:  # from an earlier, longer transcript
                 stale.unlink()
 
     rows: dict[tuple[str, int], list[dict]] = {}
