@@ -110,6 +110,15 @@ SENTENCES = {
 }
 
 
+# languages whose cleaning needs more packages (zh: coqui-tts and pypinyin; ja: cutlet, fugashi, unidic-lite)
+SENTENCES_CJK = {
+    "ja": ["こんにちは、世界。", "今日は2024年5月3日です。", "東京タワーは333メートルです！", "この本は1500円でした。",
+           "カタカナとひらがなと漢字。", "50%の確率で雨が降ります。", "ＡＢＣとabc、123。", "猫が3匹、犬が2匹います。"],
+    "zh": ["在12.5秒内", "有50名士兵", "我的电量为 14%", "今天是2024年5月3日。", "你好，世界！", "价格是3.5元，打8折。",
+           "第2名和第10名。", "他跑了100米，用了12.34秒。"],
+}
+
+
 def espeak(text: str, path: Path, voice: str = "en-us", speed: int = 160, pitch: int = 50) -> None:
     """Writes espeak-ng's speech of text to path (a 22,050 Hz 16-bit mono WAV)."""
     if ESPEAK is None:

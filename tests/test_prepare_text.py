@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from conftest import SEED
-from fixtures_prepare import NO_COQUI, SENTENCES, coqui_python, run_coqui, training_texts, write_vocab
+from fixtures_prepare import (NO_COQUI, SENTENCES, SENTENCES_CJK, coqui_python, run_coqui, training_texts,
+                              write_vocab)
 
 pytest.importorskip("tokenizers", reason="the prepare extra (tokenizers) is not installed")
 pytest.importorskip("num2words", reason="the prepare extra (num2words) is not installed")
@@ -97,6 +98,25 @@ def test_ids_equal_coqui(vocab, coqui_ids):
             mismatches.append((lang, text, got, want))
     assert not mismatches, f"{len(mismatches)} of {len(pairs)} differ (seed {SEED}); first: {mismatches[:3]}"
     assert len(pairs) >= 40 * len(PLAIN) and errors < len(pairs) // 4
+
+
+@pytest.mark.parametrize("lang", ["ja", "zh"])
+def test_ids_equal_coqui_cjk(vocab, tmp_path, lang):
+    """Where both sides have the language's packages (not in the test extra)."""
+    try:
+        clean_text(SENTENCES_CJK[lang][0], lang)
+    except ImportError as exc:
+        pytest.skip(f"pyxtts cannot clean {lang} here: {exc}")
+    if coqui_python() is None:
+        pytest.skip(NO_COQUI)
+    pairs = [[t, lang] for t in SENTENCES_CJK[lang]]
+    (tmp_path / "in.json").write_text(json.dumps(pairs, ensure_ascii=False), encoding="utf-8")
+    run_coqui("tokens", str(vocab), str(tmp_path / "in.json"), str(tmp_path / "out.json"))
+    ref = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
+    if any(isinstance(r, dict) and "Error" in r["error"].split(":")[0] for r in ref):
+        pytest.skip(f"Coqui cannot clean {lang} here: {ref[0]}")
+    tok = XTTSTokenizer(vocab)
+    assert [tok.encode(t, lang) for t, _ in pairs] == ref
 
 
 def test_cleaning_by_hand():
