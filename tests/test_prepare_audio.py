@@ -194,7 +194,8 @@ def coqui_ref(tmp_path_factory, speech):
             for name, st in MEL_SETTINGS.items() for dtype in ("float64", "float32")]
     jobs.append(["mel", str(d / "stats.pth"), "2048", "256", "1024", "float32", str(d / "slices.npz"),
                  str(d / "cond.npz")])
-    jobs += [["slice", str(long_clip), str(d / "slice-long.npz")], ["slice", str(speech[3]), str(d / "slice-short.npz")]]
+    jobs += [["slice", str(long_clip), str(d / "slice-long.npz")],
+             ["slice", str(speech[3]), str(d / "slice-short.npz")]]
     (d / "jobs.json").write_text(json.dumps(jobs))
     run_coqui("batch", str(d / "jobs.json"))
     return {"dir": d, "stats": stats, "signals": sig, "slices": slices, "long": long_clip}

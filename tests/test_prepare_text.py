@@ -152,7 +152,7 @@ def test_bad_languages_and_files(vocab, tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("cutlet") is not None, reason="cutlet is installed here")
 def test_japanese_names_its_package():
-    with pytest.raises(ImportError, match=r"Japanese \(ja\) text needs the Python package 'cutlet'.*pip install cutlet"):
+    with pytest.raises(ImportError, match=r"Japanese \(ja\) text needs the Python package 'cutlet'.*pip install cut"):
         clean_text("こんにちは", "ja")
 
 

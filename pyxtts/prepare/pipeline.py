@@ -161,7 +161,8 @@ def _process(item: Item) -> _Record:
     if wav is not None:
         rec.seconds = wav.shape[0] / SAMPLE_RATE
     if bad:
-        rec.status, rec.detail = "unknown_token", f"{' and '.join(sorted(bad))} in {tok.clean(item.text, item.language)!r}"
+        cleaned = tok.clean(item.text, item.language)
+        rec.status, rec.detail = "unknown_token", f"{' and '.join(sorted(bad))} in {cleaned!r}"
         return rec
     if len(ids) > limits.max_text_tokens:
         rec.status, rec.detail = "text_too_long", f"{len(ids)} ids > {limits.max_text_tokens}"
