@@ -122,7 +122,8 @@ def _prepare(args: argparse.Namespace) -> int:
         result = prepare(args.xtts_dir, args.metadata, args.out, language=args.language, audio_dir=args.audio_dir,
                          eval_fraction=args.eval_fraction, workers=args.workers,
                          samples_per_shard=args.samples_per_shard, seed=args.seed, overwrite=args.overwrite,
-                         progress=not args.no_progress)
+                         max_wav_samples=args.max_wav_samples, min_seconds=args.min_seconds,
+                         max_text_tokens=args.max_text_tokens, progress=not args.no_progress)
     except KeyboardInterrupt:
         print("pyxtts prepare: interrupted; finished shards are kept, the same command resumes", file=sys.stderr)
         return 130
@@ -177,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     pr.add_argument("--samples-per-shard", type=int, default=256, help="samples per .npz shard (default 256)")
     pr.add_argument("--seed", type=int, default=0, help="seed of the evaluation split (default 0)")
+    pr.add_argument("--max-wav-samples", type=int, default=255995,
+                    help="longest clip kept, in samples at 22,050 Hz (default 255995, Coqui's max_wav_length)")
+    pr.add_argument("--min-seconds", type=float, default=0.5, help="shortest clip kept (default 0.5)")
+    pr.add_argument("--max-text-tokens", type=int, default=None,
+                    help="most text ids per sample (default: the model's gpt_max_text_tokens; Coqui's recipe: 200)")
     pr.add_argument("--overwrite", action="store_true", help="replace an output folder prepared from other inputs")
     pr.add_argument("--no-progress", action="store_true", help="no progress bar")
     pr.set_defaults(func=_prepare)

@@ -253,10 +253,22 @@ def test_cli(small, tmp_path, capsys):
     bad = [(["--workers", "0"], "workers: expected an int >= 1, got 0"),
            (["--eval-fraction", "1"], "eval_fraction: expected a number in [0, 1)"),
            (["--language", "xx"], "language: expected one of"),
+           (["--max-text-tokens", "0"], "max_text_tokens: expected an int >= 1 or None, got 0"),
+           (["--min-seconds", "-1"], "min_seconds: expected a number > 0, got -1.0"),
            (["--eval-fraction", "0.5"], "--overwrite")]
     for extra, msg in bad:
         assert pyxtts.cli.main(argv + extra) == 2
         assert msg in capsys.readouterr().err
+    limited = ["prepare", "--xtts-dir", str(small["xtts"]), "--metadata", str(small["meta"]), "--out",
+               str(tmp_path / "lim"), "--max-wav-samples", "80000", "--max-text-tokens", "30", "--no-progress"]
+    assert pyxtts.cli.main(limited) == 0
+    capsys.readouterr()
+    report = [x.split("\t") for x in (tmp_path / "lim" / "report.tsv").read_text().splitlines()[1:]]
+    for x in report:
+        n = load_audio(small["root"] / "corpus" / "wavs" / f"{x[2]}.wav").shape[0]
+        want = "text_too_long" if int(x[5]) > 30 else "too_long" if n > 80000 else "kept"
+        assert x[3] == want, x
+    assert {x[3] for x in report} == {"kept", "too_long", "text_too_long"}
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "vocab.json").write_text("{}")
