@@ -7,7 +7,8 @@ a vocab.json, a randomly initialised dvae.pth of XTTS v2's shapes, mel_stats.pth
 
 1. runs ``pyxtts prepare`` as a user does (a fresh process per run, start-up and loading
    the DVAE included) with each worker count, into an empty folder, and reports seconds of
-   audio per second of wall time (the best of --repeats runs);
+   audio per second of wall time (the best of --repeats runs), with the CPU seconds the run
+   and its workers used and the machine's load average (the machine may be shared);
 2. times the audio codes alone (mel + DVAE encoder, one clip at a time) in pyxtts's float64
    NumPy and in PyTorch float32 written the way Coqui computes them (torch.stft, the same
    filterbank, F.conv1d), both on all cores, and checks that both give the same codes.
@@ -19,6 +20,7 @@ import json
 import math
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -71,19 +73,26 @@ def main() -> None:
                      "machine": platform.processor() or platform.machine(), "prepare": {}}
         base = [sys.executable, "-m", "pyxtts"]  # run in the work folder: the installed pyxtts
         for w in [int(x) for x in args.workers.split(",")]:
-            best = math.inf
+            best, cpu = math.inf, math.inf
             for _ in range(args.repeats):
                 out = work / f"out-{w}"
                 shutil.rmtree(out, ignore_errors=True)
                 cmd = base + ["prepare", "--xtts-dir", str(work / "xtts"), "--metadata", str(meta), "--out", str(out),
                               "--workers", str(w), "--no-progress"]
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 t0 = time.perf_counter()
                 r = subprocess.run(cmd, capture_output=True, text=True, cwd=work)
+                wall = time.perf_counter() - t0
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
                 if r.returncode != 0:
                     raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stderr}")
-                best = min(best, time.perf_counter() - t0)
-            res["prepare"][w] = {"wall_s": best, "audio_s_per_s": audio_s / best}
-            print(f"pyxtts prepare --workers {w}: {best:.1f} s wall, {audio_s / best:.2f} s of audio per second")
+                if wall < best:
+                    best = wall
+                    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            load = os.getloadavg()[0]
+            res["prepare"][w] = {"wall_s": best, "audio_s_per_s": audio_s / best, "cpu_s": cpu, "load_1min": load}
+            print(f"pyxtts prepare --workers {w}: {best:.1f} s wall, {audio_s / best:.2f} s of audio per second "
+                  f"({cpu:.1f} CPU s; load average {load:.1f})")
 
         import torch
         enc = DVAEEncoder.load(work / "xtts" / "dvae.pth")
