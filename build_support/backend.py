@@ -1,5 +1,6 @@
 """PEP 517 backend: setuptools, plus the cuBLAS wheel as a build requirement
-when the CUDA backend will be built and the toolkit itself has no cuBLAS."""
+when the CUDA backend will be built and no cuBLAS is installed: neither in the
+toolkit nor as the nvidia-cublas wheel of the environment being installed into."""
 from __future__ import annotations
 
 import os
@@ -15,7 +16,7 @@ import cudafind  # noqa: E402
 
 def _extra() -> list[str]:
     cuda = cudafind.find()
-    if cuda is None or not cuda.cublas_from_wheel:
+    if cuda is None or cuda.cublas_include is not None:
         return []
     return [cudafind.cublas_wheel_requirement(cuda.version[0])]
 

@@ -1,163 +1,11 @@
-/* attention.cu: exact attention, tiled with an online softmax (FlashAttention-2
- * style), forward and backward (csrc/cpu/attention.c is the reference).
- *
- * First version: fp32 arithmetic on the CUDA cores (no tensor-core mma yet),
- * tiles in shared memory, head dim D <= 128 (kernels are instantiated for
- * D <= 64 and D <= 128). No Tq x Tk buffer exists: a block holds one tile of
- * scores at a time.
- *
- * forward   a block per (b, h, 32 query rows); 4 threads per row, each holding a
- *           quarter of the row's output accumulator (columns d = g, g+4, ...)
- *           and 8 of the 32 scores of a key tile. Per key tile: S = Qs K^T
- *           (Qs = q * scale), running max m and sum l over the 4 lanes of the
- *           row, O = O * alpha + P V. out = O / l, lse = m + log l; a row that
- *           sees no valid key gets zeros and lse = -inf.
- * backward  Di = rowsum(dO * O) into the workspace (B, H, Tq) first; then two
- *           kernels that recompute P = exp(S - lse) and dS = P (dP - Di),
- *           dP = dO V^T, without atomics: one block per (b, h, 32 keys) walks
- *           the query tiles in order for dK = sum dS^T Qs, dV = sum P^T dO; one
- *           block per (b, h, 32 queries) walks the key tiles in order for
- *           dQ = scale * sum dS K. Every sum has a fixed order: the same bits
- *           on every run.
- *
- * bfloat16 / float16 with D = 64 or 128 on sm_80+ go to the tensor-core
- * kernels of attention_tc.cu instead (the entries below ask it; the switch
- * PYXTTS_CUDA_ATTENTION=simple|tc|auto is described there).
- *
- * Masked keys (key_mask, k_lengths) and rows past q_lengths are never read:
- * their tile rows are zeros and their probabilities are forced to 0, so
- * padding that holds garbage (even NaN) cannot leak into valid outputs. */
-#include <math.h>
-
-#include "attention_common.cuh"
-#include "elem.cuh"
-
-#define ATTN_THREADS 128
-#define FWD_BR 32  /* query rows of a forward block */
-#define FWD_BC 32  /* keys of a forward tile */
-#define KV_BC 32   /* keys of a dK/dV block */
-#define KV_BR 8    /* query rows of a dK/dV tile */
-#define DQ_BR 32   /* query rows of a dQ block */
-#define DQ_BC 8    /* keys of a dQ tile */
-
-/* ---- helpers: lengths, mask and rows in attention_common.cuh ------------------------ */
-
-/* dst (R, SD) smem tile = mul * rows t0.. of (b, h); rows where ok is false
- * (and columns >= D) are zeros and their memory is never read */
-template <typename T, typename OK>
-__device__ static inline void load_tile(float *dst, int SD, int R, const T *base,
-                                        const pxt_strides &s, int b, int h, int t0, int D,
-                                        float mul, OK ok) {
-    for (int e = threadIdx.x; e < R * D; e += ATTN_THREADS) {
-        int r = e / D, d = e % D;
-        dst[r * SD + d] = ok(r) ? ldf(row_ptr(base, s, b, h, t0 + r)[d]) * mul : 0.0f;
-    }
-}
-
-/* dot of two smem rows of length D, d ascending (the same order everywhere) */
-__device__ static inline float dot_row(const float *x, const float *y, int D) {
-    float acc = 0.0f;
-    for (int d = 0; d < D; d++)
-        acc = fmaf(x[d], y[d], acc);
-    return acc;
-}
-
-/* ---- forward ------------------------------------------------------------------------ */
-
-/* out (o layout), lse (B, H, Tq); q, k, v by their layouts */
-template <typename T, int DMAX>
-__global__ static void __launch_bounds__(ATTN_THREADS)
-    attn_fwd_kernel(pxt_attn_args a, T *out, float *lse, const T *q, const T *k, const T *v,
-                    int nqb) {
-    constexpr int SDMAX = DMAX + 1, DPT = DMAX / 4, SPT = FWD_BC / 4, PS = FWD_BC + 1;
-    __shared__ float Qs[FWD_BR * SDMAX]; /* (BR, SD) q * scale */
-    __shared__ float KV[FWD_BC * SDMAX]; /* (BC, SD) the key tile, then the value tile */
-    __shared__ float P[FWD_BR * PS];     /* (BR, BC + 1) probabilities */
-    __shared__ unsigned char kval[FWD_BC];
-    const int bh = blockIdx.x / nqb, blk = blockIdx.x % nqb;
-    const int b = bh / a.H, h = bh % a.H;
-    const int i0 = (a.causal ? nqb - 1 - blk : blk) * FWD_BR; /* the longest rows first */
-    const int D = a.D, SD = D | 1; /* odd row stride: rows fall in different banks */
-    const int tid = threadIdx.x, r = tid / 4, g = tid % 4;
-    const int ql = q_len(a, b), kl = k_len(a, b);
-    const int nq = iclamp(ql - i0, 0, FWD_BR);
-
-    load_tile(Qs, SD, FWD_BR, q, a.q, b, h, i0, D, a.scale, [&](int rr) { return rr < nq; });
-    float o[DPT]; /* (D / 4) columns d = g + 4 i of row r */
-#pragma unroll
-    for (int i = 0; i < DPT; i++)
-        o[i] = 0.0f;
-    float m = -INFINITY, l = 0.0f;
-    int kend = kl;
-    if (a.causal)
-        kend = min(kend, i0 + nq); /* keys after the block's last row are never seen */
-    if (nq == 0)
-        kend = 0;
-    for (int j0 = 0; j0 < kend; j0 += FWD_BC) {
-        __syncthreads(); /* Qs is loaded; the last tile's V reads are done */
-        if (tid < FWD_BC)
-            kval[tid] = key_ok(a, b, j0 + tid, kl);
-        load_tile(KV, SD, FWD_BC, k, a.k, b, h, j0, D, 1.0f,
-                  [&](int c) { return key_ok(a, b, j0 + c, kl); });
-        __syncthreads();
-        float s[SPT]; /* scores of keys c = g + 4 jj */
-        float mx = -INFINITY;
-#pragma unroll
-        for (int jj = 0; jj < SPT; jj++) {
-            int c = g + 4 * jj;
-            float acc = dot_row(Qs + r * SD, KV + c * SD, D);
-            bool seen = kval[c] && (!a.causal || j0 + c <= i0 + r);
-            s[jj] = seen ? acc : -INFINITY;
-            mx = fmaxf(mx, s[jj]);
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1)); /* the row's 4 lanes */
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        float m_new = fmaxf(m, mx);
-        /* a row with no valid key so far subtracts 0: exp(-inf - 0) = 0 */
-        float m_use = m_new == -INFINITY ? 0.0f : m_new;
-        float alpha = expf(m - m_use), sum = 0.0f;
-#pragma unroll
-        for (int jj = 0; jj < SPT; jj++) {
-            s[jj] = expf(s[jj] - m_use);
-            sum += s[jj];
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        l = l * alpha + sum;
-        m = m_new;
-        __syncthreads(); /* every thread is done with the key tile */
-#pragma unroll
-        for (int jj = 0; jj < SPT; jj++)
-            P[r * PS + g + 4 * jj] = s[jj];
-        load_tile(KV, SD, FWD_BC, v, a.v, b, h, j0, D, 1.0f,
-                  [&](int c) { return key_ok(a, b, j0 + c, kl); });
-        __syncthreads();
-#pragma unroll
-        for (int i = 0; i < DPT; i++) { /* O = O * alpha + P V */
-            int d = g + 4 * i;
-            if (d < D) {
-                float acc = o[i] * alpha;
-                for (int c = 0; c < FWD_BC; c++)
-                    acc = fmaf(P[r * PS + c], KV[c * SD + d], acc);
-                o[i] = acc;
-            }
-        }
-    }
-    if (i0 + r >= a.Tq)
-        return;
-    T *dst = row_ptr(out, a.o, b, h, i0 + r);
-    float *lrow = lse + ((size_t)bh * a.Tq + i0 + r);
-    bool any = r < nq && l > 0.0f;
-    float inv = any ? 1.0f / l : 0.0f;
-#pragma unroll
-    for (int i = 0; i < DPT; i++) {
-        int d = g + 4 * i;
-        if (d < D)
-            dst[d] = stf<T>(any ? o[i] * inv : 0.0f); /* no valid key: zeros */
-    }
-    if (g == 0)
-        *lrow = any ? m + logf(l) : -INFINITY;
-}
+/* attention.cu: the entry points of exact attention on the GPU (backend.h's
+ * attention_forward / attention_backward / attention_workspace). The general
+ * kernels (fp32 arithmetic on the CUDA cores, any D <= 128) are described in
+ * attention_simple.cuh; bfloat16 / float16 with D = 64 or 128 on sm_80+ go to the
+ * tensor-core kernels of attention_tc.cuh instead (the entries below ask
+ * attention_tc.cu; the switch PYXTTS_CUDA_ATTENTION=simple|tc|auto is described
+ * there). Each kernel instance is compiled in its own file under cuda/attention/. */
+#include "attention.cuh"
 
 /* ---- backward: Di = rowsum(dO * O) ---------------------------------------------------- */
 
@@ -167,208 +15,55 @@ __global__ static void attn_di_kernel(pxt_attn_args a, float *Di, const T *dout,
     const int64_t rows = (int64_t)a.B * a.H * a.Tq;
     const int64_t row = (int64_t)blockIdx.x * (ATTN_THREADS / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    if (row >= rows)
+    if (row >= rows) {
         return;
+    }
     const int bh = (int)(row / a.Tq), i = (int)(row % a.Tq), b = bh / a.H, h = bh % a.H;
     float acc = 0.0f;
     if (i < q_len(a, b)) {
         const T *dO = row_ptr(dout, a.o, b, h, i), *O = row_ptr(out, a.o, b, h, i);
-        for (int d = lane; d < a.D; d += 32)
+        for (int d = lane; d < a.D; d += 32) {
             acc = fmaf(ldf(dO[d]), ldf(O[d]), acc);
+        }
     }
-    for (int s = 16; s > 0; s >>= 1)
+    for (int s = 16; s > 0; s >>= 1) {
         acc += __shfl_xor_sync(0xffffffffu, acc, s);
-    if (lane == 0)
+    }
+    if (lane == 0) {
         Di[row] = acc;
-}
-
-/* ---- backward: dK, dV per key block ------------------------------------------------- */
-
-/* dk, dv (k, v layouts) of keys j0 .. j0+31 of (b, h); thread (c = key, g) */
-template <typename T, int DMAX>
-__global__ static void __launch_bounds__(ATTN_THREADS)
-    attn_bwd_kv_kernel(pxt_attn_args a, T *dk, T *dv, const T *dout, const T *q, const T *k,
-                       const T *v, const float *lse, const float *Di, int nkb) {
-    constexpr int SDMAX = DMAX + 1, DPT = DMAX / 4, RPT = KV_BR / 4, PS = KV_BR + 1;
-    __shared__ float Ks[KV_BC * SDMAX], Vs[KV_BC * SDMAX]; /* (BC, SD) */
-    __shared__ float Qs[KV_BR * SDMAX], dOs[KV_BR * SDMAX]; /* (BR, SD) q * scale, dout */
-    __shared__ float Ps[KV_BC * PS], dSs[KV_BC * PS];       /* (BC, BR + 1) P^T, dS^T */
-    __shared__ float nl[KV_BR], di[KV_BR];                  /* (BR) -lse (or -inf), Di */
-    __shared__ unsigned char kval[KV_BC];
-    const int bh = blockIdx.x / nkb, j0 = (blockIdx.x % nkb) * KV_BC;
-    const int b = bh / a.H, h = bh % a.H;
-    const int D = a.D, SD = D | 1;
-    const int tid = threadIdx.x, c = tid / 4, g = tid % 4;
-    const int ql = q_len(a, b), kl = k_len(a, b);
-
-    if (tid < KV_BC)
-        kval[tid] = key_ok(a, b, j0 + tid, kl);
-    load_tile(Ks, SD, KV_BC, k, a.k, b, h, j0, D, 1.0f,
-              [&](int cc) { return key_ok(a, b, j0 + cc, kl); });
-    load_tile(Vs, SD, KV_BC, v, a.v, b, h, j0, D, 1.0f,
-              [&](int cc) { return key_ok(a, b, j0 + cc, kl); });
-    float dK[DPT], dV[DPT]; /* columns d = g + 4 i of key c */
-#pragma unroll
-    for (int i = 0; i < DPT; i++)
-        dK[i] = dV[i] = 0.0f;
-    /* causal: queries before the block's first key see none of it */
-    const int istart = a.causal ? j0 / KV_BR * KV_BR : 0;
-    const int iend = j0 < kl ? ql : 0; /* a block past k_length has nothing to add */
-    const float *lse_bh = lse + (size_t)bh * a.Tq, *Di_bh = Di + (size_t)bh * a.Tq;
-    for (int i0 = istart; i0 < iend; i0 += KV_BR) {
-        const int nq = min(KV_BR, ql - i0);
-        __syncthreads(); /* the K, V load (first time) and the last tile's reads are done */
-        load_tile(Qs, SD, KV_BR, q, a.q, b, h, i0, D, a.scale, [&](int r) { return r < nq; });
-        load_tile(dOs, SD, KV_BR, dout, a.o, b, h, i0, D, 1.0f, [&](int r) { return r < nq; });
-        if (tid < KV_BR) {
-            float L = tid < nq ? lse_bh[i0 + tid] : -INFINITY;
-            nl[tid] = isfinite(L) ? -L : -INFINITY;
-            di[tid] = tid < nq ? Di_bh[i0 + tid] : 0.0f;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int rr = 0; rr < RPT; rr++) {
-            int r = g + 4 * rr;
-            float s = dot_row(Qs + r * SD, Ks + c * SD, D);
-            float dp = dot_row(dOs + r * SD, Vs + c * SD, D);
-            bool seen = kval[c] && r < nq && (!a.causal || j0 + c <= i0 + r);
-            float p = seen ? expf(s + nl[r]) : 0.0f;
-            Ps[c * PS + r] = p;
-            dSs[c * PS + r] = seen ? p * (dp - di[r]) : 0.0f;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int i = 0; i < DPT; i++) { /* dV += P^T dO, dK += dS^T Qs */
-            int d = g + 4 * i;
-            if (d < D)
-                for (int r = 0; r < KV_BR; r++) {
-                    dV[i] = fmaf(Ps[c * PS + r], dOs[r * SD + d], dV[i]);
-                    dK[i] = fmaf(dSs[c * PS + r], Qs[r * SD + d], dK[i]);
-                }
-        }
-    }
-    __syncthreads(); /* kval is complete even when no query tile ran */
-    if (j0 + c >= a.Tk)
-        return;
-    T *dkr = row_ptr(dk, a.k, b, h, j0 + c), *dvr = row_ptr(dv, a.v, b, h, j0 + c);
-    const bool keep = kval[c]; /* masked keys and keys past k_length: zeros */
-#pragma unroll
-    for (int i = 0; i < DPT; i++) {
-        int d = g + 4 * i;
-        if (d < D) {
-            dkr[d] = stf<T>(keep ? dK[i] : 0.0f);
-            dvr[d] = stf<T>(keep ? dV[i] : 0.0f);
-        }
-    }
-}
-
-/* ---- backward: dQ per query block --------------------------------------------------- */
-
-/* dq (q layout) of rows i0 .. i0+31 of (b, h); thread (r = row, g) */
-template <typename T, int DMAX>
-__global__ static void __launch_bounds__(ATTN_THREADS)
-    attn_bwd_q_kernel(pxt_attn_args a, T *dq, const T *dout, const T *q, const T *k, const T *v,
-                      const float *lse, const float *Di, int nqb) {
-    constexpr int SDMAX = DMAX + 1, DPT = DMAX / 4, CPT = DQ_BC / 4, PS = DQ_BC + 1;
-    __shared__ float Qs[DQ_BR * SDMAX], dOs[DQ_BR * SDMAX]; /* (BR, SD) q * scale, dout */
-    __shared__ float Ks[DQ_BC * SDMAX], Vs[DQ_BC * SDMAX];  /* (BC, SD) */
-    __shared__ float dSs[DQ_BR * PS];                       /* (BR, BC + 1) */
-    __shared__ unsigned char kval[DQ_BC];
-    const int bh = blockIdx.x / nqb, blk = blockIdx.x % nqb;
-    const int b = bh / a.H, h = bh % a.H;
-    const int i0 = (a.causal ? nqb - 1 - blk : blk) * DQ_BR;
-    const int D = a.D, SD = D | 1;
-    const int tid = threadIdx.x, r = tid / 4, g = tid % 4;
-    const int ql = q_len(a, b), kl = k_len(a, b);
-    const int nq = iclamp(ql - i0, 0, DQ_BR);
-
-    load_tile(Qs, SD, DQ_BR, q, a.q, b, h, i0, D, a.scale, [&](int rr) { return rr < nq; });
-    load_tile(dOs, SD, DQ_BR, dout, a.o, b, h, i0, D, 1.0f, [&](int rr) { return rr < nq; });
-    float nl = -INFINITY, di = 0.0f; /* of row r */
-    if (r < nq) {
-        float L = lse[(size_t)bh * a.Tq + i0 + r];
-        nl = isfinite(L) ? -L : -INFINITY;
-        di = Di[(size_t)bh * a.Tq + i0 + r];
-    }
-    float dQ[DPT];
-#pragma unroll
-    for (int i = 0; i < DPT; i++)
-        dQ[i] = 0.0f;
-    int kend = nq ? kl : 0;
-    if (a.causal)
-        kend = min(kend, i0 + nq);
-    for (int j0 = 0; j0 < kend; j0 += DQ_BC) {
-        __syncthreads(); /* Qs, dOs loaded; the last tile's reads are done */
-        if (tid < DQ_BC)
-            kval[tid] = key_ok(a, b, j0 + tid, kl);
-        load_tile(Ks, SD, DQ_BC, k, a.k, b, h, j0, D, 1.0f,
-                  [&](int c) { return key_ok(a, b, j0 + c, kl); });
-        load_tile(Vs, SD, DQ_BC, v, a.v, b, h, j0, D, 1.0f,
-                  [&](int c) { return key_ok(a, b, j0 + c, kl); });
-        __syncthreads();
-#pragma unroll
-        for (int cc = 0; cc < CPT; cc++) {
-            int c = g + 4 * cc;
-            float s = dot_row(Qs + r * SD, Ks + c * SD, D);
-            float dp = dot_row(dOs + r * SD, Vs + c * SD, D);
-            bool seen = kval[c] && r < nq && (!a.causal || j0 + c <= i0 + r);
-            float p = seen ? expf(s + nl) : 0.0f;
-            dSs[r * PS + c] = seen ? p * (dp - di) : 0.0f;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int i = 0; i < DPT; i++) { /* dQ += dS K */
-            int d = g + 4 * i;
-            if (d < D)
-                for (int c = 0; c < DQ_BC; c++)
-                    dQ[i] = fmaf(dSs[r * PS + c], Ks[c * SD + d], dQ[i]);
-        }
-    }
-    if (i0 + r >= a.Tq)
-        return;
-    T *dst = row_ptr(dq, a.q, b, h, i0 + r);
-#pragma unroll
-    for (int i = 0; i < DPT; i++) {
-        int d = g + 4 * i;
-        if (d < D) /* the scale of Qs, applied once; rows past q_length: zeros */
-            dst[d] = stf<T>(r < nq ? dQ[i] * a.scale : 0.0f);
     }
 }
 
 /* ---- the table entries ------------------------------------------------------------------- */
 
 static int check_args(const pxt_attn_args *a) {
-    if (!a)
+    if (!a) {
         return pxt_error(PXT_ERR_VALUE, "attention: no arguments");
-    if (a->B < 0 || a->H < 0 || a->Tq < 0 || a->Tk < 0 || a->D < 1)
+    }
+    if (a->B < 0 || a->H < 0 || a->Tq < 0 || a->Tk < 0 || a->D < 1) {
         return pxt_error(PXT_ERR_VALUE,
                          "attention: expected B, H, Tq, Tk >= 0 and D >= 1, got B=%d H=%d Tq=%d "
-                         "Tk=%d D=%d", a->B, a->H, a->Tq, a->Tk, a->D);
-    if (a->D > 128)
+                         "Tk=%d D=%d",
+                         a->B, a->H, a->Tq, a->Tk, a->D);
+    }
+    if (a->D > 128) {
         return pxt_error(PXT_ERR_NOT_IMPLEMENTED,
                          "attention: head dim D=%d: the CUDA kernels support D <= 128", a->D);
-    if (a->dt != PXT_FLOAT32 && a->dt != PXT_FLOAT16 && a->dt != PXT_BFLOAT16)
+    }
+    if (a->dt != PXT_FLOAT32 && a->dt != PXT_FLOAT16 && a->dt != PXT_BFLOAT16) {
         return pxt_error(PXT_ERR_TYPE,
                          "attention: expected dtype float32, float16 or bfloat16, got %s",
                          pxt_dtype_name(a->dt));
-    return PXT_OK;
-}
-
-/* blocks of a grid of B*H heads x `per` tiles each, within the 1-d grid limit */
-static int grid_of(const pxt_attn_args *a, int per, unsigned int *grid) {
-    int64_t n = (int64_t)a->B * a->H * per;
-    if (n > INT32_MAX)
-        return pxt_error(PXT_ERR_VALUE, "attention: %lld blocks are more than one grid holds",
-                         (long long)n);
-    *grid = (unsigned int)n;
+    }
     return PXT_OK;
 }
 
 /* Di (B, H, Tq) fp32, 256-byte aligned at the start: linear in Tq, none for the forward.
  * The tensor-core path (attention_tc.cu) needs exactly this too. */
 size_t pxt_cuda_attention_workspace(const pxt_attn_args *a, int backward) {
-    if (!a || !backward || a->B < 0 || a->H < 0 || a->Tq < 0)
+    if (!a || !backward || a->B < 0 || a->H < 0 || a->Tq < 0) {
         return 0;
+    }
     return (size_t)a->B * a->H * a->Tq * sizeof(float) + 256;
 }
 
@@ -378,24 +73,27 @@ int pxt_cuda_attention_forward(int index, const pxt_attn_args *a, void *out, flo
     PXT_TRY(check_args(a));
     const int nqb = (a->Tq + FWD_BR - 1) / FWD_BR;
     unsigned int grid = 0;
-    PXT_TRY(grid_of(a, nqb, &grid));
-    if (grid == 0)
+    PXT_TRY(attn_grid(a, nqb, &grid));
+    if (grid == 0) {
         return PXT_OK;
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    }
+    PXT_CUDA_ENTER(index);
     const void *ptrs[] = {out, q, k, v};
     int use_tc = 0; /* attention_tc.cu: 16-bit, D = 64 / 128, sm_80+ (PYXTTS_CUDA_ATTENTION) */
     PXT_TRY(pxt_cuda_attention_tc_select(index, a, ptrs, 4, &use_tc));
-    if (use_tc)
+    if (use_tc) {
         return pxt_cuda_attention_tc_forward(index, a, out, lse, q, k, v);
+    }
     cudaStream_t stream = pxt_cuda_stream(index);
     PXT_TRY(pxt_cuda_dispatch(a->dt, "attention_forward", [&](auto tag) {
         using T = decltype(tag);
-        if (a->D <= 64)
-            attn_fwd_kernel<T, 64><<<grid, ATTN_THREADS, 0, stream>>>(
-                *a, (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, nqb);
-        else
-            attn_fwd_kernel<T, 128><<<grid, ATTN_THREADS, 0, stream>>>(
-                *a, (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, nqb);
+        if (a->D <= 64) {
+            attn_fwd_launch<T, 64>(grid, stream, *a, (T *)out, lse, (const T *)q, (const T *)k,
+                                   (const T *)v, nqb);
+        } else {
+            attn_fwd_launch<T, 128>(grid, stream, *a, (T *)out, lse, (const T *)q, (const T *)k,
+                                    (const T *)v, nqb);
+        }
     }));
     PXT_CUDA_CHECK_LAUNCH("attention_forward");
     return PXT_OK;
@@ -407,56 +105,60 @@ int pxt_cuda_attention_backward(int index, const pxt_attn_args *a, void *dq, voi
     PXT_TRY(check_args(a));
     const int nqb = (a->Tq + DQ_BR - 1) / DQ_BR, nkb = (a->Tk + KV_BC - 1) / KV_BC;
     unsigned int qgrid = 0, kgrid = 0;
-    PXT_TRY(grid_of(a, nqb, &qgrid));
-    PXT_TRY(grid_of(a, nkb, &kgrid));
-    if (qgrid + kgrid == 0)
+    PXT_TRY(attn_grid(a, nqb, &qgrid));
+    PXT_TRY(attn_grid(a, nkb, &kgrid));
+    if (qgrid + kgrid == 0) {
         return PXT_OK;
-    if (!workspace)
+    }
+    if (!workspace) {
         return pxt_error(PXT_ERR_VALUE, "attention_backward: no workspace (attention_workspace "
-                         "bytes), got NULL");
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+                                        "bytes), got NULL");
+    }
+    PXT_CUDA_ENTER(index);
     cudaStream_t stream = pxt_cuda_stream(index);
     float *Di = (float *)(((uintptr_t)workspace + 255) & ~(uintptr_t)255); /* (B, H, Tq) */
     const int64_t rows = (int64_t)a->B * a->H * a->Tq;
     const unsigned int dgrid = (unsigned int)((rows + ATTN_THREADS / 32 - 1) / (ATTN_THREADS / 32));
     PXT_TRY(pxt_cuda_dispatch(a->dt, "attention_backward", [&](auto tag) {
         using T = decltype(tag);
-        if (dgrid)
-            attn_di_kernel<T><<<dgrid, ATTN_THREADS, 0, stream>>>(*a, Di, (const T *)dout,
-                                                                  (const T *)out);
+        if (dgrid) {
+            attn_di_kernel<T>
+                <<<dgrid, ATTN_THREADS, 0, stream>>>(*a, Di, (const T *)dout, (const T *)out);
+        }
     }));
     PXT_CUDA_CHECK_LAUNCH("attention_backward (Di)");
     const void *ptrs[] = {dq, dk, dv, dout, q, k, v};
     int use_tc = 0; /* the tensor-core kernels read the same Di */
     PXT_TRY(pxt_cuda_attention_tc_select(index, a, ptrs, 7, &use_tc));
-    if (use_tc)
+    if (use_tc) {
         return pxt_cuda_attention_tc_backward(index, a, dq, dk, dv, dout, q, k, v, lse, Di);
+    }
     PXT_TRY(pxt_cuda_dispatch(a->dt, "attention_backward", [&](auto tag) {
         using T = decltype(tag);
-        if (!kgrid)
+        if (!kgrid) {
             return;
-        if (a->D <= 64)
-            attn_bwd_kv_kernel<T, 64><<<kgrid, ATTN_THREADS, 0, stream>>>(
-                *a, (T *)dk, (T *)dv, (const T *)dout, (const T *)q, (const T *)k, (const T *)v,
-                lse, Di, nkb);
-        else
-            attn_bwd_kv_kernel<T, 128><<<kgrid, ATTN_THREADS, 0, stream>>>(
-                *a, (T *)dk, (T *)dv, (const T *)dout, (const T *)q, (const T *)k, (const T *)v,
-                lse, Di, nkb);
+        }
+        if (a->D <= 64) {
+            attn_bwd_kv_launch<T, 64>(kgrid, stream, *a, (T *)dk, (T *)dv, (const T *)dout,
+                                      (const T *)q, (const T *)k, (const T *)v, lse, Di, nkb);
+        } else {
+            attn_bwd_kv_launch<T, 128>(kgrid, stream, *a, (T *)dk, (T *)dv, (const T *)dout,
+                                       (const T *)q, (const T *)k, (const T *)v, lse, Di, nkb);
+        }
     }));
     PXT_CUDA_CHECK_LAUNCH("attention_backward (dk, dv)");
     PXT_TRY(pxt_cuda_dispatch(a->dt, "attention_backward", [&](auto tag) {
         using T = decltype(tag);
-        if (!qgrid)
+        if (!qgrid) {
             return;
-        if (a->D <= 64)
-            attn_bwd_q_kernel<T, 64><<<qgrid, ATTN_THREADS, 0, stream>>>(
-                *a, (T *)dq, (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse, Di,
-                nqb);
-        else
-            attn_bwd_q_kernel<T, 128><<<qgrid, ATTN_THREADS, 0, stream>>>(
-                *a, (T *)dq, (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse, Di,
-                nqb);
+        }
+        if (a->D <= 64) {
+            attn_bwd_q_launch<T, 64>(qgrid, stream, *a, (T *)dq, (const T *)dout, (const T *)q,
+                                     (const T *)k, (const T *)v, lse, Di, nqb);
+        } else {
+            attn_bwd_q_launch<T, 128>(qgrid, stream, *a, (T *)dq, (const T *)dout, (const T *)q,
+                                      (const T *)k, (const T *)v, lse, Di, nqb);
+        }
     }));
     PXT_CUDA_CHECK_LAUNCH("attention_backward (dq)");
     return PXT_OK;

@@ -3,7 +3,7 @@
 #ifndef PXT_ATTENTION_COMMON_CUH
 #define PXT_ATTENTION_COMMON_CUH
 
-#include "backend.h"
+#include "engine/backend.h"
 
 __device__ static inline int iclamp(int x, int lo, int hi) { return x < lo ? lo : x > hi ? hi : x; }
 

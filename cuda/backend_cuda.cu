@@ -1,11 +1,95 @@
 /* backend_cuda.cu: the CUDA backend table, entry for entry the CPU's
- * (csrc/cpu/backend_cpu.c). Every call is queued on pxt_cuda_stream(index)
- * and, where backend.h says the work finishes before return, waited for. */
+ * (csrc/cpu/backend_cpu.c), and each device's state: its stream, its cuBLAS
+ * and cuBLASLt handles, its pinned staging for copies from host memory.
+ *
+ * What waits for the device (the sync points): a copy into host memory
+ * (PXT_COPY_D2H, and so Tensor.numpy(), `sum`, `grad_sumsq`), `synchronize`,
+ * cudaFree (inside empty_cache). Everything else is queued on the device's
+ * stream and returns: memsets, device copies, casts, kernels, products, and
+ * copies from host memory, which go through pinned staging (see h2d below). */
+#include <atomic>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cuda_common.h"
+
+/* ---- per-device state ----------------------------------------------------------
+ * Made once, on the first entry that needs the device, under one lock; never
+ * destroyed: at exit the runtime may already be gone, and the driver frees
+ * everything with the process. */
+
+/* Pinned staging of host-to-device copies: a ring of STAGE_SLOTS slots of
+ * STAGE_SLOT bytes. A copy fills a slot on the host and queues its DMA; the
+ * slot's event says when the DMA has read it, and a slot is refilled only
+ * after that: so the caller's memory is free at return, and nothing waits
+ * unless the ring has come round to a slot still in flight. */
+#define STAGE_SLOT ((size_t)1 << 20)
+#define STAGE_SLOTS 8
+
+typedef struct {
+    cublasHandle_t blas;
+    cublasLtHandle_t lt;
+    pthread_mutex_t blas_lock; /* the cuBLAS handle's workspace, math mode and call */
+    pthread_mutex_t stage_lock;
+    char *stage; /* (STAGE_SLOTS * STAGE_SLOT) pinned host bytes, or NULL */
+    cudaEvent_t stage_done[STAGE_SLOTS];
+    int stage_next;
+} device_state;
+
+cudaStream_t pxt_cuda_streams[PXT_MAX_DEVICES];
+static device_state devs[PXT_MAX_DEVICES];
+static std::atomic<int> ready[PXT_MAX_DEVICES];
+static pthread_mutex_t ready_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Stream, handles and staging of the current device (= index). */
+static int device_make(int index) {
+    device_state *d = &devs[index];
+    cudaStream_t stream;
+    PXT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
+    PXT_CUBLAS_CHECK(cublasCreate(&d->blas)); /* a handle belongs to the current device */
+    PXT_CUBLAS_CHECK(cublasSetStream(d->blas, stream));
+    PXT_CUBLAS_CHECK(cublasLtCreate(&d->lt));
+    pthread_mutex_init(&d->blas_lock, NULL);
+    pthread_mutex_init(&d->stage_lock, NULL);
+    /* pinned staging is an optimisation: without it, copies from host memory wait */
+    if (cudaHostAlloc((void **)&d->stage, STAGE_SLOTS * STAGE_SLOT, cudaHostAllocDefault) !=
+        cudaSuccess) {
+        (void)cudaGetLastError();
+        d->stage = NULL;
+    }
+    for (int i = 0; d->stage && i < STAGE_SLOTS; i++) {
+        PXT_CUDA_CHECK(cudaEventCreateWithFlags(&d->stage_done[i], cudaEventDisableTiming));
+    }
+    pxt_cuda_streams[index] = stream;
+    return PXT_OK;
+}
+
+int pxt_cuda_device_ready(int index) {
+    if (ready[index].load(std::memory_order_acquire)) {
+        return PXT_OK;
+    }
+    pthread_mutex_lock(&ready_lock);
+    int rc = PXT_OK;
+    if (!ready[index].load(std::memory_order_relaxed)) {
+        rc = device_make(index); /* a failure leaves it unready: the next entry tries again */
+        if (rc == PXT_OK) {
+            ready[index].store(1, std::memory_order_release);
+        }
+    }
+    pthread_mutex_unlock(&ready_lock);
+    return rc;
+}
+
+cublasLtHandle_t pxt_cuda_lt(int index) { return devs[index].lt; }
+
+pxt_cuda_blas::pxt_cuda_blas(int i) : index(i), h(devs[i].blas) {
+    pthread_mutex_lock(&devs[i].blas_lock);
+}
+
+pxt_cuda_blas::~pxt_cuda_blas() { pthread_mutex_unlock(&devs[index].blas_lock); }
+
+/* ---- the entries ------------------------------------------------------------------ */
 
 static int cuda_device_count(void) {
     int n = 0;
@@ -29,99 +113,139 @@ static int cuda_device_props(int index, pxt_device_props *out) {
 }
 
 static int cuda_mem_info(int index, size_t *free_bytes, size_t *total_bytes) {
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    PXT_CUDA_ENTER(index);
     PXT_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
     return PXT_OK;
 }
 
 static int cuda_raw_alloc(int index, size_t nbytes, void **ptr) {
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    PXT_CUDA_ENTER(index);
     cudaError_t err = cudaMalloc(ptr, nbytes); /* 256-byte aligned at least */
-    if (err == cudaSuccess)
+    if (err == cudaSuccess) {
         return PXT_OK;
+    }
     (void)cudaGetLastError(); /* OOM is not sticky: the device stays usable */
-    if (err == cudaErrorMemoryAllocation)
-        return pxt_error(PXT_ERR_OOM, "cuda:%d: allocation of %zu bytes failed: out of memory", index,
-                         nbytes);
+    if (err == cudaErrorMemoryAllocation) {
+        return pxt_error(PXT_ERR_OOM, "cuda:%d: allocation of %zu bytes failed: out of memory",
+                         index, nbytes);
+    }
     return pxt_error(PXT_ERR_DEVICE, "cudaMalloc(%zu bytes) on cuda:%d failed: %s", nbytes, index,
                      cudaGetErrorString(err));
 }
 
 static void cuda_raw_free(int index, void *ptr) {
     /* nothing to report to: a failure here (e.g. at exit, once the runtime is
-     * unloading) must not leave an error behind for the next checked call */
-    if (cudaSetDevice(index) != cudaSuccess || cudaFree(ptr) != cudaSuccess)
+     * unloading) must not leave an error behind for the next checked call.
+     * cudaFree waits for the device: memory queued work still uses is safe */
+    pxt_cuda_scope scope(index);
+    if (scope.rc != PXT_OK || cudaFree(ptr) != cudaSuccess) {
         (void)cudaGetLastError();
+    }
+}
+
+int pxt_cuda_h2d(int index, void *dst, const void *src, size_t n) {
+    device_state *d = &devs[index];
+    cudaStream_t stream = pxt_cuda_stream(index);
+    if (!d->stage || n > STAGE_SLOTS * STAGE_SLOT) {
+        /* no staging, or a bulk copy (loading weights) that would only cycle the
+         * ring: straight from the caller's memory, waited for so it may be reused */
+        PXT_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream));
+        PXT_CUDA_CHECK(cudaStreamSynchronize(stream));
+        return PXT_OK;
+    }
+    pthread_mutex_lock(&d->stage_lock);
+    int rc = PXT_OK;
+    for (size_t done = 0; done < n && rc == PXT_OK;) {
+        size_t len = n - done < STAGE_SLOT ? n - done : STAGE_SLOT;
+        int slot = d->stage_next;
+        d->stage_next = (slot + 1) % STAGE_SLOTS;
+        char *buf = d->stage + (size_t)slot * STAGE_SLOT;
+        cudaError_t err = cudaEventSynchronize(d->stage_done[slot]); /* its last DMA has read it */
+        if (err == cudaSuccess) {
+            memcpy(buf, (const char *)src + done, len);
+            err = cudaMemcpyAsync((char *)dst + done, buf, len, cudaMemcpyHostToDevice, stream);
+        }
+        if (err == cudaSuccess) {
+            err = cudaEventRecord(d->stage_done[slot], stream);
+        }
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            rc = pxt_error(PXT_ERR_DEVICE, "copy to cuda:%d through pinned staging failed: %s",
+                           index, cudaGetErrorString(err));
+        }
+        done += len;
+    }
+    pthread_mutex_unlock(&d->stage_lock);
+    return rc;
 }
 
 static int cuda_copy(int index, void *dst, const void *src, size_t nbytes, pxt_copy_kind kind) {
-    if (nbytes == 0)
+    if (nbytes == 0) {
         return PXT_OK;
-    cudaMemcpyKind k = kind == PXT_COPY_H2D   ? cudaMemcpyHostToDevice
-                       : kind == PXT_COPY_D2H ? cudaMemcpyDeviceToHost
-                                              : cudaMemcpyDeviceToDevice;
-    PXT_CUDA_CHECK(cudaSetDevice(index));
-    /* async + sync rather than cudaMemcpy: cudaMemcpy returns before a D2D
-     * copy (or a pageable H2D DMA) is done, and the stream is the one place
-     * that orders it after queued kernels once streams are per device */
+    }
+    PXT_CUDA_ENTER(index);
     cudaStream_t stream = pxt_cuda_stream(index);
-    PXT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, k, stream));
-    PXT_CUDA_CHECK(cudaStreamSynchronize(stream));
-    return PXT_OK;
+    switch (kind) {
+    case PXT_COPY_H2D: return pxt_cuda_h2d(index, dst, src, nbytes);
+    case PXT_COPY_D2H: /* into host memory: the caller reads it next, so wait */
+        PXT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, stream));
+        PXT_CUDA_CHECK(cudaStreamSynchronize(stream));
+        return PXT_OK;
+    default: /* ordered on the stream like any kernel */
+        PXT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, stream));
+        return PXT_OK;
+    }
 }
 
 static int cuda_memset_zero(int index, void *dst, size_t nbytes) {
-    if (nbytes == 0)
+    if (nbytes == 0) {
         return PXT_OK;
-    PXT_CUDA_CHECK(cudaSetDevice(index));
-    cudaStream_t stream = pxt_cuda_stream(index);
-    PXT_CUDA_CHECK(cudaMemsetAsync(dst, 0, nbytes, stream));
-    PXT_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+    PXT_CUDA_ENTER(index);
+    PXT_CUDA_CHECK(cudaMemsetAsync(dst, 0, nbytes, pxt_cuda_stream(index)));
     return PXT_OK;
 }
 
 static int cuda_synchronize(int index) {
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    PXT_CUDA_ENTER(index);
     PXT_CUDA_CHECK(cudaDeviceSynchronize());
     return PXT_OK;
 }
 
-/* ---- cuBLAS: one handle per device, made on first use -------------------------
- * Never destroyed: at exit the runtime may already be gone, and the driver
- * frees everything with the process. */
-static cublasHandle_t cublas_handles[PXT_MAX_DEVICES];
-static pthread_mutex_t cublas_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static int cublas_create(int index, cublasHandle_t *out) {
-    cublasHandle_t h;
-    PXT_CUDA_CHECK(cudaSetDevice(index)); /* a handle belongs to the current device */
-    PXT_CUBLAS_CHECK(cublasCreate(&h));
-    cublasStatus_t st = cublasSetStream(h, pxt_cuda_stream(index));
-    if (st != CUBLAS_STATUS_SUCCESS) {
-        (void)cublasDestroy(h); /* the SetStream failure is what gets reported */
-        PXT_CUBLAS_CHECK(st);
-    }
-    *out = h;
-    return PXT_OK;
-}
-
-int pxt_cuda_cublas(int index, cublasHandle_t *out) {
-    if (index < 0 || index >= PXT_MAX_DEVICES)
-        return pxt_error(PXT_ERR_VALUE, "cuda:%d: device index out of range", index);
-    /* kernels run with the GIL released, so two threads may get here at once */
-    pthread_mutex_lock(&cublas_lock);
-    int rc = PXT_OK;
-    if (!cublas_handles[index])
-        rc = cublas_create(index, &cublas_handles[index]);
-    *out = cublas_handles[index];
-    pthread_mutex_unlock(&cublas_lock);
-    return rc;
-}
-
 /* ---- the table ------------------------------------------------------------------- */
 /* designated initializers (C++20): the kernels this backend lacks stay NULL */
+/* "13.0" from 13000: CUDA's version numbers are 1000 * major + 10 * minor. */
+static void cuda_version_str(int v, char *buf, size_t len) {
+    if (v > 0) {
+        snprintf(buf, len, "%d.%d", v / 1000, (v % 1000) / 10);
+    } else {
+        buf[0] = '\0';
+    }
+}
+
+static void cuda_info(pxt_backend_info *out) {
+    memset(out, 0, sizeof *out);
+    int runtime = 0, driver = 0, major = 0, minor = 0, patch = 0;
+    if (cudaRuntimeGetVersion(&runtime) != cudaSuccess) {
+        (void)cudaGetLastError();
+        runtime = 0;
+    }
+    if (cudaDriverGetVersion(&driver) != cudaSuccess) { /* 0 when no driver */
+        (void)cudaGetLastError();
+        driver = 0;
+    }
+    cuda_version_str(runtime, out->runtime, sizeof out->runtime);
+    cuda_version_str(driver, out->driver, sizeof out->driver);
+    if (cublasGetProperty(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS &&
+        cublasGetProperty(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS &&
+        cublasGetProperty(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS) {
+        snprintf(out->library, sizeof out->library, "%d.%d.%d", major, minor, patch);
+    }
+}
+
 static const pxt_backend cuda_backend = {
     .name = "cuda",
+    .info = cuda_info,
     .device_count = cuda_device_count,
     .device_props = cuda_device_props,
     .mem_info = cuda_mem_info,
@@ -135,6 +259,9 @@ static const pxt_backend cuda_backend = {
     .gemm_workspace = pxt_cuda_gemm_workspace,
     .add_bias = pxt_cuda_add_bias,
     .bias_backward = pxt_cuda_bias_backward,
+    .colsum_workspace = pxt_cuda_colsum_workspace,
+    .gemm_fused = pxt_cuda_gemm_fused,
+    .gemm_fused_workspace = pxt_cuda_gemm_fused_workspace,
     .layernorm_forward = pxt_cuda_layernorm_forward,
     .layernorm_backward = pxt_cuda_layernorm_backward,
     .gelu_forward = pxt_cuda_gelu_forward,
@@ -142,6 +269,7 @@ static const pxt_backend cuda_backend = {
     .add = pxt_cuda_add,
     .embedding_forward = pxt_cuda_embedding_forward,
     .embedding_backward = pxt_cuda_embedding_backward,
+    .embedding_workspace = pxt_cuda_embedding_workspace,
     .softmax_xent = pxt_cuda_softmax_xent,
     .sum = pxt_cuda_sum,
     .attention_forward = pxt_cuda_attention_forward,
@@ -154,24 +282,5 @@ static const pxt_backend cuda_backend = {
 
 const pxt_backend *pxt_cuda_backend(void) { return &cuda_backend; }
 
-/* major*1000 + minor*10 for the runtime and driver (13000 = 13.0), as CUDA
- * reports them; cuBLAS major*10000 + minor*100 + patch; 0 where unknown. */
-void pxt_cuda_versions(int *runtime, int *driver, int *cublas) {
-    if (runtime && cudaRuntimeGetVersion(runtime) != cudaSuccess) {
-        (void)cudaGetLastError();
-        *runtime = 0;
-    }
-    if (driver && cudaDriverGetVersion(driver) != cudaSuccess) { /* 0 when no driver */
-        (void)cudaGetLastError();
-        *driver = 0;
-    }
-    if (cublas) {
-        int major = 0, minor = 0, patch = 0;
-        if (cublasGetProperty(MAJOR_VERSION, &major) != CUBLAS_STATUS_SUCCESS ||
-            cublasGetProperty(MINOR_VERSION, &minor) != CUBLAS_STATUS_SUCCESS ||
-            cublasGetProperty(PATCH_LEVEL, &patch) != CUBLAS_STATUS_SUCCESS)
-            *cublas = 0;
-        else
-            *cublas = major * 10000 + minor * 100 + patch;
-    }
-}
+#undef STAGE_SLOT
+#undef STAGE_SLOTS

@@ -36,12 +36,15 @@ __device__ static int64_t load_int(const void *src, pxt_dtype t, size_t i) {
 /* double, as on the CPU, so the bounds compare exactly the same way */
 /* saturate at the integer's own bounds (inf -> INT64_MAX), NaN -> 0: as cast.c */
 __device__ static int64_t float_to_int64_sat(double v, int64_t lo, int64_t hi, double hi_plus_1) {
-    if (isnan(v))
+    if (isnan(v)) {
         return 0;
-    if (v <= (double)lo)
+    }
+    if (v <= (double)lo) {
         return lo;
-    if (v >= hi_plus_1)
+    }
+    if (v >= hi_plus_1) {
         return hi;
+    }
     return (int64_t)v; /* truncates toward zero; in range here */
 }
 
@@ -51,11 +54,15 @@ __device__ static void store_float(void *dst, pxt_dtype t, size_t i, float v) {
     case PXT_FLOAT16: ((uint16_t *)dst)[i] = pxt_d_f32_to_f16(v); break;
     case PXT_BFLOAT16: ((uint16_t *)dst)[i] = pxt_d_f32_to_bf16(v); break;
     /* the CPU's bounds; int64's top is the largest double below 2^63 */
-    case PXT_INT32: ((int32_t *)dst)[i] = (int32_t)float_to_int64_sat(v, INT32_MIN, INT32_MAX, 2147483648.0); break;
+    case PXT_INT32:
+        ((int32_t *)dst)[i] = (int32_t)float_to_int64_sat(v, INT32_MIN, INT32_MAX, 2147483648.0);
+        break;
     case PXT_INT64:
         ((int64_t *)dst)[i] = float_to_int64_sat(v, INT64_MIN, INT64_MAX, 9223372036854775808.0);
         break;
-    case PXT_UINT8: ((uint8_t *)dst)[i] = (uint8_t)float_to_int64_sat(v, 0, UINT8_MAX, 256.0); break;
+    case PXT_UINT8:
+        ((uint8_t *)dst)[i] = (uint8_t)float_to_int64_sat(v, 0, UINT8_MAX, 256.0);
+        break;
     case PXT_BOOL: ((uint8_t *)dst)[i] = (uint8_t)(v != 0.0f); break; /* NaN != 0: true */
     default: break;
     }
@@ -64,7 +71,9 @@ __device__ static void store_float(void *dst, pxt_dtype t, size_t i, float v) {
 __device__ static void store_int(void *dst, pxt_dtype t, size_t i, int64_t v) {
     switch (t) {
     case PXT_FLOAT32: ((float *)dst)[i] = (float)v; break;
-    case PXT_FLOAT16: ((uint16_t *)dst)[i] = pxt_d_f32_to_f16((float)v); break; /* via float32, as the CPU */
+    case PXT_FLOAT16:
+        ((uint16_t *)dst)[i] = pxt_d_f32_to_f16((float)v);
+        break; /* via float32, as the CPU */
     case PXT_BFLOAT16: ((uint16_t *)dst)[i] = pxt_d_f32_to_bf16((float)v); break;
     case PXT_INT32: ((int32_t *)dst)[i] = (int32_t)(uint32_t)(uint64_t)v; break; /* wraps */
     case PXT_INT64: ((int64_t *)dst)[i] = v; break;
@@ -80,10 +89,11 @@ __global__ static void cast_kernel(void *dst, pxt_dtype dt, const void *src, pxt
                                    int src_is_float, size_t n) {
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        if (src_is_float)
+        if (src_is_float) {
             store_float(dst, dt, i, load_float(src, st, i));
-        else
+        } else {
             store_int(dst, dt, i, load_int(src, st, i));
+        }
     }
 }
 
@@ -91,8 +101,9 @@ __global__ static void cast_kernel(void *dst, pxt_dtype dt, const void *src, pxt
 template <typename S, typename D, D (*CONV)(S)>
 __global__ static void map_kernel(D *dst, const S *src, size_t n) {
     size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         dst[i] = CONV(src[i]);
+    }
 }
 
 /* ---- host entry -------------------------------------------------------------------- */
@@ -100,32 +111,36 @@ __global__ static void map_kernel(D *dst, const S *src, size_t n) {
 #define CAST_MAX_GRID 65536 /* more blocks than any GPU holds at once; the loop does the rest */
 
 int pxt_cuda_cast(int index, void *dst, pxt_dtype dt, const void *src, pxt_dtype st, size_t n) {
-    if (n == 0)
+    if (n == 0) {
         return PXT_OK; /* a grid of 0 blocks is a launch error */
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    }
+    PXT_CUDA_ENTER(index);
     cudaStream_t stream = pxt_cuda_stream(index);
     if (dt == st) {
-        PXT_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * pxt_dtype_size(dt), cudaMemcpyDeviceToDevice, stream));
-        PXT_CUDA_CHECK(cudaStreamSynchronize(stream));
+        PXT_CUDA_CHECK(
+            cudaMemcpyAsync(dst, src, n * pxt_dtype_size(dt), cudaMemcpyDeviceToDevice, stream));
         return PXT_OK;
     }
     size_t blocks = (n + CAST_BLOCK - 1) / CAST_BLOCK;
     unsigned int grid = (unsigned int)(blocks < CAST_MAX_GRID ? blocks : CAST_MAX_GRID);
-    if (st == PXT_FLOAT32 && dt == PXT_BFLOAT16)
-        map_kernel<float, uint16_t, pxt_d_f32_to_bf16><<<grid, CAST_BLOCK, 0, stream>>>(
-            (uint16_t *)dst, (const float *)src, n);
-    else if (st == PXT_BFLOAT16 && dt == PXT_FLOAT32)
-        map_kernel<uint16_t, float, pxt_d_bf16_to_f32><<<grid, CAST_BLOCK, 0, stream>>>(
-            (float *)dst, (const uint16_t *)src, n);
-    else if (st == PXT_FLOAT32 && dt == PXT_FLOAT16)
-        map_kernel<float, uint16_t, pxt_d_f32_to_f16><<<grid, CAST_BLOCK, 0, stream>>>(
-            (uint16_t *)dst, (const float *)src, n);
-    else if (st == PXT_FLOAT16 && dt == PXT_FLOAT32)
-        map_kernel<uint16_t, float, pxt_d_f16_to_f32><<<grid, CAST_BLOCK, 0, stream>>>(
-            (float *)dst, (const uint16_t *)src, n);
-    else
+    if (st == PXT_FLOAT32 && dt == PXT_BFLOAT16) {
+        map_kernel<float, uint16_t, pxt_d_f32_to_bf16>
+            <<<grid, CAST_BLOCK, 0, stream>>>((uint16_t *)dst, (const float *)src, n);
+    } else if (st == PXT_BFLOAT16 && dt == PXT_FLOAT32) {
+        map_kernel<uint16_t, float, pxt_d_bf16_to_f32>
+            <<<grid, CAST_BLOCK, 0, stream>>>((float *)dst, (const uint16_t *)src, n);
+    } else if (st == PXT_FLOAT32 && dt == PXT_FLOAT16) {
+        map_kernel<float, uint16_t, pxt_d_f32_to_f16>
+            <<<grid, CAST_BLOCK, 0, stream>>>((uint16_t *)dst, (const float *)src, n);
+    } else if (st == PXT_FLOAT16 && dt == PXT_FLOAT32) {
+        map_kernel<uint16_t, float, pxt_d_f16_to_f32>
+            <<<grid, CAST_BLOCK, 0, stream>>>((float *)dst, (const uint16_t *)src, n);
+    } else {
         cast_kernel<<<grid, CAST_BLOCK, 0, stream>>>(dst, dt, src, st, pxt_dtype_is_float(st), n);
-    PXT_CUDA_CHECK(cudaGetLastError());
-    PXT_CUDA_CHECK(cudaStreamSynchronize(stream)); /* casts finish before they return */
-    return PXT_OK;
+    }
+    PXT_CUDA_CHECK_LAUNCH("cast");
+    return PXT_OK; /* queued: ordered before the device's next work */
 }
+
+#undef CAST_BLOCK
+#undef CAST_MAX_GRID

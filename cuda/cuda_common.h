@@ -1,58 +1,133 @@
 /* cuda_common.h: what the CUDA backend's files share: error checks, the
- * stream every call queues on, the cuBLAS handle, the kernels' entry points.
- * Internal to cuda/: code above backend.h never includes it. */
+ * device scope every entry opens, the device's stream and library handles,
+ * the kernels' entry points. Internal to cuda/: code above backend.h never
+ * includes it.
+ *
+ * Devices and streams. Every entry of the table starts with PXT_CUDA_ENTER:
+ * it makes the entry's device current, readies the device's state once (its
+ * stream, cuBLAS and cuBLASLt handles, pinned staging) and gives the caller's
+ * current device back when the entry returns, so pyxtts never moves torch's
+ * (or anyone's) current device. All work on a device is queued on its one
+ * non-default stream, in order; nothing inside a step waits for it except the
+ * copies into host memory (D2H) and `synchronize`. The stream is created
+ * blocking (not cudaStreamNonBlocking): it stays ordered with the legacy
+ * default stream, where torch and DLPack producers queue their work unless
+ * told otherwise. */
 #ifndef PXT_CUDA_COMMON_H
 #define PXT_CUDA_COMMON_H
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include "backend.h"
+#include "engine/backend.h"
 
 /* Turns a failed CUDA call into `return pxt_error(PXT_ERR_DEVICE, ...)`.
  * The failed call also set the runtime's last error; clear it so a later
  * cudaGetLastError() after a kernel launch does not report it again. */
-#define PXT_CUDA_CHECK(call)                                                                   \
-    do {                                                                                       \
-        cudaError_t err_ = (call);                                                             \
-        if (err_ != cudaSuccess) {                                                             \
-            (void)cudaGetLastError();                                                          \
-            return pxt_error(PXT_ERR_DEVICE, "%s failed: %s", #call, cudaGetErrorString(err_)); \
-        }                                                                                      \
+#define PXT_CUDA_CHECK(call)                                                                       \
+    do {                                                                                           \
+        cudaError_t err_ = (call);                                                                 \
+        if (err_ != cudaSuccess) {                                                                 \
+            (void)cudaGetLastError();                                                              \
+            return pxt_error(PXT_ERR_DEVICE, "%s failed: %s", #call, cudaGetErrorString(err_));    \
+        }                                                                                          \
     } while (0)
 
-#define PXT_CUBLAS_CHECK(call)                                                                 \
-    do {                                                                                       \
-        cublasStatus_t st_ = (call);                                                           \
-        if (st_ != CUBLAS_STATUS_SUCCESS)                                                      \
-            return pxt_error(PXT_ERR_DEVICE, "%s failed: %s (%s)", #call,                      \
-                             cublasGetStatusName(st_), cublasGetStatusString(st_));            \
+#define PXT_CUBLAS_CHECK(call)                                                                     \
+    do {                                                                                           \
+        cublasStatus_t st_ = (call);                                                               \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                          \
+            return pxt_error(PXT_ERR_DEVICE, "%s failed: %s (%s)", #call,                          \
+                             cublasGetStatusName(st_), cublasGetStatusString(st_));                \
     } while (0)
 
 /* After a kernel launch: a bad configuration (grid, shared memory) or an
  * earlier asynchronous fault surfaces here as PXT_ERR_DEVICE naming `what`. */
-#define PXT_CUDA_CHECK_LAUNCH(what)                                                            \
-    do {                                                                                       \
-        cudaError_t err_ = cudaGetLastError();                                                 \
-        if (err_ != cudaSuccess)                                                               \
-            return pxt_error(PXT_ERR_DEVICE, "%s: kernel launch failed: %s", what,             \
-                             cudaGetErrorString(err_));                                        \
+#define PXT_CUDA_CHECK_LAUNCH(what)                                                                \
+    do {                                                                                           \
+        cudaError_t err_ = cudaGetLastError();                                                     \
+        if (err_ != cudaSuccess)                                                                   \
+            return pxt_error(PXT_ERR_DEVICE, "%s: kernel launch failed: %s", what,                 \
+                             cudaGetErrorString(err_));                                            \
     } while (0)
 
-/* The stream all work on device `index` is queued on. The legacy default
- * stream for now: it orders everything, so no event bookkeeping is needed.
- * Per-device streams later change only this function. */
-static inline cudaStream_t pxt_cuda_stream(int index) {
-    (void)index;
-    return (cudaStream_t)0;
+/* Per-device state, made once by pxt_cuda_device_ready (backend_cuda.cu). */
+extern cudaStream_t pxt_cuda_streams[PXT_MAX_DEVICES];
+
+/* The stream all work on device `index` is queued on: valid inside a
+ * PXT_CUDA_ENTER scope of that device. */
+static inline cudaStream_t pxt_cuda_stream(int index) { return pxt_cuda_streams[index]; }
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* Makes device index's stream, handles and staging once; PXT_OK or why not. */
+int pxt_cuda_device_ready(int index);
+#ifdef __cplusplus
 }
+
+/* The scope of one backend entry: device `index` current and ready while it
+ * lives, the caller's current device restored when it ends. */
+struct pxt_cuda_scope {
+    int prev, index, rc;
+    explicit pxt_cuda_scope(int i) : prev(-1), index(i), rc(PXT_OK) {
+        if (i < 0 || i >= PXT_MAX_DEVICES) {
+            rc = pxt_error(PXT_ERR_VALUE, "cuda:%d: device index out of range", i);
+            return;
+        }
+        if (cudaGetDevice(&prev) != cudaSuccess) { /* no context yet: nothing to restore */
+            (void)cudaGetLastError();
+            prev = -1;
+        }
+        if (prev != i) {
+            cudaError_t err = cudaSetDevice(i);
+            if (err != cudaSuccess) {
+                (void)cudaGetLastError();
+                rc = pxt_error(PXT_ERR_DEVICE, "cudaSetDevice(%d) failed: %s", i,
+                               cudaGetErrorString(err));
+                return;
+            }
+        }
+        rc = pxt_cuda_device_ready(i);
+    }
+    ~pxt_cuda_scope() {
+        if (prev >= 0 && prev != index && cudaSetDevice(prev) != cudaSuccess) {
+            (void)cudaGetLastError(); /* a destructor has no one to report to */
+        }
+    }
+    pxt_cuda_scope(const pxt_cuda_scope &) = delete;
+    pxt_cuda_scope &operator=(const pxt_cuda_scope &) = delete;
+};
+
+/* Opens the entry's device scope; returns its error from the enclosing function. */
+#define PXT_CUDA_ENTER(index)                                                                      \
+    pxt_cuda_scope pxt_scope_(index);                                                              \
+    if (pxt_scope_.rc != PXT_OK)                                                                   \
+    return pxt_scope_.rc
+
+/* The device's cuBLAS handle, held under the device's lock while the guard
+ * lives: cublasSetWorkspace and the math mode are the handle's state, so a
+ * product sets them and queues its call without another thread in between. */
+struct pxt_cuda_blas {
+    int index;
+    cublasHandle_t h;
+    explicit pxt_cuda_blas(int i);
+    ~pxt_cuda_blas();
+    pxt_cuda_blas(const pxt_cuda_blas &) = delete;
+    pxt_cuda_blas &operator=(const pxt_cuda_blas &) = delete;
+};
+#endif
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* The device's cuBLAS handle, created on first use, bound to pxt_cuda_stream. */
-int pxt_cuda_cublas(int index, cublasHandle_t *out);
+/* The device's cuBLASLt handle (thread-safe; made by pxt_cuda_device_ready). */
+cublasLtHandle_t pxt_cuda_lt(int index);
+/* Copies n bytes from host memory to the device on its stream, through pinned
+ * staging: returns once src may be reused, without waiting for the device. */
+int pxt_cuda_h2d(int index, void *dst, const void *src, size_t n);
 
 /* cast.cu: the backend's `cast` entry (see backend.h). */
 int pxt_cuda_cast(int index, void *dst, pxt_dtype dt, const void *src, pxt_dtype st, size_t n);
@@ -64,14 +139,28 @@ int pxt_cuda_gemm(int index, int trans_a, int trans_b, int M, int N, int K, floa
                   pxt_dtype dt_c, void *workspace);
 size_t pxt_cuda_gemm_workspace(int M, int N, int K, pxt_dtype dt_ab);
 int pxt_cuda_add_bias(int index, void *out, const void *bias, int M, int N, pxt_dtype dt);
-int pxt_cuda_bias_backward(int index, float *dbias, const void *dout, int M, int N, pxt_dtype dt);
+/* gemm_fused.cu */
+int pxt_cuda_gemm_fused(int index, const struct pxt_gemm_args *g, void *workspace);
+size_t pxt_cuda_gemm_fused_workspace(const struct pxt_gemm_args *g);
+/* The path of the last gemm_fused call: 1 cuBLASLt's epilogue, 0 the unfused
+ * composition, -1 none yet (for tests and benchmarks). */
+int pxt_cuda_gemm_fused_last_path(void);
+/* colsum.cu: the two-stage column sums */
+size_t pxt_cuda_colsum_workspace(int rows, int cols);
+int pxt_cuda_bias_backward(int index, float *dbias, const void *dout, int M, int N, pxt_dtype dt,
+                           void *workspace);
+/* dweight (C) += sum_i n * dout, dbias (C) += sum_i dout, n = (inp - mean) * rstd */
+int pxt_cuda_layernorm_dparams(int index, float *dweight, float *dbias, const void *dout,
+                               const void *inp, const float *mean, const float *rstd, int N, int C,
+                               pxt_dtype dt, void *workspace);
 /* layernorm.cu */
 int pxt_cuda_layernorm_forward(int index, void *out, float *mean, float *rstd, const void *inp,
                                const void *weight, const void *bias, int N, int C, float eps,
                                pxt_dtype dt);
 int pxt_cuda_layernorm_backward(int index, void *dinp, float *dweight, float *dbias,
                                 const void *dout, const void *inp, const void *weight,
-                                const float *mean, const float *rstd, int N, int C, pxt_dtype dt);
+                                const float *mean, const float *rstd, int N, int C, pxt_dtype dt,
+                                void *workspace);
 /* gelu.cu */
 int pxt_cuda_gelu_forward(int index, void *out, const void *inp, size_t n, pxt_dtype dt);
 int pxt_cuda_gelu_backward(int index, void *dinp, const void *inp, const void *dout, size_t n,
@@ -79,10 +168,11 @@ int pxt_cuda_gelu_backward(int index, void *dinp, const void *inp, const void *d
 /* elementwise.cu */
 int pxt_cuda_add(int index, void *out, const void *a, const void *b, size_t n, pxt_dtype dt);
 /* embedding.cu */
-int pxt_cuda_embedding_forward(int index, void *out, const int32_t *ids, const void *table,
-                               int N, int C, int accumulate, pxt_dtype dt);
+int pxt_cuda_embedding_forward(int index, void *out, const int32_t *ids, const void *table, int N,
+                               int C, int accumulate, pxt_dtype dt);
 int pxt_cuda_embedding_backward(int index, float *dtable, const void *dout, const int32_t *ids,
-                                int N, int C, pxt_dtype dt);
+                                int N, int C, int V, pxt_dtype dt, void *workspace);
+size_t pxt_cuda_embedding_workspace(int N, int C, int V);
 /* xent.cu */
 int pxt_cuda_softmax_xent(int index, float *logits, float *losses, const int32_t *targets, int N,
                           int V, float scale, int backward);
@@ -92,8 +182,7 @@ int pxt_cuda_attention_forward(int index, const struct pxt_attn_args *args, void
                                const void *q, const void *k, const void *v, void *workspace);
 int pxt_cuda_attention_backward(int index, const struct pxt_attn_args *args, void *dq, void *dk,
                                 void *dv, const void *dout, const void *q, const void *k,
-                                const void *v, const void *out, const float *lse,
-                                void *workspace);
+                                const void *v, const void *out, const float *lse, void *workspace);
 size_t pxt_cuda_attention_workspace(const struct pxt_attn_args *args, int backward);
 /* attention_tc.cu: the tensor-core path for 16-bit inputs. select sets *use_tc
  * (1: take it) from the arguments, the device, the alignment of ptrs (nptrs)
@@ -103,18 +192,17 @@ int pxt_cuda_attention_tc_select(int index, const struct pxt_attn_args *args,
                                  const void *const *ptrs, int nptrs, int *use_tc);
 int pxt_cuda_attention_tc_forward(int index, const struct pxt_attn_args *args, void *out,
                                   float *lse, const void *q, const void *k, const void *v);
-int pxt_cuda_attention_tc_backward(int index, const struct pxt_attn_args *args, void *dq,
-                                   void *dk, void *dv, const void *dout, const void *q,
-                                   const void *k, const void *v, const float *lse,
-                                   const float *Di);
+int pxt_cuda_attention_tc_backward(int index, const struct pxt_attn_args *args, void *dq, void *dk,
+                                   void *dv, const void *dout, const void *q, const void *k,
+                                   const void *v, const float *lse, const float *Di);
 /* The path of the last attention call: 1 tensor cores, 0 the fallback, -1 none
  * yet (for benchmarks and debuggers; no Python binding). */
 int pxt_cuda_attention_last_path(void);
 /* optim.cu */
 int pxt_cuda_grad_sumsq(int index, double *sumsq, int *nonfinite, const float *g, size_t n,
                         void *workspace);
-int pxt_cuda_adamw(int index, const struct pxt_adamw_args *args, float *master, float *m,
-                   float *v, float *ema, void *params, const float *grads);
+int pxt_cuda_adamw(int index, const struct pxt_adamw_args *args, float *master, float *m, float *v,
+                   float *ema, void *params, const float *grads);
 int pxt_cuda_swap(int index, void *a, void *b, size_t n, pxt_dtype dt);
 
 #ifdef __cplusplus

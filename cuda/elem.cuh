@@ -21,8 +21,12 @@
 
 #include "cuda_common.h"
 
-struct pxt_f16 { uint16_t bits; };  /* IEEE binary16 storage */
-struct pxt_bf16 { uint16_t bits; }; /* bfloat16 storage */
+struct pxt_f16 {
+    uint16_t bits;
+}; /* IEEE binary16 storage */
+struct pxt_bf16 {
+    uint16_t bits;
+}; /* bfloat16 storage */
 
 /* ---- float32 <-> float16 / bfloat16, round to nearest even, CPU NaN bits ---- */
 __device__ static inline uint16_t pxt_d_f32_to_f16(float f) {
@@ -34,19 +38,23 @@ __device__ static inline uint16_t pxt_d_f32_to_f16(float f) {
 }
 
 __device__ static inline float pxt_d_f16_to_f32(uint16_t h) {
-    if ((h & 0x7c00u) == 0x7c00u) /* inf / NaN: keep the payload, as the CPU does */
+    if ((h & 0x7c00u) == 0x7c00u) { /* inf / NaN: keep the payload, as the CPU does */
         return __uint_as_float(((uint32_t)(h & 0x8000u) << 16) | 0x7f800000u |
                                ((uint32_t)(h & 0x3ffu) << 13));
+    }
     return __half2float(__ushort_as_half(h)); /* exact, subnormals included */
 }
 
 __device__ static inline uint16_t pxt_d_f32_to_bf16(float f) {
-    if (isnan(f)) /* keep sign and payload, force the quiet bit */
+    if (isnan(f)) { /* keep sign and payload, force the quiet bit */
         return (uint16_t)((__float_as_uint(f) >> 16) | 0x0040u);
+    }
     return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
 
-__device__ static inline float pxt_d_bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+__device__ static inline float pxt_d_bf16_to_f32(uint16_t h) {
+    return __uint_as_float((uint32_t)h << 16);
+}
 
 /* ---- typed load / store ------------------------------------------------------ */
 __device__ static inline float ldf(float x) { return x; }
@@ -56,7 +64,9 @@ __device__ static inline float ldf(pxt_bf16 x) { return pxt_d_bf16_to_f32(x.bits
 template <typename T> __device__ static inline T stf(float v);
 template <> __device__ inline float stf<float>(float v) { return v; }
 template <> __device__ inline pxt_f16 stf<pxt_f16>(float v) { return pxt_f16{pxt_d_f32_to_f16(v)}; }
-template <> __device__ inline pxt_bf16 stf<pxt_bf16>(float v) { return pxt_bf16{pxt_d_f32_to_bf16(v)}; }
+template <> __device__ inline pxt_bf16 stf<pxt_bf16>(float v) {
+    return pxt_bf16{pxt_d_f32_to_bf16(v)};
+}
 
 /* ---- host side ------------------------------------------------------------------ */
 /* Calls f(T{}) with T the storage type of an activation dtype, so one generic

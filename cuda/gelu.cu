@@ -41,12 +41,13 @@ __global__ static void gelu_backward_kernel(T *dinp, const T *inp, const T *dout
 }
 
 int pxt_cuda_gelu_forward(int index, void *out, const void *inp, size_t n, pxt_dtype dt) {
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    PXT_CUDA_ENTER(index);
     PXT_TRY(pxt_cuda_dispatch(dt, "gelu_forward", [&](auto tag) {
         using T = decltype(tag);
-        if (n)
+        if (n) {
             gelu_forward_kernel<T><<<pxt_ew_grid(n), PXT_EW_BLOCK, 0, pxt_cuda_stream(index)>>>(
                 (T *)out, (const T *)inp, n);
+        }
     }));
     PXT_CUDA_CHECK_LAUNCH("gelu_forward");
     return PXT_OK;
@@ -54,13 +55,17 @@ int pxt_cuda_gelu_forward(int index, void *out, const void *inp, size_t n, pxt_d
 
 int pxt_cuda_gelu_backward(int index, void *dinp, const void *inp, const void *dout, size_t n,
                            pxt_dtype dt) {
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    PXT_CUDA_ENTER(index);
     PXT_TRY(pxt_cuda_dispatch(dt, "gelu_backward", [&](auto tag) {
         using T = decltype(tag);
-        if (n)
+        if (n) {
             gelu_backward_kernel<T><<<pxt_ew_grid(n), PXT_EW_BLOCK, 0, pxt_cuda_stream(index)>>>(
                 (T *)dinp, (const T *)inp, (const T *)dout, n);
+        }
     }));
     PXT_CUDA_CHECK_LAUNCH("gelu_backward");
     return PXT_OK;
 }
+
+#undef GELU_K
+#undef GELU_A

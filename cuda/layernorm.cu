@@ -3,17 +3,16 @@
  *
  * Rows go one per warp: the row sums are taken in double (lanes stride the
  * row, then a fixed butterfly), and mean, rstd are saved as float32 as on the
- * CPU. The backward has no workspace, so dweight and dbias are not reduced
- * through partial buffers: one thread per column walks all N rows in order
- * into double accumulators, the CPU's exact order, so those two come out
- * bit-identical to the CPU and independent of the launch. */
+ * CPU. dweight and dbias are backend.h's two-stage column sums (colsum.cu):
+ * the CPU's bits, with (chunks x columns) threads instead of one per column. */
 #include "elem.cuh"
 
 #define LN_WARPS 8 /* rows per block of the row kernels */
 
 __device__ static inline double warp_sum(double v) {
-    for (int o = 16; o > 0; o >>= 1)
+    for (int o = 16; o > 0; o >>= 1) {
         v += __shfl_xor_sync(0xffffffffu, v, o);
+    }
     return v; /* every lane holds the same bits: the butterfly is symmetric */
 }
 
@@ -23,13 +22,15 @@ __global__ static void layernorm_forward_kernel(T *out, float *mean, float *rstd
                                                 const T *weight, const T *bias, int N, int C,
                                                 float eps) {
     int row = blockIdx.x * LN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= N)
+    if (row >= N) {
         return;
+    }
     const T *x = inp + (size_t)row * C; /* (C) */
     T *o = out + (size_t)row * C;       /* (C) */
     double s = 0.0;
-    for (int j = lane; j < C; j += 32)
+    for (int j = lane; j < C; j += 32) {
         s += ldf(x[j]);
+    }
     float m = (float)(warp_sum(s) / C);
     /* variance around the rounded mean: two passes, no cancellation */
     double v = 0.0;
@@ -51,16 +52,18 @@ __global__ static void layernorm_forward_kernel(T *out, float *mean, float *rstd
 int pxt_cuda_layernorm_forward(int index, void *out, float *mean, float *rstd, const void *inp,
                                const void *weight, const void *bias, int N, int C, float eps,
                                pxt_dtype dt) {
-    if (N < 0 || C <= 0)
+    if (N < 0 || C <= 0) {
         return pxt_error(PXT_ERR_VALUE, "layernorm_forward: bad size N=%d C=%d", N, C);
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    }
+    PXT_CUDA_ENTER(index);
     PXT_TRY(pxt_cuda_dispatch(dt, "layernorm_forward", [&](auto tag) {
         using T = decltype(tag);
-        if (N)
+        if (N) {
             layernorm_forward_kernel<T>
                 <<<(N + LN_WARPS - 1) / LN_WARPS, 32 * LN_WARPS, 0, pxt_cuda_stream(index)>>>(
-                    (T *)out, mean, rstd, (const T *)inp, (const T *)weight, (const T *)bias, N,
-                    C, eps);
+                    (T *)out, mean, rstd, (const T *)inp, (const T *)weight, (const T *)bias, N, C,
+                    eps);
+        }
     }));
     PXT_CUDA_CHECK_LAUNCH("layernorm_forward");
     return PXT_OK;
@@ -69,12 +72,12 @@ int pxt_cuda_layernorm_forward(int index, void *out, float *mean, float *rstd, c
 /* Pass 1, a warp per row: with n = norm, g = weight * dout,
  * dinp += rstd * (g - mean(g) - n * mean(g * n)). */
 template <typename T>
-__global__ static void layernorm_dinp_kernel(T *dinp, const T *dout, const T *inp,
-                                             const T *weight, const float *mean,
-                                             const float *rstd, int N, int C) {
+__global__ static void layernorm_dinp_kernel(T *dinp, const T *dout, const T *inp, const T *weight,
+                                             const float *mean, const float *rstd, int N, int C) {
     int row = blockIdx.x * LN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= N)
+    if (row >= N) {
         return;
+    }
     size_t base = (size_t)row * C;
     float m = mean[row], r = rstd[row];
     double sg = 0.0, sgn = 0.0;
@@ -92,47 +95,27 @@ __global__ static void layernorm_dinp_kernel(T *dinp, const T *dout, const T *in
     }
 }
 
-/* Pass 2, a thread per column: dbias += sum_i dout, dweight += sum_i n * dout,
- * rows in order (the CPU's order: its bits). */
-template <typename T>
-__global__ static void layernorm_dparams_kernel(float *dweight, float *dbias, const T *dout,
-                                                const T *inp, const float *mean,
-                                                const float *rstd, int N, int C) {
-    int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= C)
-        return;
-    double dw = 0.0, db = 0.0;
-    for (int i = 0; i < N; i++) {
-        size_t k = (size_t)i * C + j;
-        float g = ldf(dout[k]);
-        float n = (ldf(inp[k]) - mean[i]) * rstd[i];
-        db += g;
-        dw += (double)n * g;
-    }
-    dweight[j] = (float)(dweight[j] + dw);
-    dbias[j] = (float)(dbias[j] + db);
-}
-
 int pxt_cuda_layernorm_backward(int index, void *dinp, float *dweight, float *dbias,
                                 const void *dout, const void *inp, const void *weight,
-                                const float *mean, const float *rstd, int N, int C, pxt_dtype dt) {
-    if (N < 0 || C <= 0)
+                                const float *mean, const float *rstd, int N, int C, pxt_dtype dt,
+                                void *workspace) {
+    if (N < 0 || C <= 0) {
         return pxt_error(PXT_ERR_VALUE, "layernorm_backward: bad size N=%d C=%d", N, C);
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    }
+    PXT_CUDA_ENTER(index);
     cudaStream_t stream = pxt_cuda_stream(index);
     /* dinp, dout, inp (N, C); weight (C); dweight, dbias (C) fp32; mean, rstd (N) */
     PXT_TRY(pxt_cuda_dispatch(dt, "layernorm_backward", [&](auto tag) {
         using T = decltype(tag);
-        if (N)
+        if (N) {
             layernorm_dinp_kernel<T><<<(N + LN_WARPS - 1) / LN_WARPS, 32 * LN_WARPS, 0, stream>>>(
                 (T *)dinp, (const T *)dout, (const T *)inp, (const T *)weight, mean, rstd, N, C);
+        }
     }));
     PXT_CUDA_CHECK_LAUNCH("layernorm_backward (dinp)");
-    PXT_TRY(pxt_cuda_dispatch(dt, "layernorm_backward", [&](auto tag) {
-        using T = decltype(tag);
-        layernorm_dparams_kernel<T><<<(C + 127) / 128, 128, 0, stream>>>(
-            dweight, dbias, (const T *)dout, (const T *)inp, mean, rstd, N, C);
-    }));
-    PXT_CUDA_CHECK_LAUNCH("layernorm_backward (dweight, dbias)");
-    return PXT_OK;
+    /* pass 2: dbias += sum_i dout, dweight += sum_i n * dout, two-stage */
+    return pxt_cuda_layernorm_dparams(index, dweight, dbias, dout, inp, mean, rstd, N, C, dt,
+                                      workspace);
 }
+
+#undef LN_WARPS

@@ -1,5 +1,5 @@
-/* matmul.cu: gemm through cuBLAS, the bias add and its backward
- * (csrc/cpu/matmul.c is the reference).
+/* matmul.cu: gemm through cuBLAS and the bias add (csrc/cpu/matmul.c and
+ * bias.c are the reference; the bias backward is in colsum.cu).
  *
  * Row-major to cuBLAS's column-major: a row-major (M, N) matrix is the
  * column-major (N, M) one with the same bytes, so C = op(A) op(B) is computed
@@ -43,23 +43,26 @@ static int cuda_type(pxt_dtype dt, cudaDataType_t *out, const char *what) {
 /* c (n) = beta * c, or 0 where beta = 0 (c is not read then: it may hold NaN) */
 template <typename T> __global__ static void scale_kernel(T *c, float beta, size_t n) {
     size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         c[i] = stf<T>(beta == 0.0f ? 0.0f : beta * ldf(c[i]));
+    }
 }
 
 /* tile (rows, cols) fp32 <-> C (rows, cols) of leading dim ldc, 16-bit */
 template <typename T>
 __global__ static void tile_load_kernel(float *tile, const T *c, int rows, int cols, int ldc) {
     size_t n = (size_t)rows * cols, stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         tile[i] = ldf(c[(i / cols) * ldc + i % cols]);
+    }
 }
 
 template <typename T>
 __global__ static void tile_store_kernel(T *c, const float *tile, int rows, int cols, int ldc) {
     size_t n = (size_t)rows * cols, stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         c[(i / cols) * ldc + i % cols] = stf<T>(tile[i]);
+    }
 }
 
 /* ---- gemm -------------------------------------------------------------------------- */
@@ -81,8 +84,8 @@ static int gemm_ex(cublasHandle_t h, int trans_a, int trans_b, int M, int N, int
  * staging area (beta * C loaded there first), then rounded once into C. */
 template <typename T>
 static int gemm_staged(cublasHandle_t h, cudaStream_t stream, int trans_a, int trans_b, int M,
-                       int N, int K, float alpha, const char *A, const char *B,
-                       cudaDataType_t tab, size_t esz, float beta, T *C, float *stage) {
+                       int N, int K, float alpha, const char *A, const char *B, cudaDataType_t tab,
+                       size_t esz, float beta, T *C, float *stage) {
     int nb = (size_t)N < GEMM_STAGE ? N : (int)GEMM_STAGE;
     int mb = (int)(GEMM_STAGE / (size_t)nb);
     int lda = trans_a ? M : K, ldb = trans_b ? K : N; /* of the full operands */
@@ -117,13 +120,16 @@ int pxt_cuda_gemm(int index, int trans_a, int trans_b, int M, int N, int K, floa
     cudaDataType_t tab = CUDA_R_32F, tc = CUDA_R_32F;
     PXT_TRY(cuda_type(dt_ab, &tab, "gemm (A, B)"));
     PXT_TRY(cuda_type(dt_c, &tc, "gemm (C)"));
-    if (M < 0 || N < 0 || K < 0)
+    if (M < 0 || N < 0 || K < 0) {
         return pxt_error(PXT_ERR_VALUE, "gemm: negative size M=%d N=%d K=%d", M, N, K);
-    if (M == 0 || N == 0)
+    }
+    if (M == 0 || N == 0) {
         return PXT_OK;
-    if (!workspace)
+    }
+    if (!workspace) {
         return pxt_error(PXT_ERR_VALUE, "gemm: no workspace (gemm_workspace() bytes), got NULL");
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    }
+    PXT_CUDA_ENTER(index);
     cudaStream_t stream = pxt_cuda_stream(index);
     if (K == 0) { /* no products: C = beta * C, as the CPU (cuBLAS leaves k = 0 to us) */
         size_t n = (size_t)M * N;
@@ -134,8 +140,8 @@ int pxt_cuda_gemm(int index, int trans_a, int trans_b, int M, int N, int K, floa
         PXT_CUDA_CHECK_LAUNCH("gemm (k = 0)");
         return PXT_OK;
     }
-    cublasHandle_t h;
-    PXT_TRY(pxt_cuda_cublas(index, &h));
+    pxt_cuda_blas blas(index); /* the handle, ours until the product is queued */
+    cublasHandle_t h = blas.h;
     /* per call, not per handle: the workspace is the caller's, and the math mode
      * must hold even if something else shares the handle */
     PXT_CUBLAS_CHECK(cublasSetWorkspace(h, workspace, GEMM_CUBLAS_WS));
@@ -144,9 +150,10 @@ int pxt_cuda_gemm(int index, int trans_a, int trans_b, int M, int N, int K, floa
     if (dt_c != PXT_FLOAT32 && dt_c != dt_ab) { /* a pair cuBLAS has no kernel for */
         float *stage = (float *)((char *)workspace + GEMM_CUBLAS_WS); /* (GEMM_STAGE) */
         size_t esz = pxt_dtype_size(dt_ab);
-        if (dt_c == PXT_FLOAT16)
+        if (dt_c == PXT_FLOAT16) {
             return gemm_staged(h, stream, trans_a, trans_b, M, N, K, alpha, (const char *)A,
                                (const char *)B, tab, esz, beta, (pxt_f16 *)C, stage);
+        }
         return gemm_staged(h, stream, trans_a, trans_b, M, N, K, alpha, (const char *)A,
                            (const char *)B, tab, esz, beta, (pxt_bf16 *)C, stage);
     }
@@ -158,49 +165,27 @@ int pxt_cuda_gemm(int index, int trans_a, int trans_b, int M, int N, int K, floa
 /* out (M, N) += bias (N), elementwise */
 template <typename T> __global__ static void add_bias_kernel(T *out, const T *bias, int M, int N) {
     size_t n = (size_t)M * N, stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         out[i] = stf<T>(ldf(out[i]) + ldf(bias[i % N]));
+    }
 }
 
 int pxt_cuda_add_bias(int index, void *out, const void *bias, int M, int N, pxt_dtype dt) {
-    if (M < 0 || N < 0)
+    if (M < 0 || N < 0) {
         return pxt_error(PXT_ERR_VALUE, "add_bias: negative size M=%d N=%d", M, N);
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    }
+    PXT_CUDA_ENTER(index);
     size_t n = (size_t)M * N;
     PXT_TRY(pxt_cuda_dispatch(dt, "add_bias", [&](auto tag) {
         using T = decltype(tag);
-        if (n)
+        if (n) {
             add_bias_kernel<T><<<pxt_ew_grid(n), PXT_EW_BLOCK, 0, pxt_cuda_stream(index)>>>(
                 (T *)out, (const T *)bias, M, N);
+        }
     }));
     PXT_CUDA_CHECK_LAUNCH("add_bias");
     return PXT_OK;
 }
 
-/* dbias (N) += column sums of dout (M, N). One thread per column adds the rows
- * in order into a double, exactly as the CPU's column slices do: the CPU's bits,
- * for any launch. A warp reads 32 adjacent columns of a row: coalesced. */
-template <typename T>
-__global__ static void bias_backward_kernel(float *dbias, const T *dout, int M, int N) {
-    int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= N)
-        return;
-    double acc = 0.0;
-    for (int i = 0; i < M; i++)
-        acc += ldf(dout[(size_t)i * N + j]);
-    dbias[j] = (float)(dbias[j] + acc);
-}
-
-int pxt_cuda_bias_backward(int index, float *dbias, const void *dout, int M, int N, pxt_dtype dt) {
-    if (M < 0 || N < 0)
-        return pxt_error(PXT_ERR_VALUE, "bias_backward: negative size M=%d N=%d", M, N);
-    PXT_CUDA_CHECK(cudaSetDevice(index));
-    PXT_TRY(pxt_cuda_dispatch(dt, "bias_backward", [&](auto tag) {
-        using T = decltype(tag);
-        if (N)
-            bias_backward_kernel<T><<<(N + 127) / 128, 128, 0, pxt_cuda_stream(index)>>>(
-                dbias, (const T *)dout, M, N);
-    }));
-    PXT_CUDA_CHECK_LAUNCH("bias_backward");
-    return PXT_OK;
-}
+#undef GEMM_CUBLAS_WS
+#undef GEMM_STAGE

@@ -30,12 +30,14 @@ __global__ static void __launch_bounds__(PXT_PARTS_BLOCK)
     sh[threadIdx.x] = a;
     __syncthreads();
     for (int s = PXT_PARTS_BLOCK / 2; s > 0; s >>= 1) {
-        if ((int)threadIdx.x < s)
+        if ((int)threadIdx.x < s) {
             sh[threadIdx.x] += sh[threadIdx.x + s];
+        }
         __syncthreads();
     }
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0) {
         parts[blockIdx.x] = sh[0];
+    }
 }
 
 #endif

@@ -25,52 +25,63 @@ __global__ static void __launch_bounds__(XENT_BLOCK)
     if (t < 0 || t >= V) { /* -1: ignored, no loss, no gradient */
         /* another value slipped past the caller's check: NaN, never a stray read */
         float fill = t == -1 ? 0.0f : NAN;
-        if (tid == 0)
+        if (tid == 0) {
             losses[blockIdx.x] = fill;
-        if (backward)
-            for (int j = tid; j < V; j += XENT_BLOCK)
+        }
+        if (backward) {
+            for (int j = tid; j < V; j += XENT_BLOCK) {
                 x[j] = fill;
+            }
+        }
         return;
     }
     float mx = -INFINITY;
-    for (int j = tid; j < V; j += XENT_BLOCK)
+    for (int j = tid; j < V; j += XENT_BLOCK) {
         mx = fmaxf(mx, x[j]);
+    }
     shm[tid] = mx;
     __syncthreads();
     for (int s = XENT_BLOCK / 2; s > 0; s >>= 1) {
-        if (tid < s)
+        if (tid < s) {
             shm[tid] = fmaxf(shm[tid], shm[tid + s]);
+        }
         __syncthreads();
     }
     mx = shm[0];
     double sum = 0.0;
-    for (int j = tid; j < V; j += XENT_BLOCK)
+    for (int j = tid; j < V; j += XENT_BLOCK) {
         sum += expf(x[j] - mx);
+    }
     shs[tid] = sum;
     __syncthreads();
     for (int s = XENT_BLOCK / 2; s > 0; s >>= 1) {
-        if (tid < s)
+        if (tid < s) {
             shs[tid] += shs[tid + s];
+        }
         __syncthreads();
     }
     sum = shs[0];
-    if (tid == 0)
+    if (tid == 0) {
         losses[blockIdx.x] = (float)(((double)mx - x[t]) + log(sum));
+    }
     if (backward) {
         __syncthreads(); /* x[t] is read above before any thread overwrites it */
         float inv = (float)(1.0 / sum);
-        for (int j = tid; j < V; j += XENT_BLOCK)
+        for (int j = tid; j < V; j += XENT_BLOCK) {
             x[j] = scale * (expf(x[j] - mx) * inv - (j == t ? 1.0f : 0.0f));
+        }
     }
 }
 
 int pxt_cuda_softmax_xent(int index, float *logits, float *losses, const int32_t *targets, int N,
                           int V, float scale, int backward) {
-    if (N < 0 || V <= 0)
+    if (N < 0 || V <= 0) {
         return pxt_error(PXT_ERR_VALUE, "softmax_xent: bad size N=%d V=%d", N, V);
-    if (N == 0)
+    }
+    if (N == 0) {
         return PXT_OK;
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    }
+    PXT_CUDA_ENTER(index);
     /* targets live on the device: the callers check them ([-1, V)) on the host
      * side; the kernel turns any other value into NaN rather than reading out of
      * the row */
@@ -97,8 +108,9 @@ static int sum_locked(int index, double *out, const float *x, size_t n) {
     PXT_CUDA_CHECK(cudaMemcpyAsync(host, parts, sizeof host, cudaMemcpyDeviceToHost, stream));
     PXT_CUDA_CHECK(cudaStreamSynchronize(stream));
     double total = 0.0;
-    for (int p = 0; p < SUM_PARTS; p++) /* in order, on the host */
+    for (int p = 0; p < SUM_PARTS; p++) { /* in order, on the host */
         total += host[p];
+    }
     *out = total;
     return PXT_OK;
 }
@@ -108,9 +120,12 @@ int pxt_cuda_sum(int index, double *out, const float *x, size_t n) {
         *out = 0.0;
         return PXT_OK;
     }
-    PXT_CUDA_CHECK(cudaSetDevice(index));
+    PXT_CUDA_ENTER(index);
     pthread_mutex_lock(&sum_lock);
     int rc = sum_locked(index, out, x, n);
     pthread_mutex_unlock(&sum_lock);
     return rc;
 }
+
+#undef XENT_BLOCK
+#undef SUM_PARTS

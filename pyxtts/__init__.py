@@ -51,12 +51,13 @@ try:
         uint8,
         zeros,
     )
-except ImportError as exc:  # a source checkout that was never built
-    raise ImportError(
-        "pyxtts's C extension (pyxtts._C) is not built here. Install the package with "
-        "`pip install .` and run from outside the source tree, or build in place with "
-        "`python setup.py build_ext --inplace`."
-    ) from exc
+except ImportError as exc:  # not built here, or built but a library it needs is missing
+    from pyxtts._origin import load_error
+
+    raise load_error(exc) from exc
+from pyxtts._origin import warn_if_shadowing as _warn_if_shadowing
+
+_warn_if_shadowing()
 from pyxtts.batch import (
     StepResult,
     find_optimal_batch_size,
@@ -64,10 +65,10 @@ from pyxtts.batch import (
 )
 from pyxtts.checkpoint import (
     CheckpointError,
-    import_xtts_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
+from pyxtts.coqui_checkpoint import export_xtts_checkpoint, import_xtts_checkpoint
 from pyxtts.config import (
     DataConfig,
     TrainingConfig,
@@ -134,6 +135,7 @@ __all__ = [
     "empty",
     "empty_cache",
     "estimate_memory",
+    "export_xtts_checkpoint",
     "find_optimal_batch_size",
     "float16",
     "float32",

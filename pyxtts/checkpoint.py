@@ -1,11 +1,14 @@
-"""Crash-safe checkpoints in the safetensors format, and the XTTS v2 ``.pth`` importer.
+"""Crash-safe checkpoints in the safetensors format.
 
 A checkpoint is one ``.safetensors`` file:
 
-- tensors ``model.<name>`` (the parameters, names as in ``XTTSGPT.state_dict()``) and
+- tensors ``model.<name>`` (the parameters, names as in ``XTTSGPT.state_dict()``),
   ``optimizer.<key>`` (the arrays of ``optimizer.state_dict()``; nested keys joined by
-  ``.``); bfloat16 arrays are stored as their uint16 bit patterns and named in the
-  metadata, so every bit round-trips;
+  ``.``) and ``carried.<name>``: tensors of an imported XTTS GPT that the model does not
+  have (yet), kept so that nothing of the source is lost; ``load_checkpoint`` loads one
+  into a model that has a parameter of that name, and reports the others. bfloat16
+  arrays are stored as their uint16 bit patterns and named in the metadata, so every
+  bit round-trips;
 - one string metadata entry ``"pyxtts"``: JSON with the format marker and version, the
   pyxtts version, the model config, precision, step, the optimizer's non-array state
   (learning rate, step count, loss scale, ...), and the caller's ``extra`` (for example
@@ -21,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
@@ -29,14 +32,15 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "CheckpointError", "import_xtts_checkpoint", "load_checkpoint",
-           "read_checkpoint", "save_checkpoint"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "CheckpointError", "load_checkpoint", "read_checkpoint",
+           "save_checkpoint"]
 
 FORMAT = "pyxtts.checkpoint"
 FORMAT_VERSION = 1
 META_KEY = "pyxtts"
 MODEL_PREFIX = "model."
 OPTIM_PREFIX = "optimizer."
+CARRIED_PREFIX = "carried."
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _TMP_RE = re.compile(r"\.tmp-(\d+)$")
 _SCALAR_TYPES = (bool, int, float, str, type(None))
@@ -197,14 +201,15 @@ def _remove_stale_temps(path: Path) -> None:
                 pass
 
 
-def _write_atomic(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
-    from safetensors.numpy import save_file
-
+def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """Calls ``write(tmp)`` for ``<path>.tmp-<pid>`` beside ``path``, fsyncs it, renames it
+    over ``path`` and fsyncs the directory: a process killed at any moment leaves the old
+    file or the new one, never a mix (a failure removes the temporary file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(path)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     try:
-        save_file(tensors, str(tmp), metadata=metadata)
+        write(tmp)
         fd = os.open(tmp, os.O_RDWR)
         try:
             os.fsync(fd)
@@ -220,15 +225,22 @@ def _write_atomic(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str
     _fsync_dir(path.parent)
 
 
+def _write_atomic(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
+    from safetensors.numpy import save_file
+
+    write_atomic(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+
+
 # ---- save --------------------------------------------------------------------
 
 def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, step: int = 0,
-                    extra: Any = None) -> None:
+                    extra: Any = None, carried: Mapping[str, Any] | None = None) -> None:
     """Writes model (and optimizer) state to ``path`` atomically (see the module doc).
 
     ``extra`` is any JSON-serialisable value (dicts, lists, str, int, float, bool, None),
     e.g. ``{"epoch": 3, "rng": rng.bit_generator.state}``; it comes back from
-    ``load_checkpoint`` (tuples as lists)."""
+    ``load_checkpoint`` (tuples as lists). ``carried``: name -> array of tensors the model
+    does not have, stored as ``carried.<name>`` (names the model has are refused)."""
     if isinstance(step, bool) or not hasattr(step, "__index__"):
         raise TypeError(f"step: expected an int, got {step!r}")
     if int(step) < 0:
@@ -256,6 +268,18 @@ def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
         tensors.update(opt_tensors)
         dtypes.update(notes)
         opt_meta = {"type": type(optimizer).__name__, "state": skeleton}
+    if carried is not None:
+        if not isinstance(carried, Mapping):
+            raise TypeError(f"carried: expected a mapping of name -> array, got {type(carried).__name__}")
+        own = set(model.parameters())
+        for name, value in carried.items():
+            if not isinstance(name, str) or name in own:
+                raise ValueError(f"carried: {name!r} " + ("is a parameter of the model; save it as one" if
+                                                         name in own else "is not a str"))
+            key = CARRIED_PREFIX + name
+            tensors[key], note = _tensor_of(key, value)
+            if note:
+                dtypes[key] = note
     meta = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -326,9 +350,12 @@ def _parse_meta(path: Path, text: str) -> dict:
 
 
 def _validate_model(path: Path, meta: dict, tensors: Mapping[str, np.ndarray], model: Any,
-                    has_optimizer: bool) -> dict[str, np.ndarray]:
+                    has_optimizer: bool) -> tuple[dict[str, np.ndarray], list[str]]:
+    """(the model's tensors, the carried names it does not take)."""
     want = asdict(model.config)
-    got = meta["config"]
+    # fields added after a file was written have their defaults there
+    got = {**{f.name: f.default for f in fields(model.config) if f.name not in meta["config"]},
+           **meta["config"]}
     diffs = [f"{k}: checkpoint {got.get(k, '<absent>')!r}, model {want.get(k, '<absent>')!r}"
              for k in list(want) + [k for k in got if k not in want] if got.get(k, "<absent>") != want.get(k, "<absent>")]
     if diffs:
@@ -339,6 +366,9 @@ def _validate_model(path: Path, meta: dict, tensors: Mapping[str, np.ndarray], m
                               f"{getattr(model, 'precision', None)!r}); the optimizer state would not fit")
     params = model.parameters()
     state = {k[len(MODEL_PREFIX):]: v for k, v in tensors.items() if k.startswith(MODEL_PREFIX)}
+    carried = {k[len(CARRIED_PREFIX):]: v for k, v in tensors.items() if k.startswith(CARRIED_PREFIX)}
+    for name in [n for n in carried if n in params and n not in state]:  # a tensor the model gained
+        state[name] = carried.pop(name)
     missing = [n for n in params if n not in state]
     unexpected = [n for n in state if n not in params]
     if missing or unexpected:
@@ -351,24 +381,27 @@ def _validate_model(path: Path, meta: dict, tensors: Mapping[str, np.ndarray], m
             raise CheckpointError(f"{path}: model.{name} has dtype {a.dtype}, expected floating point")
         if not np.isfinite(a.astype(np.float32)).all():
             raise CheckpointError(f"{path}: model.{name} contains NaN or infinity")
-    return state
+    return state, sorted(carried)
 
 
 def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None) -> dict:
     """Loads a checkpoint written by ``save_checkpoint`` into ``model`` (and ``optimizer``)
     and returns its metadata (``step``, ``extra``, ``config``, ``precision``,
-    ``pyxtts_version``, ``optimizer`` (its non-array state), ...).
+    ``pyxtts_version``, ``optimizer`` (its non-array state), ``carried``: the names of
+    the file's carried tensors the model has no parameter for, ...). A carried tensor
+    the model has a parameter for is loaded into it.
 
     Everything is validated first (container, marker, format version, config, names,
     shapes, dtypes, finiteness, optimizer state structure); a refusal is a
     ``CheckpointError`` naming the problem, with model and optimizer unchanged."""
     path = Path(path)
     meta, tensors = read_checkpoint(path)
-    known = {k for k in tensors if k.startswith((MODEL_PREFIX, OPTIM_PREFIX))}
+    known = {k for k in tensors if k.startswith((MODEL_PREFIX, OPTIM_PREFIX, CARRIED_PREFIX))}
     if len(known) != len(tensors):
         strange = sorted(set(tensors) - known)[:3]
-        raise CheckpointError(f"{path}: unexpected tensors {strange} (neither 'model.' nor 'optimizer.')")
-    state = _validate_model(path, meta, tensors, model, optimizer is not None)
+        raise CheckpointError(f"{path}: unexpected tensors {strange} (neither 'model.', 'optimizer.' "
+                              "nor 'carried.')")
+    state, carried = _validate_model(path, meta, tensors, model, optimizer is not None)
     opt_state = None
     if optimizer is not None:
         opt_meta = meta.get("optimizer")
@@ -395,6 +428,7 @@ def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None) 
             raise
     out = dict(meta)
     out.pop("dtypes", None)
+    out["carried"] = carried
     if isinstance(out.get("optimizer"), dict):  # the non-array optimizer state, for reading
         out["optimizer"] = {"type": out["optimizer"].get("type"),
                             "state": _strip_tensors(out["optimizer"].get("state"))}
@@ -408,92 +442,3 @@ def _strip_tensors(skeleton: Any) -> Any:
     if isinstance(skeleton, list):
         return [v for v in (_strip_tensors(x) for x in skeleton)]
     return skeleton
-
-
-# ---- XTTS v2 .pth import -------------------------------------------------------
-
-def _infer_config(gpt: Mapping[str, np.ndarray], base: Any) -> Any:
-    from pyxtts.model import ModelConfig
-
-    def shape(name: str) -> tuple[int, ...]:
-        if name not in gpt:
-            raise CheckpointError(f"cannot infer the config: the checkpoint lacks {name!r}")
-        return tuple(gpt[name].shape)
-
-    layers = {int(m.group(1)) for k in gpt if (m := re.match(r"gpt\.h\.(\d+)\.", k))}
-    if not layers:
-        raise CheckpointError("cannot infer the config: no 'gpt.h.<i>.' keys (is this an XTTS GPT?)")
-    text_vocab, d = shape("text_embedding.weight")
-    audio_vocab, _ = shape("mel_embedding.weight")
-    max_text, _ = shape("text_pos_embedding.emb.weight")
-    max_audio, _ = shape("mel_pos_embedding.emb.weight")
-    kw = {f.name: getattr(base, f.name) for f in fields(base)}
-    kw.update(n_layers=max(layers) + 1, d_model=d, text_vocab_size=text_vocab,
-              audio_vocab_size=audio_vocab, max_text_tokens=max_text, max_audio_tokens=max_audio,
-              max_attention_sequence_length=None)
-    if d % kw["n_heads"]:
-        kw["n_heads"] = max(h for h in (16, 8, 4, 2, 1) if d % h == 0)
-    return ModelConfig(**kw)
-
-
-def import_xtts_checkpoint(pth_path: str | os.PathLike, out_path: str | os.PathLike,
-                           config: Any = None) -> dict:
-    """Converts the GPT of an XTTS v2 ``.pth`` into a pyxtts checkpoint at ``out_path``.
-
-    The file is read with ``torch.load(..., map_location="cpu", weights_only=True)``
-    (PyTorch's restricted loader: tensors and plain containers, no arbitrary objects),
-    so torch must be installed. The ``"model"`` entry is used when present; of its keys,
-    those of the GPT (``gpt.`` prefix, stripped) are kept, everything else (HiFi-GAN
-    decoder, DVAE, conditioning encoder, ...) is left out. Without ``config`` the sizes
-    are inferred from the shapes (n_heads stays XTTS v2's 16 when it divides d_model).
-    Returns the metadata written (as ``load_checkpoint`` would)."""
-    try:
-        import torch
-    except ImportError as exc:
-        raise ImportError("import_xtts_checkpoint reads PyTorch .pth files and needs torch: "
-                          "`pip install torch` (the CPU build is enough)") from exc
-    from pyxtts.model import XTTSGPT, ModelConfig
-
-    pth_path = Path(pth_path)
-    try:
-        obj = torch.load(str(pth_path), map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise CheckpointError(f"{pth_path}: not a loadable PyTorch checkpoint with weights_only=True: "
-                              f"{type(exc).__name__}: {exc}") from exc
-    sd = obj.get("model", obj) if isinstance(obj, Mapping) else None
-    if not isinstance(sd, Mapping):
-        raise CheckpointError(f"{pth_path}: expected a dict of tensors (or one under 'model'), "
-                              f"got {type(obj).__name__}")
-    gpt: dict[str, np.ndarray] = {}
-    for key, value in sd.items():
-        if not isinstance(key, str) or not key.startswith("gpt.") or not isinstance(value, torch.Tensor):
-            continue
-        t = value.detach().cpu()
-        gpt[key[4:]] = (t.view(torch.int16).numpy().view(_BF16) if t.dtype == torch.bfloat16
-                        else t.float().numpy() if t.dtype == torch.float16 else t.numpy())
-    if not gpt:
-        raise CheckpointError(f"{pth_path}: no 'gpt.' keys: not an XTTS checkpoint")
-    if config is None:
-        config = _infer_config(gpt, ModelConfig())
-    elif not isinstance(config, ModelConfig):
-        raise TypeError(f"config: expected a ModelConfig or None, got {type(config).__name__}")
-    model = XTTSGPT(config, device="cpu", precision="fp32", seed=0)
-    params = model.parameters()
-    kept = {k: v for k, v in gpt.items() if k in params}
-    missing = [k for k in params if k not in kept]
-    if missing:
-        raise CheckpointError(f"{pth_path}: the GPT lacks {len(missing)} parameters of this config "
-                              f"(e.g. {missing[:3]})")
-    for k, v in kept.items():
-        if tuple(v.shape) != tuple(params[k].shape):
-            raise CheckpointError(f"{pth_path}: gpt.{k} has shape {tuple(v.shape)}, the config expects "
-                                  f"{tuple(params[k].shape)} (pass the right ModelConfig)")
-    try:
-        model.load_state_dict(kept, strict=True)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise CheckpointError(f"{pth_path}: {exc}") from exc
-    ignored = sorted(k for k in gpt if k not in params)
-    extra = {"imported_from": str(pth_path), "ignored_gpt_keys": ignored}
-    save_checkpoint(out_path, model, step=0, extra=extra)
-    return {"format": FORMAT, "format_version": FORMAT_VERSION, "config": asdict(config),
-            "step": 0, "extra": extra}

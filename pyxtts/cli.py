@@ -135,6 +135,26 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from pyxtts.checkpoint import CheckpointError
+    from pyxtts.coqui_checkpoint import export_xtts_checkpoint
+
+    try:
+        report = export_xtts_checkpoint(args.checkpoint, args.base, args.out)
+    except (CheckpointError, OSError, TypeError, ValueError) as exc:
+        return _fail("export", exc)
+    print(f"written: {report['model_pth']}")
+    print(f"  {len(report['replaced'])} GPT tensors from {args.checkpoint}")
+    if report["carried_from_base"]:
+        print(f"  {len(report['carried_from_base'])} GPT tensors carried unchanged from the base (the model "
+              f"does not train them): {', '.join(report['carried_from_base'][:3])}, ...")
+    print("  every other tensor and the pickled config: the base's, byte for byte")
+    print(f"  copied beside it: {', '.join(report['copied']) or 'nothing'}")
+    if report["not_in_base"]:
+        print(f"  not in the base, so not copied: {', '.join(report['not_in_base'])}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pyxtts", description=pyxtts.__doc__)
     sub = parser.add_subparsers(dest="command")
@@ -186,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--overwrite", action="store_true", help="replace an output folder prepared from other inputs")
     pr.add_argument("--no-progress", action="store_true", help="no progress bar")
     pr.set_defaults(func=_prepare)
+    ex = sub.add_parser("export", help="write a fine-tuned GPT into a Coqui XTTS checkpoint folder")
+    ex.add_argument("--checkpoint", required=True, help="pyxtts checkpoint (e.g. RUN/step_N.safetensors)")
+    ex.add_argument("--base", required=True,
+                    help="the Coqui XTTS folder (model.pth, config.json, vocab.json) the model was fine-tuned from")
+    ex.add_argument("--out", required=True, help="folder to write model.pth, config.json and vocab.json into")
+    ex.set_defaults(func=_export)
     gi = sub.add_parser("gpu-info", help="build, devices and memory")
     gi.add_argument("--json", action="store_true", help="machine-readable output")
     gi.set_defaults(func=_gpu_info)

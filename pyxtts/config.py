@@ -44,6 +44,7 @@ CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
 PRECISIONS = ("fp32", "bf16", "fp16")
 POLICIES = ("none", "selective", "full", "auto")
 SCHEDULES = ("constant", "warmup_cosine", "multistep")
+DECAY_SETS = ("weights", "matrices")
 
 
 # ---- field checks ---------------------------------------------------------------
@@ -128,13 +129,22 @@ def _unknown_key(section: str, key: Any, valid: list[str]) -> ValueError:
 
 @dataclass
 class TrainingConfig:
-    """Optimizer, precision, memory policy, schedule, length of the run, checkpoints."""
+    """Optimizer, precision, memory policy, schedule, length of the run, checkpoints.
+
+    The optimizer's defaults are Coqui's XTTS v2 fine-tuning recipe
+    (``recipes/ljspeech/xtts_v2/train_gpt_xtts.py``): AdamW with lr 5e-6, betas
+    (0.9, 0.96), eps 1e-8, weight decay 1e-2 on the weights only
+    (``optimizer_wd_only_on_weights``), no gradient clipping (the recipe sets none and
+    Coqui's trainer defaults to 0), MultiStepLR at 900k/2.7M/5.4M steps with gamma 0.5."""
 
     learning_rate: float = 5e-6
     betas: tuple[float, float] = (0.9, 0.96)
     eps: float = 1e-8
     weight_decay: float = 1e-2
-    grad_clip: float | None = 1.0  # None: no clipping
+    # "weights": Coqui's set (Linear/Conv weights, the perceiver's latents and gamma; never
+    # biases, norms or embeddings); "matrices": every tensor of 2+ dims, embeddings included
+    weight_decay_on: str = "weights"
+    grad_clip: float | None = None  # None: no clipping
     gradient_accumulation_steps: int = 1
     precision: str | None = None  # None: from mixed_precision (True -> bf16), else fp32
     mixed_precision: bool | None = None
@@ -157,6 +167,9 @@ class TrainingConfig:
     log_interval: int = 50
     seed: int = 0
     device: str = "auto"  # "auto": cuda:0 when a GPU is available, else cpu
+    # weights a fresh run starts from: a pyxtts checkpoint's model tensors, e.g. the file
+    # import_xtts_checkpoint writes (a resumed run takes its own checkpoint's instead)
+    init_checkpoint: str | None = None
 
     def __post_init__(self) -> None:
         _check_types(self, "training")
@@ -188,6 +201,8 @@ class TrainingConfig:
             _rule(0.0 <= b < 1.0, f"{w}betas[{i}]", b, "in [0, 1)")
         _positive(w + "eps", self.eps)
         _positive(w + "weight_decay", self.weight_decay, allow_zero=True)
+        _rule(self.weight_decay_on in DECAY_SETS, w + "weight_decay_on", self.weight_decay_on,
+              f"one of {', '.join(DECAY_SETS)}")
         _positive(w + "grad_clip", self.grad_clip)
         _rule(self.gradient_accumulation_steps >= 1, w + "gradient_accumulation_steps",
               self.gradient_accumulation_steps, ">= 1")
@@ -218,6 +233,7 @@ class TrainingConfig:
             _rule(self.warmup_steps < self.max_steps, w + "warmup_steps", self.warmup_steps,
                   f"< max_steps={self.max_steps}")
         _rule(self.checkpoint_dir != "", w + "checkpoint_dir", self.checkpoint_dir, "a non-empty path")
+        _rule(self.init_checkpoint != "", w + "init_checkpoint", self.init_checkpoint, "null or a path")
         _rule(self.seed >= 0, w + "seed", self.seed, ">= 0")
         _rule(self.device == "auto" or self.device == "cpu" or re.fullmatch(r"cuda(:\d+)?", self.device) is not None,
               w + "device", self.device, "'auto', 'cpu', 'cuda' or 'cuda:N'")

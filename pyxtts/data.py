@@ -13,12 +13,17 @@ Manifest format: a text file, one JSON object per line, ``{"text": ..., "audio":
 "cond": ...}`` (``cond`` optional); each value is either a list (of ids, or of rows for
 ``cond``) or the path of a ``.npy`` file, relative to the manifest's folder.
 
-Targets (next-token prediction, the XTTS GPT convention): for a sample of ids
-``x[0..n-1]`` the inputs are ``x`` and ``targets[t] = x[t+1]`` for ``t < n-1``;
-``targets[n-1]`` is the stop token when one is given (``text_stop_token`` /
-``audio_stop_token``), else -1 (ignored). Include start tokens in the ids when your
-recipe uses them (XTTS v2 frames audio codes with start 1024 and stop 1025). Padding
-past a sample's length has input id 0 and target -1.
+Framing. With a model config that sets the start/stop token ids (an XTTS config:
+``ModelConfig.from_xtts_config`` or a shipped XTTS v2 config), the samples hold the
+tokenizer's text ids and the DVAE's codes without start/stop tokens and ``collate``
+frames them as Coqui does (``pyxtts.framing``): text ``[START, ids]`` with targets
+``[ids, STOP]``, audio ``[START, codes, STOP x3]`` with targets ``[codes, STOP x4]``.
+
+Without one, targets are the next-token shift: for ids ``x[0..n-1]`` the inputs are
+``x`` and ``targets[t] = x[t+1]`` for ``t < n-1``; ``targets[n-1]`` is the stop token
+when one is given (``text_stop_token`` / ``audio_stop_token``), else -1 (ignored); start
+tokens are the ids' own business. Either way padding past a sample's length has input
+id 0 and target -1.
 """
 from __future__ import annotations
 
@@ -29,6 +34,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
+
+from pyxtts.framing import AUDIO_OVERHEAD, TEXT_OVERHEAD, frame_batch
 
 __all__ = ["DataError", "Sample", "TTSDataset", "SyntheticDataset", "shard_arrays", "write_shards", "collate",
            "batch_groups", "bucketed_batches"]
@@ -223,21 +230,25 @@ class TTSDataset(Sequence):
         return np.array([(len(s.text), len(s.audio)) for s in self.samples], dtype=np.int64).reshape(-1, 2)
 
     def validate(self, config) -> None:
-        """Every id within the vocabularies, lengths within the maxima, conditioning latents
-        of width d_model, all or none of the samples conditioned; raises DataError."""
+        """Every id within the vocabularies, lengths within the maxima (with a framing
+        config, the framed lengths: ``len(text) + 1`` and ``len(audio) + 4``), conditioning
+        latents of width d_model, all or none of the samples conditioned; raises DataError."""
         c = config
+        framed = bool(getattr(c, "frames_data", False))
+        extra_t, extra_a = (TEXT_OVERHEAD, AUDIO_OVERHEAD) if framed else (0, 0)
         has_cond = None
         for j, s in enumerate(self.samples):
             where = s.source or f"sample {j}"
-            for what, ids, vocab, cap in (("text", s.text, c.text_vocab_size, c.max_text_tokens),
-                                          ("audio", s.audio, c.audio_vocab_size, c.max_audio_tokens)):
+            for what, ids, vocab, cap in (("text", s.text, c.text_vocab_size, c.max_text_tokens - extra_t),
+                                          ("audio", s.audio, c.audio_vocab_size, c.max_audio_tokens - extra_a)):
                 bad = (ids < 0) | (ids >= vocab)
                 if bad.any():
                     pos = int(np.argmax(bad))
                     raise DataError(f"{where}: {what}[{pos}] = {int(ids[pos])} is out of range [0, {vocab})")
                 if len(ids) > cap:
                     raise DataError(f"{where}: {len(ids)} {what} tokens exceed the model's maximum of {cap} "
-                                    "(pyxtts never truncates)")
+                                    + ("(its positions less the start/stop tokens the framing adds) " if framed
+                                       else "") + "(pyxtts never truncates)")
             if has_cond is None:
                 has_cond = s.cond is not None
             elif has_cond != (s.cond is not None):
@@ -250,8 +261,9 @@ class TTSDataset(Sequence):
                 if not np.isfinite(s.cond).all():
                     pos = tuple(int(i) for i in np.argwhere(~np.isfinite(s.cond))[0])
                     raise DataError(f"{where}: cond{list(pos)} is NaN or infinite")
-            if nc + len(s.text) + len(s.audio) > c.max_attention_sequence_length:
-                raise DataError(f"{where}: sequence of {nc + len(s.text) + len(s.audio)} exceeds "
+            seq = nc + len(s.text) + len(s.audio) + extra_t + extra_a
+            if seq > c.max_attention_sequence_length:
+                raise DataError(f"{where}: sequence of {seq} exceeds "
                                 f"max_attention_sequence_length={c.max_attention_sequence_length}")
 
     def split(self, n_eval: int, seed: int = 0) -> tuple["TTSDataset", "TTSDataset"]:
@@ -278,23 +290,35 @@ def _shift(ids: np.ndarray, stop: int | None) -> np.ndarray:
 
 
 def collate(samples: Sequence[Sample], text_stop_token: int | None = None,
-            audio_stop_token: int | None = None) -> dict:
-    """A batch dict padded to its longest text and audio (no other padding); targets are
-    the next-token shift described in the module docstring."""
+            audio_stop_token: int | None = None, *, config=None, ignore_code_ranges=None) -> dict:
+    """A batch dict padded to its longest text and audio (no other padding). With a
+    ``config`` that sets the start/stop ids, the samples are framed as Coqui does and
+    ``ignore_code_ranges`` (per sample None or (start, end) code indices) masks the
+    targets of those codes (``pyxtts.framing``); otherwise targets are the next-token
+    shift with the optional stop tokens (module docstring)."""
     if not samples:
         raise ValueError("collate: no samples")
-    B = len(samples)
-    tl = np.array([len(s.text) for s in samples], dtype=np.int64)
-    al = np.array([len(s.audio) for s in samples], dtype=np.int64)
-    Lt, La = int(tl.max()), int(al.max())
-    out = {"text_inputs": np.zeros((B, Lt), np.int64), "text_targets": np.full((B, Lt), -1, np.int64),
-           "audio_inputs": np.zeros((B, La), np.int64), "audio_targets": np.full((B, La), -1, np.int64),
-           "text_lengths": tl, "audio_lengths": al}
-    for i, s in enumerate(samples):
-        out["text_inputs"][i, :len(s.text)] = s.text
-        out["text_targets"][i, :len(s.text)] = _shift(s.text, text_stop_token)
-        out["audio_inputs"][i, :len(s.audio)] = s.audio
-        out["audio_targets"][i, :len(s.audio)] = _shift(s.audio, audio_stop_token)
+    framed = config is not None and config.frames_data
+    if framed and (text_stop_token is not None or audio_stop_token is not None):
+        raise ValueError("collate: the config's start/stop ids frame the samples; pass no text_stop_token "
+                         "or audio_stop_token with it")
+    if not framed and ignore_code_ranges is not None:
+        raise ValueError("collate: ignore_code_ranges needs a config with start/stop token ids (Coqui's framing)")
+    if framed:
+        out = frame_batch([s.text for s in samples], [s.audio for s in samples], config, ignore_code_ranges)
+    else:
+        B = len(samples)
+        tl = np.array([len(s.text) for s in samples], dtype=np.int64)
+        al = np.array([len(s.audio) for s in samples], dtype=np.int64)
+        Lt, La = int(tl.max()), int(al.max())
+        out = {"text_inputs": np.zeros((B, Lt), np.int64), "text_targets": np.full((B, Lt), -1, np.int64),
+               "audio_inputs": np.zeros((B, La), np.int64), "audio_targets": np.full((B, La), -1, np.int64),
+               "text_lengths": tl, "audio_lengths": al}
+        for i, s in enumerate(samples):
+            out["text_inputs"][i, :len(s.text)] = s.text
+            out["text_targets"][i, :len(s.text)] = _shift(s.text, text_stop_token)
+            out["audio_inputs"][i, :len(s.audio)] = s.audio
+            out["audio_targets"][i, :len(s.audio)] = _shift(s.audio, audio_stop_token)
     conds = [s.cond for s in samples]
     if any(c is not None for c in conds):
         if any(c is None for c in conds) or len({c.shape for c in conds}) != 1:
@@ -328,14 +352,14 @@ def batch_groups(dataset: Sequence[Sample], batch_size: int, shuffle: bool = Tru
 
 def bucketed_batches(dataset: Sequence[Sample], batch_size: int, shuffle: bool = True, seed: int = 0,
                      bucket_factor: int = 8, drop_last: bool = False, text_stop_token: int | None = None,
-                     audio_stop_token: int | None = None) -> Iterator[dict]:
+                     audio_stop_token: int | None = None, config=None) -> Iterator[dict]:
     """Length-bucketed batches: the (seeded) shuffled indices are cut into pools of
     ``batch_size * bucket_factor`` samples, each pool is sorted by total length and cut into
     batches, and the batches are shuffled; so a batch holds samples of similar length and
     pads little. The same seed gives the same batches in the same order. The last,
-    smaller batch is kept unless ``drop_last``."""
+    smaller batch is kept unless ``drop_last``. ``config``: as for ``collate``."""
     for g in batch_groups(dataset, batch_size, shuffle, seed, bucket_factor, drop_last):
-        yield collate([dataset[int(i)] for i in g], text_stop_token, audio_stop_token)
+        yield collate([dataset[int(i)] for i in g], text_stop_token, audio_stop_token, config=config)
 
 
 class SyntheticDataset(TTSDataset):
@@ -344,14 +368,16 @@ class SyntheticDataset(TTSDataset):
     repeated ``repeat`` times (audio[j] = table[text[j // repeat]]), as speech holds each
     sound for several frames. Text ids come from the first ``alphabet`` ids of the vocabulary;
     lengths are uniform in [min_text, max_text] (default: up to max_text_tokens and to what
-    the audio maximum allows)."""
+    the audio maximum allows, less the start/stop tokens of a framing config)."""
 
     def __init__(self, config, n_samples: int, seed: int = 0, repeat: int = 2, alphabet: int = 16,
                  min_text: int = 2, max_text: int | None = None, cond: bool = False) -> None:
         rng = np.random.default_rng(seed)
         c = config
         alphabet = min(alphabet, c.text_vocab_size)
-        cap = min(c.max_text_tokens, c.max_audio_tokens // repeat)
+        framed = bool(getattr(c, "frames_data", False))
+        cap = (min(c.max_text_tokens - TEXT_OVERHEAD, (c.max_audio_tokens - AUDIO_OVERHEAD) // repeat) if framed
+               else min(c.max_text_tokens, c.max_audio_tokens // repeat))
         max_text = cap if max_text is None else min(max_text, cap)
         if max_text < min_text:
             raise ValueError(f"SyntheticDataset: max_text={max_text} < min_text={min_text}")

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import difflib
-from dataclasses import asdict, dataclass, field, fields
+import os
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 import numpy as np
@@ -14,9 +15,20 @@ BATCH_KEYS = ("text_inputs", "text_targets", "audio_inputs", "audio_targets", "t
 OPTIONAL_BATCH_KEYS = ("cond_latents",)
 
 
+# The fields of ModelConfig the C engine takes (the others describe the data's framing
+# and Coqui's conditioning inputs, which Python handles).
+ENGINE_FIELDS = ("n_layers", "d_model", "n_heads", "text_vocab_size", "audio_vocab_size",
+                 "max_text_tokens", "max_audio_tokens", "n_cond_latents", "layer_norm_eps",
+                 "text_loss_weight", "audio_loss_weight", "max_attention_sequence_length")
+TOKEN_FIELDS = ("start_text_token", "stop_text_token", "start_audio_token", "stop_audio_token")
+
+
 @dataclass
 class ModelConfig:
-    """Sizes of the XTTS GPT. Defaults are XTTS v2's."""
+    """Sizes of the XTTS GPT. Defaults are XTTS v2's, except the start/stop token ids,
+    which are unset: a config with them (``from_xtts_config``, the shipped XTTS v2
+    configs) frames its data as Coqui does (``pyxtts.framing``); one without them
+    takes batches whose ids the user framed."""
 
     n_layers: int = 30
     d_model: int = 1024
@@ -31,37 +43,74 @@ class ModelConfig:
     audio_loss_weight: float = 1.0
     # None: n_cond_latents + max_text_tokens + max_audio_tokens
     max_attention_sequence_length: int | None = None
+    # Coqui's framing (all four or none): XTTS v2's are text 261/0, audio 1024/1025
+    start_text_token: int | None = None
+    stop_text_token: int | None = None
+    start_audio_token: int | None = None
+    stop_audio_token: int | None = None
+    code_stride_len: int = 1024  # audio samples per DVAE code (Coqui's gpt_code_stride_len)
+    use_perceiver_resampler: bool = True  # XTTS v2 (True) or v1 conditioning
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "max_attention_sequence_length" and value is None:
+            if value is None and f.name in ("max_attention_sequence_length",) + TOKEN_FIELDS:
+                continue
+            if f.name == "use_perceiver_resampler":
+                if not isinstance(value, bool):
+                    raise TypeError(f"ModelConfig.{f.name}: expected bool, got {value!r}")
                 continue
             want = float if f.name in ("layer_norm_eps", "text_loss_weight", "audio_loss_weight") else int
             if isinstance(value, bool) or not isinstance(value, (int, float) if want is float else int):
-                raise TypeError(f"ModelConfig.{f.name}: expected {want.__name__}, got {value!r}")
+                raise TypeError(f"ModelConfig.{f.name}: expected {want.__name__}"
+                                + (" or None" if f.name in TOKEN_FIELDS else "") + f", got {value!r}")
         if self.max_attention_sequence_length is None:
             self.max_attention_sequence_length = (self.n_cond_latents + self.max_text_tokens
                                                   + self.max_audio_tokens)
-        for name in ("n_layers", "d_model", "n_heads", "text_vocab_size", "audio_vocab_size",
-                     "max_text_tokens", "max_audio_tokens", "max_attention_sequence_length"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ModelConfig.{name}: must be >= 1, got {getattr(self, name)}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"ModelConfig.d_model: must be divisible by n_heads={self.n_heads}, "
-                             f"got {self.d_model}")
-        if self.n_cond_latents < 0:
-            raise ValueError(f"ModelConfig.n_cond_latents: must be >= 0, got {self.n_cond_latents}")
-        if not self.layer_norm_eps > 0:
-            raise ValueError(f"ModelConfig.layer_norm_eps: must be > 0, got {self.layer_norm_eps}")
-        for name in ("text_loss_weight", "audio_loss_weight"):
+        # the rules of the sizes live in the engine, in one place (ValueError naming the field)
+        _C.check_model_config(**self.engine_args())
+        # code_stride_len and the start/stop ids are the data's (pyxtts.framing), which the
+        # engine never sees
+        if self.code_stride_len < 1:
+            raise ValueError(f"ModelConfig.code_stride_len: must be >= 1, got {self.code_stride_len}")
+        given = [n for n in TOKEN_FIELDS if getattr(self, n) is not None]
+        if given and len(given) != len(TOKEN_FIELDS):
+            missing = [n for n in TOKEN_FIELDS if n not in given]
+            raise ValueError(f"ModelConfig: start/stop token ids are all set or all None; {', '.join(given)} "
+                             f"set but {', '.join(missing)} None")
+        for name in given:
+            vocab = self.text_vocab_size if "text" in name else self.audio_vocab_size
             v = getattr(self, name)
-            if not (np.isfinite(v) and v >= 0):
-                raise ValueError(f"ModelConfig.{name}: must be finite and >= 0, got {v}")
+            if not 0 <= v < vocab:
+                raise ValueError(f"ModelConfig.{name}: must be in [0, {vocab}) "
+                                 f"({'text' if 'text' in name else 'audio'}_vocab_size), got {v}")
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def frames_data(self) -> bool:
+        """True when the start/stop ids are set: collate and the Trainer frame the data
+        as Coqui does (``pyxtts.framing``)."""
+        return self.start_text_token is not None
+
+    def engine_args(self) -> dict[str, Any]:
+        """The fields the C engine takes, as keyword arguments."""
+        return {name: getattr(self, name) for name in ENGINE_FIELDS}
+
+    @classmethod
+    def from_xtts_config(cls, cfg: Any, vocab: str | os.PathLike | None = None) -> "ModelConfig":
+        """The config of the GPT Coqui builds from an XTTS config: ``cfg`` is the path of
+        its ``config.json`` or a dict (the whole config or its ``model_args``). Sizes as
+        Coqui's ``GPT`` derives them (2 more text positions, 3 more audio positions, 32
+        conditioning latents with the perceiver resampler, else ``gpt_max_prompt_tokens``).
+        The text vocabulary size and start/stop ids come from ``vocab`` (a tokenizer
+        ``vocab.json``; default: the one beside a ``config.json`` path) when there is one,
+        as Coqui's loader takes them, else from the config. See ``pyxtts.coqui_config``."""
+        from pyxtts.coqui_config import model_config_from_xtts
+
+        return model_config_from_xtts(cfg, vocab)
 
 
 @dataclass
@@ -92,6 +141,7 @@ class MemoryPlan:
     train: bool
     allocator_rounding: int = 0  # block rounding the allocator adds (in total)
     head_casts: int = 0  # 16-bit models: fp32 head biases and a dt copy of dlogits (in scratch)
+    reduce_workspace: int = 0  # partial sums of the deterministic reductions (in scratch)
     precision: str = "fp32"
     n_layers: int = field(repr=False, default=0)
 
@@ -116,6 +166,7 @@ class MemoryPlan:
             ("attention workspace", self.attention_workspace), ("logits chunk", self.logits),
             ("head casts (16-bit)", self.head_casts),
             ("activation gradients", self.activation_gradients), ("GEMM workspace", self.gemm_workspace),
+            ("reduction workspace", self.reduce_workspace),
             ("allocator rounding", self.allocator_rounding),
         ]
         lines = [f"memory plan ({self.precision}): batch {self.batch_size} x {self.sequence_length} tokens, "
@@ -136,7 +187,7 @@ def estimate_memory(config: ModelConfig, batch_size: int, text_len: int, audio_l
     if not isinstance(config, ModelConfig):
         raise TypeError(f"config: expected a ModelConfig, got {type(config).__name__}")
     return MemoryPlan._from_native(_C.plan_memory(
-        **asdict(config), batch_size=batch_size, text_len=text_len, audio_len=audio_len,
+        **config.engine_args(), batch_size=batch_size, text_len=text_len, audio_len=audio_len,
         cond_len=cond_len, checkpointing=checkpointing, train=train, budget=budget, device=device,
         optimizer=bool(optimizer), precision=precision))
 
@@ -174,11 +225,9 @@ class XTTSGPT:
         self.config = config if config is not None else ModelConfig()
         if not isinstance(self.config, ModelConfig):
             raise TypeError(f"config: expected a ModelConfig, got {type(config).__name__}")
-        if not isinstance(precision, str):
-            raise TypeError(f"precision: expected 'fp32', 'bf16' or 'fp16', got {precision!r}")
+        self._core = _C.GPT(**self.config.engine_args(), device=device, precision=precision,
+                            checkpointing=checkpointing, seed=seed)
         self.precision = precision
-        self._core = _C.GPT(**asdict(self.config), device=device, precision=precision,
-                            checkpointing=checkpointing, seed=int(seed))
         self._names = list(self._core.parameters())
 
     # ---- attributes -----------------------------------------------------------

@@ -21,6 +21,7 @@ redoes the step instead of ending the run. Around it:
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -38,6 +39,7 @@ from pyxtts import _C
 from pyxtts.batch import find_optimal_batch_size, train_step_with_accumulation
 from pyxtts.checkpoint import load_checkpoint, save_checkpoint
 from pyxtts.config import XTTSConfig
+from pyxtts.coqui_config import coqui_decay
 from pyxtts.data import Sample, TTSDataset, batch_groups, collate
 from pyxtts.memory import cleanup_gpu_memory, format_bytes
 from pyxtts.model import XTTSGPT
@@ -69,9 +71,13 @@ def model_from_config(config: XTTSConfig, device: str) -> XTTSGPT:
 
 
 def optimizer_from_config(model: XTTSGPT, t) -> Any:
-    """The ``AdamW`` a ``TrainingConfig`` describes; fp16 gets a dynamic loss scale."""
+    """The ``AdamW`` a ``TrainingConfig`` describes; fp16 gets a dynamic loss scale.
+    ``weight_decay_on`` "weights" decays the tensors Coqui's recipe decays
+    (``pyxtts.coqui_config.coqui_decay``), "matrices" every tensor of 2+ dims."""
+    decay = coqui_decay(model.parameters()) if t.weight_decay_on == "weights" else None
     return _C.AdamW(model, lr=t.learning_rate, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay,
-                    grad_clip=t.grad_clip, loss_scale=2.0**16 if t.precision == "fp16" else None)
+                    grad_clip=t.grad_clip, loss_scale=2.0**16 if t.precision == "fp16" else None,
+                    decay=decay)
 
 
 @dataclass
@@ -115,7 +121,8 @@ class _Progress:
 class Trainer:
     """Builds the model, optimizer and schedule a config describes and trains them.
 
-    ``device`` overrides ``training.device``. The device's memory budget is set to
+    ``training.init_checkpoint`` names the weights the model starts from (e.g. an
+    imported XTTS checkpoint). ``device`` overrides ``training.device``. The device's memory budget is set to
     ``training.max_memory_fraction`` of its total, unless a stricter limit is already set.
     ``log_path`` defaults to ``<checkpoint_dir>/train_log.jsonl``; ``progress=False``
     silences the bar and the log lines (the JSONL log is always written)."""
@@ -129,6 +136,8 @@ class Trainer:
         self.device = device if device is not None else t.resolved_device()
         self._apply_memory_fraction(t.max_memory_fraction)
         self.model = model_from_config(config, self.device)
+        if t.init_checkpoint is not None:  # before the optimizer takes its master copy
+            load_checkpoint(t.init_checkpoint, self.model)
         self.optimizer = optimizer_from_config(self.model, t)
         self.schedule = schedule_from_config(t)
         self.checkpoint_dir = Path(t.checkpoint_dir)
@@ -169,7 +178,7 @@ class Trainer:
         text = audio = 0.0
         n_text = n_audio = 0
         for g in batch_groups(dataset, c.data.batch_size, shuffle=False, bucket_factor=1):
-            r = self.model.forward(collate([dataset[int(i)] for i in g]))
+            r = self.model.forward(collate([dataset[int(i)] for i in g], config=c.model))
             text += r["text_loss"] * r["text_tokens"]
             audio += r["audio_loss"] * r["audio_tokens"]
             n_text += r["text_tokens"]
@@ -349,7 +358,7 @@ class Trainer:
             while self.step < total:
                 groups = batch_groups(dataset, effective, shuffle=d.shuffle, seed=d.shuffle_seed + self.epoch,
                                       bucket_factor=bucket)
-                ahead = _collated(dataset, groups[self.batch_in_epoch:], d.num_workers)
+                ahead = _collated(dataset, groups[self.batch_in_epoch:], d.num_workers, c.model)
                 for g, batch in ahead:
                     if self.step >= total:
                         break
@@ -419,24 +428,26 @@ class Trainer:
                          elapsed_s=elapsed, history=history, evals=evals)
 
 
-def _collated(dataset: Sequence[Sample], groups: list, workers: int) -> Iterator[tuple[Any, dict]]:
-    """(indices, batch) for each group in order; with ``workers`` > 0 that many threads
-    collate the next batches while a step runs (the engine releases the GIL)."""
+def _collated(dataset: Sequence[Sample], groups: list, workers: int, model_config: Any) -> Iterator[tuple[Any, dict]]:
+    """(indices, batch) for each group in order, framed as ``model_config`` says
+    (``collate``); with ``workers`` > 0 that many threads collate the next batches while a
+    step runs (the engine releases the GIL)."""
+    collate_batch = functools.partial(collate, config=model_config)
     if workers == 0:
         for g in groups:
-            yield g, collate([dataset[int(i)] for i in g])
+            yield g, collate_batch([dataset[int(i)] for i in g])
         return
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pyxtts-collate") as pool:
         todo = iter(groups)
         pending: deque = deque()
         try:
             for g in itertools.islice(todo, workers):
-                pending.append((g, pool.submit(collate, [dataset[int(i)] for i in g])))
+                pending.append((g, pool.submit(collate_batch, [dataset[int(i)] for i in g])))
             while pending:
                 g, future = pending.popleft()
                 nxt = next(todo, None)
                 if nxt is not None:
-                    pending.append((nxt, pool.submit(collate, [dataset[int(i)] for i in nxt])))
+                    pending.append((nxt, pool.submit(collate_batch, [dataset[int(i)] for i in nxt])))
                 yield g, future.result()
         finally:
             for _, f in pending:

@@ -1,12 +1,15 @@
 """Shared fixtures: devices, a per-run random seed, an allocator leak check.
 
-- ``DEVICES``: pytest params "cpu" and "cuda:0"; the GPU one skips (with a
-  reason) when ``pyxtts.cuda_available()`` is False. Use it directly in
+- ``DEVICES``: pytest params "cpu" and "cuda:0"; the GPU one carries the ``gpu``
+  mark (``requires_cuda``), which skips a test (with a reason) when
+  ``pyxtts.cuda_available()`` is False. Use it directly in
   ``@pytest.mark.parametrize("device", DEVICES)`` or through the ``device``
   fixture.
 - ``devices``: the list of device names present here ("cpu" [+ "cuda:0"]).
 - ``seed`` / ``rng``: a fresh seed every run (PYXTTS_TEST_SEED=N repeats a
-  run); put ``seed`` in assertion messages.
+  run; child processes inherit it). ``rng`` is salted with the test's id, so no
+  two tests draw the same numbers. Put ``seed`` in assertion messages. All other
+  randomness of the suite comes from ``helpers.make_rng`` (test_suite.py checks).
 - ``check_memory``: fails a test whose allocator bytes in use
   (``memory_allocated``) differ from their start value once it is over. Opt in
   per module with ``pytestmark = pytest.mark.usefixtures("check_memory")``.
@@ -15,24 +18,24 @@ from __future__ import annotations
 
 import gc
 import os
-import secrets
 
 import numpy as np
 import pytest
 
 import pyxtts
 import pyxtts.testing
+from helpers import SEED, make_rng
 
 HAS_CUDA = pyxtts.cuda_available()
 NO_GPU_REASON = "no CUDA device here (pyxtts.cuda_available() is False)"
-requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason=NO_GPU_REASON)
+# the mark of every CUDA-only test (or "cuda:0" parameter): skipped with NO_GPU_REASON
+# on a machine without a GPU (pytest_collection_modifyitems), deselected by -m "not gpu"
+requires_cuda = pytest.mark.gpu
 
 DEVICES = [
     pytest.param("cpu", id="cpu"),
     pytest.param("cuda:0", id="cuda:0", marks=requires_cuda),
 ]
-
-SEED = int(os.environ.get("PYXTTS_TEST_SEED", "") or secrets.randbits(32))
 
 
 def pytest_report_header(config):
@@ -55,15 +58,31 @@ def seed() -> int:
 
 
 @pytest.fixture
-def rng(seed) -> np.random.Generator:
-    return np.random.default_rng(seed)
+def rng(request) -> np.random.Generator:
+    # module and test name (with its parameters), wherever pytest runs from
+    return make_rng(request.node.module.__name__, request.node.name)
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason=NO_GPU_REASON)
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
+
+
+def collect_and_freeze() -> None:
+    """gc.collect(), then everything still alive moves out of the collector's sight:
+    torch, NumPy and pytest leave ~10^5 long-lived objects, and pytest adds its reports
+    test after test, so without this each leak check's gc.collect() cost grew over a run
+    (0.3 s per test late in a full run). The next collection sees only what came since."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_collection_finish(session):
-    # torch, NumPy and pytest leave ~10^5 long-lived objects; freezing them
-    # makes each gc.collect() of the leak checks cheap (ms instead of ~70 ms)
-    gc.collect()
-    gc.freeze()
+    collect_and_freeze()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -76,7 +95,7 @@ def pytest_runtest_makereport(item, call):
 @pytest.fixture
 def check_memory(request, devices):
     """Allocator bytes in use are back to their start value after the test."""
-    gc.collect()
+    collect_and_freeze()
     start = {d: pyxtts.memory_allocated(d) for d in devices}
     yield
     rep = getattr(request.node, "_pxt_rep_call", None)
@@ -190,7 +209,7 @@ def dev(request):
     """A device with a clean allocator; fails the test if it leaves blocks, segments
     or a limit behind."""
     device = request.param
-    gc.collect()
+    collect_and_freeze()
     for d in {"cpu", device}:
         reset(d)
     start = pyxtts.memory_stats(device)

@@ -7,7 +7,7 @@ import pytest
 
 import pyxtts
 import pyxtts.testing
-from batches import random_batch
+from helpers import make_rng, random_batch
 from pyxtts.batch import _synthetic_batch
 
 CFG = pyxtts.ModelConfig(n_layers=2, d_model=64, n_heads=4, text_vocab_size=101, audio_vocab_size=53,
@@ -49,12 +49,12 @@ def fits_real_step(model, opt, B):
     return ok
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limit_mib", [30, 60])
-def test_found_batch_fits_and_is_close_to_the_true_largest(limit_mib):
+def test_found_batch_fits_and_is_close_to_the_true_largest(limit_mib, rng):
     m = pyxtts.XTTSGPT(CFG, seed=1)
     opt = pyxtts.AdamW(m, lr=1e-3, ema_decay=0.9)
-    rng = np.random.default_rng(0)  # non-zero gradients and moments to preserve
-    m.forward_backward(random_batch(rng, CFG, 2, 8, 12))
+    m.forward_backward(random_batch(rng, CFG, 2, 8, 12))  # non-zero gradients and moments to preserve
     opt.step()
     m.forward_backward(random_batch(rng, CFG, 2, 8, 12))
     before = snapshot(m, opt)
@@ -88,6 +88,7 @@ def test_search_respects_bounds_and_needs_no_optimizer():
         pyxtts.find_optimal_batch_size(m, start_batch_size=4, max_batch_size=2)
 
 
+@pytest.mark.slow
 def test_verification_falls_back_after_an_oom():
     m = pyxtts.XTTSGPT(CFG, seed=3)
     opt = pyxtts.AdamW(m)
@@ -122,7 +123,7 @@ def max_diff(a, b):
     return max(np.abs(key_bias_free(k, a[k]) - key_bias_free(k, b[k])).max() for k in a)
 
 
-BATCH = random_batch(np.random.default_rng(11), CFG, 10, 20, 30)
+BATCH = random_batch(make_rng("test_batch.BATCH"), CFG, 10, 20, 30)
 
 
 def clean_reference():

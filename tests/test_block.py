@@ -9,17 +9,13 @@ import sys
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 import pyxtts
+from conftest import requires_cuda
+from helpers.torch_ref import BLOCK_PARAMS, CROSS_PARAMS, block_shapes, ref_block
 from pyxtts.testing import inject_oom
 
 POLICIES = ["none", "selective", "full"]
-PLAIN = ["ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
-         "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
-         "mlp.c_proj.weight", "mlp.c_proj.bias"]
-CROSS = ["crossattn.ln.weight", "crossattn.ln.bias", "crossattn.q.weight", "crossattn.q.bias",
-         "crossattn.kv.weight", "crossattn.kv.bias", "crossattn.c_proj.weight", "crossattn.c_proj.bias"]
 # fp32 against float64: every output element is a chain of a few fp32 dot products
 # (length <= 4C = 256, or B*T rows for weight gradients) through layernorm, softmax and
 # GELU; each step adds a few units of roundoff (6e-8) times sqrt(length), so the error
@@ -35,18 +31,6 @@ def clean_allocator():
     yield
     inject_oom(None, "cpu")
     pyxtts.set_memory_limit(None, "cpu")
-
-
-def shapes(C, cross):
-    s = {"ln_1.weight": (C,), "ln_1.bias": (C,), "attn.c_attn.weight": (C, 3 * C),
-         "attn.c_attn.bias": (3 * C,), "attn.c_proj.weight": (C, C), "attn.c_proj.bias": (C,),
-         "ln_2.weight": (C,), "ln_2.bias": (C,), "mlp.c_fc.weight": (C, 4 * C), "mlp.c_fc.bias": (4 * C,),
-         "mlp.c_proj.weight": (4 * C, C), "mlp.c_proj.bias": (C,)}
-    if cross:
-        s.update({"crossattn.ln.weight": (C,), "crossattn.ln.bias": (C,), "crossattn.q.weight": (C, C),
-                  "crossattn.q.bias": (C,), "crossattn.kv.weight": (C, 2 * C), "crossattn.kv.bias": (2 * C,),
-                  "crossattn.c_proj.weight": (C, C), "crossattn.c_proj.bias": (C,)})
-    return s
 
 
 def randomize(block, rng):
@@ -70,50 +54,6 @@ def grads(block):
 
 
 # ---- the float64 reference ------------------------------------------------------
-
-def attend(q, k, v, allowed):
-    """q (B, H, Tq, D), k/v (B, H, Tk, D), allowed (B, Tq, Tk): explicit masked softmax;
-    a query row that sees no key gets zeros (the engine's convention)."""
-    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    allowed = allowed[:, None]
-    any_key = allowed.any(-1, keepdim=True)
-    s = torch.where(allowed, s, torch.tensor(float("-inf"), dtype=s.dtype))
-    s = torch.where(any_key, s, torch.zeros((), dtype=s.dtype))
-    p = torch.softmax(s, dim=-1) * allowed * any_key
-    return p @ v
-
-
-def ref_block(params, x, H, key_mask=None, causal=True, context=None, context_mask=None, eps=1e-5):
-    B, T, C = x.shape
-    D = C // H
-    w = params
-
-    def heads(t, L):
-        return t.reshape(B, L, H, D).transpose(1, 2)
-
-    kv = torch.ones(B, T, dtype=torch.bool) if key_mask is None else torch.as_tensor(key_mask) != 0
-    allowed = kv[:, None, :].expand(B, T, T)
-    if causal:
-        allowed = allowed & torch.tril(torch.ones(T, T, dtype=torch.bool))[None]
-    a = F.layer_norm(x, (C,), w["ln_1.weight"], w["ln_1.bias"], eps)
-    qkv = a @ w["attn.c_attn.weight"] + w["attn.c_attn.bias"]
-    q, k, v = (heads(t, T) for t in qkv.split(C, dim=2))
-    o = attend(q, k, v, allowed).transpose(1, 2).reshape(B, T, C)
-    x = x + o @ w["attn.c_proj.weight"] + w["attn.c_proj.bias"]
-    if context is not None:
-        Tc = context.shape[1]
-        cv = (torch.ones(B, Tc, dtype=torch.bool) if context_mask is None
-              else torch.as_tensor(context_mask) != 0)
-        a = F.layer_norm(x, (C,), w["crossattn.ln.weight"], w["crossattn.ln.bias"], eps)
-        q = heads(a @ w["crossattn.q.weight"] + w["crossattn.q.bias"], T)
-        kvx = context @ w["crossattn.kv.weight"] + w["crossattn.kv.bias"]
-        k, v = (heads(t, Tc) for t in kvx.split(C, dim=2))
-        o = attend(q, k, v, cv[:, None, :].expand(B, T, Tc)).transpose(1, 2).reshape(B, T, C)
-        x = x + o @ w["crossattn.c_proj.weight"] + w["crossattn.c_proj.bias"]
-    a = F.layer_norm(x, (C,), w["ln_2.weight"], w["ln_2.bias"], eps)
-    f = F.gelu(a @ w["mlp.c_fc.weight"] + w["mlp.c_fc.bias"], approximate="tanh")
-    return x + f @ w["mlp.c_proj.weight"] + w["mlp.c_proj.bias"]
-
 
 def reference(block, x, dy, **kw):
     """float64 y, dx, dcontext (or None) and parameter gradients."""
@@ -171,9 +111,9 @@ def run(block, x, dy, **kw):
 def test_parameter_names_shapes_and_initialisation(cross):
     C = 128
     b = pyxtts.Block(C, 4, cross_attention=cross, seed=5)
-    want = shapes(C, cross)
+    want = block_shapes(C, cross)
     p = b.parameters()
-    assert list(p) == PLAIN + (CROSS if cross else [])
+    assert list(p) == BLOCK_PARAMS + (CROSS_PARAMS if cross else [])
     assert {k: v.shape for k, v in p.items()} == want
     assert {k: v.shape for k, v in b.gradients().items()} == want
     assert b.num_parameters == sum(math.prod(s) for s in want.values())
@@ -191,7 +131,7 @@ def test_parameter_names_shapes_and_initialisation(cross):
     assert not np.array_equal(sd["attn.c_attn.weight"], other["attn.c_attn.weight"])
     if cross:  # the plain part is the plain block of the same seed
         plain = state(pyxtts.Block(C, 4, seed=5))
-        assert all(np.array_equal(sd[k], plain[k]) for k in PLAIN)
+        assert all(np.array_equal(sd[k], plain[k]) for k in BLOCK_PARAMS)
     assert (b.d_model, b.n_heads, b.cross_attention, b.device, b.checkpointing) == (C, 4, cross, "cpu", "none")
     assert b.dtype == pyxtts.float32 and b.layer_norm_eps == pytest.approx(1e-5)
     assert repr(b).startswith(f"Block(d_model={C}, n_heads=4, cross_attention={cross}")
@@ -345,7 +285,7 @@ def test_arena_is_planned_exactly_and_reused(cross, rng):
     Tc = 9 if cross else 0
     est = b.estimate_memory(3, 13, Tc)
     parts = ["inputs", "output", "saved", "activation_gradients", "work", "attention_workspace",
-             "gemm_workspace"]
+             "gemm_workspace", "reduce_workspace"]
     assert sum(est[k] for k in parts) == est["arena"]
     run(b, x, dy, **kw)
     assert b.arena_bytes == est["arena"]
@@ -536,9 +476,8 @@ def test_estimate_memory_rejects_bad_arguments():
     assert cross.estimate_memory(1, 4, 3)["context_length"] == 3
 
 
+@requires_cuda
 def test_tensor_on_another_device_is_refused():
-    if not pyxtts.cuda_available():
-        pytest.skip("no CUDA device here (pyxtts.cuda_available() is False)")
     b = pyxtts.Block(16, 2)
     with pytest.raises(ValueError, match="x: expected a tensor on cpu"):
         b.forward(pyxtts.zeros((1, 2, 16), device="cuda:0"))

@@ -35,6 +35,7 @@ def train_log(folder):
     return [json.loads(line) for line in (folder / "train_log.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_demo_trains_in_under_3_minutes_and_the_loss_falls(tmp_path):
     """`python -m pyxtts` with no arguments: cpu_demo.yaml on the synthetic set."""
     t0 = time.perf_counter()

@@ -6,9 +6,9 @@ import pytest
 
 import pyxtts
 from pyxtts.testing import inject_oom
+from conftest import requires_cuda
 
-pytestmark = pytest.mark.skipif(not pyxtts.cuda_available(),
-                                reason="no CUDA device (the CUDA backend is tested on a GPU machine)")
+pytestmark = requires_cuda
 
 DTYPES = [pyxtts.float32, pyxtts.float16, pyxtts.bfloat16, pyxtts.int32, pyxtts.int64, pyxtts.uint8, pyxtts.bool]
 
@@ -29,8 +29,7 @@ def edge_and_random(dt, rng) -> np.ndarray:
 
 @pytest.mark.parametrize("src", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("dst", DTYPES, ids=lambda d: d.name)
-def test_cast_kernel_matches_cpu_bitwise(src, dst):
-    rng = np.random.default_rng()
+def test_cast_kernel_matches_cpu_bitwise(src, dst, rng):
     a = edge_and_random(src, rng)
     cpu = pyxtts.tensor(a, dtype=src).to(dtype=dst).numpy()
     gpu = pyxtts.tensor(a, dtype=src, device="cuda").to(dtype=dst).numpy()
@@ -74,8 +73,7 @@ def test_empty_cache_returns_memory_to_the_driver():
     assert pyxtts.device_info("cuda")["free_memory"] >= free0 - (64 << 20)
 
 
-def test_large_round_trip_and_gpu_to_gpu_copy():
-    rng = np.random.default_rng()
+def test_large_round_trip_and_gpu_to_gpu_copy(rng):
     a = rng.standard_normal(64 << 18, dtype=np.float32)  # 64 MiB
     t = pyxtts.tensor(a, device="cuda")
     np.testing.assert_array_equal(t.numpy(), a)

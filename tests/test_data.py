@@ -35,8 +35,8 @@ def same(a, b):
 
 
 @pytest.mark.parametrize("cond", [False, True])
-def test_shards_round_trip(tmp_path, cond):
-    src = samples(23, np.random.default_rng(0), cond)
+def test_shards_round_trip(tmp_path, cond, rng):
+    src = samples(23, rng, cond)
     paths = write_shards(src, tmp_path, samples_per_shard=10)
     assert [p.name for p in paths] == ["shard-00000.npz", "shard-00001.npz", "shard-00002.npz"]
     with np.load(paths[2]) as z:
@@ -57,8 +57,8 @@ def test_manifest_with_paths_and_lists(tmp_path):
     assert ds[0].cond.shape == (2, CFG.d_model)
 
 
-def test_validation_names_file_sample_and_position(tmp_path):
-    src = samples(5, np.random.default_rng(1))
+def test_validation_names_file_sample_and_position(tmp_path, rng):
+    src = samples(5, rng)
     src[3].audio[2] = CFG.audio_vocab_size
     write_shards(src, tmp_path, 2)
     with pytest.raises(DataError, match=r"shard-00001\.npz: sample 1: audio\[2\] = 30 is out of range"):
@@ -92,8 +92,8 @@ def test_collate_pads_to_the_longest_and_shifts_targets():
     m.forward(b)  # a valid batch for the model
 
 
-def test_bucketed_batches_cover_everything_seeded_and_bucketed():
-    ds = TTSDataset(samples(101, np.random.default_rng(2), cond=True), CFG)
+def test_bucketed_batches_cover_everything_seeded_and_bucketed(rng):
+    ds = TTSDataset(samples(101, rng, cond=True), CFG)
     def order(seed):
         return [tuple(b["text_lengths"]) + tuple(b["audio_lengths"]) for b in ds.batches(8, seed=seed)]
     assert order(5) == order(5)
@@ -140,6 +140,7 @@ print(np.mean(losses[:5]), np.mean(losses[-10:]), time.perf_counter() - t0)
 """
 
 
+@pytest.mark.slow
 def test_small_model_learns_the_synthetic_task():
     """150 AdamW steps on the CPU. In a child with one thread: on a shared 2-core machine
     the threaded kernels were measured 30-40x slower under contention (0.8 s vs 28-37 s)."""

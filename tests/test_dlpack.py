@@ -564,7 +564,8 @@ def test_deleter_runs_cleanly_when_import_fails_after_consuming():
 # ---- GPU -------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not (HAS_CUDA and torch.cuda.is_available()), reason="needs a GPU and CUDA torch")
+@requires_cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA build of torch")
 @pytest.mark.parametrize("name", DTYPE_NAMES)
 def test_torch_cuda_both_ways(name, rng, seed):
     x = random_array(rng, name, (5, 7))

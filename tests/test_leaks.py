@@ -63,6 +63,7 @@ def run_flat(cycle, n: int, device: str = "cpu") -> None:
     assert SANITIZED or grown <= RSS_SLACK, f"RSS grew by {grown / MiB:.1f} MiB over {n} cycles"
 
 
+@pytest.mark.slow
 def test_empty_and_tensor_cycles_are_flat(cpu):
     src32 = np.arange(64, dtype=np.float32)
     src64 = np.arange(33, dtype=np.float64)  # cast on the way in
@@ -149,11 +150,10 @@ def test_segment_churn_is_flat(cpu):
     assert s1["num_raw_allocs"] - s0["num_raw_allocs"] == s1["num_raw_frees"] - s0["num_raw_frees"]
 
 
-def test_many_live_blocks_then_all_freed(cpu):
+def test_many_live_blocks_then_all_freed(cpu, rng):
     """Thousands of live small blocks (many segments, long free lists), freed
     in a scrambled order, leave nothing behind once the cache is emptied."""
     s0 = pyxtts.memory_stats(cpu)
-    rng = np.random.default_rng(7)
     sizes = rng.integers(1, 20 * KiB, size=20_000)
     live = [pyxtts.empty(int(n), dtype=pyxtts.uint8) for n in sizes]
     s1 = pyxtts.memory_stats(cpu)

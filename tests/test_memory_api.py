@@ -14,16 +14,13 @@ import pytest
 
 import pyxtts
 import pyxtts.testing
-from conftest import reset
+from conftest import requires_cuda, reset
 
 KiB = 1 << 10
 MiB = 1 << 20
 SMALL_SEGMENT = 2 * MiB
 MID_SEGMENT = 20 * MiB
 
-CUDA_SKIP = pytest.mark.skipif(not pyxtts.cuda_available(),
-                               reason="needs a CUDA device (pyxtts.cuda_available() is False)")
-DEVICES = ["cpu", pytest.param("cuda:0", marks=CUDA_SKIP)]
 
 STAT_KEYS = {
     "device", "allocated_bytes", "requested_bytes", "reserved_bytes", "peak_allocated_bytes",
@@ -31,8 +28,6 @@ STAT_KEYS = {
     "num_frees", "num_ooms", "num_alloc_retries", "num_raw_allocs", "num_raw_frees",
     "num_segments", "num_active_blocks", "device_total_bytes",
 }
-
-
 
 
 def stats(device: str) -> dict:
@@ -484,9 +479,8 @@ def test_device_argument_of_the_wrong_type():
         pyxtts.empty_cache([])
 
 
+@requires_cuda
 def test_stats_are_per_device(clean_cpu):
-    if not pyxtts.cuda_available():
-        pytest.skip("needs a CUDA device (pyxtts.cuda_available() is False)")
     cpu0 = stats("cpu")
     t = alloc(3 * MiB, "cuda:0")
     assert stats("cpu")["allocated_bytes"] == cpu0["allocated_bytes"]

@@ -9,12 +9,9 @@ import torch
 
 import pyxtts
 from pyxtts.testing import inject_oom
-from reference import RefGPT, random_batch
+from helpers import MEDIUM, SMALL, TINY, random_batch
+from helpers.torch_ref import RefGPT
 
-TINY = pyxtts.ModelConfig(n_layers=2, d_model=32, n_heads=4, text_vocab_size=37, audio_vocab_size=29,
-                          max_text_tokens=24, max_audio_tokens=40, n_cond_latents=3)
-SMALL = pyxtts.ModelConfig(n_layers=3, d_model=64, n_heads=4, text_vocab_size=101, audio_vocab_size=67,
-                           max_text_tokens=48, max_audio_tokens=96, n_cond_latents=4)
 POLICIES = ["none", "selective", "full"]
 
 
@@ -91,10 +88,9 @@ def test_gpt2_initialisation_statistics_and_seed():
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("cfg", [TINY, SMALL], ids=["tiny", "small"])
-def test_forward_backward_matches_pytorch(cfg, policy):
+def test_forward_backward_matches_pytorch(cfg, policy, rng):
     # fp32 against float64: the loss to 1e-5 relative; gradients to 1e-4 of each
     # tensor's largest element (sums over B*T rows of fp32 products lose ~1e-6 each)
-    rng = np.random.default_rng()
     m = pyxtts.XTTSGPT(cfg, checkpointing=policy, seed=int(rng.integers(1 << 30)))
     batch = random_batch(rng, cfg, B=3, Lt=cfg.max_text_tokens // 2, La=cfg.max_audio_tokens // 2)
     out = m.forward_backward(batch)
@@ -105,8 +101,26 @@ def test_forward_backward_matches_pytorch(cfg, policy):
     assert_grads_close(grads_of(m), ref_grads, rtol=1e-4)
 
 
-def test_without_conditioning_latents_and_with_empty_text_sample():
-    rng = np.random.default_rng()
+@pytest.mark.parametrize("padding", ["middle", "end"])
+def test_heads_gather_rows_across_samples(padding, rng):
+    """8 samples of 40 audio rows are 320 rows: the heads take them in chunks of 256
+    gathered across samples, one chunk ending inside a sample. With padding only at
+    each sample's end (every text full) the step passes no key mask, causal
+    attention being enough; with text padding (in the middle) it must pass one.
+    Both against the float64 reference."""
+    m = pyxtts.XTTSGPT(TINY, seed=int(rng.integers(1 << 30)))
+    batch = random_batch(rng, TINY, B=8, Lt=20, La=40)
+    if padding == "end":
+        batch["text_lengths"][:] = 20
+    assert m.estimate_memory(8, 20, 40).logits_rows == 256
+    out = m.forward_backward(batch)
+    loss, tl, al, ref_grads = reference_step(m, batch)
+    assert out["text_loss"] == pytest.approx(tl, rel=1e-5)
+    assert out["audio_loss"] == pytest.approx(al, rel=1e-5)
+    assert_grads_close(grads_of(m), ref_grads, rtol=1e-4)
+
+
+def test_without_conditioning_latents_and_with_empty_text_sample(rng):
     m = pyxtts.XTTSGPT(TINY)
     batch = random_batch(rng, TINY, B=3, Lt=7, La=11, n_cond=0)
     batch["text_lengths"][2] = 0  # no text at all: its queries see only audio keys
@@ -117,8 +131,7 @@ def test_without_conditioning_latents_and_with_empty_text_sample():
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_policies_give_bit_identical_gradients(precision):
-    rng = np.random.default_rng()
+def test_policies_give_bit_identical_gradients(precision, rng):
     batch = random_batch(rng, SMALL, B=2, Lt=20, La=33)
     results = []
     for policy in POLICIES:
@@ -131,8 +144,7 @@ def test_policies_give_bit_identical_gradients(precision):
             assert np.array_equal(grads[k], results[0][1][k]), k
 
 
-def test_accumulation_with_token_counts_equals_one_big_batch():
-    rng = np.random.default_rng()
+def test_accumulation_with_token_counts_equals_one_big_batch(rng):
     big = random_batch(rng, TINY, B=4, Lt=9, La=14)
     m1 = pyxtts.XTTSGPT(TINY, seed=1)
     out = m1.forward_backward(big)
@@ -148,8 +160,7 @@ def test_accumulation_with_token_counts_equals_one_big_batch():
         np.testing.assert_allclose(g2[k], g1[k], rtol=1e-6, atol=1e-6 * np.abs(g1[k]).max(), err_msg=k)
 
 
-def test_forward_evaluates_without_touching_gradients():
-    rng = np.random.default_rng()
+def test_forward_evaluates_without_touching_gradients(rng):
     m = pyxtts.XTTSGPT(SMALL, checkpointing="full")
     batch = random_batch(rng, SMALL, B=2, Lt=10, La=21)
     ev = m.forward(batch)
@@ -159,8 +170,7 @@ def test_forward_evaluates_without_touching_gradients():
     assert ev["text_tokens"] == tr["text_tokens"]
 
 
-def test_padding_content_never_matters():
-    rng = np.random.default_rng()
+def test_padding_content_never_matters(rng):
     m = pyxtts.XTTSGPT(TINY)
     batch = random_batch(rng, TINY, B=3, Lt=8, La=12)
     a = m.forward_backward(batch)
@@ -178,25 +188,24 @@ def test_padding_content_never_matters():
 
 # ---- memory ------------------------------------------------------------------
 
-def test_plan_total_matches_measured_peak_and_arena_is_reused():
-    rng = np.random.default_rng()
-    cfg = pyxtts.ModelConfig(n_layers=4, d_model=128, n_heads=4, text_vocab_size=300, audio_vocab_size=200,
-                             max_text_tokens=64, max_audio_tokens=128, n_cond_latents=8)
-    for policy in POLICIES:
-        pyxtts.empty_cache("cpu")
-        base = pyxtts.memory_allocated("cpu")
-        m = pyxtts.XTTSGPT(cfg, checkpointing=policy)
-        batch = random_batch(rng, cfg, B=4, Lt=40, La=100, full=True)
-        plan = m.estimate_memory(4, 40, 100)
-        pyxtts.reset_peak_memory_stats("cpu")
-        m.forward_backward(batch)
-        peak = pyxtts.max_memory_allocated("cpu") - base
-        assert abs(peak - plan.total) <= 0.01 * plan.total, (policy, peak, plan.total)
-        allocs = pyxtts.memory_stats("cpu")["num_allocs"]
-        m.forward_backward(batch)
-        m.forward_backward(batch)
-        assert pyxtts.memory_stats("cpu")["num_allocs"] == allocs, "a step of the same shape allocated"
-        del m
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_plan_total_matches_measured_peak_and_arena_is_reused(rng, precision, policy):
+    pyxtts.empty_cache("cpu")
+    base = pyxtts.memory_allocated("cpu")
+    m = pyxtts.XTTSGPT(MEDIUM, precision=precision, checkpointing=policy)
+    batch = random_batch(rng, MEDIUM, B=4, Lt=40, La=100, full=True)
+    plan = m.estimate_memory(4, 40, 100)
+    pyxtts.reset_peak_memory_stats("cpu")
+    m.forward_backward(batch)
+    peak = pyxtts.max_memory_allocated("cpu") - base
+    assert abs(peak - plan.total) <= 0.01 * plan.total, (precision, policy, peak, plan.total)
+    allocs = pyxtts.memory_stats("cpu")["num_allocs"]
+    m.forward_backward(batch)
+    m.forward_backward(batch)
+    assert pyxtts.memory_stats("cpu")["num_allocs"] == allocs, "a step of the same shape allocated"
+    del m
 
 
 def test_plan_of_xtts_v2_size_allocates_nothing():
@@ -222,8 +231,7 @@ def test_auto_checkpointing_fits_the_limit_with_fewest_recomputed_blocks():
     assert "full" in tight.policies and tight.total <= (plans["selective"].total + plans["full"].total) // 2
 
 
-def test_oom_at_the_step_allocation_leaves_everything_unchanged():
-    rng = np.random.default_rng()
+def test_oom_at_the_step_allocation_leaves_everything_unchanged(rng):
     m = pyxtts.XTTSGPT(TINY)
     batch = random_batch(rng, TINY, B=2, Lt=6, La=9)
     params = m.state_dict()
@@ -241,8 +249,7 @@ def test_oom_at_the_step_allocation_leaves_everything_unchanged():
     m.forward_backward(batch2)  # and the model still works
 
 
-def test_memory_limit_stops_the_step_before_it_starts():
-    rng = np.random.default_rng()
+def test_memory_limit_stops_the_step_before_it_starts(rng):
     m = pyxtts.XTTSGPT(SMALL)
     batch = random_batch(rng, SMALL, B=8, Lt=40, La=90)
     plan = m.estimate_memory(8, 40, 90)
@@ -256,8 +263,7 @@ def test_memory_limit_stops_the_step_before_it_starts():
 
 # ---- input validation --------------------------------------------------------
 
-def bad_batches():
-    rng = np.random.default_rng(0)
+def bad_batches(rng):
     base = random_batch(rng, TINY, B=2, Lt=5, La=6)
 
     def edit(**changes):
@@ -293,18 +299,18 @@ def bad_batches():
 
 
 @pytest.mark.parametrize("case", range(12))
-def test_bad_batches_are_refused_before_any_work(case):
-    batch, exc, msg = bad_batches()[case]
+def test_bad_batches_are_refused_before_any_work(case, rng):
+    batch, exc, msg = bad_batches(rng)[case]
     m = pyxtts.XTTSGPT(TINY)
     with pytest.raises(exc, match=msg):
         m.forward_backward(batch)
     assert all(np.all(g.numpy() == 0) for g in m.gradients().values())
 
 
-def test_sequence_longer_than_the_maximum_raises():
+def test_sequence_longer_than_the_maximum_raises(rng):
     cfg = pyxtts.ModelConfig(**{**TINY.__dict__, "max_attention_sequence_length": 20})
     m = pyxtts.XTTSGPT(cfg)
-    batch = random_batch(np.random.default_rng(), cfg, B=1, Lt=10, La=10)  # 3 + 20 > 20
+    batch = random_batch(rng, cfg, B=1, Lt=10, La=10)  # 3 + 20 > 20
     with pytest.raises(ValueError, match="exceeds max_attention_sequence_length=20"):
         m.forward_backward(batch)
     with pytest.raises(ValueError, match="never truncates"):
@@ -360,8 +366,7 @@ def test_load_state_dict_refuses_bad_input_and_changes_nothing():
         assert all(np.array_equal(v, before[k]) for k, v in m.state_dict().items())
 
 
-def test_fault_at_every_allocation_of_a_step():
-    rng = np.random.default_rng()
+def test_fault_at_every_allocation_of_a_step(rng):
     m = pyxtts.XTTSGPT(SMALL, checkpointing="auto")
     batch = random_batch(rng, SMALL, B=2, Lt=12, La=20)
     before = pyxtts.memory_stats("cpu")["num_allocs"]

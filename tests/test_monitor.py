@@ -41,6 +41,7 @@ def test_context_manager_and_misuse():
     assert "no samples" in GPUMonitor(devices=["cpu"]).get_summary_report()
 
 
+@pytest.mark.slow
 def test_plot_needs_matplotlib_or_draws(tmp_path):
     mon = GPUMonitor(interval=0.01, devices=["cpu"])
     with mon:

@@ -26,6 +26,7 @@ def outputs(nb) -> str:
     return "\n".join(text)
 
 
+@pytest.mark.slow
 def test_notebook_runs_end_to_end(tmp_path, monkeypatch):
     assert NOTEBOOK.exists(), NOTEBOOK
     nb = nbformat.read(NOTEBOOK, as_version=4)

@@ -29,7 +29,7 @@
 #include <omp.h>
 #include <string.h>
 
-#include "../backend.h"
+#include "engine/backend.h"
 #include "cpu.h"
 
 #define BR 64  /* query rows of a tile */
@@ -39,8 +39,8 @@
 
 typedef struct {
     const pxt_attn_args *a;
-    int Dp;          /* D rounded up to PAD */
-    size_t esz;      /* bytes per element of q, k, v, out, ... */
+    int Dp;     /* D rounded up to PAD */
+    size_t esz; /* bytes per element of q, k, v, out, ... */
     const char *q, *k, *v, *out_c, *dout;
     char *out, *dq, *dk, *dv;
     const float *lse; /* (B, H, Tq) backward input */
@@ -70,14 +70,15 @@ static inline int key_valid(const pxt_attn_args *a, int b, int j0, int n, uint8_
     }
     const uint8_t *km = a->key_mask + (size_t)b * a->Tk + j0;
     int count = 0;
-    for (int j = 0; j < n; j++)
+    for (int j = 0; j < n; j++) {
         count += valid[j] = km[j] != 0;
+    }
     return count;
 }
 
 /* Row t of head (b, h) of an operand laid out by s. */
-static inline char *row_ptr(const attn_ctx *c, const void *base, const pxt_strides *s, int b,
-                            int h, int t) {
+static inline char *row_ptr(const attn_ctx *c, const void *base, const pxt_strides *s, int b, int h,
+                            int t) {
     int64_t e = (int64_t)b * s->b + (int64_t)h * s->h + (int64_t)t * s->t;
     return (char *)base + e * (int64_t)c->esz;
 }
@@ -95,16 +96,19 @@ static inline void store_row(char *restrict dst, const float *restrict src, int 
     if (dt == PXT_FLOAT32) {
         float *o = (float *)dst;
 #pragma omp simd
-        for (int d = 0; d < D; d++)
+        for (int d = 0; d < D; d++) {
             o[d] = src[d] * mul;
+        }
     } else if (dt == PXT_BFLOAT16) {
         uint16_t *o = (uint16_t *)dst;
-        for (int d = 0; d < D; d++)
+        for (int d = 0; d < D; d++) {
             o[d] = pxt_f32_to_bf16(src[d] * mul);
+        }
     } else {
         uint16_t *o = (uint16_t *)dst;
-        for (int d = 0; d < D; d++)
+        for (int d = 0; d < D; d++) {
             o[d] = pxt_f32_to_f16(src[d] * mul);
+        }
     }
 }
 
@@ -138,7 +142,7 @@ static inline attn_v4f v4_select(attn_v4i m, attn_v4f x, attn_v4f y) {
 #define VMAX(a, b) v4_select((a) > (b), (a), (b))
 #define VMIN(a, b) v4_select((a) < (b), (a), (b))
 #include "attention_tile.h" /* undefines the parameters above */
-static const attn_isa isa_generic = {"generic", fwd_item_generic, bwd_kv_item_generic,
+static const attn_isa isa_generic = {"generic",          fwd_item_generic,      bwd_kv_item_generic,
                                      bwd_q_item_generic, bwd_head_item_generic, di_row_generic};
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -175,9 +179,9 @@ static const attn_isa isa_generic = {"generic", fwd_item_generic, bwd_kv_item_ge
 #include "attention_tile.h" /* undefines the parameters above */
 #pragma GCC pop_options
 
-static const attn_isa isa_avx2 = {"avx2", fwd_item_avx2, bwd_kv_item_avx2, bwd_q_item_avx2,
-                                  bwd_head_item_avx2, di_row_avx2};
-static const attn_isa isa_avx512 = {"avx512", fwd_item_avx512, bwd_kv_item_avx512,
+static const attn_isa isa_avx2 = {"avx2",          fwd_item_avx2,      bwd_kv_item_avx2,
+                                  bwd_q_item_avx2, bwd_head_item_avx2, di_row_avx2};
+static const attn_isa isa_avx512 = {"avx512",          fwd_item_avx512,      bwd_kv_item_avx512,
                                     bwd_q_item_avx512, bwd_head_item_avx512, di_row_avx512};
 #endif
 
@@ -187,11 +191,13 @@ static const attn_isa *isa_best(void) {
 #ifdef ATTN_X86
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
-        __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
         return &isa_avx512;
+    }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
+        __builtin_cpu_supports("f16c")) {
         return &isa_avx2;
+    }
 #endif
     return &isa_generic;
 }
@@ -201,8 +207,9 @@ static const attn_isa *isa_best(void) {
 static const attn_isa *isa_active;
 
 static const attn_isa *isa(void) {
-    if (!isa_active)
+    if (!isa_active) {
         isa_active = isa_best();
+    }
     return isa_active;
 }
 
@@ -230,7 +237,8 @@ int pxt_cpu_attention_set_isa(const char *name) {
 #endif
     return pxt_error(PXT_ERR_VALUE,
                      "isa: expected 'auto', 'generic', 'avx2' or 'avx512' that this CPU supports, "
-                     "got '%s'", name);
+                     "got '%s'",
+                     name);
 }
 
 const char *pxt_cpu_attention_isa(void) { return isa()->name; }
@@ -254,12 +262,14 @@ static int one_pass(const pxt_attn_args *a, int nt) {
  * count, so a run with fewer threads than the workspace was sized for (say
  * threadpoolctl lowered OpenMP's count in between) still fits. */
 static size_t slab_floats_raw(const pxt_attn_args *a, size_t Dp, int backward) {
-    if (!backward) /* QT, K, V rows, P^T, O, m, l, alpha */
+    if (!backward) { /* QT, K, V rows, P^T, O, m, l, alpha */
         return Dp * BR + 2 * BC * Dp + BC * BR + BR * Dp + 3 * BR;
+    }
     /* K^T, V^T, K rows, dK, dV, q and dout rows, P, dS, -lse, Di, key masks */
     size_t pair = 2 * Dp * BC + 3 * BC * Dp + 2 * BR * Dp + 2 * BR * BC + 2 * BR + BC;
-    if (one_pass(a, 1)) /* plus dQ of the whole head */
+    if (one_pass(a, 1)) { /* plus dQ of the whole head */
         pair += (size_t)round_up(a->Tq, PAD) * Dp;
+    }
     /* q^T, dout^T, dQ, K, V rows, S^T, dS^T, -lse, Di */
     size_t q = 2 * Dp * BR + BR * Dp + 2 * BC * Dp + 2 * BC * BR + 2 * BR;
     return pair > q ? pair : q;
@@ -279,33 +289,42 @@ static size_t di_floats(const pxt_attn_args *a) {
  * for omp_get_max_threads() of the calling thread: run the kernel with at most
  * that many. */
 size_t pxt_cpu_attention_workspace(const pxt_attn_args *a, int backward) {
-    if (!a || a->D < 1 || a->Tq < 0 || a->B < 0 || a->H < 0)
+    if (!a || a->D < 1 || a->Tq < 0 || a->B < 0 || a->H < 0) {
         return 0;
+    }
     size_t Dp = (size_t)round_up(a->D, PAD);
     size_t floats = (size_t)attn_threads() * slab_floats(a, Dp, backward);
-    if (backward)
+    if (backward) {
         floats += di_floats(a);
+    }
     return floats * sizeof(float) + 64;
 }
 
 static int check_args(const pxt_attn_args *a, const void *workspace) {
-    if (!a)
+    if (!a) {
         return pxt_error(PXT_ERR_VALUE, "attention: no arguments");
-    if (a->B < 0 || a->H < 0 || a->Tq < 0 || a->Tk < 0 || a->D < 1)
+    }
+    if (a->B < 0 || a->H < 0 || a->Tq < 0 || a->Tk < 0 || a->D < 1) {
         return pxt_error(PXT_ERR_VALUE,
                          "attention: expected B, H, Tq, Tk >= 0 and D >= 1, got B=%d H=%d Tq=%d "
-                         "Tk=%d D=%d", a->B, a->H, a->Tq, a->Tk, a->D);
-    if ((int64_t)a->B * a->H > INT32_MAX)
+                         "Tk=%d D=%d",
+                         a->B, a->H, a->Tq, a->Tk, a->D);
+    }
+    if ((int64_t)a->B * a->H > INT32_MAX) {
         return pxt_error(PXT_ERR_VALUE, "attention: B*H=%lld heads is more than 2^31 - 1",
                          (long long)a->B * a->H);
-    if (a->D > (1 << 20))
+    }
+    if (a->D > (1 << 20)) {
         return pxt_error(PXT_ERR_VALUE, "attention: head dim D=%d is larger than 1048576", a->D);
-    if (a->dt != PXT_FLOAT32 && a->dt != PXT_FLOAT16 && a->dt != PXT_BFLOAT16)
+    }
+    if (a->dt != PXT_FLOAT32 && a->dt != PXT_FLOAT16 && a->dt != PXT_BFLOAT16) {
         return pxt_error(PXT_ERR_TYPE,
                          "attention: expected dtype float32, float16 or bfloat16, got %s",
                          pxt_dtype_name(a->dt));
-    if (!workspace)
+    }
+    if (!workspace) {
         return pxt_error(PXT_ERR_VALUE, "attention: no workspace (attention_workspace bytes)");
+    }
     return PXT_OK;
 }
 
@@ -320,20 +339,29 @@ int pxt_cpu_attention_forward(int index, const pxt_attn_args *a, void *out, floa
                               const void *q, const void *k, const void *v, void *workspace) {
     (void)index;
     int rc = check_args(a, workspace);
-    if (rc != PXT_OK)
+    if (rc != PXT_OK) {
         return rc;
-    attn_ctx c = {.a = a, .Dp = round_up(a->D, PAD), .esz = pxt_dtype_size(a->dt), .q = q,
-                  .k = k, .v = v, .out = out, .lse_out = lse};
+    }
+    attn_ctx c = {.a = a,
+                  .Dp = round_up(a->D, PAD),
+                  .esz = pxt_dtype_size(a->dt),
+                  .q = q,
+                  .k = k,
+                  .v = v,
+                  .out = out,
+                  .lse_out = lse};
     const int nqb = (a->Tq + BR - 1) / BR, BH = a->B * a->H;
     const int64_t total = (int64_t)BH * nqb;
-    if (total == 0)
+    if (total == 0) {
         return PXT_OK;
+    }
     const attn_isa *is = isa();
     int nt = attn_threads();
     const size_t slab = slab_floats(a, (size_t)c.Dp, 0);
     float *base = ws_base(workspace);
-    if (nt > total)
+    if (nt > total) {
         nt = (int)total;
+    }
 #pragma omp parallel num_threads(nt)
     {
         float *ws = base + (size_t)omp_get_thread_num() * slab;
@@ -352,17 +380,28 @@ int pxt_cpu_attention_backward(int index, const pxt_attn_args *a, void *dq, void
                                const void *out, const float *lse, void *workspace) {
     (void)index;
     int rc = check_args(a, workspace);
-    if (rc != PXT_OK)
+    if (rc != PXT_OK) {
         return rc;
-    attn_ctx c = {.a = a, .Dp = round_up(a->D, PAD), .esz = pxt_dtype_size(a->dt), .q = q,
-                  .k = k, .v = v, .out_c = out, .dout = dout, .dq = dq, .dk = dk, .dv = dv,
+    }
+    attn_ctx c = {.a = a,
+                  .Dp = round_up(a->D, PAD),
+                  .esz = pxt_dtype_size(a->dt),
+                  .q = q,
+                  .k = k,
+                  .v = v,
+                  .out_c = out,
+                  .dout = dout,
+                  .dq = dq,
+                  .dk = dk,
+                  .dv = dv,
                   .lse = lse};
     const int BH = a->B * a->H;
     const int nqb = (a->Tq + BR - 1) / BR, nkb = (a->Tk + BC - 1) / BC;
     const int64_t nq_items = (int64_t)BH * nqb, nk_items = (int64_t)BH * nkb;
     const int64_t rows = (int64_t)BH * a->Tq;
-    if (nq_items + nk_items == 0)
+    if (nq_items + nk_items == 0) {
         return PXT_OK;
+    }
     const attn_isa *is = isa();
     int nt = attn_threads();
     const int per_head = one_pass(a, nt);
@@ -381,8 +420,9 @@ int pxt_cpu_attention_backward(int index, const pxt_attn_args *a, void *dq, void
         /* implicit barrier: Di is complete */
         if (per_head) {
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t t = 0; t < BH; t++)
+            for (int64_t t = 0; t < BH; t++) {
                 is->bwd_head(&c, ws, (int)(t / a->H), (int)(t % a->H), 0);
+            }
         } else {
             /* both passes, longest items first; threads done with dQ items go on
              * to dK/dV ones (nowait) */
@@ -401,3 +441,12 @@ int pxt_cpu_attention_backward(int index, const pxt_attn_args *a, void *dq, void
     }
     return PXT_OK;
 }
+
+#undef BR
+#undef BC
+#undef MR
+#undef PAD
+#undef TILE_CAT2
+#undef TILE_CAT
+#undef TILE
+#undef ATTN_X86

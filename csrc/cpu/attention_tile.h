@@ -38,9 +38,9 @@ static inline VF TILE(vexp)(VF x) {
     VI keep = ~(VI)(x < lo);
     x = VMIN(hi, VMAX(lo, x));
     VF t = VFMA(x, VSET1(1.44269504088896341f), magic);
-    VF n = t - magic;                        /* round(x / ln2), exact */
+    VF n = t - magic;                            /* round(x / ln2), exact */
     TILE(vu) ni = (TILE(vu))t - (TILE(vu))magic; /* the same as an int (mod 2^32) */
-    VF r = VFMA(n, VSET1(-0.693359375f), x); /* x - n ln2, in two steps */
+    VF r = VFMA(n, VSET1(-0.693359375f), x);     /* x - n ln2, in two steps */
     r = VFMA(n, VSET1(2.12194440e-4f), r);
     VF p = VSET1(1.9875691500e-4f);
     p = VFMA(p, r, VSET1(1.3981999507e-3f));
@@ -63,10 +63,12 @@ static inline void TILE(load_row)(float *restrict dst, const char *restrict src,
     int d = 0;
     if (dt == PXT_FLOAT32) {
         const float *s = (const float *)(const void *)src;
-        for (; d + VW <= D; d += VW)
+        for (; d + VW <= D; d += VW) {
             TILE(vstore)(dst + d, TILE(vload)(s + d) * mv);
-        for (; d < D; d++)
+        }
+        for (; d < D; d++) {
             dst[d] = s[d] * mul;
+        }
     } else if (dt == PXT_BFLOAT16) {
         const uint16_t *s = (const uint16_t *)(const void *)src;
         for (; d + VW <= D; d += VW) {
@@ -75,24 +77,26 @@ static inline void TILE(load_row)(float *restrict dst, const char *restrict src,
             TILE(vu) w = __builtin_convertvector(hv, TILE(vu)) << 16;
             TILE(vstore)(dst + d, (VF)w * mv);
         }
-        for (; d < D; d++)
+        for (; d < D; d++) {
             dst[d] = bf16_load(s[d]) * mul;
+        }
     } else {
         const uint16_t *s = (const uint16_t *)(const void *)src;
 #ifdef LOAD_F16
-        for (; d + VW <= D; d += VW)
+        for (; d + VW <= D; d += VW) {
             TILE(vstore)(dst + d, LOAD_F16(s + d) * mv);
+        }
 #endif
-        for (; d < D; d++)
+        for (; d < D; d++) {
             dst[d] = pxt_f16_to_f32(s[d]) * mul;
+        }
     }
 }
 
 /* Packs rows r < n (stride bytes apart, valid[r] != 0 when valid is given) into
  * dst (nfill, ld) as fp32 times mul, zero-padded to Dp; other rows are zeros. */
-static void TILE(pack_rows)(float *restrict dst, int ld, int nfill, const char *src,
-                            int64_t stride, int n, const uint8_t *valid, int D, int Dp,
-                            pxt_dtype dt, float mul) {
+static void TILE(pack_rows)(float *restrict dst, int ld, int nfill, const char *src, int64_t stride,
+                            int n, const uint8_t *valid, int D, int Dp, pxt_dtype dt, float mul) {
     for (int r = 0; r < nfill; r++) {
         float *d = dst + (size_t)r * ld;
         if (r < n && (!valid || valid[r])) {
@@ -105,9 +109,8 @@ static void TILE(pack_rows)(float *restrict dst, int ld, int nfill, const char *
 }
 
 /* The same rows as the columns of dst (D, ld): dst[d * ld + r]; columns up to nfill. */
-static void TILE(pack_cols)(float *restrict dst, int ld, int nfill, const char *src,
-                            int64_t stride, int n, const uint8_t *valid, int D, pxt_dtype dt,
-                            float mul) {
+static void TILE(pack_cols)(float *restrict dst, int ld, int nfill, const char *src, int64_t stride,
+                            int n, const uint8_t *valid, int D, pxt_dtype dt, float mul) {
     float row[256]; /* a row goes through here in chunks */
     const int chunk = (int)(sizeof row / sizeof row[0]);
     for (int r = 0; r < nfill; r++) {
@@ -116,12 +119,14 @@ static void TILE(pack_cols)(float *restrict dst, int ld, int nfill, const char *
                 int nd = imin(D - d0, chunk);
                 TILE(load_row)(row, src + r * stride + (int64_t)d0 * (int64_t)pxt_dtype_size(dt),
                                nd, dt, mul);
-                for (int d = 0; d < nd; d++)
+                for (int d = 0; d < nd; d++) {
                     dst[(size_t)(d0 + d) * ld + r] = row[d];
+                }
             }
         } else {
-            for (int d = 0; d < D; d++)
+            for (int d = 0; d < D; d++) {
                 dst[(size_t)d * ld + r] = 0.0f;
+            }
         }
     }
 }
@@ -139,13 +144,16 @@ static float TILE(di_row)(const attn_ctx *c, int b, int h, int i) {
         int nd = imin(a->D - d0, chunk), d = 0;
         TILE(load_row)(o, op + (size_t)d0 * c->esz, nd, a->dt, 1.0f);
         TILE(load_row)(g, dp + (size_t)d0 * c->esz, nd, a->dt, 1.0f);
-        for (; d + VW <= nd; d += VW)
+        for (; d + VW <= nd; d += VW) {
             acc = VFMA(TILE(vload)(o + d), TILE(vload)(g + d), acc);
-        for (; d < nd; d++)
+        }
+        for (; d < nd; d++) {
             tail += o[d] * g[d];
+        }
     }
-    for (int l = 0; l < VW; l++)
+    for (int l = 0; l < VW; l++) {
         tail += acc[l];
+    }
     return tail;
 }
 
@@ -154,34 +162,39 @@ static float TILE(di_row)(const attn_ctx *c, int b, int h, int i) {
  * at A[k * lda + m]). M a multiple of MR, N of VW. Each element of C is one FMA
  * chain over k in order, starting from C (acc) or 0: the same bits whatever the
  * tiling around it. The micro-tile keeps MR x nv vectors of C in registers. */
-static inline __attribute__((always_inline)) void
-TILE(micro)(const int ta, const int nv, int K, const float *restrict A, int lda,
-            const float *restrict B, int ldb, float *restrict C, int ldc, int acc) {
+static inline __attribute__((always_inline)) void TILE(micro)(const int ta, const int nv, int K,
+                                                              const float *restrict A, int lda,
+                                                              const float *restrict B, int ldb,
+                                                              float *restrict C, int ldc, int acc) {
     VF c[MR][NVMAX];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 8
-        for (int v = 0; v < nv; v++)
+        for (int v = 0; v < nv; v++) {
             c[r][v] = acc ? TILE(vload)(C + (size_t)r * ldc + v * VW) : VSET1(0.0f);
+        }
     for (int k = 0; k < K; k++) {
         VF bv[NVMAX];
         const float *b = B + (size_t)k * ldb;
 #pragma GCC unroll 8
-        for (int v = 0; v < nv; v++)
+        for (int v = 0; v < nv; v++) {
             bv[v] = TILE(vload)(b + v * VW);
+        }
 #pragma GCC unroll 8
         for (int r = 0; r < MR; r++) {
             VF a = VSET1(ta ? A[(size_t)k * lda + r] : A[(size_t)r * lda + k]);
 #pragma GCC unroll 8
-            for (int v = 0; v < nv; v++)
+            for (int v = 0; v < nv; v++) {
                 c[r][v] = VFMA(a, bv[v], c[r][v]);
+            }
         }
     }
 #pragma GCC unroll 8
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 8
-        for (int v = 0; v < nv; v++)
+        for (int v = 0; v < nv; v++) {
             TILE(vstore)(C + (size_t)r * ldc + v * VW, c[r][v]);
+        }
 }
 
 static inline __attribute__((always_inline)) void
@@ -189,18 +202,24 @@ TILE(gemm_any)(const int ta, int M, int N, int K, const float *restrict A, int l
                const float *restrict B, int ldb, float *restrict C, int ldc, int acc) {
 #define A_ROWS(m) (ta ? A + (m) : A + (size_t)(m) * lda)
     int n = 0;
-    for (; n + NVMAX * VW <= N; n += NVMAX * VW) /* B's panel (K, NVMAX*VW) stays in L1 */
-        for (int m = 0; m < M; m += MR)
+    for (; n + NVMAX * VW <= N; n += NVMAX * VW) { /* B's panel (K, NVMAX*VW) stays in L1 */
+        for (int m = 0; m < M; m += MR) {
             TILE(micro)(ta, NVMAX, K, A_ROWS(m), lda, B + n, ldb, C + (size_t)m * ldc + n, ldc,
                         acc);
+        }
+    }
 #if NVMAX > 2
-    for (; n + 2 * VW <= N; n += 2 * VW)
-        for (int m = 0; m < M; m += MR)
+    for (; n + 2 * VW <= N; n += 2 * VW) {
+        for (int m = 0; m < M; m += MR) {
             TILE(micro)(ta, 2, K, A_ROWS(m), lda, B + n, ldb, C + (size_t)m * ldc + n, ldc, acc);
+        }
+    }
 #endif
-    for (; n < N; n += VW)
-        for (int m = 0; m < M; m += MR)
+    for (; n < N; n += VW) {
+        for (int m = 0; m < M; m += MR) {
             TILE(micro)(ta, 1, K, A_ROWS(m), lda, B + n, ldb, C + (size_t)m * ldc + n, ldc, acc);
+        }
+    }
 #undef A_ROWS
 }
 
@@ -216,8 +235,9 @@ static void TILE(gemm_at)(int M, int N, int K, const float *restrict A, int lda,
 }
 
 static inline void TILE(fill)(float *p, int n, float v) {
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         p[i] = v;
+    }
 }
 
 /* ---- forward: one (b, h, query block) ------------------------------------------
@@ -229,31 +249,33 @@ static void TILE(fwd_item)(const attn_ctx *c, float *ws, int b, int h, int qb) {
     const int nrows = imin(BR, a->Tq - i0);
     const int nq = iclamp(q_len(a, b) - i0, 0, nrows); /* rows that are computed */
     const int64_t kst = a->k.t * (int64_t)c->esz, vst = a->v.t * (int64_t)c->esz;
-    float *QT = ws;                     /* (Dp, BR) q * scale, one query per column */
-    float *Kr = QT + (size_t)Dp * BR;   /* (BC, Dp) key rows */
-    float *Vr = Kr + (size_t)BC * Dp;   /* (BC, Dp) value rows */
-    float *PT = Vr + (size_t)BC * Dp;   /* (BC, BR) scores^T, then P^T */
-    float *O = PT + (size_t)BC * BR;    /* (BR, Dp) unnormalised output rows */
-    float *m = O + (size_t)BR * Dp;     /* (BR) running max per query */
-    float *l = m + BR;                  /* (BR) running sum */
-    float *alpha = l + BR;              /* (BR) rescale of this tile */
+    float *QT = ws;                   /* (Dp, BR) q * scale, one query per column */
+    float *Kr = QT + (size_t)Dp * BR; /* (BC, Dp) key rows */
+    float *Vr = Kr + (size_t)BC * Dp; /* (BC, Dp) value rows */
+    float *PT = Vr + (size_t)BC * Dp; /* (BC, BR) scores^T, then P^T */
+    float *O = PT + (size_t)BC * BR;  /* (BR, Dp) unnormalised output rows */
+    float *m = O + (size_t)BR * Dp;   /* (BR) running max per query */
+    float *l = m + BR;                /* (BR) running sum */
+    float *alpha = l + BR;            /* (BR) rescale of this tile */
     uint8_t valid[BC];
     float *lse = c->lse_out + ((size_t)b * a->H + h) * a->Tq;
 
     if (nq > 0) {
         const int Mr = round_up(nq, MR), Nq = round_up(nq, PAD);
         int kend = k_len(a, b);
-        if (a->causal)
+        if (a->causal) {
             kend = imin(kend, i0 + nq);
+        }
         TILE(pack_cols)(QT, BR, Nq, row_ptr(c, c->q, &a->q, b, h, i0), a->q.t * (int64_t)c->esz, nq,
-                  NULL, D, a->dt, a->scale);
+                        NULL, D, a->dt, a->scale);
         TILE(fill)(m, Nq, -INFINITY);
         TILE(fill)(l, Nq, 0.0f);
         memset(O, 0, (size_t)Mr * Dp * sizeof *O);
         for (int j0 = 0; j0 < kend; j0 += BC) {
             const int nk = imin(BC, kend - j0), Mk = round_up(nk, MR);
-            if (!key_valid(a, b, j0, nk, valid))
+            if (!key_valid(a, b, j0, nk, valid)) {
                 continue;
+            }
             TILE(pack_rows)(Kr, Dp, Mk, row_ptr(c, c->k, &a->k, b, h, j0), kst, nk, valid, D, Dp,
                             a->dt, 1.0f);
             TILE(pack_rows)(Vr, Dp, nk, row_ptr(c, c->v, &a->v, b, h, j0), vst, nk, valid, D, Dp,
@@ -261,15 +283,17 @@ static void TILE(fwd_item)(const attn_ctx *c, float *ws, int b, int h, int qb) {
             TILE(gemm)(Mk, Nq, D, Kr, Dp, QT, BR, PT, BR, 0); /* S^T = K Qs^T */
             for (int j = 0; j < Mk; j++) {                    /* masks: -inf */
                 float *row = PT + (size_t)j * BR;
-                if (j >= nk || !valid[j])
+                if (j >= nk || !valid[j]) {
                     TILE(fill)(row, Nq, -INFINITY);
-                else if (a->causal) /* queries i0+i < j0+j do not see key j0+j */
+                } else if (a->causal) { /* queries i0+i < j0+j do not see key j0+j */
                     TILE(fill)(row, iclamp(j0 + j - i0, 0, Nq), -INFINITY);
+                }
             }
             for (int i = 0; i < Nq; i += VW) {
                 VF mx = VSET1(-INFINITY);
-                for (int j = 0; j < Mk; j++)
+                for (int j = 0; j < Mk; j++) {
                     mx = VMAX(TILE(vload)(PT + (size_t)j * BR + i), mx);
+                }
                 VF m_old = TILE(vload)(m + i), m_new = VMAX(mx, m_old);
                 /* a query with no valid key so far subtracts 0: exp(-inf - 0) = 0 */
                 VF m_use = TILE(vsel)((VI)(m_new == VSET1(-INFINITY)), VSET1(0.0f), m_new);
@@ -284,13 +308,15 @@ static void TILE(fwd_item)(const attn_ctx *c, float *ws, int b, int h, int qb) {
                 TILE(vstore)(m + i, m_new);
                 TILE(vstore)(alpha + i, al);
             }
-            for (int i = 0; i < nq; i++)
+            for (int i = 0; i < nq; i++) {
                 if (alpha[i] != 1.0f) {
                     VF av = VSET1(alpha[i]);
                     float *o = O + (size_t)i * Dp;
-                    for (int d = 0; d < Dp; d += VW)
+                    for (int d = 0; d < Dp; d += VW) {
                         TILE(vstore)(o + d, TILE(vload)(o + d) * av);
+                    }
                 }
+            }
             TILE(gemm_at)(Mr, Dp, nk, PT, BR, Vr, Dp, O, Dp, 1); /* O += P V */
         }
         for (int i = 0; i < nq; i++) {
@@ -320,10 +346,10 @@ static void TILE(fwd_item)(const attn_ctx *c, float *ws, int b, int h, int qb) {
 /* The key block of a backward work item, packed once: K^T and V^T as columns
  * (for S and dP), K rows (for dQ), the dK, dV accumulators. */
 typedef struct {
-    float *KT, *VT;  /* (Dp, BC) */
-    float *Kr;       /* (BC, Dp) */
-    float *dK, *dV;  /* (BC, Dp) */
-    VI *keep;        /* (BC / VW) all-ones where the key is valid */
+    float *KT, *VT; /* (Dp, BC) */
+    float *Kr;      /* (BC, Dp) */
+    float *dK, *dV; /* (BC, Dp) */
+    VI *keep;       /* (BC / VW) all-ones where the key is valid */
     int j0, nk, Mk, Nc;
 } TILE(kblock);
 
@@ -336,7 +362,7 @@ typedef struct {
 
 /* One pair, query rows i0 .. i0+nq-1 against the key block; dQ (rows from i0,
  * leading dim Dp) accumulates when given. */
-static void TILE(bwd_pair)(const attn_ctx *c, const TILE(kblock) *kb, const TILE(qtile) *qt,
+static void TILE(bwd_pair)(const attn_ctx *c, const TILE(kblock) * kb, const TILE(qtile) * qt,
                            int i0, int nq, float *dQ) {
     const pxt_attn_args *a = c->a;
     const int D = a->D, Dp = c->Dp, Mr = round_up(nq, MR), Nc = kb->Nc;
@@ -360,29 +386,33 @@ static void TILE(bwd_pair)(const attn_ctx *c, const TILE(kblock) *kb, const TILE
     }
     TILE(gemm_at)(kb->Mk, Dp, nq, qt->S, BC, qt->dOr, Dp, kb->dV, Dp, 1); /* dV += P^T dO */
     TILE(gemm_at)(kb->Mk, Dp, nq, qt->dS, BC, qt->Qs, Dp, kb->dK, Dp, 1); /* dK += dS^T Qs */
-    if (dQ)
+    if (dQ) {
         TILE(gemm)(Mr, Dp, kb->nk, qt->dS, BC, kb->Kr, Dp, dQ, Dp, 1); /* dQ += dS K */
+    }
 }
 
 /* Packs key block kb (keys j0 ..) of (b, h); returns 0 when it has no valid key. */
-static int TILE(kblock_pack)(const attn_ctx *c, TILE(kblock) *kb, int b, int h, int kbi,
+static int TILE(kblock_pack)(const attn_ctx *c, TILE(kblock) * kb, int b, int h, int kbi,
                              uint8_t *valid, int with_rows) {
     const pxt_attn_args *a = c->a;
     const int D = a->D, Dp = c->Dp;
     const int j0 = kbi * BC, nk = iclamp(k_len(a, b) - j0, 0, imin(BC, a->Tk - j0));
     kb->j0 = j0, kb->nk = nk, kb->Mk = round_up(nk, MR), kb->Nc = round_up(nk, PAD);
-    if (nk <= 0 || !key_valid(a, b, j0, nk, valid))
+    if (nk <= 0 || !key_valid(a, b, j0, nk, valid)) {
         return 0;
+    }
     const char *kp = row_ptr(c, c->k, &a->k, b, h, j0), *vp = row_ptr(c, c->v, &a->v, b, h, j0);
     const int64_t kst = a->k.t * (int64_t)c->esz, vst = a->v.t * (int64_t)c->esz;
     TILE(pack_cols)(kb->KT, BC, kb->Nc, kp, kst, nk, valid, D, a->dt, 1.0f);
     TILE(pack_cols)(kb->VT, BC, kb->Nc, vp, vst, nk, valid, D, a->dt, 1.0f);
-    if (with_rows)
+    if (with_rows) {
         TILE(pack_rows)(kb->Kr, Dp, nk, kp, kst, nk, valid, D, Dp, a->dt, 1.0f);
+    }
     for (int j = 0; j < kb->Nc; j += VW) {
         VI keep;
-        for (int l = 0; l < VW; l++)
+        for (int l = 0; l < VW; l++) {
             keep[l] = (j + l < nk && valid[j + l]) ? -1 : 0;
+        }
         kb->keep[j / VW] = keep;
     }
     memset(kb->dK, 0, (size_t)kb->Mk * Dp * sizeof(float));
@@ -391,14 +421,14 @@ static int TILE(kblock_pack)(const attn_ctx *c, TILE(kblock) *kb, int b, int h, 
 }
 
 /* Query rows i0 .. i0+nq-1 of (b, h) into qt (rows up to a multiple of MR). */
-static void TILE(qtile_pack)(const attn_ctx *c, TILE(qtile) *qt, int b, int h, int i0, int nq) {
+static void TILE(qtile_pack)(const attn_ctx *c, TILE(qtile) * qt, int b, int h, int i0, int nq) {
     const pxt_attn_args *a = c->a;
     const int D = a->D, Dp = c->Dp, Mr = round_up(nq, MR);
     const float *lse = c->lse + ((size_t)b * a->H + h) * a->Tq + i0;
     const float *Di = c->Di + ((size_t)b * a->H + h) * a->Tq + i0;
     const int64_t qst = a->q.t * (int64_t)c->esz, ost = a->o.t * (int64_t)c->esz;
-    TILE(pack_rows)(qt->Qs, Dp, Mr, row_ptr(c, c->q, &a->q, b, h, i0), qst, nq, NULL, D, Dp,
-                    a->dt, a->scale);
+    TILE(pack_rows)(qt->Qs, Dp, Mr, row_ptr(c, c->q, &a->q, b, h, i0), qst, nq, NULL, D, Dp, a->dt,
+                    a->scale);
     TILE(pack_rows)(qt->dOr, Dp, Mr, row_ptr(c, c->dout, &a->o, b, h, i0), ost, nq, NULL, D, Dp,
                     a->dt, 1.0f);
     for (int i = 0; i < Mr; i++) {
@@ -408,7 +438,7 @@ static void TILE(qtile_pack)(const attn_ctx *c, TILE(qtile) *qt, int b, int h, i
 }
 
 /* Writes dK, dV of the key block (zeros for masked keys and keys past k_length). */
-static void TILE(kblock_store)(const attn_ctx *c, const TILE(kblock) *kb, int b, int h,
+static void TILE(kblock_store)(const attn_ctx *c, const TILE(kblock) * kb, int b, int h,
                                const uint8_t *valid, int any) {
     const pxt_attn_args *a = c->a;
     const int nrows = imin(BC, a->Tk - kb->j0);
@@ -426,7 +456,7 @@ static void TILE(kblock_store)(const attn_ctx *c, const TILE(kblock) *kb, int b,
 }
 
 /* Carves a pair slab: the key block's and the query tile's buffers. */
-static float *TILE(pair_slab)(const attn_ctx *c, float *ws, TILE(kblock) *kb, TILE(qtile) *qt) {
+static float *TILE(pair_slab)(const attn_ctx *c, float *ws, TILE(kblock) * kb, TILE(qtile) * qt) {
     const size_t Dp = (size_t)c->Dp;
     kb->KT = ws;
     kb->VT = kb->KT + Dp * BC;
@@ -451,12 +481,13 @@ static void TILE(bwd_kv_item)(const attn_ctx *c, float *ws, int b, int h, int kb
     TILE(pair_slab)(c, ws, &kb, &qt);
     const int qend = q_len(c->a, b);
     int any = TILE(kblock_pack)(c, &kb, b, h, kbi, valid, 0);
-    if (any)
+    if (any) {
         for (int i0 = c->a->causal ? kb.j0 : 0; i0 < qend; i0 += BR) {
             int nq = imin(BR, qend - i0);
             TILE(qtile_pack)(c, &qt, b, h, i0, nq);
             TILE(bwd_pair)(c, &kb, &qt, i0, nq, NULL);
         }
+    }
     TILE(kblock_store)(c, &kb, b, h, valid, any);
 }
 
@@ -474,20 +505,22 @@ static void TILE(bwd_head_item)(const attn_ctx *c, float *ws, int b, int h, int 
     memset(dQ, 0, (size_t)round_up(qend, MR) * c->Dp * sizeof *dQ);
     for (int kbi = 0; kbi < nkb; kbi++) {
         int any = TILE(kblock_pack)(c, &kb, b, h, kbi, valid, 1);
-        if (any)
+        if (any) {
             for (int i0 = a->causal ? kb.j0 : 0; i0 < qend; i0 += BR) {
                 int nq = imin(BR, qend - i0);
                 TILE(qtile_pack)(c, &qt, b, h, i0, nq);
                 TILE(bwd_pair)(c, &kb, &qt, i0, nq, dQ + (size_t)i0 * c->Dp);
             }
+        }
         TILE(kblock_store)(c, &kb, b, h, valid, any);
     }
     for (int i = 0; i < a->Tq; i++) {
         char *dst = row_ptr(c, c->dq, &a->q, b, h, i);
-        if (i < qend)
+        if (i < qend) {
             store_row(dst, dQ + (size_t)i * c->Dp, a->D, a->dt, a->scale);
-        else
+        } else {
             memset(dst, 0, (size_t)a->D * c->esz);
+        }
     }
 }
 
@@ -499,22 +532,23 @@ static void TILE(bwd_q_item)(const attn_ctx *c, float *ws, int b, int h, int qb)
     const int nrows = imin(BR, a->Tq - i0);
     const int nq = iclamp(q_len(a, b) - i0, 0, nrows);
     const size_t esz = c->esz;
-    float *QT = ws;                          /* (Dp, BR) q * scale as columns */
-    float *dOT = QT + (size_t)Dp * BR;       /* (Dp, BR) dout as columns */
-    float *dQ = dOT + (size_t)Dp * BR;       /* (BR, Dp) accumulator */
-    float *Kr = dQ + (size_t)BR * Dp;        /* (BC, Dp) key rows */
-    float *Vr = Kr + (size_t)BC * Dp;        /* (BC, Dp) value rows */
-    float *PT = Vr + (size_t)BC * Dp;        /* (BC, BR) scores^T */
-    float *dST = PT + (size_t)BC * BR;       /* (BC, BR) dP^T, then dS^T */
-    float *nl = dST + (size_t)BC * BR;       /* (BR) -lse or -inf */
-    float *Di = nl + BR;                     /* (BR) */
+    float *QT = ws;                    /* (Dp, BR) q * scale as columns */
+    float *dOT = QT + (size_t)Dp * BR; /* (Dp, BR) dout as columns */
+    float *dQ = dOT + (size_t)Dp * BR; /* (BR, Dp) accumulator */
+    float *Kr = dQ + (size_t)BR * Dp;  /* (BC, Dp) key rows */
+    float *Vr = Kr + (size_t)BC * Dp;  /* (BC, Dp) value rows */
+    float *PT = Vr + (size_t)BC * Dp;  /* (BC, BR) scores^T */
+    float *dST = PT + (size_t)BC * BR; /* (BC, BR) dP^T, then dS^T */
+    float *nl = dST + (size_t)BC * BR; /* (BR) -lse or -inf */
+    float *Di = nl + BR;               /* (BR) */
     uint8_t valid[BC];
 
     if (nq > 0) {
         const int Mr = round_up(nq, MR), Nq = round_up(nq, PAD);
         int kend = k_len(a, b);
-        if (a->causal)
+        if (a->causal) {
             kend = imin(kend, i0 + nq);
+        }
         const float *lse = c->lse + ((size_t)b * a->H + h) * a->Tq + i0;
         const float *Dg = c->Di + ((size_t)b * a->H + h) * a->Tq + i0;
         const char *qp = row_ptr(c, c->q, &a->q, b, h, i0);
@@ -528,8 +562,9 @@ static void TILE(bwd_q_item)(const attn_ctx *c, float *ws, int b, int h, int qb)
         memset(dQ, 0, (size_t)Mr * Dp * sizeof *dQ);
         for (int j0 = 0; j0 < kend; j0 += BC) {
             const int nk = imin(BC, kend - j0), Mk = round_up(nk, MR);
-            if (!key_valid(a, b, j0, nk, valid))
+            if (!key_valid(a, b, j0, nk, valid)) {
                 continue;
+            }
             const int64_t kst = a->k.t * (int64_t)esz, vst = a->v.t * (int64_t)esz;
             TILE(pack_rows)(Kr, Dp, Mk, row_ptr(c, c->k, &a->k, b, h, j0), kst, nk, valid, D, Dp,
                             a->dt, 1.0f);
@@ -547,17 +582,20 @@ static void TILE(bwd_q_item)(const attn_ctx *c, float *ws, int b, int h, int qb)
                     VF pv = TILE(vexp)(TILE(vload)(p + i) + TILE(vload)(nl + i));
                     TILE(vstore)(ds + i, pv * (TILE(vload)(ds + i) - TILE(vload)(Di + i)));
                 }
-                if (a->causal) /* queries i0+i < j0+j do not see this key */
+                if (a->causal) { /* queries i0+i < j0+j do not see this key */
                     memset(ds, 0, (size_t)iclamp(j0 + j - i0, 0, Nq) * sizeof *ds);
+                }
             }
             TILE(gemm_at)(Mr, Dp, nk, dST, BR, Kr, Dp, dQ, Dp, 1); /* dQ += dS K */
         }
-        for (int i = 0; i < nq; i++)
+        for (int i = 0; i < nq; i++) {
             store_row(row_ptr(c, c->dq, &a->q, b, h, i0 + i), dQ + (size_t)i * Dp, D, a->dt,
                       a->scale);
+        }
     }
-    for (int i = nq; i < nrows; i++)
+    for (int i = nq; i < nrows; i++) {
         memset(row_ptr(c, c->dq, &a->q, b, h, i0 + i), 0, (size_t)D * esz);
+    }
 }
 
 /* the parameters of this instantiation end here */

@@ -8,7 +8,7 @@
 
 #include <cblas.h> /* scipy-openblas32: symbols carry a scipy_ prefix */
 
-#include "../backend.h"
+#include "engine/backend.h"
 #include "cpu.h"
 
 static int cpu_device_count(void) { return 1; }
@@ -54,8 +54,9 @@ static int cpu_raw_alloc(int index, size_t nbytes, void **ptr) {
     void *p = NULL;
     /* page alignment for segments (they are 2 MiB or more), 256 is the contract */
     size_t align = nbytes >= 4096 ? 4096 : 256;
-    if (posix_memalign(&p, align, nbytes) != 0 || p == NULL)
+    if (posix_memalign(&p, align, nbytes) != 0 || p == NULL) {
         return pxt_error(PXT_ERR_OOM, "host allocation of %zu bytes failed", nbytes);
+    }
     *ptr = p;
     return PXT_OK;
 }
@@ -68,15 +69,17 @@ static void cpu_raw_free(int index, void *ptr) {
 static int cpu_copy(int index, void *dst, const void *src, size_t nbytes, pxt_copy_kind kind) {
     (void)index;
     (void)kind;
-    if (nbytes)
+    if (nbytes) {
         memcpy(dst, src, nbytes);
+    }
     return PXT_OK;
 }
 
 static int cpu_memset_zero(int index, void *dst, size_t nbytes) {
     (void)index;
-    if (nbytes)
+    if (nbytes) {
         memset(dst, 0, nbytes);
+    }
     return PXT_OK;
 }
 
@@ -85,8 +88,29 @@ static int cpu_synchronize(int index) {
     return PXT_OK;
 }
 
+/* OpenBLAS keeps its own thread pool, whose idle threads spin; beside OpenMP's
+ * on the same cores that made steps up to 25x slower. The engine threads with
+ * OpenMP alone and OpenBLAS runs inside its panels (matmul.c). */
+static void cpu_init(void) { scipy_openblas_set_num_threads(1); }
+
+static void cpu_info(pxt_backend_info *out) {
+    memset(out, 0, sizeof *out);
+    snprintf(out->library, sizeof out->library, "%s", scipy_openblas_get_config());
+}
+
+static int cpu_kernel_isa(const char *name, const char **active) {
+    if (name) {
+        PXT_TRY(pxt_cpu_attention_set_isa(name));
+    }
+    *active = pxt_cpu_attention_isa();
+    return PXT_OK;
+}
+
 static const pxt_backend cpu_backend = {
     .name = "cpu",
+    .init = cpu_init,
+    .info = cpu_info,
+    .kernel_isa = cpu_kernel_isa,
     .device_count = cpu_device_count,
     .device_props = cpu_device_props,
     .mem_info = cpu_mem_info,
@@ -100,6 +124,9 @@ static const pxt_backend cpu_backend = {
     .gemm_workspace = pxt_cpu_gemm_workspace,
     .add_bias = pxt_cpu_add_bias,
     .bias_backward = pxt_cpu_bias_backward,
+    .colsum_workspace = pxt_cpu_colsum_workspace,
+    .gemm_fused = pxt_cpu_gemm_fused,
+    .gemm_fused_workspace = pxt_cpu_gemm_fused_workspace,
     .layernorm_forward = pxt_cpu_layernorm_forward,
     .layernorm_backward = pxt_cpu_layernorm_backward,
     .gelu_forward = pxt_cpu_gelu_forward,
@@ -107,6 +134,7 @@ static const pxt_backend cpu_backend = {
     .add = pxt_cpu_add,
     .embedding_forward = pxt_cpu_embedding_forward,
     .embedding_backward = pxt_cpu_embedding_backward,
+    .embedding_workspace = pxt_cpu_embedding_workspace,
     .softmax_xent = pxt_cpu_softmax_xent,
     .sum = pxt_cpu_sum,
     .attention_forward = pxt_cpu_attention_forward,
@@ -118,10 +146,3 @@ static const pxt_backend cpu_backend = {
 };
 
 const pxt_backend *pxt_cpu_backend(void) { return &cpu_backend; }
-
-const char *pxt_cpu_blas_config(void) { return scipy_openblas_get_config(); }
-
-/* OpenBLAS keeps its own thread pool, whose idle threads spin; beside OpenMP's
- * on the same cores that made steps up to 25x slower. The engine threads with
- * OpenMP alone and OpenBLAS runs inside its panels (matmul.c). */
-void pxt_cpu_init(void) { scipy_openblas_set_num_threads(1); }

@@ -8,7 +8,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../pxt.h"
+#include "engine/pxt.h"
 #include "cpu.h"
 
 static float load_float(const void *src, pxt_dtype t, size_t i) {
@@ -30,45 +30,13 @@ static int64_t load_int(const void *src, pxt_dtype t, size_t i) {
     }
 }
 
-/* lo and hi are the integer's bounds; v >= hi + 1 (the next power of two for
- * int64, where hi itself is not a double) saturates to hi. */
-static int64_t float_to_int64_sat(double v, int64_t lo, int64_t hi, double hi_plus_1) {
-    if (isnan(v))
-        return 0;
-    if (v <= (double)lo) /* lo is a power of two (or 0): exact as a double */
-        return lo;
-    if (v >= hi_plus_1)
-        return hi;
-    return (int64_t)v; /* truncates toward zero; in range, so defined */
-}
-
-/* float -> integer: saturate at the integer's own bounds (inf -> INT64_MAX) */
-static void store_int_sat(void *dst, pxt_dtype t, size_t i, double v) {
-    switch (t) {
-    case PXT_INT32: ((int32_t *)dst)[i] = (int32_t)float_to_int64_sat(v, INT32_MIN, INT32_MAX, 2147483648.0); break;
-    case PXT_INT64:
-        ((int64_t *)dst)[i] = float_to_int64_sat(v, INT64_MIN, INT64_MAX, 9223372036854775808.0);
-        break;
-    case PXT_UINT8: ((uint8_t *)dst)[i] = (uint8_t)float_to_int64_sat(v, 0, UINT8_MAX, 256.0); break;
-    case PXT_BOOL: ((uint8_t *)dst)[i] = (uint8_t)(v != 0.0); break; /* NaN != 0: true */
-    default: break;
-    }
-}
-
 static void store_float(void *dst, pxt_dtype t, size_t i, float v) {
     switch (t) {
     case PXT_FLOAT32: ((float *)dst)[i] = v; break;
     case PXT_FLOAT16: ((uint16_t *)dst)[i] = pxt_f32_to_f16(v); break;
     case PXT_BFLOAT16: ((uint16_t *)dst)[i] = pxt_f32_to_bf16(v); break;
-    default: store_int_sat(dst, t, i, v); break;
+    default: pxt_store_int_sat(dst, t, i, v); break;
     }
-}
-
-/* float64 data into int32/int64/uint8/bool by the rules above, straight from
- * the double (pyxtts.tensor(float64_array, dtype=int32): NumPy's own cast is
- * C's, undefined out of range, and float32 first would lose integers > 2^24). */
-void pxt_cpu_cast_f64_to_int(void *dst, pxt_dtype dt, const double *src, size_t n) {
-    for (size_t i = 0; i < n; i++) store_int_sat(dst, dt, i, src[i]);
 }
 
 static void store_int(void *dst, pxt_dtype t, size_t i, int64_t v) {
@@ -94,31 +62,43 @@ int pxt_cpu_cast(int index, void *dst, pxt_dtype dt, const void *src, pxt_dtype 
     if (st == PXT_FLOAT32 && dt == PXT_BFLOAT16) {
         const float *s = src;
         uint16_t *d = dst;
-        for (size_t i = 0; i < n; i++) d[i] = pxt_f32_to_bf16(s[i]);
+        for (size_t i = 0; i < n; i++) {
+            d[i] = pxt_f32_to_bf16(s[i]);
+        }
         return PXT_OK;
     }
     if (st == PXT_BFLOAT16 && dt == PXT_FLOAT32) {
         const uint16_t *s = src;
         float *d = dst;
-        for (size_t i = 0; i < n; i++) d[i] = pxt_bf16_to_f32(s[i]);
+        for (size_t i = 0; i < n; i++) {
+            d[i] = pxt_bf16_to_f32(s[i]);
+        }
         return PXT_OK;
     }
     if (st == PXT_FLOAT32 && dt == PXT_FLOAT16) {
         const float *s = src;
         uint16_t *d = dst;
-        for (size_t i = 0; i < n; i++) d[i] = pxt_f32_to_f16(s[i]);
+        for (size_t i = 0; i < n; i++) {
+            d[i] = pxt_f32_to_f16(s[i]);
+        }
         return PXT_OK;
     }
     if (st == PXT_FLOAT16 && dt == PXT_FLOAT32) {
         const uint16_t *s = src;
         float *d = dst;
-        for (size_t i = 0; i < n; i++) d[i] = pxt_f16_to_f32(s[i]);
+        for (size_t i = 0; i < n; i++) {
+            d[i] = pxt_f16_to_f32(s[i]);
+        }
         return PXT_OK;
     }
     if (pxt_dtype_is_float(st)) {
-        for (size_t i = 0; i < n; i++) store_float(dst, dt, i, load_float(src, st, i));
+        for (size_t i = 0; i < n; i++) {
+            store_float(dst, dt, i, load_float(src, st, i));
+        }
     } else {
-        for (size_t i = 0; i < n; i++) store_int(dst, dt, i, load_int(src, st, i));
+        for (size_t i = 0; i < n; i++) {
+            store_int(dst, dt, i, load_int(src, st, i));
+        }
     }
     return PXT_OK;
 }

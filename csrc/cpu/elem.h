@@ -6,7 +6,7 @@
 #ifndef PXT_CPU_ELEM_H
 #define PXT_CPU_ELEM_H
 
-#include "../pxt.h"
+#include "engine/pxt.h"
 
 /* p[i] of dtype dt as a float. */
 static inline float pxt_ld(const void *p, size_t i, pxt_dtype dt) {
@@ -28,8 +28,9 @@ static inline void pxt_st(void *p, size_t i, pxt_dtype dt, float v) {
 
 /* PXT_OK when dt is an activation dtype, else PXT_ERR_TYPE naming the op. */
 static inline int pxt_cpu_check_float(pxt_dtype dt, const char *op) {
-    if (dt == PXT_FLOAT32 || dt == PXT_FLOAT16 || dt == PXT_BFLOAT16)
+    if (dt == PXT_FLOAT32 || dt == PXT_FLOAT16 || dt == PXT_BFLOAT16) {
         return PXT_OK;
+    }
     return pxt_error(PXT_ERR_TYPE, "%s: dtype must be float32, float16 or bfloat16, got %s", op,
                      pxt_dtype_name(dt));
 }
@@ -37,10 +38,12 @@ static inline int pxt_cpu_check_float(pxt_dtype dt, const char *op) {
 /* Checks ids (n) are in [lo, hi) before a kernel indexes with them: O(n), and a
  * bad id would otherwise read or write outside a table. */
 static inline int pxt_cpu_check_ids(const int32_t *ids, int n, int lo, int hi, const char *op) {
-    for (int i = 0; i < n; i++)
-        if (ids[i] < lo || ids[i] >= hi)
-            return pxt_error(PXT_ERR_VALUE, "%s: index %d at position %d is outside [%d, %d)",
-                             op, (int)ids[i], i, lo, hi);
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < lo || ids[i] >= hi) {
+            return pxt_error(PXT_ERR_VALUE, "%s: index %d at position %d is outside [%d, %d)", op,
+                             (int)ids[i], i, lo, hi);
+        }
+    }
     return PXT_OK;
 }
 

@@ -18,8 +18,9 @@
 int pxt_cpu_gelu_forward(int index, void *out, const void *inp, size_t n, pxt_dtype dt) {
     (void)index;
     int rc = pxt_cpu_check_float(dt, "gelu_forward");
-    if (rc != PXT_OK)
+    if (rc != PXT_OK) {
         return rc;
+    }
     /* out, inp (n) */
 #pragma omp parallel for schedule(static) if (n >= PXT_OMP_MIN_WORK)
     for (size_t i = 0; i < n; i++) {
@@ -34,8 +35,9 @@ int pxt_cpu_gelu_backward(int index, void *dinp, const void *inp, const void *do
                           pxt_dtype dt) {
     (void)index;
     int rc = pxt_cpu_check_float(dt, "gelu_backward");
-    if (rc != PXT_OK)
+    if (rc != PXT_OK) {
         return rc;
+    }
     /* dinp, inp, dout (n); dinp may alias dout: element i is read before written.
      * With s = sigmoid(2u) = 1 / (1 + e), e = exp(-2u), and 1 - s = e * s:
      * d/dx [x s] = s + 2 x s (1 - s) du/dx,  du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
@@ -64,11 +66,16 @@ int pxt_cpu_gelu_backward(int index, void *dinp, const void *inp, const void *do
 int pxt_cpu_add(int index, void *out, const void *a, const void *b, size_t n, pxt_dtype dt) {
     (void)index;
     int rc = pxt_cpu_check_float(dt, "add");
-    if (rc != PXT_OK)
+    if (rc != PXT_OK) {
         return rc;
+    }
     /* out, a, b (n); out may alias a or b (elementwise) */
 #pragma omp parallel for schedule(static) if (n >= PXT_OMP_MIN_WORK)
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         pxt_st(out, i, dt, pxt_ld(a, i, dt) + pxt_ld(b, i, dt));
+    }
     return PXT_OK;
 }
+
+#undef GELU_K
+#undef GELU_A

@@ -15,7 +15,9 @@
  * So every result is the float32 sum of products, rounded once to dt_c.
  *
  * Threads: OpenBLAS runs single-threaded (pxt_cpu_init) and the engine's one
- * thread pool, OpenMP's, splits each product into panels of C. Two pools on
+ * thread pool, OpenMP's, shares out tiles of C whose edges depend on the
+ * product's shape only (so does a 16-bit C's staging), never on the thread
+ * count: every result has the same bits for any OMP_NUM_THREADS. Two pools on
  * the same cores spin against each other: measured 25x slower steps. */
 #include <cblas.h> /* scipy-openblas32: symbols carry a scipy_ prefix */
 #include <omp.h>
@@ -23,45 +25,76 @@
 #include "cpu.h"
 #include "elem.h"
 
-#define GEMM_TILE 32768  /* floats in a 16-bit C's staging tile (128 KiB) */
-#define GEMM_TILE_N 256  /* its width in columns (at most) */
+#define GEMM_TILE 32768 /* floats in a 16-bit C's staging tile (128 KiB) */
+#define GEMM_TILE_N 256 /* its width in columns (at most) */
 
 size_t pxt_cpu_gemm_workspace(int M, int N, int K, pxt_dtype dt_ab) {
-    if (dt_ab == PXT_FLOAT32 || M <= 0 || N <= 0 || K <= 0)
+    if (dt_ab == PXT_FLOAT32 || M <= 0 || N <= 0 || K <= 0) {
         return 0;
+    }
     return ((size_t)M * (size_t)K + (size_t)K * (size_t)N) * sizeof(float);
 }
 
-#define PANEL_ALIGN 16        /* panel edges on multiples of 16 rows / columns */
-#define PARALLEL_MIN_FLOPS (1 << 21) /* smaller products run on one thread */
+/* The tile grid of a float32 C. OpenBLAS's bits for an element depend on the
+ * shape of the call that computes it (splitting a (132, 96, 96) product into two
+ * row panels changes 11-30% of its elements), so the grid is a function of
+ * (M, N, K) alone, never of the thread count: threads take whole tiles, and any
+ * number of them gives the same bits. Each tile is one single-threaded sgemm
+ * over the whole K. The grid halves the longer tile edge while a tile keeps
+ * TILE_MIN_FLOPS of work and edges of TILE_MIN_EDGE, up to TILE_MAX tiles.
+ * Tiles cost: OpenBLAS repacks op(A) for every column of tiles and op(B) for
+ * every row of them. tests/bench/bench_gemm_tiles.py models a step's GEMMs
+ * on T threads from each tile's CPU time: against the old split into T panels,
+ * this grid (8 tiles, edges >= 64) costs 4% at d=256 on 2 threads, 1.5% on 4
+ * and nothing on 8; 16 tiles cost 6-9% on 2 threads, and edges >= 128 kept the
+ * d=64 model's weight gradients on one thread (+16%). So at most 8 threads
+ * share one product. */
+#define TILE_ALIGN 16            /* tile edges on multiples of 16 rows / columns */
+#define TILE_MIN_EDGE 64         /* rows or columns of the narrowest tile */
+#define TILE_MIN_FLOPS (1 << 22) /* work of the smallest tile: ~0.1 ms on one core */
+#define TILE_MAX 8               /* tiles of the largest products */
 
-/* C (M, N) = alpha op(A) op(B) + beta C in float32, ldc = N, split into one panel of
- * rows (or columns, whichever dimension is longer) per thread. Each element is one
- * single-threaded sgemm over the whole K, so the split does not change its bits. */
-static void sgemm_panels(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K,
-                         float alpha, const float *a, int lda, const float *b, int ldb,
-                         float beta, float *C, int ldc) {
-    int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
-    int split_m = M >= N, dim = split_m ? M : N;
-    int parts = dim / PANEL_ALIGN < nt ? dim / PANEL_ALIGN : nt;
-    if (parts <= 1 || (double)M * N * K < PARALLEL_MIN_FLOPS) {
-        scipy_cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
-        return;
+/* Rows of C split into *pm parts and columns into *pn (both powers of two). */
+static void tile_grid(int M, int N, int K, int *pm, int *pn) {
+    double flops = 2.0 * M * N * K;
+    int m = 1, n = 1;
+    while (m * n < TILE_MAX && flops / (2 * m * n) >= TILE_MIN_FLOPS) {
+        int h = M / m, w = N / n; /* the current tile edges */
+        int can_m = h >= 2 * TILE_MIN_EDGE, can_n = w >= 2 * TILE_MIN_EDGE;
+        if (can_m && (h >= w || !can_n)) {
+            m *= 2;
+        } else if (can_n) {
+            n *= 2;
+        } else {
+            break;
+        }
     }
-#pragma omp parallel for schedule(static) num_threads(parts)
-    for (int p = 0; p < parts; p++) {
-        int lo = (int)((long long)dim * p / parts) / PANEL_ALIGN * PANEL_ALIGN;
-        int hi = p == parts - 1 ? dim : (int)((long long)dim * (p + 1) / parts) / PANEL_ALIGN * PANEL_ALIGN;
-        if (hi <= lo)
-            continue;
-        if (split_m) /* rows lo..hi of op(A): rows of A, or columns of the stored (K, M) */
-            scipy_cblas_sgemm(CblasRowMajor, ta, tb, hi - lo, N, K, alpha,
-                              ta == CblasTrans ? a + lo : a + (size_t)lo * lda, lda, b, ldb, beta,
-                              C + (size_t)lo * ldc, ldc);
-        else /* columns lo..hi of op(B): columns of B, or rows of the stored (N, K) */
-            scipy_cblas_sgemm(CblasRowMajor, ta, tb, M, hi - lo, K, alpha, a, lda,
-                              tb == CblasTrans ? b + (size_t)lo * ldb : b + lo, ldb, beta, C + lo,
-                              ldc);
+    *pm = m;
+    *pn = n;
+}
+
+/* The first index of part p of dim split into parts (parts' edges on TILE_ALIGN). */
+static int part_start(int dim, int p, int parts) {
+    return p == parts ? dim : (int)((long long)dim * p / parts) / TILE_ALIGN * TILE_ALIGN;
+}
+
+/* C (M, N) = alpha op(A) op(B) + beta C in float32, ldc = N, tile by tile. */
+static void sgemm_tiles(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K,
+                        float alpha, const float *a, int lda, const float *b, int ldb, float beta,
+                        float *C, int ldc) {
+    int pm, pn;
+    tile_grid(M, N, K, &pm, &pn);
+    int tiles = pm * pn;
+#pragma omp parallel for schedule(dynamic, 1) if (tiles > 1 && !omp_in_parallel())
+    for (int t = 0; t < tiles; t++) {
+        int i0 = part_start(M, t / pn, pm), i1 = part_start(M, t / pn + 1, pm);
+        int j0 = part_start(N, t % pn, pn), j1 = part_start(N, t % pn + 1, pn);
+        /* rows i0.. of op(A): rows of A, or columns of the stored (K, M);
+         * columns j0.. of op(B): columns of B, or rows of the stored (N, K) */
+        const float *ap = ta == CblasTrans ? a + i0 : a + (size_t)i0 * lda;
+        const float *bp = tb == CblasTrans ? b + (size_t)j0 * ldb : b + j0;
+        scipy_cblas_sgemm(CblasRowMajor, ta, tb, i1 - i0, j1 - j0, K, alpha, ap, lda, bp, ldb, beta,
+                          C + (size_t)i0 * ldc + j0, ldc);
     }
 }
 
@@ -77,32 +110,38 @@ static void widen(float *dst, const void *src, size_t n, pxt_dtype dt) {
 }
 
 int pxt_cpu_gemm(int index, int trans_a, int trans_b, int M, int N, int K, float alpha,
-                 const void *A, const void *B, float beta, void *C, pxt_dtype dt_ab,
-                 pxt_dtype dt_c, void *workspace) {
+                 const void *A, const void *B, float beta, void *C, pxt_dtype dt_ab, pxt_dtype dt_c,
+                 void *workspace) {
     (void)index;
     int rc = pxt_cpu_check_float(dt_ab, "gemm (A, B)");
-    if (rc == PXT_OK)
+    if (rc == PXT_OK) {
         rc = pxt_cpu_check_float(dt_c, "gemm (C)");
-    if (rc != PXT_OK)
+    }
+    if (rc != PXT_OK) {
         return rc;
-    if (M < 0 || N < 0 || K < 0)
+    }
+    if (M < 0 || N < 0 || K < 0) {
         return pxt_error(PXT_ERR_VALUE, "gemm: negative size M=%d N=%d K=%d", M, N, K);
-    if (M == 0 || N == 0)
+    }
+    if (M == 0 || N == 0) {
         return PXT_OK;
+    }
     size_t mn = (size_t)M * N;
     if (K == 0) { /* no products: C = beta * C (beta = 0 ignores what C held) */
-        for (size_t i = 0; i < mn; i++)
+        for (size_t i = 0; i < mn; i++) {
             pxt_st(C, i, dt_c, beta == 0.0f ? 0.0f : beta * pxt_ld(C, i, dt_c));
+        }
         return PXT_OK;
     }
     const float *a = A; /* op(A) (M, K): stored (M, K), or (K, M) with trans_a */
     const float *b = B; /* op(B) (K, N): stored (K, N), or (N, K) with trans_b */
     if (dt_ab != PXT_FLOAT32) {
-        if (!workspace)
+        if (!workspace) {
             return pxt_error(PXT_ERR_VALUE, "gemm: 16-bit operands need a workspace of "
-                             "gemm_workspace() bytes, got NULL");
-        float *a32 = workspace;              /* (M*K) */
-        float *b32 = a32 + (size_t)M * K;    /* (K*N) */
+                                            "gemm_workspace() bytes, got NULL");
+        }
+        float *a32 = workspace;           /* (M*K) */
+        float *b32 = a32 + (size_t)M * K; /* (K*N) */
         widen(a32, A, (size_t)M * K, dt_ab);
         widen(b32, B, (size_t)K * N, dt_ab);
         a = a32;
@@ -113,7 +152,7 @@ int pxt_cpu_gemm(int index, int trans_a, int trans_b, int M, int N, int K, float
     int lda = trans_a ? M : K, ldb = trans_b ? K : N;
     if (dt_c == PXT_FLOAT32) {
         /* BLAS semantics: beta = 0 never reads C, so garbage (even NaN) is fine */
-        sgemm_panels(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, N);
+        sgemm_tiles(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, N);
         return PXT_OK;
     }
     /* 16-bit C: float32 tiles (mb, nb), each rounded once into C; tiles of rows
@@ -132,58 +171,28 @@ int pxt_cpu_gemm(int index, int trans_a, int trans_b, int M, int N, int K, float
             int nj = N - j0 < nb ? N - j0 : nb;
             /* columns j0.. of op(B): columns of B, or rows of the stored (N, K) */
             const float *bp = trans_b ? b + (size_t)j0 * K : b + j0;
-            if (beta != 0.0f) /* beta = 0: C is not read (it may hold NaN) */
-                for (int i = 0; i < mi; i++)
-                    for (int j = 0; j < nj; j++)
+            if (beta != 0.0f) { /* beta = 0: C is not read (it may hold NaN) */
+                for (int i = 0; i < mi; i++) {
+                    for (int j = 0; j < nj; j++) {
                         tile[i * nj + j] = pxt_ld(C, (size_t)(i0 + i) * N + j0 + j, dt_c);
-            scipy_cblas_sgemm(CblasRowMajor, ta, tb, mi, nj, K, alpha, ap, lda, bp, ldb, beta,
-                              tile, nj);
-            for (int i = 0; i < mi; i++)
-                for (int j = 0; j < nj; j++)
+                    }
+                }
+            }
+            scipy_cblas_sgemm(CblasRowMajor, ta, tb, mi, nj, K, alpha, ap, lda, bp, ldb, beta, tile,
+                              nj);
+            for (int i = 0; i < mi; i++) {
+                for (int j = 0; j < nj; j++) {
                     pxt_st(C, (size_t)(i0 + i) * N + j0 + j, dt_c, tile[i * nj + j]);
+                }
+            }
         }
     }
     return PXT_OK;
 }
 
-/* out (M, N) += bias (N): each row is independent. */
-int pxt_cpu_add_bias(int index, void *out, const void *bias, int M, int N, pxt_dtype dt) {
-    (void)index;
-    int rc = pxt_cpu_check_float(dt, "add_bias");
-    if (rc != PXT_OK)
-        return rc;
-    if (M < 0 || N < 0)
-        return pxt_error(PXT_ERR_VALUE, "add_bias: negative size M=%d N=%d", M, N);
-#pragma omp parallel for schedule(static) if ((size_t)M * N >= PXT_OMP_MIN_WORK)
-    for (int i = 0; i < M; i++) {
-        size_t row = (size_t)i * N;
-        for (int j = 0; j < N; j++)
-            pxt_st(out, row + j, dt, pxt_ld(out, row + j, dt) + pxt_ld(bias, j, dt));
-    }
-    return PXT_OK;
-}
-
-/* dbias (N) += sum over rows of dout (M, N). A column slice per task, rows added
- * in order into double accumulators: the same bits for any thread count. */
-int pxt_cpu_bias_backward(int index, float *dbias, const void *dout, int M, int N, pxt_dtype dt) {
-    (void)index;
-    int rc = pxt_cpu_check_float(dt, "bias_backward");
-    if (rc != PXT_OK)
-        return rc;
-    if (M < 0 || N < 0)
-        return pxt_error(PXT_ERR_VALUE, "bias_backward: negative size M=%d N=%d", M, N);
-    int nslices = (N + PXT_COL_SLICE - 1) / PXT_COL_SLICE;
-#pragma omp parallel for schedule(static) if ((size_t)M * N >= PXT_OMP_MIN_WORK)
-    for (int s = 0; s < nslices; s++) {
-        int c0 = s * PXT_COL_SLICE, w = N - c0 < PXT_COL_SLICE ? N - c0 : PXT_COL_SLICE;
-        double acc[PXT_COL_SLICE] = {0}; /* (w) */
-        for (int i = 0; i < M; i++) {
-            size_t row = (size_t)i * N + c0;
-            for (int j = 0; j < w; j++)
-                acc[j] += pxt_ld(dout, row + j, dt);
-        }
-        for (int j = 0; j < w; j++)
-            dbias[c0 + j] = (float)(dbias[c0 + j] + acc[j]);
-    }
-    return PXT_OK;
-}
+#undef GEMM_TILE
+#undef GEMM_TILE_N
+#undef TILE_ALIGN
+#undef TILE_MIN_EDGE
+#undef TILE_MIN_FLOPS
+#undef TILE_MAX

@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../backend.h"
+#include "engine/backend.h"
 #include "cpu.h"
 #include "elem.h"
 
@@ -26,13 +26,15 @@ int pxt_cpu_grad_sumsq(int index, double *sumsq, int *nonfinite, const float *g,
             a2 += x2 * x2;
             a3 += x3 * x3;
         }
-        for (; i < hi; i++)
+        for (; i < hi; i++) {
             a0 += (double)g[i] * g[i];
+        }
         part[p] = (a0 + a1) + (a2 + a3);
     }
     double total = 0.0;
-    for (int p = 0; p < PXT_SUMSQ_PARTS; p++)
+    for (int p = 0; p < PXT_SUMSQ_PARTS; p++) {
         total += part[p];
+    }
     /* squares of finite floats are < 1.2e77: only inf or NaN inputs make this non-finite */
     *sumsq = total;
     *nonfinite = !isfinite(total);
@@ -60,21 +62,25 @@ static inline void adamw_core(const pxt_adamw_args *a, float df, size_t lo, size
         m[i] = mi;
         v[i] = vi;
         master[i] = p;
-        if (has_ema)
+        if (has_ema) {
             ema[i] = ed * ema[i] + w3 * p;
+        }
     }
 }
 
 static void adamw_range(const pxt_adamw_args *a, int decay, size_t lo, size_t hi, float *master,
                         float *m, float *v, float *ema, void *params, const float *grads) {
     float df = decay ? a->decay_factor : 1.0f;
-    if (ema)
+    if (ema) {
         adamw_core(a, df, lo, hi, master, m, v, ema, grads, 1);
-    else
+    } else {
         adamw_core(a, df, lo, hi, master, m, v, NULL, grads, 0);
-    if ((void *)master != params) /* the compute-precision copy */
-        for (size_t i = lo; i < hi; i++)
+    }
+    if ((void *)master != params) { /* the compute-precision copy */
+        for (size_t i = lo; i < hi; i++) {
             pxt_st(params, i, a->dt, master[i]);
+        }
+    }
 }
 
 /* Chunks of this many elements are the unit of work: big tensors split over
@@ -82,15 +88,17 @@ static void adamw_range(const pxt_adamw_args *a, int decay, size_t lo, size_t hi
  * gives the same bits. */
 #define ADAMW_CHUNK 16384
 
-int pxt_cpu_adamw(int index, const pxt_adamw_args *a, float *master, float *m, float *v,
-                  float *ema, void *params, const float *grads) {
+int pxt_cpu_adamw(int index, const pxt_adamw_args *a, float *master, float *m, float *v, float *ema,
+                  void *params, const float *grads) {
     (void)index;
     PXT_TRY(pxt_cpu_check_float(a->dt, "adamw (params)"));
-    if ((void *)master == params && a->dt != PXT_FLOAT32)
+    if ((void *)master == params && a->dt != PXT_FLOAT32) {
         return pxt_error(PXT_ERR_VALUE, "adamw: params may alias master only when float32");
+    }
     size_t total = 0;
-    for (int s = 0; s < a->n_segments; s++)
+    for (int s = 0; s < a->n_segments; s++) {
         total += a->segments[s].numel;
+    }
 #pragma omp parallel if (total >= PXT_OMP_MIN_WORK)
     for (int s = 0; s < a->n_segments; s++) {
         const pxt_adamw_segment *seg = &a->segments[s];
@@ -99,8 +107,9 @@ int pxt_cpu_adamw(int index, const pxt_adamw_args *a, float *master, float *m, f
         for (size_t c = 0; c < chunks; c++) {
             size_t lo = seg->offset + c * ADAMW_CHUNK;
             size_t hi = seg->offset + seg->numel;
-            if (hi - lo > ADAMW_CHUNK)
+            if (hi - lo > ADAMW_CHUNK) {
                 hi = lo + ADAMW_CHUNK;
+            }
             adamw_range(a, seg->decay, lo, hi, master, m, v, ema, params, grads);
         }
     }
@@ -121,3 +130,5 @@ int pxt_cpu_swap(int index, void *a, void *b, size_t n, pxt_dtype dt) {
     }
     return PXT_OK;
 }
+
+#undef ADAMW_CHUNK

@@ -15,12 +15,14 @@
 int pxt_cpu_softmax_xent(int index, float *logits, float *losses, const int32_t *targets, int N,
                          int V, float scale, int backward) {
     (void)index;
-    if (N < 0 || V <= 0)
+    if (N < 0 || V <= 0) {
         return pxt_error(PXT_ERR_VALUE, "softmax_xent: bad size N=%d V=%d", N, V);
+    }
     /* O(N) and before any write: a bad target would read outside its row */
     int rc = pxt_cpu_check_ids(targets, N, -1, V, "softmax_xent (targets)");
-    if (rc != PXT_OK)
+    if (rc != PXT_OK) {
         return rc;
+    }
     /* logits (N, V) fp32, overwritten by dlogits with backward; losses (N); targets (N) */
 #pragma omp parallel for schedule(static) if ((size_t)N * V >= PXT_OMP_MIN_WORK)
     for (int i = 0; i < N; i++) {
@@ -28,21 +30,25 @@ int pxt_cpu_softmax_xent(int index, float *logits, float *losses, const int32_t 
         int t = targets[i];
         if (t < 0) { /* ignored: no loss, no gradient */
             losses[i] = 0.0f;
-            if (backward)
+            if (backward) {
                 memset(x, 0, (size_t)V * sizeof(float));
+            }
             continue;
         }
         float mx = -INFINITY;
-        for (int j = 0; j < V; j++)
+        for (int j = 0; j < V; j++) {
             mx = x[j] > mx ? x[j] : mx;
+        }
         double sum = 0.0;
-        for (int j = 0; j < V; j++)
+        for (int j = 0; j < V; j++) {
             sum += expf(x[j] - mx);
+        }
         losses[i] = (float)(((double)mx - x[t]) + log(sum));
         if (backward) {
             float inv = (float)(1.0 / sum);
-            for (int j = 0; j < V; j++)
+            for (int j = 0; j < V; j++) {
                 x[j] = scale * (expf(x[j] - mx) * inv - (j == t ? 1.0f : 0.0f));
+            }
         }
     }
     return PXT_OK;
@@ -69,13 +75,17 @@ int pxt_cpu_sum(int index, double *out, const float *x, size_t n) {
             a2 += x[i + 2];
             a3 += x[i + 3];
         }
-        for (; i < hi; i++)
+        for (; i < hi; i++) {
             a0 += x[i];
+        }
         part[p] = (a0 + a1) + (a2 + a3);
     }
     double total = 0.0;
-    for (int p = 0; p < SUM_PARTS; p++)
+    for (int p = 0; p < SUM_PARTS; p++) {
         total += part[p];
+    }
     *out = total;
     return PXT_OK;
 }
+
+#undef SUM_PARTS

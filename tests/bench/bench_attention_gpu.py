@@ -2,7 +2,7 @@
 fallback (cuda/attention.cu) and torch's scaled_dot_product_attention (flash
 backend where torch has it), forward + backward, 16-bit, dense (B, H, T, D).
 
-    python tests/bench/bench_attention_gpu.py [--T 512 1024 2048 4096] [--tokens 16384]
+    python tests/bench/bench_attention_gpu.py [--device cuda:0] [--T 490 1024 2048 4096] [--tokens 16384]
         [--H 16] [--D 64] [--dtype bfloat16] [--no-causal] [--repeats 20]
         [--paths tc simple torch] [--json out.json]
 
@@ -18,6 +18,8 @@ torch over that of pyxtts's path (1.0 = as fast as torch).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import glob
 import json
 import os
 import statistics
@@ -32,11 +34,12 @@ def child(path: str, args) -> dict:
     import numpy as np
 
     out = {}
+    tdev = "cuda" if args.device.startswith("cuda") else "cpu"
     if path == "torch":
         import torch
         import torch.nn.functional as F
 
-        if not torch.cuda.is_available():
+        if tdev == "cuda" and not torch.cuda.is_available():
             return {"error": "torch has no CUDA here"}
         dt = getattr(torch, args.dtype)
         try:
@@ -44,7 +47,6 @@ def child(path: str, args) -> dict:
             def ctx():
                 return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
         except ImportError:
-            import contextlib
             ctx = contextlib.nullcontext
     else:
         import ml_dtypes
@@ -58,21 +60,22 @@ def child(path: str, args) -> dict:
         shape = (B, args.H, T, args.D)
         x = [rng.standard_normal(shape).astype(np.float32) for _ in range(4)]
         if path == "torch":
-            q, k, v = (torch.tensor(a, dtype=dt, device="cuda", requires_grad=True) for a in x[:3])
-            d = torch.tensor(x[3], dtype=dt, device="cuda")
+            q, k, v = (torch.tensor(a, dtype=dt, device=tdev, requires_grad=True) for a in x[:3])
+            d = torch.tensor(x[3], dtype=dt, device=tdev)
 
             def step(q=q, k=k, v=v, d=d):
-                with ctx():
+                with ctx() if tdev == "cuda" else contextlib.nullcontext():
                     o = F.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
                 o.backward(d)
-                torch.cuda.synchronize()
+                if tdev == "cuda":
+                    torch.cuda.synchronize()
         else:
-            q, k, v, d = (pyxtts.tensor(a.astype(npdt), device="cuda:0") for a in x)
+            q, k, v, d = (pyxtts.tensor(a.astype(npdt), device=args.device) for a in x)
 
             def step(q=q, k=k, v=v, d=d):
                 o, lse = pyxtts.attention_forward(q, k, v, causal=args.causal)
                 g = pyxtts.attention_backward(d, q, k, v, o, lse, causal=args.causal)
-                pyxtts.synchronize("cuda:0")
+                pyxtts.synchronize(args.device)
                 del o, lse, g
         try:
             step()
@@ -91,7 +94,8 @@ def child(path: str, args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--T", type=int, nargs="+", default=[512, 1024, 2048, 4096])
+    ap.add_argument("--device", default="cuda:0", help="cpu: the same code on the CPU (checks the script)")
+    ap.add_argument("--T", type=int, nargs="+", default=[490, 1024, 2048, 4096])  # 490: XTTS v2
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--H", type=int, default=16)
     ap.add_argument("--D", type=int, default=64)
@@ -107,7 +111,9 @@ def main() -> None:
         return
     results = {}
     for path in args.paths:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+        env = dict(os.environ)
+        if glob.glob(os.path.join(ROOT, "pyxtts", "_C*.so")):  # an in-place build: the children use it
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
         if path != "torch":
             env["PYXTTS_CUDA_ATTENTION"] = path
         cmd = [sys.executable, os.path.abspath(__file__), "--child", path] + sys.argv[1:]
@@ -143,8 +149,21 @@ def main() -> None:
             row += f" {ratio:>12.2f}"
         print(row)
     if args.json:
+        # speedup_vs_torch: torch's step time over each pyxtts path's, per T
+        for p in args.paths:
+            if p == "torch" or not isinstance(results.get(p), dict) or "error" in results[p]:
+                continue
+            for T, r in results[p].items():
+                tt = results.get("torch", {}).get(T, {}) if isinstance(results.get("torch"), dict) else {}
+                if "median_s" in r and "median_s" in tt:
+                    r["speedup_vs_torch"] = tt["median_s"] / r["median_s"]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from bench_env import environment
+
+        command = "python tests/bench/bench_attention_gpu.py " + " ".join(sys.argv[1:])
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=1)
+            json.dump({"command": command, "environment": environment(args.device), "args": vars(args),
+                       "results": results, "date": time.strftime("%Y-%m-%d")}, f, indent=1)
 
 
 if __name__ == "__main__":

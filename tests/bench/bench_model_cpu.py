@@ -5,8 +5,9 @@
 Each configuration runs in its own process (peak RSS is per process), with the same
 thread count. A step is forward + backward of the XTTS GPT on one batch of full-length
 samples (no padding, so PyTorch's SDPA may use its fused causal kernel). Reported: median
-step time of `--steps` steps after one warm-up step, peak RSS of the process, and for
-pyxtts the allocator's peak and the plan's total.
+step time of `--steps` steps after one warm-up step (wall clock, and the process's CPU time,
+which a busy machine disturbs less), peak RSS of the process, and for pyxtts the
+allocator's peak and the plan's total.
 """
 from __future__ import annotations
 
@@ -35,13 +36,13 @@ def worker(impl: str, name: str, policy: str, steps: int) -> dict:
 
     sys.path.insert(0, str(HERE.parent))
     import pyxtts
-    from batches import random_batch  # NumPy only: torch stays out of pyxtts's RSS
+    from helpers import random_batch  # NumPy only: torch stays out of pyxtts's RSS
 
     kwargs, B, Lt, La = CONFIGS[name]
     cfg = pyxtts.ModelConfig(**kwargs)
     rng = np.random.default_rng(0)
     batch = random_batch(rng, cfg, B, Lt, La, full=True)
-    times = []
+    times, cpu_times = [], []
     out: dict = {"impl": impl, "config": name, "policy": policy, "batch": B,
                  "tokens_per_sample": cfg.n_cond_latents + Lt + La, "threads": os.cpu_count()}
     if impl == "pyxtts":
@@ -49,29 +50,32 @@ def worker(impl: str, name: str, policy: str, steps: int) -> dict:
         out["plan_total"] = model.estimate_memory(B, Lt, La).total
         pyxtts.reset_peak_memory_stats("cpu")
         for i in range(steps + 1):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             res = model.forward_backward(batch)
             if i:
                 times.append(time.perf_counter() - t0)
+                cpu_times.append(time.process_time() - c0)
         out["allocator_peak"] = pyxtts.max_memory_allocated("cpu")
     else:
         import torch
 
-        from reference import RefGPT
+        from helpers.torch_ref import RefGPT
 
         torch.set_num_threads(os.cpu_count())
         ref = RefGPT(cfg, dtype=torch.float32, sdpa=True)
         ref.load(pyxtts.XTTSGPT(cfg).state_dict())
         for i in range(steps + 1):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             ref.zero_grad(set_to_none=False)
             loss, _, _ = ref(batch)
             loss.backward()
             if i:
                 times.append(time.perf_counter() - t0)
+                cpu_times.append(time.process_time() - c0)
         res = {"loss": float(loss.detach())}
     out["loss"] = res["loss"]
     out["step_s"] = statistics.median(times)
+    out["step_cpu_s"] = statistics.median(cpu_times)
     out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return out
 
@@ -92,14 +96,14 @@ def main() -> None:
             runs.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout))
     print(f"# CPU forward+backward, {os.cpu_count()} threads, median of {args.steps} steps; "
           f"command: python tests/bench/bench_model_cpu.py --steps {args.steps}")
-    print(f"{'config':7} {'impl':7} {'ckpt':10} {'step':>9} {'vs torch':>9} {'peak RSS':>10} {'vs torch':>9} "
-          f"{'alloc peak':>11} {'plan':>10}")
+    print(f"{'config':7} {'impl':7} {'ckpt':10} {'step':>9} {'vs torch':>9} {'CPU time':>9} {'peak RSS':>10} "
+          f"{'vs torch':>9} {'alloc peak':>11} {'plan':>10}")
     for name in CONFIGS:
         base = next(r for r in runs if r["config"] == name and r["impl"] == "torch")
         for r in (r for r in runs if r["config"] == name):
             mib = lambda v: f"{v / 2**20:.1f}M" if v is not None else "-"  # noqa: E731
             print(f"{name:7} {r['impl']:7} {r['policy']:10} {r['step_s'] * 1e3:>7.1f}ms "
-                  f"{r['step_s'] / base['step_s']:>8.2f}x {mib(r['peak_rss']):>10} "
+                  f"{r['step_s'] / base['step_s']:>8.2f}x {r['step_cpu_s'] * 1e3:>7.1f}ms {mib(r['peak_rss']):>10} "
                   f"{r['peak_rss'] / base['peak_rss']:>8.2f}x {mib(r.get('allocator_peak')):>11} "
                   f"{mib(r.get('plan_total')):>10}")
     if args.json:

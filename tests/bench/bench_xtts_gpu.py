@@ -1,7 +1,8 @@
 """The XTTS v2 GPT training step on a GPU: pyxtts vs PyTorch eager and torch.compile.
 
     python tests/bench/bench_xtts_gpu.py [--device cuda:0] [--config xtts_v2] [--batch 8]
-        [--steps 10] [--no-search] [--only NAME ...] [--json tests/bench/results/xtts_gpu.json]
+        [--steps 10] [--no-search | --search NAME ...] [--only NAME ...]
+        [--json tests/bench/results/xtts_gpu.json]
 
 One step = forward, backward and an AdamW update of the XTTS v2 GPT (30 layers x 1024,
 16 heads) on full-length samples of 490 tokens (32 conditioning latents + 150 text + 308
@@ -19,8 +20,14 @@ dense bf16 peak), the allocator's peak (torch.cuda.max_memory_allocated /
 pyxtts.max_memory_allocated), the process peak RSS, and (unless --no-search) the largest
 batch whose step fits, found by real steps (doubling, then bisection; OOM caught).
 Ratios are against torch_eager; `speedup_vs_torch` in the JSON is the tokens/s ratio.
+The search runs for the configurations `--search` names (default all but torch_compile,
+which would recompile for every batch size it tries).
 
-`--device cpu --config tiny --steps 2` runs the same code on the CPU, to check the
+An existing --json file is merged into, run by run (a configuration run again replaces
+its entry), and the ratios are recomputed: configurations can run as separate commands,
+each under its own time limit, into one result.
+
+`--device cpu --config tiny --steps 2 --no-search` runs the same code on the CPU, to check the
 script itself where no GPU is at hand (torch_compile needs a C++ compiler then).
 """
 from __future__ import annotations
@@ -28,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -68,7 +74,7 @@ def make_batch(cfg, B: int, Lt: int, La: int, seed: int = 0) -> dict:
     import numpy as np
 
     sys.path.insert(0, str(HERE.parent))
-    from batches import random_batch
+    from helpers import random_batch
 
     return random_batch(np.random.default_rng(seed), cfg, B, Lt, La, full=True)
 
@@ -192,32 +198,12 @@ def worker(name: str, args: argparse.Namespace) -> dict:
     tf = peak_tflops(info["name"]) if args.device.startswith("cuda") else None
     out["achieved_tflops"] = flops / 1e12
     out["mfu"] = flops / (tf * 1e12) if tf else None
-    if not args.no_search:
+    if not args.no_search and name in args.search:
         out["largest_batch"] = largest_batch(step, reset, ooms, cfg, Lt, La, start=args.batch)
     return out
 
 
 # ---- the driver -----------------------------------------------------------------------------
-
-def environment(device: str) -> dict:
-    import pyxtts
-
-    env = {"python": platform.python_version(), "pyxtts": pyxtts.__version__,
-           "build": pyxtts.build_info(), "device": pyxtts.device_info(device)}
-    try:
-        import torch
-
-        env["torch"] = torch.__version__
-        env["torch_cuda"] = torch.version.cuda
-    except ImportError:
-        pass
-    try:
-        env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                       capture_output=True, text=True, timeout=30).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        env["driver"] = None
-    return env
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -226,6 +212,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--no-search", action="store_true", help="skip the largest-batch search")
+    ap.add_argument("--search", nargs="+", choices=RUNS, default=[r for r in RUNS if r != "torch_compile"],
+                    help="the configurations whose largest batch is searched")
     ap.add_argument("--only", nargs="+", choices=RUNS, help="run only these configurations")
     ap.add_argument("--json")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -237,13 +225,19 @@ def main() -> None:
     runs = []
     for name in args.only or RUNS:
         cmd = [sys.executable, __file__, "--worker", name, "--device", args.device, "--config", args.config,
-               "--batch", str(args.batch), "--steps", str(args.steps)] + (["--no-search"] if args.no_search else [])
+               "--batch", str(args.batch), "--steps", str(args.steps), "--search", *args.search]
+        cmd += ["--no-search"] if args.no_search else []
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             runs.append({"name": name, "error": res.stderr.strip().splitlines()[-1:] or ["failed"]})
             print(f"{name}: failed: {res.stderr[-2000:]}", file=sys.stderr)
             continue
         runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    if args.json and Path(args.json).exists():  # merge: earlier runs of other configurations stay
+        done = {r["name"] for r in runs}
+        old = json.loads(Path(args.json).read_text()).get("runs", [])
+        runs = [r for r in old if r["name"] not in done] + runs
+        runs.sort(key=lambda r: RUNS.index(r["name"]) if r["name"] in RUNS else len(RUNS))
     base = next((r for r in runs if r["name"] == "torch_eager" and "error" not in r), None)
     for r in runs:
         if base is not None and "error" not in r:
@@ -252,6 +246,9 @@ def main() -> None:
                 r["peak_vs_torch"] = r["allocator_peak"] / base["allocator_peak"]
             if r.get("largest_batch") is not None and base.get("largest_batch"):
                 r["largest_batch_vs_torch"] = r["largest_batch"] / base["largest_batch"]
+    sys.path.insert(0, str(HERE))
+    from bench_env import environment
+
     env = environment(args.device)
     print(f"# {command}\n# {env['device']['name']}, driver {env.get('driver')}, torch {env.get('torch')}, "
           f"pyxtts {env['pyxtts']}")

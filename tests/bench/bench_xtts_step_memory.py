@@ -34,7 +34,7 @@ def worker(name: str) -> dict:
 
     sys.path.insert(0, str(HERE.parent))
     import pyxtts
-    from batches import random_batch
+    from helpers import random_batch
 
     impl, precision, policy = RUNS[name]
     cfg = pyxtts.ModelConfig()  # XTTS v2 sizes
@@ -45,7 +45,7 @@ def worker(name: str) -> dict:
     if impl == "torch":
         import torch
 
-        from reference import RefGPT
+        from helpers.torch_ref import RefGPT
 
         ref = RefGPT(cfg, dtype=torch.float32)
         with torch.no_grad():

@@ -1,0 +1,75 @@
+/* alloc.h: the caching allocator, one per device, over the backend's raw memory.
+ *
+ * Device-agnostic: it sees raw_alloc/raw_free of a backend table and nothing
+ * else, so the CPU and CUDA allocators are the same code. No Python here. */
+#ifndef PXT_ALLOC_H
+#define PXT_ALLOC_H
+
+#include "backend.h"
+
+#define PXT_ALIGN 256                       /* every block starts on 256 bytes */
+#define PXT_SMALL_SIZE ((size_t)1 << 20)    /* <= 1 MiB: small pool */
+#define PXT_SMALL_SEGMENT ((size_t)2 << 20) /* small pool segments: 2 MiB */
+#define PXT_MID_SIZE ((size_t)10 << 20)     /* < 10 MiB: 20 MiB segments */
+#define PXT_MID_SEGMENT ((size_t)20 << 20)
+#define PXT_LARGE_ROUND ((size_t)2 << 20) /* larger: round to 2 MiB */
+#define PXT_NO_LIMIT ((size_t)-1)
+
+typedef struct pxt_allocator pxt_allocator;
+typedef struct pxt_block pxt_block; /* one live allocation; opaque */
+
+typedef struct {
+    size_t allocated_bytes; /* bytes in live blocks (rounded sizes) */
+    size_t requested_bytes; /* bytes callers asked for, live */
+    size_t reserved_bytes;  /* bytes in segments taken from the device */
+    size_t peak_allocated_bytes;
+    size_t peak_reserved_bytes;
+    size_t limit_bytes;          /* PXT_NO_LIMIT when unlimited */
+    size_t inactive_split_bytes; /* free bytes inside partly used segments */
+    size_t cached_bytes;         /* free bytes held in the cache */
+    uint64_t num_allocs, num_frees, num_ooms, num_alloc_retries;
+    uint64_t num_raw_allocs, num_raw_frees;
+    uint64_t num_segments, num_active_blocks;
+} pxt_alloc_stats;
+
+/* Details of the last failed request of this thread, for the exception. */
+typedef struct {
+    size_t requested, allocated, reserved, limit, device_total;
+    pxt_device device;
+} pxt_oom_info;
+
+/* The allocator of a device, created on first use. NULL (error set) when the
+ * device does not exist in this build or on this machine. */
+pxt_allocator *pxt_allocator_get(pxt_device dev);
+pxt_device pxt_allocator_device(const pxt_allocator *a);
+
+/* A block of at least nbytes (nbytes > 0), 256-byte aligned. On failure
+ * returns PXT_ERR_OOM (or PXT_ERR_DEVICE) with *out == NULL and every stat but
+ * num_ooms / num_alloc_retries exactly as before, except that unused segments
+ * the retry handed back stay released (reserved bytes drop by them). */
+int pxt_alloc(pxt_allocator *a, size_t nbytes, pxt_block **out);
+void pxt_free(pxt_allocator *a, pxt_block *b);
+void *pxt_block_ptr(const pxt_block *b);
+
+/* The bytes a request of nbytes takes from a fresh segment (allocated_bytes
+ * counts blocks: rounding, and large-pool remainders too small to split). */
+size_t pxt_alloc_block_size(size_t nbytes);
+
+/* Returns every wholly free segment to the device; the bytes released. */
+size_t pxt_empty_cache(pxt_allocator *a);
+void pxt_set_limit(pxt_allocator *a, size_t limit);
+void pxt_get_stats(pxt_allocator *a, pxt_alloc_stats *s);
+void pxt_reset_peak(pxt_allocator *a);
+
+/* Test hook: the (after+1)-th request from now fails as if the device were
+ * full (raw = 0), or the (after+1)-th raw segment allocation fails as a full
+ * device would, going through the release-and-retry path (raw = 1).
+ * after < 0 clears it. One-shot. */
+void pxt_inject_oom(pxt_allocator *a, long long after, int raw);
+
+const pxt_oom_info *pxt_last_oom(void);
+
+/* Total memory of the device, from its backend (cached on first call). */
+size_t pxt_allocator_device_total(pxt_allocator *a);
+
+#endif /* PXT_ALLOC_H */

@@ -1,0 +1,43 @@
+/* flat.h: a model's flat state: parameters in one buffer, fp32 gradients in
+ * another with the same element offsets.
+ *
+ * What every owner of parameters shares (the GPT, a standalone block, and any
+ * further model part): the layout, both buffers, GPT-2 initialisation, and what
+ * an optimizer over them needs to know. An optimizer takes a pxt_flat, never
+ * the model that owns it, so neither includes the other. */
+#ifndef PXT_FLAT_H
+#define PXT_FLAT_H
+
+#include "layout.h"
+#include "storage.h"
+
+typedef struct {
+    pxt_param_layout layout; /* owned */
+    pxt_device device;
+    const pxt_backend *be;
+    pxt_dtype dt;           /* of the parameters */
+    pxt_storage *params;    /* (layout.numel) dt */
+    pxt_storage *grads;     /* (layout.numel) fp32 */
+    int busy;               /* a step of the owner (or of its optimizer) runs */
+    size_t optimizer_bytes; /* allocator bytes of optimizer state over these buffers */
+} pxt_flat;
+
+/* Takes over *layout (freed with the state, on failure too), reserves both
+ * buffers on dev, zeroes the gradients and initialises the parameters as GPT-2
+ * does: N(0, 0.02) for matrices and embeddings, N(0, resid_std) for the
+ * residual projections (attn.c_proj, mlp.c_proj), biases 0, layernorm weights
+ * 1; drawn in fp32 on the host in layout order from one seeded stream, and for
+ * 16-bit parameters rounded to nearest even on the host, so only their bytes
+ * travel. On failure *f is left empty (pxt_flat_free is harmless). */
+int pxt_flat_init(pxt_flat *f, pxt_param_layout *layout, pxt_device dev, pxt_dtype dt,
+                  uint64_t seed, float resid_std);
+void pxt_flat_free(pxt_flat *f);
+
+int pxt_flat_zero_grad(pxt_flat *f);
+/* Device pointers of tensor i of the layout. */
+char *pxt_flat_param(const pxt_flat *f, int i);
+float *pxt_flat_grad(const pxt_flat *f, int i);
+/* Parameters, padding excluded. */
+size_t pxt_flat_num_parameters(const pxt_flat *f);
+
+#endif /* PXT_FLAT_H */

@@ -1,0 +1,500 @@
+/* gpt.c: the XTTS GPT step (see gpt.h): forward, fused heads, backward. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpt.h"
+
+int pxt_gpt_init(pxt_gpt *m, const pxt_gpt_config *c, pxt_device dev, pxt_dtype dt, int ckpt,
+                 uint64_t seed) {
+    memset(m, 0, sizeof *m);
+    PXT_TRY(pxt_gpt_config_check(c));
+    const pxt_backend *be = pxt_backend_for(dev.type);
+    char dname[32];
+    if (!be) {
+        return pxt_error(PXT_ERR_VALUE, "device: this build has no backend for %s",
+                         pxt_device_str(dev, dname, sizeof dname));
+    }
+    PXT_TRY(pxt_ctx_check_ops(be, pxt_device_str(dev, dname, sizeof dname)));
+    pxt_param_layout layout;
+    PXT_TRY(pxt_param_layout_init(&layout, c));
+    m->cfg = *c;
+    m->ckpt = ckpt;
+    return pxt_flat_init(&m->flat, &layout, dev, dt, seed,
+                         0.02f / sqrtf(2.0f * (float)c->n_layers));
+}
+
+void pxt_gpt_free(pxt_gpt *m) {
+    pxt_storage_clear(&m->arena);
+    pxt_plan_free(&m->plan);
+    pxt_flat_free(&m->flat);
+}
+
+/* ---- the plan --------------------------------------------------------------------- */
+
+int pxt_gpt_plan(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, pxt_dtype dt, int B,
+                 int Lt, int La, int Nc, int ckpt, int train, size_t budget) {
+    int L = c->n_layers;
+    memset(p, 0, sizeof *p); /* the auto loop frees the previous try */
+    pxt_ckpt *pol = malloc(sizeof *pol * (size_t)L);
+    if (!pol) {
+        return pxt_error(PXT_ERR_OOM, "out of host memory for the memory plan");
+    }
+    int rc;
+    if (ckpt != PXT_CKPT_AUTO || !train) {
+        for (int l = 0; l < L; l++) {
+            pol[l] = ckpt == PXT_CKPT_AUTO ? PXT_CKPT_NONE : (pxt_ckpt)ckpt;
+        }
+        rc = pxt_plan_make(p, c, be, B, Lt, La, Nc, dt, pol, train);
+    } else {
+        rc = PXT_OK;
+        for (int step = 0; step <= 2 * L; step++) {
+            /* step k: the first min(k, L) blocks selective, the first k - L full */
+            for (int l = 0; l < L; l++) {
+                pol[l] = l < step - L ? PXT_CKPT_FULL
+                         : l < step   ? PXT_CKPT_SELECTIVE
+                                      : PXT_CKPT_NONE;
+            }
+            pxt_plan_free(p);
+            rc = pxt_plan_make(p, c, be, B, Lt, La, Nc, dt, pol, train);
+            if (rc != PXT_OK || p->arena_bytes <= budget) {
+                break;
+            }
+        }
+    }
+    free(pol);
+    return rc;
+}
+
+size_t pxt_gpt_fixed_bytes(size_t numel, pxt_dtype dt, int train, size_t optimizer_bytes) {
+    return numel * (pxt_dtype_size(dt) + (train ? sizeof(float) : 0)) + optimizer_bytes;
+}
+
+size_t pxt_gpt_total_bytes(size_t numel, pxt_dtype dt, const pxt_plan *p, size_t optimizer_bytes) {
+    size_t params = pxt_alloc_block_size(numel * pxt_dtype_size(dt));
+    size_t grads = p->train ? pxt_alloc_block_size(numel * sizeof(float)) : 0;
+    return params + pxt_alloc_block_size(p->arena_bytes) + grads + optimizer_bytes;
+}
+
+size_t pxt_gpt_arena_budget(const pxt_gpt *m) {
+    pxt_allocator *a = pxt_allocator_get(m->flat.device);
+    pxt_alloc_stats s;
+    pxt_get_stats(a, &s);
+    size_t cap = s.limit_bytes != PXT_NO_LIMIT ? s.limit_bytes : pxt_allocator_device_total(a);
+    size_t used = s.allocated_bytes - (m->arena ? m->arena->nbytes : 0);
+    return cap > used ? cap - used : 0;
+}
+
+/* ---- before the step -------------------------------------------------------------- */
+
+int pxt_gpt_check_batch(const pxt_gpt *m, const pxt_gpt_batch *in) {
+    const pxt_gpt_config *c = &m->cfg;
+    for (int b = 0; b < in->B; b++) {
+        if (in->text_len[b] < 0 || in->text_len[b] > in->Lt || in->audio_len[b] < 0 ||
+            in->audio_len[b] > in->La) {
+            return pxt_error(PXT_ERR_VALUE, "_step: lengths of sample %d out of range", b);
+        }
+    }
+    for (size_t i = 0; i < (size_t)in->B * in->Lt; i++) {
+        if (in->text_ids[i] < 0 || in->text_ids[i] >= c->text_vocab || in->text_tgt[i] < -1 ||
+            in->text_tgt[i] >= c->text_vocab || in->text_pos[i] < 0 ||
+            in->text_pos[i] >= c->max_text) {
+            return pxt_error(PXT_ERR_VALUE, "_step: text id, target or position out of range");
+        }
+    }
+    for (size_t i = 0; i < (size_t)in->B * in->La; i++) {
+        if (in->audio_ids[i] < 0 || in->audio_ids[i] >= c->audio_vocab || in->audio_tgt[i] < -1 ||
+            in->audio_tgt[i] >= c->audio_vocab || in->audio_pos[i] < 0 ||
+            in->audio_pos[i] >= c->max_audio) {
+            return pxt_error(PXT_ERR_VALUE, "_step: audio id, target or position out of range");
+        }
+    }
+    if (!(in->loss_scale > 0.0) || !isfinite(in->loss_scale)) {
+        return pxt_error(PXT_ERR_VALUE, "loss_scale: must be a finite number > 0, got %g",
+                         in->loss_scale);
+    }
+    return PXT_OK;
+}
+
+int pxt_gpt_reserve(pxt_gpt *m, pxt_plan *p) {
+    if (m->arena && pxt_plan_same(&m->plan, p)) {
+        pxt_plan_free(p);
+        return PXT_OK;
+    }
+    pxt_storage_clear(&m->arena);
+    pxt_plan_free(&m->plan);
+    int rc = pxt_storage_new(m->flat.device, p->arena_bytes, &m->arena);
+    if (rc != PXT_OK) {
+        pxt_plan_free(p);
+        return rc;
+    }
+    m->plan = *p; /* arrays move over */
+    memset(p, 0, sizeof *p);
+    return PXT_OK;
+}
+
+size_t pxt_gpt_release_arena(pxt_gpt *m) {
+    size_t n = m->arena ? m->arena->nbytes : 0;
+    pxt_storage_clear(&m->arena);
+    pxt_plan_free(&m->plan);
+    return n;
+}
+
+/* ---- the step ----------------------------------------------------------------------- */
+
+static pxt_copy_kind host_copy(const pxt_gpt *m) {
+    return m->flat.device.type == PXT_CPU ? PXT_COPY_D2D : PXT_COPY_H2D;
+}
+
+static void block_views(const pxt_gpt *m, int layer, pxt_block_params *p, pxt_block_grads *g) {
+    int first = m->flat.layout.block0 + layer * PXT_BLOCK_TENSORS;
+    for (int j = 0; j < PXT_BLOCK_TENSORS; j++) {
+        p->w[j] = pxt_flat_param(&m->flat, first + j);
+        g->g[j] = pxt_flat_grad(&m->flat, first + j);
+    }
+}
+
+/* Block l's activations: where its policy saves them, else in the work area
+ * (recomputed there in backward). l < 0: everything in the work area. */
+static pxt_block_acts block_acts(char *base, const pxt_plan *p, int l) {
+    if (l < 0) {
+        return pxt_plan_block_acts(base, &p->work, &p->work, PXT_CKPT_FULL, 0);
+    }
+    return pxt_plan_block_acts(base, &p->blocks[l], &p->work, p->policy[l], 0);
+}
+
+/* Copies the batch into the arena's input region. */
+static int upload(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt_gpt_batch *in) {
+    const pxt_backend *be = m->flat.be;
+    int d = m->flat.device.index;
+    pxt_copy_kind k = host_copy(m);
+    size_t bt = (size_t)p->B * p->Lt * 4, ba = (size_t)p->B * p->La * 4;
+    PXT_TRY(be->copy(d, base + p->text_ids, in->text_ids, bt, k));
+    PXT_TRY(be->copy(d, base + p->audio_ids, in->audio_ids, ba, k));
+    PXT_TRY(be->copy(d, base + p->text_tgt, in->text_tgt, bt, k));
+    PXT_TRY(be->copy(d, base + p->audio_tgt, in->audio_tgt, ba, k));
+    PXT_TRY(be->copy(d, base + p->text_pos, in->text_pos, bt, k));
+    PXT_TRY(be->copy(d, base + p->audio_pos, in->audio_pos, ba, k));
+    PXT_TRY(be->copy(d, base + p->key_mask, in->key_mask, (size_t)p->N, k));
+    return be->memset_zero(d, base + p->losses, (size_t)p->B * (p->Lt + p->La) * sizeof(float));
+}
+
+/* x0 (N, C) = [cond | text emb + text pos | audio emb + audio pos] per sample. */
+static int embed_forward(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt_gpt_batch *in,
+                         char *x0) {
+    const pxt_backend *be = m->flat.be;
+    const pxt_param_layout *l = &m->flat.layout;
+    int d = m->flat.device.index, C = p->C, T = p->T;
+    size_t row = (size_t)C * pxt_dtype_size(p->dt);
+    for (int b = 0; b < p->B; b++) {
+        char *xb = x0 + (size_t)b * T * row;
+        if (p->Nc) {
+            PXT_TRY(be->copy(d, xb, in->cond + (size_t)b * p->Nc * row, (size_t)p->Nc * row,
+                             host_copy(m)));
+        }
+        char *xt = xb + (size_t)p->Nc * row, *xa = xt + (size_t)p->Lt * row;
+        const int32_t *ti = (const int32_t *)(base + p->text_ids) + (size_t)b * p->Lt;
+        const int32_t *tp = (const int32_t *)(base + p->text_pos) + (size_t)b * p->Lt;
+        const int32_t *ai = (const int32_t *)(base + p->audio_ids) + (size_t)b * p->La;
+        const int32_t *ap = (const int32_t *)(base + p->audio_pos) + (size_t)b * p->La;
+        PXT_TRY(be->embedding_forward(d, xt, ti, pxt_flat_param(&m->flat, l->text_emb), p->Lt, C, 0,
+                                      p->dt));
+        PXT_TRY(be->embedding_forward(d, xt, tp, pxt_flat_param(&m->flat, l->text_pos), p->Lt, C, 1,
+                                      p->dt));
+        PXT_TRY(be->embedding_forward(d, xa, ai, pxt_flat_param(&m->flat, l->mel_emb), p->La, C, 0,
+                                      p->dt));
+        PXT_TRY(be->embedding_forward(d, xa, ap, pxt_flat_param(&m->flat, l->mel_pos), p->La, C, 1,
+                                      p->dt));
+    }
+    return PXT_OK;
+}
+
+/* The tables' gradients += scatter of dx0 (N, C), the conditioning rows left out. */
+static int embed_backward(const pxt_gpt *m, const pxt_plan *p, char *base, const char *dx0) {
+    const pxt_backend *be = m->flat.be;
+    const pxt_param_layout *l = &m->flat.layout;
+    int d = m->flat.device.index, C = p->C, T = p->T;
+    const pxt_gpt_config *c = &m->cfg;
+    size_t row = (size_t)C * pxt_dtype_size(p->dt);
+    void *ws = base + p->reduce_ws; /* (embedding_workspace bytes) */
+    for (int b = 0; b < p->B; b++) {
+        const char *dt_ = dx0 + ((size_t)b * T + p->Nc) * row, *da = dt_ + (size_t)p->Lt * row;
+        const int32_t *ti = (const int32_t *)(base + p->text_ids) + (size_t)b * p->Lt;
+        const int32_t *tp = (const int32_t *)(base + p->text_pos) + (size_t)b * p->Lt;
+        const int32_t *ai = (const int32_t *)(base + p->audio_ids) + (size_t)b * p->La;
+        const int32_t *ap = (const int32_t *)(base + p->audio_pos) + (size_t)b * p->La;
+        PXT_TRY(be->embedding_backward(d, pxt_flat_grad(&m->flat, l->text_emb), dt_, ti, p->Lt, C,
+                                       c->text_vocab, p->dt, ws));
+        PXT_TRY(be->embedding_backward(d, pxt_flat_grad(&m->flat, l->text_pos), dt_, tp, p->Lt, C,
+                                       c->max_text, p->dt, ws));
+        PXT_TRY(be->embedding_backward(d, pxt_flat_grad(&m->flat, l->mel_emb), da, ai, p->La, C,
+                                       c->audio_vocab, p->dt, ws));
+        PXT_TRY(be->embedding_backward(d, pxt_flat_grad(&m->flat, l->mel_pos), da, ap, p->La, C,
+                                       c->max_audio, p->dt, ws));
+    }
+    return PXT_OK;
+}
+
+/* One gathered segment: n rows from sample b, position t, at chunk row at. A
+ * chunk holds at most PXT_HEAD_SEGS segments (samples shorter than a chunk / 64
+ * rows end a chunk early rather than overflow the list). */
+#define PXT_HEAD_SEGS 64
+
+typedef struct {
+    int b, t, at, n;
+} head_seg;
+
+/* One head: rows off.. of each sample, L of them, lens[b] valid. */
+typedef struct {
+    int head_w, head_b, V, off, L;
+    const int32_t *lens; /* (B) host */
+    const int32_t *tgt;  /* (B, L) device */
+    float *losses;       /* (B, L) device */
+    const float *bias32; /* (V) fp32 copy of the bias (16-bit models), else NULL */
+    float scale;         /* of the loss gradient */
+} head_spec;
+
+/* One chunk of gathered rows: the h2 rows and targets copied together, logits,
+ * cross-entropy and (train) dh2 rows, dW, db; the losses and dh2 rows copied
+ * back to their samples. */
+static int head_chunk(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt_ctx *x,
+                      const head_spec *h, const head_seg *segs, int nseg, int n) {
+    const pxt_backend *be = m->flat.be;
+    int d = m->flat.device.index, C = p->C, V = h->V;
+    pxt_dtype dt = p->dt;
+    size_t es = pxt_dtype_size(dt), row = (size_t)C * es;
+    float *logits = (float *)(base + p->logits);         /* (n, V) fp32 */
+    char *rows = base + p->head_rows;                    /* (n, C) */
+    int32_t *tgt = (int32_t *)(base + p->head_tgt);      /* (n) */
+    float *loss = (float *)(base + p->head_loss);        /* (n) */
+    const char *W = pxt_flat_param(&m->flat, h->head_w); /* (V, C) */
+    int wide = dt == PXT_FLOAT32;
+    for (int s = 0; s < nseg; s++) { /* gather */
+        size_t src = (size_t)segs[s].b * p->T + (size_t)h->off + (size_t)segs[s].t;
+        PXT_TRY(be->copy(d, rows + (size_t)segs[s].at * row, base + p->h2 + src * row,
+                         (size_t)segs[s].n * row, PXT_COPY_D2D));
+        PXT_TRY(be->copy(d, tgt + segs[s].at, h->tgt + (size_t)segs[s].b * h->L + segs[s].t,
+                         (size_t)segs[s].n * sizeof(int32_t), PXT_COPY_D2D));
+    }
+    PXT_TRY(be->gemm(d, 0, 1, n, V, C, 1.0f, rows, W, 0.0f, logits, dt, PXT_FLOAT32, x->gemm_ws));
+    PXT_TRY(be->add_bias(d, logits,
+                         wide ? (const void *)pxt_flat_param(&m->flat, h->head_b)
+                              : (const void *)h->bias32,
+                         n, V, PXT_FLOAT32));
+    PXT_TRY(be->softmax_xent(d, logits, loss, tgt, n, V, h->scale, p->train));
+    for (int s = 0; s < nseg; s++) { /* the losses back to their (b, t) */
+        PXT_TRY(be->copy(d, h->losses + (size_t)segs[s].b * h->L + segs[s].t, loss + segs[s].at,
+                         (size_t)segs[s].n * sizeof(float), PXT_COPY_D2D));
+    }
+    if (!p->train) {
+        return PXT_OK;
+    }
+    /* the gemms' A and B share one dtype: a 16-bit model feeds them a dt copy of
+     * dlogits (the fp32 logits chunk stays for the bias gradient) */
+    void *dlog = wide ? (void *)logits : (void *)(base + p->dlogits16);
+    if (!wide) {
+        PXT_TRY(be->cast(d, dlog, dt, logits, PXT_FLOAT32, (size_t)n * V));
+    }
+    char *dh = base + p->head_dh; /* (n, C) */
+    PXT_TRY(be->gemm(d, 0, 0, n, C, V, 1.0f, dlog, W, 0.0f, dh, dt, dt, x->gemm_ws));
+    PXT_TRY(be->gemm(d, 1, 0, V, C, n, 1.0f, dlog, rows, 1.0f, pxt_flat_grad(&m->flat, h->head_w),
+                     dt, PXT_FLOAT32, x->gemm_ws));
+    PXT_TRY(be->bias_backward(d, pxt_flat_grad(&m->flat, h->head_b), logits, n, V, PXT_FLOAT32,
+                              x->reduce_ws));
+    for (int s = 0; s < nseg; s++) { /* dh2 rows back into dB (N, C) */
+        size_t dst = (size_t)segs[s].b * p->T + (size_t)h->off + (size_t)segs[s].t;
+        PXT_TRY(be->copy(d, base + p->dB + dst * row, dh + (size_t)segs[s].at * row,
+                         (size_t)segs[s].n * row, PXT_COPY_D2D));
+    }
+    return PXT_OK;
+}
+
+/* One head over the valid rows of every sample, in chunks of logits_rows rows
+ * gathered across samples: products of M = logits_rows rows instead of one per
+ * sample. Padding rows are never computed: they keep loss 0 and dh2 0. */
+static int head_all(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt_ctx *x,
+                    const head_spec *h) {
+    head_seg segs[PXT_HEAD_SEGS];
+    int nseg = 0, n = 0;
+    for (int b = 0; b < p->B; b++) {
+        for (int t = 0; t < h->lens[b];) {
+            int take = h->lens[b] - t < p->logits_rows - n ? h->lens[b] - t : p->logits_rows - n;
+            segs[nseg++] = (head_seg){b, t, n, take};
+            n += take;
+            t += take;
+            if (n == p->logits_rows || nseg == PXT_HEAD_SEGS) { /* a full chunk */
+                PXT_TRY(head_chunk(m, p, base, x, h, segs, nseg, n));
+                nseg = n = 0;
+            }
+        }
+    }
+    return n ? head_chunk(m, p, base, x, h, segs, nseg, n) : PXT_OK;
+}
+
+/* Both heads over every sample's valid rows; the padding rows keep loss 0 and dh2 0.
+ * The per-row losses stay on the device (losses_sum reads them back). */
+static int heads(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt_ctx *x,
+                 const pxt_gpt_batch *in) {
+    const pxt_backend *be = m->flat.be;
+    const pxt_param_layout *l = &m->flat.layout;
+    int d = m->flat.device.index;
+    if (p->train) {
+        PXT_TRY(be->memset_zero(d, base + p->dB, (size_t)p->N * p->C * pxt_dtype_size(p->dt)));
+    }
+    float *tl = (float *)(base + p->losses), *al = tl + (size_t)p->B * p->Lt;
+    /* loss_scale (fp16 training) scales only the gradient; the losses stay unscaled */
+    float ts = in->n_text > 0 ? (float)(m->cfg.text_w * in->loss_scale / in->n_text) : 0.0f;
+    float as = in->n_audio > 0 ? (float)(m->cfg.audio_w * in->loss_scale / in->n_audio) : 0.0f;
+    float *tb32 = NULL, *ab32 = NULL;
+    if (p->dt != PXT_FLOAT32) { /* add_bias takes out and bias of one dtype: fp32 biases */
+        tb32 = (float *)(base + p->head_bias32);
+        ab32 = tb32 + p->text_vocab;
+        PXT_TRY(be->cast(d, tb32, PXT_FLOAT32, pxt_flat_param(&m->flat, l->text_head_b), p->dt,
+                         (size_t)p->text_vocab));
+        PXT_TRY(be->cast(d, ab32, PXT_FLOAT32, pxt_flat_param(&m->flat, l->mel_head_b), p->dt,
+                         (size_t)p->audio_vocab));
+    }
+    const int32_t *ttgt = (const int32_t *)(base + p->text_tgt);
+    const int32_t *atgt = (const int32_t *)(base + p->audio_tgt);
+    head_spec th = {l->text_head_w, l->text_head_b,
+                    p->text_vocab,  p->Nc,
+                    p->Lt,          in->text_len,
+                    ttgt,           tl,
+                    tb32,           ts};
+    head_spec ah = {l->mel_head_w,  l->mel_head_b,
+                    p->audio_vocab, p->Nc + p->Lt,
+                    p->La,          in->audio_len,
+                    atgt,           al,
+                    ab32,           as};
+    PXT_TRY(head_all(m, p, base, x, &th));
+    PXT_TRY(head_all(m, p, base, x, &ah));
+    return PXT_OK;
+}
+
+/* The loss sums, read back to the host: the step's one wait for the device. */
+static int losses_sum(const pxt_gpt *m, const pxt_plan *p, char *base, pxt_gpt_losses *out) {
+    const pxt_backend *be = m->flat.be;
+    int d = m->flat.device.index;
+    const float *tl = (const float *)(base + p->losses), *al = tl + (size_t)p->B * p->Lt;
+    PXT_TRY(be->sum(d, &out->text_sum, tl, (size_t)p->B * p->Lt));
+    return be->sum(d, &out->audio_sum, al, (size_t)p->B * p->La);
+}
+
+/* forward: block l reads resid[l], writes resid[l + 1] (evaluation ping-pongs
+ * two); then ln_f and final_norm. *top gets the stack's output. */
+static int gpt_forward(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt_ctx *x,
+                       const pxt_gpt_batch *in, char **top) {
+    const pxt_backend *be = m->flat.be;
+    const pxt_param_layout *l = &m->flat.layout;
+    int d = m->flat.device.index, L = p->L, N = p->N, C = p->C;
+    size_t NC = (size_t)N * C * pxt_dtype_size(p->dt);
+    char *resid = base + p->resid; /* (L + 1, N, C), or (2, N, C) in evaluation */
+    PXT_TRY(embed_forward(m, p, base, in, resid));
+    for (int i = 0; i < L; i++) {
+        pxt_block_params bp;
+        pxt_block_grads bg;
+        block_views(m, i, &bp, &bg);
+        pxt_block_acts a = block_acts(base, p, i);
+        size_t in_slot = p->train ? (size_t)i : (size_t)(i % 2);
+        size_t out_slot = p->train ? (size_t)i + 1 : (size_t)((i + 1) % 2);
+        pxt_ctx xi = *x; /* GELU as this block's backward would recompute it */
+        xi.gelu_apart = p->train && p->policy[i] == PXT_CKPT_SELECTIVE;
+        PXT_TRY(pxt_block_forward(&xi, &bp, &a, resid + in_slot * NC, resid + out_slot * NC));
+    }
+    *top = resid + (p->train ? (size_t)L : (size_t)(L % 2)) * NC;
+    PXT_TRY(be->layernorm_forward(d, base + p->hf, (float *)(base + p->hf_mean),
+                                  (float *)(base + p->hf_rstd), *top,
+                                  pxt_flat_param(&m->flat, l->ln_f_w),
+                                  pxt_flat_param(&m->flat, l->ln_f_b), N, C, m->cfg.eps, p->dt));
+    return be->layernorm_forward(d, base + p->h2, (float *)(base + p->h2_mean),
+                                 (float *)(base + p->h2_rstd), base + p->hf,
+                                 pxt_flat_param(&m->flat, l->fnorm_w),
+                                 pxt_flat_param(&m->flat, l->fnorm_b), N, C, m->cfg.eps, p->dt);
+}
+
+/* backward from dh2 (in dB, from the heads): final_norm, ln_f, then the blocks
+ * top-down with dres carrying dx, then the embeddings. */
+static int gpt_backward(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt_ctx *x,
+                        const char *top) {
+    const pxt_backend *be = m->flat.be;
+    const pxt_param_layout *l = &m->flat.layout;
+    int d = m->flat.device.index, L = p->L, N = p->N, C = p->C;
+    size_t NC = (size_t)N * C * pxt_dtype_size(p->dt);
+    char *resid = base + p->resid;
+    char *dres = base + p->dres, *dA = base + p->dA, *dB = base + p->dB; /* (N,C) (N,4C) (N,C) */
+    PXT_TRY(be->memset_zero(d, dA, NC));
+    PXT_TRY(be->layernorm_backward(
+        d, dA, pxt_flat_grad(&m->flat, l->fnorm_w), pxt_flat_grad(&m->flat, l->fnorm_b), dB,
+        base + p->hf, pxt_flat_param(&m->flat, l->fnorm_w), (float *)(base + p->h2_mean),
+        (float *)(base + p->h2_rstd), N, C, p->dt, x->reduce_ws));
+    PXT_TRY(be->memset_zero(d, dres, NC));
+    PXT_TRY(be->layernorm_backward(
+        d, dres, pxt_flat_grad(&m->flat, l->ln_f_w), pxt_flat_grad(&m->flat, l->ln_f_b), dA, top,
+        pxt_flat_param(&m->flat, l->ln_f_w), (float *)(base + p->hf_mean),
+        (float *)(base + p->hf_rstd), N, C, p->dt, x->reduce_ws));
+    pxt_block_acts work = block_acts(base, p, -1);
+    for (int i = L - 1; i >= 0; i--) {
+        pxt_block_params bp;
+        pxt_block_grads bg;
+        block_views(m, i, &bp, &bg);
+        pxt_block_acts saved = block_acts(base, p, i);
+        pxt_ctx xi = *x; /* "full" recomputes the forward, fused as it ran */
+        xi.gelu_apart = p->policy[i] == PXT_CKPT_SELECTIVE;
+        PXT_TRY(pxt_block_backward(&xi, &bp, &bg, &saved, &work, p->policy[i],
+                                   resid + (size_t)i * NC, dres, dA, dB));
+    }
+    return embed_backward(m, p, base, dres);
+}
+
+/* 1 when some sample has a masked key before an unmasked one: padding in the
+ * middle (a text shorter than Lt before the audio), which causal attention
+ * alone would let the valid queries after it see. Padding only at a sample's
+ * end needs no mask: no valid query sees a later key, and the padding queries'
+ * outputs are never used (their targets are ignored, their gradients zero). So
+ * the mask is passed only when it changes a valid row: attention then skips its
+ * masked path (on the GPU, every tile of it). */
+static int key_mask_needed(const uint8_t *key_mask, int B, int T) {
+    for (int b = 0; b < B; b++) {
+        const uint8_t *k = key_mask + (size_t)b * T; /* (T) */
+        int padding = 0;
+        for (int t = 0; t < T; t++) {
+            if (!k[t]) {
+                padding = 1;
+            } else if (padding) {
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+int pxt_gpt_step(pxt_gpt *m, const pxt_gpt_batch *in, pxt_gpt_losses *out) {
+    const pxt_plan *p = &m->plan;
+    char *base = m->arena->data;
+    pxt_ctx x = {
+        .be = m->flat.be,
+        .dev = m->flat.device.index,
+        .dt = p->dt,
+        .B = p->B,
+        .T = p->T,
+        .C = p->C,
+        .H = p->H,
+        .eps = m->cfg.eps,
+        .key_mask = key_mask_needed(in->key_mask, p->B, p->T)
+                        ? (const uint8_t *)(base + p->key_mask)
+                        : NULL,
+        .attn_ws = base + p->attn_ws,
+        .gemm_ws = base + p->gemm_ws,
+        .reduce_ws = base + p->reduce_ws,
+    };
+    char *top = NULL;
+    PXT_TRY(upload(m, p, base, in));
+    PXT_TRY(gpt_forward(m, p, base, &x, in, &top));
+    PXT_TRY(heads(m, p, base, &x, in));
+    if (p->train) {
+        PXT_TRY(gpt_backward(m, p, base, &x, top));
+    }
+    return losses_sum(m, p, base, out); /* last: nothing before it waits for the device */
+}
+
+#undef PXT_HEAD_SEGS

@@ -1,0 +1,77 @@
+/* gpt.h: the XTTS GPT: its flat state, its step arena and the step itself.
+ *
+ * llm.c's gpt2_forward / gpt2_backward over the backend table: a step uploads
+ * the batch into the arena, embeds it, runs the blocks, the final norms, the
+ * fused heads + cross-entropy (logits chunk by chunk, never all of them) and,
+ * when training, the backward down to the embeddings, adding into the flat
+ * gradients. The arena is planned (plan.h) and reserved before the step runs,
+ * so the step itself allocates nothing and cannot run out of memory. */
+#ifndef PXT_GPT_H
+#define PXT_GPT_H
+
+#include "flat.h"
+#include "plan.h"
+
+/* A model's checkpoint policy: a block's (pxt_ckpt), or auto, the fewest
+ * recomputed blocks whose plan fits the memory available. */
+enum { PXT_CKPT_AUTO = 3 };
+
+typedef struct {
+    pxt_gpt_config cfg;
+    pxt_flat flat;      /* parameters, gradients, device, dtype */
+    int ckpt;           /* pxt_ckpt or PXT_CKPT_AUTO: the policy of the next step */
+    pxt_storage *arena; /* plan.arena_bytes; NULL until the first step */
+    pxt_plan plan;      /* the arena's layout */
+} pxt_gpt;
+
+/* A batch on the host, validated by the caller's shapes: B samples of Lt text
+ * and La audio positions after Nc conditioning latents. */
+typedef struct {
+    int B, Lt, La, Nc;
+    const int32_t *text_ids, *text_tgt, *text_pos;    /* (B, Lt) */
+    const int32_t *audio_ids, *audio_tgt, *audio_pos; /* (B, La) */
+    const uint8_t *key_mask;                          /* (B, T): 0 = padding */
+    const char *cond;                                 /* (B, Nc, C) model dtype, or NULL */
+    const int32_t *text_len, *audio_len;              /* (B) */
+    double n_text, n_audio;                           /* normalisers of the mean losses */
+    double loss_scale;                                /* multiplies the loss gradient (1: none) */
+} pxt_gpt_batch;
+
+typedef struct {
+    double text_sum, audio_sum; /* sums of -log p over valid targets */
+} pxt_gpt_losses;
+
+/* Checks the config, then builds the flat state on dev (GPT-2 init, residual
+ * projections scaled by 1/sqrt(2 n_layers)). PXT_ERR_* with *m left empty. */
+int pxt_gpt_init(pxt_gpt *m, const pxt_gpt_config *c, pxt_device dev, pxt_dtype dt, int ckpt,
+                 uint64_t seed);
+void pxt_gpt_free(pxt_gpt *m);
+
+/* Plans a step with a fixed policy, or for auto the fewest recomputed blocks
+ * that fit budget: blocks turn selective one by one, then full one by one
+ * (when nothing fits the all-full plan stands, and the step reports the
+ * shortfall). */
+int pxt_gpt_plan(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, pxt_dtype dt, int B,
+                 int Lt, int La, int Nc, int ckpt, int train, size_t budget);
+/* Bytes outside the arena a step needs: parameters, gradients when training,
+ * and optimizer state. */
+size_t pxt_gpt_fixed_bytes(size_t numel, pxt_dtype dt, int train, size_t optimizer_bytes);
+/* What the allocator will count for a plan: each buffer a block of a fresh
+ * segment (optimizer_bytes already is: pxt_adamw_state_bytes). */
+size_t pxt_gpt_total_bytes(size_t numel, pxt_dtype dt, const pxt_plan *p, size_t optimizer_bytes);
+/* Bytes available for this model's arena: the limit (else the device's total)
+ * minus what is allocated besides the current arena. */
+size_t pxt_gpt_arena_budget(const pxt_gpt *m);
+
+/* The last line of defence before the kernels: lengths, ids, targets and
+ * positions in range (PXT_ERR_VALUE naming what is not). */
+int pxt_gpt_check_batch(const pxt_gpt *m, const pxt_gpt_batch *in);
+/* Makes the arena match p (takes p over on success; freed on failure). On
+ * failure the previous arena is gone (it is a cache) and nothing else changed. */
+int pxt_gpt_reserve(pxt_gpt *m, pxt_plan *p);
+/* Runs the step the arena is planned for. */
+int pxt_gpt_step(pxt_gpt *m, const pxt_gpt_batch *in, pxt_gpt_losses *out);
+/* Frees the arena; its bytes. */
+size_t pxt_gpt_release_arena(pxt_gpt *m);
+
+#endif /* PXT_GPT_H */

@@ -1,0 +1,574 @@
+/* gpt.c: pyxtts._C.GPT, the type object over the engine's XTTS GPT (engine/gpt.h).
+ *
+ * Converts arguments, reserves the step's arena and runs the step with the GIL
+ * released. The Python class pyxtts.XTTSGPT validates batches (vectorised
+ * NumPy) and calls _step with contiguous int32 arrays; the engine repeats the
+ * cheap checks so nothing unchecked reaches a kernel. Also plan_memory (a plan
+ * without a model) and check_model_config (the config rules, for ModelConfig). */
+#include "module.h"
+
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+#define NO_IMPORT_ARRAY
+#define PY_ARRAY_UNIQUE_SYMBOL pxt_ARRAY_API
+#define NPY_NO_DEPRECATED_API NPY_2_0_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include "engine/adamw.h"
+#include "engine/gpt.h"
+
+typedef struct {
+    PyObject_HEAD
+    pxt_gpt m;
+    int ready; /* __init__ succeeded */
+} pxt_py_gpt;
+
+static PyTypeObject gpt_type;
+
+/* ---- the config's arguments ----------------------------------------------------------
+ * Converted to C types only: the rules are pxt_gpt_config_check's, in one place. */
+
+#define CONFIG_KW                                                                                  \
+    "n_layers", "d_model", "n_heads", "text_vocab_size", "audio_vocab_size", "max_text_tokens",    \
+        "max_audio_tokens", "n_cond_latents", "layer_norm_eps", "text_loss_weight",                \
+        "audio_loss_weight", "max_attention_sequence_length"
+#define CONFIG_FMT "O&O&O&O&O&O&O&O&O&O&O&O&"
+#define CONFIG_INT(name) PXT_PY_INT("ModelConfig." name, INT_MIN, INT_MAX)
+#define CONFIG_ARGS(c)                                                                             \
+    pxt_py_int_converter, &(c).ints[0], pxt_py_int_converter, &(c).ints[1], pxt_py_int_converter,  \
+        &(c).ints[2], pxt_py_int_converter, &(c).ints[3], pxt_py_int_converter, &(c).ints[4],      \
+        pxt_py_int_converter, &(c).ints[5], pxt_py_int_converter, &(c).ints[6],                    \
+        pxt_py_int_converter, &(c).ints[7], pxt_py_real_converter, &(c).reals[0],                  \
+        pxt_py_real_converter, &(c).reals[1], pxt_py_real_converter, &(c).reals[2],                \
+        pxt_py_int_converter, &(c).ints[8]
+
+typedef struct {
+    pxt_py_int ints[9];   /* the int fields in CONFIG_KW order, max_seq last */
+    pxt_py_real reals[3]; /* layer_norm_eps, text_loss_weight, audio_loss_weight */
+} config_args;
+
+static config_args config_args_make(void) {
+    config_args c = {
+        .ints = {CONFIG_INT("n_layers"), CONFIG_INT("d_model"), CONFIG_INT("n_heads"),
+                 CONFIG_INT("text_vocab_size"), CONFIG_INT("audio_vocab_size"),
+                 CONFIG_INT("max_text_tokens"), CONFIG_INT("max_audio_tokens"),
+                 CONFIG_INT("n_cond_latents"), CONFIG_INT("max_attention_sequence_length")},
+        .reals = {PXT_PY_NUMBER("ModelConfig.layer_norm_eps", 0.0),
+                  PXT_PY_NUMBER("ModelConfig.text_loss_weight", 0.0),
+                  PXT_PY_NUMBER("ModelConfig.audio_loss_weight", 0.0)},
+    };
+    return c;
+}
+
+static pxt_gpt_config config_of(const config_args *a) {
+    pxt_gpt_config c = {
+        .n_layers = (int)a->ints[0].value,
+        .d_model = (int)a->ints[1].value,
+        .n_heads = (int)a->ints[2].value,
+        .text_vocab = (int)a->ints[3].value,
+        .audio_vocab = (int)a->ints[4].value,
+        .max_text = (int)a->ints[5].value,
+        .max_audio = (int)a->ints[6].value,
+        .n_cond = (int)a->ints[7].value,
+        .eps = (float)a->reals[0].value,
+        .text_w = (float)a->reals[1].value,
+        .audio_w = (float)a->reals[2].value,
+        .max_seq = (int)a->ints[8].value,
+    };
+    return c;
+}
+
+/* check_model_config(**ModelConfig fields): None, or ValueError naming the field. */
+static PyObject *py_check_model_config(PyObject *mod, PyObject *args, PyObject *kwargs) {
+    (void)mod;
+    static char *kw[] = {CONFIG_KW, NULL};
+    config_args ca = config_args_make();
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, CONFIG_FMT ":check_model_config", kw,
+                                     CONFIG_ARGS(ca))) {
+        return NULL;
+    }
+    pxt_gpt_config c = config_of(&ca);
+    int rc = pxt_gpt_config_check(&c);
+    if (rc != PXT_OK) {
+        return pxt_raise(rc);
+    }
+    Py_RETURN_NONE;
+}
+
+/* ---- init --------------------------------------------------------------------------- */
+
+static int gpt_init(PyObject *op, PyObject *args, PyObject *kwargs) {
+    pxt_py_gpt *g = (pxt_py_gpt *)op;
+    static char *kw[] = {CONFIG_KW, "device", "precision", "checkpointing", "seed", NULL};
+    config_args ca = config_args_make();
+    pxt_py_device dev = PXT_PY_DEVICE_OPT("device", 1);
+    pxt_py_choice prec = PXT_PY_CHOICE("precision", pxt_py_precision_names);
+    pxt_py_choice ckpt = PXT_PY_CHOICE("checkpointing", pxt_py_ckpt_names);
+    pxt_py_u64 seed = PXT_PY_U64("seed"); /* a number: None is a mistake, not a default */
+    if (g->ready) {
+        PyErr_SetString(PyExc_RuntimeError, "GPT.__init__ called twice");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, CONFIG_FMT "|O&O&O&O&:GPT", kw, CONFIG_ARGS(ca),
+                                     pxt_py_device_converter, &dev, pxt_py_choice_converter, &prec,
+                                     pxt_py_choice_converter, &ckpt, pxt_py_u64_converter, &seed)) {
+        return -1;
+    }
+    pxt_gpt_config c = config_of(&ca);
+    int rc = pxt_gpt_init(&g->m, &c, dev.value, pxt_py_precision_dtype(prec.index), ckpt.index,
+                          seed.value);
+    if (rc != PXT_OK) {
+        return pxt_raise_int(rc);
+    }
+    g->ready = 1;
+    return 0;
+}
+
+static void gpt_dealloc(PyObject *op) {
+    pxt_py_gpt *g = (pxt_py_gpt *)op;
+    pxt_gpt_free(&g->m);
+    Py_TYPE(op)->tp_free(op);
+}
+
+/* Methods other than __init__ on a GPT whose __init__ never ran (or failed). */
+static pxt_gpt *ready(PyObject *op) {
+    pxt_py_gpt *g = (pxt_py_gpt *)op;
+    if (g->ready) {
+        return &g->m;
+    }
+    PyErr_SetString(PyExc_RuntimeError, "this GPT is not initialised (__init__ failed or was not "
+                                        "called)");
+    return NULL;
+}
+
+pxt_flat *pxt_py_gpt_flat(PyObject *obj) {
+    if (!PyObject_TypeCheck(obj, &gpt_type) || !((pxt_py_gpt *)obj)->ready) {
+        return NULL;
+    }
+    return &((pxt_py_gpt *)obj)->m.flat;
+}
+
+/* ---- views ------------------------------------------------------------------------- */
+
+static PyObject *gpt_parameters(PyObject *op, PyObject *unused) {
+    (void)unused;
+    pxt_gpt *m = ready(op);
+    return m ? pxt_tensor_flat_views(&m->flat.layout, m->flat.params, m->flat.dt) : NULL;
+}
+
+static PyObject *gpt_gradients(PyObject *op, PyObject *unused) {
+    (void)unused;
+    pxt_gpt *m = ready(op);
+    return m ? pxt_tensor_flat_views(&m->flat.layout, m->flat.grads, PXT_FLOAT32) : NULL;
+}
+
+static PyObject *gpt_zero_grad(PyObject *op, PyObject *unused) {
+    (void)unused;
+    pxt_gpt *m = ready(op);
+    if (!m) {
+        return NULL;
+    }
+    int rc = pxt_flat_zero_grad(&m->flat);
+    if (rc != PXT_OK) {
+        return pxt_raise(rc);
+    }
+    Py_RETURN_NONE;
+}
+
+/* ---- plans --------------------------------------------------------------------------- */
+
+static PyObject *plan_dict(size_t n_params, pxt_dtype dt, const pxt_plan *p, size_t opt_bytes) {
+    size_t param_bytes = n_params * pxt_dtype_size(dt);
+    size_t grad_bytes = p->train ? n_params * sizeof(float) : 0;
+    size_t total = pxt_gpt_total_bytes(n_params, dt, p, opt_bytes);
+    PyObject *blocks = PyList_New(p->L), *policies = PyList_New(p->L);
+    if (!blocks || !policies) {
+        Py_XDECREF(blocks);
+        Py_XDECREF(policies);
+        return NULL;
+    }
+    for (int l = 0; l < p->L; l++) {
+        PyObject *b = PyLong_FromSize_t(p->block_saved_bytes[l]);
+        PyObject *s = PyUnicode_FromString(pxt_py_ckpt_names[p->policy[l]]);
+        if (!b || !s) {
+            Py_XDECREF(b);
+            Py_XDECREF(s);
+            Py_DECREF(blocks);
+            Py_DECREF(policies);
+            return NULL;
+        }
+        PyList_SET_ITEM(blocks, l, b);
+        PyList_SET_ITEM(policies, l, s);
+    }
+    return Py_BuildValue(
+        "{s:n,s:n,s:n,s:n,s:n,s:n,s:N,s:N,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:i,s:i,s:i,"
+        "s:i,s:n,s:n,s:s}",
+        "parameters", (Py_ssize_t)param_bytes, "gradients", (Py_ssize_t)grad_bytes, "optimizer",
+        (Py_ssize_t)opt_bytes, "inputs", (Py_ssize_t)p->inputs_bytes, "residuals",
+        (Py_ssize_t)p->resid_bytes, "final_norms", (Py_ssize_t)p->final_bytes, "saved_per_block",
+        blocks, "policies", policies, "work", (Py_ssize_t)p->work_bytes, "attention_workspace",
+        (Py_ssize_t)p->attn_ws_bytes, "logits", (Py_ssize_t)p->logits_bytes, "gemm_workspace",
+        (Py_ssize_t)p->gemm_ws_bytes, "activation_gradients", (Py_ssize_t)p->grad_bytes, "saved",
+        (Py_ssize_t)p->saved_bytes, "scratch", (Py_ssize_t)p->scratch_bytes, "arena",
+        (Py_ssize_t)p->arena_bytes, "total", (Py_ssize_t)total, "allocator_rounding",
+        (Py_ssize_t)(total - param_bytes - grad_bytes - p->arena_bytes - opt_bytes),
+        "sequence_length", (Py_ssize_t)p->T, "batch_size", p->B, "logits_rows", p->logits_rows,
+        "train", p->train, "n_layers", p->L, "head_casts", (Py_ssize_t)p->head_cast_bytes,
+        "reduce_workspace", (Py_ssize_t)p->reduce_ws_bytes, "precision", pxt_py_precision_name(dt));
+}
+
+/* The arena's budget from a budget argument: what is left of it once the
+ * parameters, gradients and optimizer state are counted (negative: 0). */
+static size_t budget_left(long long budget, size_t fixed) {
+    return (size_t)(budget > 0 ? budget : 0) > fixed ? (size_t)budget - fixed : 0;
+}
+
+/* estimate_memory(batch_size, text_len, audio_len, cond_len=None, checkpointing=None,
+ *                 train=True, budget=None, optimizer=None) -> dict
+ * optimizer: None counts the optimizer state attached to this model (0 without
+ * one), True that or else a default AdamW's, False none. */
+static PyObject *gpt_estimate(PyObject *op, PyObject *args, PyObject *kwargs) {
+    static char *kw[] = {"batch_size", "text_len", "audio_len", "cond_len", "checkpointing",
+                         "train",      "budget",   "optimizer", NULL};
+    pxt_gpt *m = ready(op);
+    if (!m) {
+        return NULL;
+    }
+    pxt_py_int B = PXT_PY_INT("batch_size", INT_MIN, INT_MAX);
+    pxt_py_int Lt = PXT_PY_INT("text_len", INT_MIN, INT_MAX);
+    pxt_py_int La = PXT_PY_INT("audio_len", INT_MIN, INT_MAX);
+    pxt_py_int Nc = PXT_PY_INT_OPT("cond_len", INT_MIN, INT_MAX, m->cfg.n_cond);
+    pxt_py_choice ckpt = PXT_PY_CHOICE_OPT("checkpointing", pxt_py_ckpt_names, m->ckpt);
+    pxt_py_int budget = PXT_PY_INT_OPT("budget", LLONG_MIN, LLONG_MAX, 0);
+    PyObject *opt_arg = Py_None;
+    int train = 1;
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kwargs, "O&O&O&|O&O&pO&O:estimate_memory", kw, pxt_py_int_converter, &B,
+            pxt_py_int_converter, &Lt, pxt_py_int_converter, &La, pxt_py_int_converter, &Nc,
+            pxt_py_choice_converter, &ckpt, &train, pxt_py_int_converter, &budget, &opt_arg)) {
+        return NULL;
+    }
+    const pxt_flat *f = &m->flat;
+    size_t opt_bytes = f->optimizer_bytes; /* optimizer=None: what is attached */
+    if (opt_arg != Py_None) {
+        int want = PyObject_IsTrue(opt_arg);
+        if (want < 0) {
+            return NULL;
+        }
+        opt_bytes = !want ? 0
+                    : f->optimizer_bytes
+                        ? f->optimizer_bytes
+                        : pxt_adamw_state_bytes(f->layout.numel, f->layout.count, f->dt, 0);
+    }
+    if (!train) {
+        opt_bytes = 0;
+    }
+    /* without a budget, parameters and gradients are already allocated: the arena gets the rest */
+    size_t avail =
+        budget.a.given
+            ? budget_left(budget.value, pxt_gpt_fixed_bytes(f->layout.numel, f->dt, 1, opt_bytes))
+            : pxt_gpt_arena_budget(m);
+    pxt_plan p;
+    int rc = pxt_gpt_plan(&p, &m->cfg, f->be, f->dt, (int)B.value, (int)Lt.value, (int)La.value,
+                          (int)Nc.value, ckpt.index, train, avail);
+    if (rc != PXT_OK) {
+        return pxt_raise(rc);
+    }
+    PyObject *d = plan_dict(f->layout.numel, f->dt, &p, opt_bytes);
+    pxt_plan_free(&p);
+    return d;
+}
+
+/* plan_memory(n_layers, ..., max_attention_sequence_length, batch_size, text_len,
+ *             audio_len, cond_len=None, checkpointing="none", train=True, budget=None,
+ *             device="cpu", optimizer=False, precision="fp32") -> dict: a plan
+ * without a model (nothing is allocated). */
+static PyObject *py_plan_memory(PyObject *mod, PyObject *args, PyObject *kwargs) {
+    (void)mod;
+    static char *kw[] = {CONFIG_KW,  "batch_size",    "text_len",  "audio_len",
+                         "cond_len", "checkpointing", "train",     "budget",
+                         "device",   "optimizer",     "precision", NULL};
+    config_args ca = config_args_make();
+    pxt_py_int B = PXT_PY_INT("batch_size", INT_MIN, INT_MAX);
+    pxt_py_int Lt = PXT_PY_INT("text_len", INT_MIN, INT_MAX);
+    pxt_py_int La = PXT_PY_INT("audio_len", INT_MIN, INT_MAX);
+    pxt_py_int Nc = PXT_PY_INT_OPT("cond_len", INT_MIN, INT_MAX, -1);
+    pxt_py_choice ckpt = PXT_PY_CHOICE("checkpointing", pxt_py_ckpt_names);
+    pxt_py_int budget = PXT_PY_INT_OPT("budget", LLONG_MIN, LLONG_MAX, 0);
+    pxt_py_device dev = PXT_PY_DEVICE_OPT("device", 0);
+    pxt_py_choice prec = PXT_PY_CHOICE("precision", pxt_py_precision_names);
+    int train = 1, optimizer = 0;
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kwargs, CONFIG_FMT "O&O&O&|O&O&pO&O&pO&:plan_memory", kw, CONFIG_ARGS(ca),
+            pxt_py_int_converter, &B, pxt_py_int_converter, &Lt, pxt_py_int_converter, &La,
+            pxt_py_int_converter, &Nc, pxt_py_choice_converter, &ckpt, &train, pxt_py_int_converter,
+            &budget, pxt_py_device_converter, &dev, &optimizer, pxt_py_choice_converter, &prec)) {
+        return NULL;
+    }
+    pxt_dtype dt = pxt_py_precision_dtype(prec.index);
+    pxt_gpt_config c = config_of(&ca);
+    int rc = pxt_gpt_config_check(&c);
+    if (rc != PXT_OK) {
+        return pxt_raise(rc);
+    }
+    const pxt_backend *be = pxt_backend_for(dev.value.type);
+    if (!be) {
+        return PyErr_Format(PyExc_ValueError, "device: this build has no %s backend",
+                            dev.value.type == PXT_CUDA ? "CUDA" : "such");
+    }
+    pxt_param_layout layout;
+    if ((rc = pxt_param_layout_init(&layout, &c)) != PXT_OK) {
+        return pxt_raise(rc);
+    }
+    size_t n_params = layout.numel;
+    size_t opt_bytes =
+        optimizer && train ? pxt_adamw_state_bytes(n_params, layout.count, dt, 0) : 0;
+    pxt_param_layout_free(&layout);
+    size_t avail = budget.a.given ? budget_left(budget.value,
+                                                pxt_gpt_fixed_bytes(n_params, dt, train, opt_bytes))
+                                  : (size_t)-1;
+    pxt_plan p;
+    rc = pxt_gpt_plan(&p, &c, be, dt, (int)B.value, (int)Lt.value, (int)La.value,
+                      Nc.a.given ? (int)Nc.value : c.n_cond, ckpt.index, train, avail);
+    if (rc != PXT_OK) {
+        return pxt_raise(rc);
+    }
+    PyObject *d = plan_dict(n_params, dt, &p, opt_bytes);
+    pxt_plan_free(&p);
+    return d;
+}
+
+PyMethodDef pxt_py_gpt_methods[] = {
+    {"plan_memory", PXT_PY_KW(py_plan_memory),
+     "The memory plan of a step for a config, without building the model."},
+    {"check_model_config", PXT_PY_KW(py_check_model_config),
+     "check_model_config(**fields): the rules of a ModelConfig (ValueError naming the field)."},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ---- the step ------------------------------------------------------------------------ */
+
+/* Borrowed data pointer of a C-contiguous array of dtype and size, else NULL. */
+static const void *arr_data(PyObject *obj, const char *name, int npy_type, npy_intp count) {
+    if (!PyArray_Check(obj) || PyArray_TYPE((PyArrayObject *)obj) != npy_type ||
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)obj) ||
+        PyArray_SIZE((PyArrayObject *)obj) != count) {
+        PyErr_Format(PyExc_TypeError,
+                     "_step: %s must be a C-contiguous array of %zd elements "
+                     "of NumPy type %d",
+                     name, (Py_ssize_t)count, npy_type);
+        return NULL;
+    }
+    return PyArray_DATA((PyArrayObject *)obj);
+}
+
+/* Borrowed data of cond: C-contiguous, count elements, of the model's dtype. */
+static const void *cond_data(PyObject *obj, pxt_dtype dt, npy_intp count) {
+    PyObject *descr = pxt_dtype_to_descr(dt);
+    if (!descr) {
+        return NULL;
+    }
+    int ok = PyArray_Check(obj) &&
+             PyArray_EquivTypes(PyArray_DESCR((PyArrayObject *)obj), (PyArray_Descr *)descr) &&
+             PyArray_IS_C_CONTIGUOUS((PyArrayObject *)obj) &&
+             PyArray_SIZE((PyArrayObject *)obj) == count;
+    Py_DECREF(descr);
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError,
+                     "_step: cond must be a C-contiguous array of %zd elements "
+                     "of the model's dtype (%s)",
+                     (Py_ssize_t)count, pxt_dtype_name(dt));
+        return NULL;
+    }
+    return PyArray_DATA((PyArrayObject *)obj);
+}
+
+/* _step(text_ids, audio_ids, text_tgt, audio_tgt, text_pos, audio_pos, key_mask,
+ *       text_len, audio_len, cond, n_text, n_audio, train, loss_scale=1.0)
+ *       -> (text_sum, audio_sum)
+ * Arrays come validated from pyxtts.XTTSGPT (int32, uint8 mask, cond in the
+ * model's dtype). Losses are sums of -log p over valid targets. */
+static PyObject *gpt_step(PyObject *op, PyObject *args) {
+    pxt_gpt *m = ready(op);
+    if (!m) {
+        return NULL;
+    }
+    PyObject *a[10];
+    pxt_py_real n_text = PXT_PY_NUMBER("n_text", 0.0), n_audio = PXT_PY_NUMBER("n_audio", 0.0);
+    pxt_py_real loss_scale = PXT_PY_NUMBER("loss_scale", 1.0);
+    int train;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOO&O&p|O&:_step", &a[0], &a[1], &a[2], &a[3], &a[4],
+                          &a[5], &a[6], &a[7], &a[8], &a[9], pxt_py_real_converter, &n_text,
+                          pxt_py_real_converter, &n_audio, &train, pxt_py_real_converter,
+                          &loss_scale)) {
+        return NULL;
+    }
+    if (m->flat.busy) {
+        return PyErr_Format(PyExc_RuntimeError,
+                            "this model is already running a step (in "
+                            "another thread); steps of one model must not overlap");
+    }
+    for (int i = 0; i < 7; i++) {
+        if (!PyArray_Check(a[i]) || PyArray_NDIM((PyArrayObject *)a[i]) != 2) {
+            return PyErr_Format(PyExc_TypeError, "_step: argument %d must be a 2-d array", i);
+        }
+    }
+    npy_intp B = PyArray_DIM((PyArrayObject *)a[0], 0), Lt = PyArray_DIM((PyArrayObject *)a[0], 1);
+    npy_intp La = PyArray_DIM((PyArrayObject *)a[1], 1);
+    npy_intp Nc = a[9] == Py_None ? 0
+                  : PyArray_Check(a[9]) && PyArray_NDIM((PyArrayObject *)a[9]) == 3
+                      ? PyArray_DIM((PyArrayObject *)a[9], 1)
+                      : -1;
+    if (Nc < 0) {
+        return PyErr_Format(PyExc_TypeError, "_step: cond must be None or a 3-d array");
+    }
+    if (B > INT_MAX || Lt > INT_MAX || La > INT_MAX || Nc > INT_MAX) {
+        return PyErr_Format(PyExc_ValueError, "_step: the batch is too large");
+    }
+    npy_intp T = Nc + Lt + La;
+    pxt_gpt_batch in = {.B = (int)B, .Lt = (int)Lt, .La = (int)La, .Nc = (int)Nc};
+    if (!(in.text_ids = arr_data(a[0], "text_ids", NPY_INT32, B * Lt)) ||
+        !(in.audio_ids = arr_data(a[1], "audio_ids", NPY_INT32, B * La)) ||
+        !(in.text_tgt = arr_data(a[2], "text_tgt", NPY_INT32, B * Lt)) ||
+        !(in.audio_tgt = arr_data(a[3], "audio_tgt", NPY_INT32, B * La)) ||
+        !(in.text_pos = arr_data(a[4], "text_pos", NPY_INT32, B * Lt)) ||
+        !(in.audio_pos = arr_data(a[5], "audio_pos", NPY_INT32, B * La)) ||
+        !(in.key_mask = arr_data(a[6], "key_mask", NPY_UINT8, B * T)) ||
+        !(in.text_len = arr_data(a[7], "text_len", NPY_INT32, B)) ||
+        !(in.audio_len = arr_data(a[8], "audio_len", NPY_INT32, B)) ||
+        (Nc && !(in.cond = cond_data(a[9], m->flat.dt, B * Nc * m->cfg.d_model)))) {
+        return NULL;
+    }
+    in.n_text = n_text.value;
+    in.n_audio = n_audio.value;
+    in.loss_scale = loss_scale.value;
+    int rc = pxt_gpt_check_batch(m, &in);
+    if (rc != PXT_OK) {
+        return pxt_raise(rc);
+    }
+    pxt_plan p;
+    rc = pxt_gpt_plan(&p, &m->cfg, m->flat.be, m->flat.dt, in.B, in.Lt, in.La, in.Nc, m->ckpt,
+                      train, pxt_gpt_arena_budget(m));
+    if (rc == PXT_OK) {
+        rc = pxt_gpt_reserve(m, &p);
+    }
+    if (rc != PXT_OK) {
+        return pxt_raise(rc);
+    }
+    pxt_gpt_losses out = {0};
+    m->flat.busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pxt_gpt_step(m, &in, &out);
+    Py_END_ALLOW_THREADS
+    m->flat.busy = 0;
+    if (rc != PXT_OK) {
+        return pxt_raise(rc);
+    }
+    return Py_BuildValue("(dd)", out.text_sum, out.audio_sum);
+}
+
+static PyObject *gpt_release_arena(PyObject *op, PyObject *unused) {
+    (void)unused;
+    pxt_gpt *m = ready(op);
+    if (!m) {
+        return NULL;
+    }
+    if (m->flat.busy) {
+        return PyErr_Format(PyExc_RuntimeError,
+                            "release_arena: a step of this model is running "
+                            "(in another thread); its arena cannot be freed now");
+    }
+    return PyLong_FromSize_t(pxt_gpt_release_arena(m));
+}
+
+/* ---- attributes ------------------------------------------------------------------------ */
+
+static PyObject *gpt_get_device(PyObject *op, void *c) {
+    (void)c;
+    pxt_gpt *m = ready(op);
+    return m ? pxt_py_device_str(m->flat.device) : NULL;
+}
+
+static PyObject *gpt_get_dtype(PyObject *op, void *c) {
+    (void)c;
+    pxt_gpt *m = ready(op);
+    return m ? Py_NewRef(pxt_dtype_object(m->flat.dt)) : NULL;
+}
+
+static PyObject *gpt_get_ckpt(PyObject *op, void *c) {
+    (void)c;
+    pxt_gpt *m = ready(op);
+    return m ? PyUnicode_FromString(pxt_py_ckpt_names[m->ckpt]) : NULL;
+}
+
+static int gpt_set_ckpt(PyObject *op, PyObject *v, void *c) {
+    (void)c;
+    pxt_gpt *m = ready(op);
+    if (!m) {
+        return -1;
+    }
+    if (!v) {
+        PyErr_SetString(PyExc_TypeError, "checkpointing: cannot be deleted");
+        return -1;
+    }
+    pxt_py_choice ckpt = PXT_PY_CHOICE("checkpointing", pxt_py_ckpt_names);
+    if (!pxt_py_choice_converter(v, &ckpt)) {
+        return -1;
+    }
+    m->ckpt = ckpt.index;
+    return 0;
+}
+
+static PyObject *gpt_get_num_parameters(PyObject *op, void *c) {
+    (void)c;
+    pxt_gpt *m = ready(op);
+    return m ? PyLong_FromSize_t(pxt_flat_num_parameters(&m->flat)) : NULL;
+}
+
+static PyObject *gpt_get_arena_bytes(PyObject *op, void *c) {
+    (void)c;
+    pxt_gpt *m = ready(op);
+    return m ? PyLong_FromSize_t(m->arena ? m->arena->nbytes : 0) : NULL;
+}
+
+static PyGetSetDef gpt_getset[] = {
+    {"device", gpt_get_device, NULL, "'cpu' or 'cuda:N'", NULL},
+    {"dtype", gpt_get_dtype, NULL, "dtype of parameters and activations", NULL},
+    {"checkpointing", gpt_get_ckpt, gpt_set_ckpt, "'none', 'selective', 'full' or 'auto'", NULL},
+    {"num_parameters", gpt_get_num_parameters, NULL, "number of parameters", NULL},
+    {"arena_bytes", gpt_get_arena_bytes, NULL, "bytes of the cached step arena", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef gpt_methods[] = {
+    {"parameters", gpt_parameters, METH_NOARGS, "name -> Tensor view of the flat parameters"},
+    {"gradients", gpt_gradients, METH_NOARGS, "name -> Tensor view of the flat fp32 gradients"},
+    {"zero_grad", gpt_zero_grad, METH_NOARGS, "set every gradient to 0"},
+    {"estimate_memory", PXT_PY_KW(gpt_estimate), "the memory plan of a step, by component (bytes)"},
+    {"_step", gpt_step, METH_VARARGS, "run a validated step (see pyxtts.XTTSGPT)"},
+    {"release_arena", gpt_release_arena, METH_NOARGS, "free the cached step arena; bytes freed"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject gpt_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pyxtts._C.GPT",
+    .tp_basicsize = sizeof(pxt_py_gpt),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "Native core of pyxtts.XTTSGPT.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = gpt_init,
+    .tp_dealloc = gpt_dealloc,
+    .tp_methods = gpt_methods,
+    .tp_getset = gpt_getset,
+};
+
+int pxt_py_gpt_init_type(PyObject *module) {
+    return PyModule_AddType(module, &gpt_type); /* readies it; the name after the last dot */
+}
+
+#undef CONFIG_KW
+#undef CONFIG_FMT
+#undef CONFIG_INT
+#undef CONFIG_ARGS

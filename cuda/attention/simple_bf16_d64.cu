@@ -1,0 +1,4 @@
+/* the general attention kernels for bfloat16, D <= 64 (attention_simple.cuh) */
+#include "../attention_simple.cuh"
+
+PXT_ATTN_SIMPLE_INSTANCE(pxt_bf16, 64)

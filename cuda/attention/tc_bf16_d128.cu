@@ -1,0 +1,4 @@
+/* the tensor-core attention kernels for bfloat16, D = 128 (attention_tc.cuh) */
+#include "../attention_tc.cuh"
+
+PXT_ATTN_TC_INSTANCE(pxt_bf16, 128)

@@ -1,0 +1,4 @@
+/* the tensor-core attention kernels for float16, D = 64 (attention_tc.cuh) */
+#include "../attention_tc.cuh"
+
+PXT_ATTN_TC_INSTANCE(pxt_f16, 64)

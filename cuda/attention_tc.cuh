@@ -1,0 +1,787 @@
+/* attention_tc.cuh: the tensor-core attention kernels (FlashAttention-2 style) for
+ * 16-bit inputs, forward and backward, and their launches. attention_tc.cu says when
+ * they run; cuda/attention/tc_*.cu compile one (storage type, head dim) each.
+ *
+ * Arithmetic: mma.sync.m16n8k16 with 16-bit A, B and fp32 accumulators. Q, K,
+ * V, dO enter the mma as stored (exact); S, dP and every sum are fp32. Two
+ * things are rounded to the 16-bit type because the mma needs them there:
+ * P (before O += P V and dV += P^T dO) and dS (before dK += dS^T Q and
+ * dQ += dS K; dS carries the softmax scale already, so float16 overflows
+ * sqrt(D) times later); each is one relative rounding (2^-8 bf16, 2^-11 fp16) per
+ * term, so these results are NOT the fallback's "fp32 result rounded once"
+ * (tests/test_cuda_attention_tc.py derives the tolerance). The softmax is in
+ * base 2: x = s * scale * log2(e), p = exp2(x - m); lse = m ln 2 + ln l.
+ *
+ * forward   a CTA per (b, h, 128 query rows), 4 warps x 32 rows for D = 64
+ *           (64 rows, 4 x 16, for D = 128: registers). Q (BQ, D) stays in
+ *           registers as mma A fragments; K and V tiles of 64 keys are
+ *           double-buffered in shared memory with cp.async (the next tile
+ *           loads while this one computes). Per tile a warp does S (32, 64) =
+ *           Q K^T, the online softmax on its accumulators, then O (32, D) +=
+ *           P V with P straight from the S accumulators (the C
+ *           fragment of m16n8 is the A fragment of the next mma). Causal: the
+ *           CTA stops at its last row's diagonal, a warp skips tiles wholly
+ *           after its rows, and only tiles that cross the diagonal, a key
+ *           mask or k_length pay for the per-element mask.
+ * backward  deterministic, no atomics, as the fallback: Di = rowsum(dO * O)
+ *           (attention.cu's kernel, into the workspace), then
+ *           dK/dV kernel: a CTA per (b, h, 64 keys), 4 warps x 16 keys, K and
+ *             V in shared memory, walking query tiles (64 rows for D = 64, 32
+ *             for D = 128: registers) with Q and dO double-buffered:
+ *             S^T = K Q^T, dP^T = V dO^T, P^T = exp2(S^T c - lse2), dS^T =
+ *             scale P^T (dP^T - Di); dV += P^T dO, dK += dS^T Q.
+ *           dQ kernel: a CTA per (b, h, 64 queries), 4 warps x 16 rows, Q and
+ *             dO in shared memory, walking key tiles (64 / 32 keys) with K and
+ *             V double-buffered: S, dP, P, dS as above, dQ += dS K.
+ *           Each output element is a sum in a fixed order: same bits every run.
+ *
+ * Shared-memory rows are D + 8 elements: 8 ldmatrix row addresses then fall
+ * in 8 different 16-byte bank groups (no conflicts) and stay 16-byte aligned.
+ * Masked keys and rows past q_length are zero-filled by cp.async with a source
+ * size of 0 (the memory is never read); their probabilities are forced to 0. */
+#ifndef PXT_ATTENTION_TC_CUH
+#define PXT_ATTENTION_TC_CUH
+
+#include <math.h>
+#include <string.h>
+#include <type_traits>
+
+#include "attention.cuh"
+
+#define TC_THREADS 128 /* 4 warps */
+#define TC_PAD 8       /* elements of padding per shared-memory row */
+#define TC_BQ 64       /* query rows of a dQ CTA (16 per warp); the forward's: fwd_bq */
+#define TC_BK 64       /* keys of a forward tile and of a dK/dV CTA (16 per warp) */
+
+/* ---- PTX wrappers -------------------------------------------------------------------
+ * mma.m16n8k16 with bf16/f16 and cp.async exist from sm_80. The kernels are
+ * compiled for every target, but below sm_80 these bodies trap: the host
+ * never launches them there (tc_select checks the device and the binary). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define TC_SM80 1
+#else
+#define TC_SM80 0
+#endif
+
+__device__ static inline uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16 bytes global -> shared; bytes past src_bytes (all 16 when 0) are zeros */
+__device__ static inline void cp_async16(uint32_t dst, const void *src, int src_bytes) {
+#if TC_SM80
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+#else
+    (void)dst, (void)src, (void)src_bytes;
+    __trap();
+#endif
+}
+__device__ static inline void cp_async_commit() {
+#if TC_SM80
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+/* waits until at most N of this thread's committed groups are in flight */
+template <int N> __device__ static inline void cp_async_wait() {
+#if TC_SM80
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+/* four 8x8 16-bit matrices; lanes 8i..8i+7 give the row addresses of matrix i;
+ * lane l gets of matrix i the elements (row l/4, cols 2(l%4), 2(l%4)+1) */
+__device__ static inline void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+#if TC_SM80
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+#else
+    (void)addr;
+    r[0] = r[1] = r[2] = r[3] = 0;
+    __trap();
+#endif
+}
+/* the same, transposed: lane l gets (rows 2(l%4), 2(l%4)+1, col l/4) */
+__device__ static inline void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+#if TC_SM80
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+#else
+    (void)addr;
+    r[0] = r[1] = r[2] = r[3] = 0;
+    __trap();
+#endif
+}
+
+/* c (16x8 fp32) += a (16x16, row) . b (16x8, col). Lane l = 4g + t holds
+ *   a: {(g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)}
+ *   b: {(k 2t..2t+1, n g), (k 2t+8.., n g)}
+ *   c: {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)} */
+template <typename T>
+__device__ static inline void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                       uint32_t b1) {
+#if TC_SM80
+    if constexpr (std::is_same_v<T, pxt_bf16>) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+#else
+    (void)c, (void)a, (void)b0, (void)b1;
+    __trap();
+#endif
+}
+
+/* two floats -> one register of two 16-bit values (lo in the low half), RNE */
+template <typename T> __device__ static inline uint32_t pack2(float lo, float hi) {
+    uint32_t u;
+    if constexpr (std::is_same_v<T, pxt_bf16>) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        memcpy(&u, &v, 4);
+    } else {
+        __half2 v = __floats2half2_rn(lo, hi);
+        memcpy(&u, &v, 4);
+    }
+    return u;
+}
+
+/* an output pair (cols d, d+1 of one row) with the CPU's rounding and NaN bits */
+template <typename T> __device__ static inline void store2(T *dst, float x, float y) {
+    uint32_t w = (uint32_t)stf<T>(x).bits | ((uint32_t)stf<T>(y).bits << 16);
+    *(uint32_t *)dst = w; /* d even, rows 16-byte aligned (tc_select checks) */
+}
+
+/* cp.async rows t0 .. t0+R-1 of (b, h) into dst (R, D + PAD); a row where
+ * ok(r) is false is zero-filled and its memory never read. Not committed. */
+template <int R, int D, typename T, typename OK>
+__device__ static inline void load_rows(uint16_t *dst, const T *base, const pxt_strides &s, int b,
+                                        int h, int t0, OK ok) {
+    constexpr int CPR = D / 8, SD = D + TC_PAD; /* 16-byte chunks per row */
+    for (int e = threadIdx.x; e < R * CPR; e += TC_THREADS) {
+        const int r = e / CPR, c = e % CPR;
+        const bool valid = ok(r);
+        const T *src = valid ? row_ptr(base, s, b, h, t0 + r) + c * 8 : base;
+        cp_async16(smem_u32(dst + r * SD + c * 8), src, valid ? 16 : 0);
+    }
+}
+
+/* A fragment (16 rows from row0, k cols kc*16..+15) of a (.., SD) smem tile */
+template <int SD>
+__device__ static inline void frag_a(uint32_t (&r)[4], const uint16_t *tile, int row0, int kc,
+                                     int lane) {
+    ldsm_x4(r, smem_u32(tile + (row0 + lane % 16) * SD + kc * 16 + (lane / 16) * 8));
+}
+/* B fragments of two n-tiles (rows n0..n0+15 of the tile are n, cols kc*16.. are k):
+ * r = {b0, b1} of n0..n0+7, then {b0, b1} of n0+8..n0+15 (tile stored (n, k)) */
+template <int SD>
+__device__ static inline void frag_b_nk(uint32_t (&r)[4], const uint16_t *tile, int n0, int kc,
+                                        int lane) {
+    ldsm_x4(r, smem_u32(tile + (n0 + (lane / 16) * 8 + lane % 8) * SD + kc * 16 +
+                        ((lane / 8) % 2) * 8));
+}
+/* B fragments of two n-tiles for a tile stored (k, n): rows k0..k0+15 are k,
+ * cols n0..n0+15 are n; r = {b0, b1} of cols n0.., then of cols n0+8.. */
+template <int SD>
+__device__ static inline void frag_b_kn(uint32_t (&r)[4], const uint16_t *tile, int k0, int n0,
+                                        int lane) {
+    ldsm_x4_t(r,
+              smem_u32(tile + (k0 + ((lane / 8) % 2) * 8 + lane % 8) * SD + n0 + (lane / 16) * 8));
+}
+
+#define TC_LOG2E 1.4426950408889634f
+#define TC_LN2 0.6931471805599453f
+
+/* ---- forward ------------------------------------------------------------------------ */
+
+/* m-tiles of 16 rows per warp: with 2, every K / V fragment read from shared
+ * memory feeds two mma (the tile loop is bound by ldmatrix otherwise); D = 128
+ * keeps 1 (2 would need ~300 registers: O alone is 128) */
+template <int D> __host__ __device__ constexpr int fwd_mt() { return D <= 64 ? 2 : 1; }
+template <int D> __host__ __device__ constexpr int fwd_bq() { return 64 * fwd_mt<D>(); }
+template <int D> __host__ __device__ constexpr int fwd_smem_bytes() {
+    return (fwd_bq<D>() + 4 * TC_BK) * (D + TC_PAD) * 2 + 2 * TC_BK;
+}
+
+/* out (o layout), lse (B, H, Tq) of BQ = 64 MT query rows of (b, h); warp w owns
+ * rows 16 MT w .. 16 MT (w + 1) - 1 of the block, m-tile mt the 16 from 16 MT w + 16 mt */
+template <typename T, int D>
+__global__ static void __launch_bounds__(TC_THREADS)
+    attn_tc_fwd_kernel(pxt_attn_args a, T *out, float *lse, const T *q, const T *k, const T *v,
+                       int nqb) {
+    constexpr int MT = fwd_mt<D>(), BQ = fwd_bq<D>(), WR = 16 * MT; /* rows per warp */
+    constexpr int SD = D + TC_PAD, KC = D / 16, NT = TC_BK / 8, DT = D / 8;
+    extern __shared__ __align__(16) uint16_t smem[];
+    uint16_t *Qs = smem;                                          /* (BQ, SD) */
+    uint16_t *Ks = Qs + BQ * SD;                                  /* (2, BK, SD) double buffer */
+    uint16_t *Vs = Ks + 2 * TC_BK * SD;                           /* (2, BK, SD) */
+    unsigned char *kval = (unsigned char *)(Vs + 2 * TC_BK * SD); /* (2, BK) key attendable */
+    const int bh = blockIdx.x / nqb, blk = blockIdx.x % nqb;
+    const int b = bh / a.H, h = bh % a.H;
+    const int i0 = (a.causal ? nqb - 1 - blk : blk) * BQ; /* the longest rows first */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int ql = q_len(a, b), kl = k_len(a, b);
+    const int nq = iclamp(ql - i0, 0, BQ);
+    const int iw = i0 + WR * warp; /* the warp's first row */
+    int kend = kl;
+    if (a.causal) {
+        kend = min(kend, i0 + nq); /* keys after the CTA's last row are never seen */
+    }
+    if (nq == 0) {
+        kend = 0;
+    }
+    const int ntiles = (kend + TC_BK - 1) / TC_BK;
+    const bool warp_live = iw < i0 + nq; /* some of the warp's rows are valid */
+    const float c2 = a.scale * TC_LOG2E; /* scores into log2 units */
+
+    auto load_kv = [&](int tile, int buf) {
+        const int j0 = tile * TC_BK;
+        auto ok = [&](int c) { return key_ok(a, b, j0 + c, kl); };
+        load_rows<TC_BK, D>(Ks + buf * TC_BK * SD, k, a.k, b, h, j0, ok);
+        load_rows<TC_BK, D>(Vs + buf * TC_BK * SD, v, a.v, b, h, j0, ok);
+        if (threadIdx.x < TC_BK) {
+            kval[buf * TC_BK + threadIdx.x] = ok(threadIdx.x);
+        }
+    };
+    load_rows<BQ, D>(Qs, q, a.q, b, h, i0, [&](int r) { return r < nq; });
+    if (ntiles > 0) {
+        load_kv(0, 0);
+    }
+    cp_async_commit(); /* group: Q and tile 0 */
+
+    uint32_t qf[MT][KC][4]; /* the warp's Q rows as A fragments */
+    float o[MT][DT]
+           [4]; /* O (16, D) per m-tile: n-tile dt holds cols dt*8 + 2t, +1 of rows g, g+8 */
+    float m[MT][2],
+        l[MT][2]; /* running max (log2 units) of rows g, g+8; this lane's part of the sums */
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) {
+            o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.0f;
+        }
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.0f;
+    }
+
+    for (int it = 0; it < ntiles; it++) {
+        const int buf = it & 1, j0 = it * TC_BK;
+        if (it + 1 < ntiles) {
+            load_kv(it + 1, buf ^ 1); /* overlaps this tile's math */
+        }
+        cp_async_commit();
+        cp_async_wait<1>(); /* this thread's part of tile it (and Q) landed */
+        __syncthreads();    /* everyone's part landed; kval[buf] visible */
+        if (it == 0) {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int kc = 0; kc < KC; kc++) {
+                    frag_a<SD>(qf[mt][kc], Qs, WR * warp + 16 * mt, kc, lane);
+                }
+        }
+        /* a warp whose rows all precede the tile (causal), or are all padding, skips it */
+        const bool skip = !warp_live || (a.causal && j0 > iw + WR - 1);
+        if (!skip) {
+            const uint16_t *Kt = Ks + buf * TC_BK * SD, *Vt = Vs + buf * TC_BK * SD;
+            float s[MT][NT][4]; /* S (16, BK) per m-tile: n-tile nt holds keys nt*8 + 2t, +1 */
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+                }
+#pragma unroll
+            for (int kc = 0; kc < KC; kc++) {
+#pragma unroll
+                for (int np = 0; np < NT / 2; np++) {
+                    uint32_t bf[4];
+                    frag_b_nk<SD>(bf, Kt, np * 16, kc, lane);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        mma16816<T>(s[mt][2 * np], qf[mt][kc], bf[0], bf[1]);
+                        mma16816<T>(s[mt][2 * np + 1], qf[mt][kc], bf[2], bf[3]);
+                    }
+                }
+            }
+            /* the per-element mask only where a key is masked, past k_length or
+             * after some row of the warp (the diagonal) */
+            const bool need_mask =
+                a.key_mask || j0 + TC_BK > kl || (a.causal && j0 + TC_BK - 1 > iw);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                float mx[2] = {m[mt][0], m[mt][1]};
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float x = s[mt][nt][e] * c2;
+                        if (need_mask) {
+                            const int c = nt * 8 + 2 * t + (e & 1);
+                            const int row = iw + 16 * mt + g + 8 * (e >> 1);
+                            if (!kval[buf * TC_BK + c] || (a.causal && j0 + c > row)) {
+                                x = -INFINITY;
+                            }
+                        }
+                        s[mt][nt][e] = x;
+                        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+                    }
+                float alpha[2], mu[2];
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) { /* the row's 4 lanes agree on the max */
+                    mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
+                    mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
+                    /* a row with no valid key so far subtracts 0: exp2(-inf - 0) = 0 */
+                    mu[hf] = mx[hf] == -INFINITY ? 0.0f : mx[hf];
+                    alpha[hf] = exp2f(m[mt][hf] - mu[hf]);
+                    m[mt][hf] = mx[hf];
+                }
+                float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        s[mt][nt][e] = exp2f(s[mt][nt][e] - mu[e >> 1]);
+                        sum[e >> 1] += s[mt][nt][e];
+                    }
+                /* fp32 p for l (lse keeps fp32 accuracy); P V uses p rounded to T */
+                l[mt][0] = l[mt][0] * alpha[0] + sum[0];
+                l[mt][1] = l[mt][1] * alpha[1] + sum[1];
+#pragma unroll
+                for (int dt = 0; dt < DT; dt++) {
+                    o[mt][dt][0] *= alpha[0], o[mt][dt][1] *= alpha[0];
+                    o[mt][dt][2] *= alpha[1], o[mt][dt][3] *= alpha[1];
+                }
+            }
+#pragma unroll
+            for (int kc = 0; kc < TC_BK / 16; kc++) { /* O += P V, 16 keys at a time */
+                uint32_t pa[MT][4]; /* P of the m-tiles as A fragments (C layout = A layout) */
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    pa[mt][0] = pack2<T>(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+                    pa[mt][1] = pack2<T>(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+                    pa[mt][2] = pack2<T>(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+                    pa[mt][3] = pack2<T>(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+                }
+#pragma unroll
+                for (int dp = 0; dp < DT / 2; dp++) {
+                    uint32_t bf[4];
+                    frag_b_kn<SD>(bf, Vt, kc * 16, dp * 16, lane);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        mma16816<T>(o[mt][2 * dp], pa[mt], bf[0], bf[1]);
+                        mma16816<T>(o[mt][2 * dp + 1], pa[mt], bf[2], bf[3]);
+                    }
+                }
+            }
+        }
+        __syncthreads(); /* the next iteration's load overwrites this buffer */
+    }
+    cp_async_wait<0>(); /* no copy outlives the CTA (none issued when ntiles == 0 but Q) */
+
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            float lsum = l[mt][hf]; /* the quad's parts, in a fixed butterfly */
+            lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+            lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+            const int r = iw + 16 * mt + g + 8 * hf;
+            if (r >= a.Tq) {
+                continue;
+            }
+            const bool any = r < i0 + nq && lsum > 0.0f;
+            const float inv = any ? 1.0f / lsum : 0.0f; /* no valid key: zeros */
+            T *dst = row_ptr(out, a.o, b, h, r);
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) {
+                store2<T>(dst + dt * 8 + 2 * t, o[mt][dt][2 * hf] * inv,
+                          o[mt][dt][2 * hf + 1] * inv);
+            }
+            if (t == 0) {
+                lse[(size_t)bh * a.Tq + r] = any ? m[mt][hf] * TC_LN2 + logf(lsum) : -INFINITY;
+            }
+        }
+}
+
+/* ---- backward: dK, dV per 64 keys ---------------------------------------------------- */
+
+template <int D> __host__ __device__ constexpr int bwd_bq() {
+    return D <= 64 ? 64 : 32;
+} /* query / key tile */
+
+template <int D> __host__ __device__ constexpr int kv_smem_bytes() {
+    return (2 * TC_BK + 4 * bwd_bq<D>()) * (D + TC_PAD) * 2 + 4 * bwd_bq<D>() * 4 + TC_BK;
+}
+
+/* dk, dv (k, v layouts) of keys j0 .. j0+63 of (b, h) */
+template <typename T, int D>
+__global__ static void __launch_bounds__(TC_THREADS)
+    attn_tc_bwd_kv_kernel(pxt_attn_args a, T *dk, T *dv, const T *dout, const T *q, const T *k,
+                          const T *v, const float *lse, const float *Di, int nkb) {
+    constexpr int BQ = bwd_bq<D>(), SD = D + TC_PAD, KC = D / 16, NT = BQ / 8, DT = D / 8;
+    extern __shared__ __align__(16) uint16_t smem[];
+    uint16_t *Ks = smem;                       /* (BK, SD) */
+    uint16_t *Vs = Ks + TC_BK * SD;            /* (BK, SD) */
+    uint16_t *Qs = Vs + TC_BK * SD;            /* (2, BQ, SD) double buffer */
+    uint16_t *dOs = Qs + 2 * BQ * SD;          /* (2, BQ, SD) */
+    float *L2s = (float *)(dOs + 2 * BQ * SD); /* (2, BQ) lse in log2 units, +inf: no row */
+    float *Dis = L2s + 2 * BQ;                 /* (2, BQ) Di, 0 for no row */
+    unsigned char *kval = (unsigned char *)(Dis + 2 * BQ); /* (BK) */
+    const int bh = blockIdx.x / nkb, j0 = (blockIdx.x % nkb) * TC_BK;
+    const int b = bh / a.H, h = bh % a.H;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int ql = q_len(a, b), kl = k_len(a, b);
+    const int jw = j0 + 16 * warp; /* the warp's first key */
+    const float c2 = a.scale * TC_LOG2E;
+    const float *lse_bh = lse + (size_t)bh * a.Tq, *Di_bh = Di + (size_t)bh * a.Tq;
+
+    auto kok = [&](int c) { return key_ok(a, b, j0 + c, kl); };
+    load_rows<TC_BK, D>(Ks, k, a.k, b, h, j0, kok);
+    load_rows<TC_BK, D>(Vs, v, a.v, b, h, j0, kok);
+    if (threadIdx.x < TC_BK) {
+        kval[threadIdx.x] = kok(threadIdx.x);
+    }
+    /* causal: queries before the CTA's first key see none of it */
+    const int istart = a.causal ? j0 / BQ * BQ : 0;
+    const int iend = j0 < kl ? ql : 0; /* a CTA past k_length has nothing to add */
+    const int ntiles = iend > istart ? (iend - istart + BQ - 1) / BQ : 0;
+    auto load_q = [&](int tile, int buf) {
+        const int i0 = istart + tile * BQ, nq = min(BQ, ql - i0);
+        auto ok = [&](int r) { return r < nq; };
+        load_rows<BQ, D>(Qs + buf * BQ * SD, q, a.q, b, h, i0, ok);
+        load_rows<BQ, D>(dOs + buf * BQ * SD, dout, a.o, b, h, i0, ok);
+        if (threadIdx.x < BQ) {
+            const int r = threadIdx.x;
+            const float L = r < nq ? lse_bh[i0 + r] : -INFINITY;
+            /* a row that sees no key (or is padding) gets +inf: p = exp2(x - inf) = 0 */
+            L2s[buf * BQ + r] = isfinite(L) ? L * TC_LOG2E : INFINITY;
+            Dis[buf * BQ + r] = r < nq && isfinite(L) ? Di_bh[i0 + r] : 0.0f;
+        }
+    };
+    if (ntiles > 0) {
+        load_q(0, 0);
+    }
+    cp_async_commit(); /* group: K, V and query tile 0 */
+
+    float dK[DT][4], dV[DT][4]; /* (16 keys, D) of the warp */
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            dK[dt][e] = dV[dt][e] = 0.0f;
+        }
+
+    for (int it = 0; it < ntiles; it++) {
+        const int buf = it & 1, i0 = istart + it * BQ;
+        if (it + 1 < ntiles) {
+            load_q(it + 1, buf ^ 1);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        /* a warp whose keys all follow the tile's last query (causal), or are all
+         * past k_length, skips it: its dK, dV stay 0 and are written as zeros */
+        const bool skip = (a.causal && i0 + BQ - 1 < jw) || jw >= kl;
+        if (!skip) {
+            const uint16_t *Qt = Qs + buf * BQ * SD, *dOt = dOs + buf * BQ * SD;
+            const float *L2 = L2s + buf * BQ, *Dt = Dis + buf * BQ;
+            float s[NT][4], dp[NT][4]; /* S^T, dP^T (16 keys, BQ queries) */
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    s[nt][e] = dp[nt][e] = 0.0f;
+                }
+#pragma unroll
+            for (int kc = 0; kc < KC; kc++) {
+                uint32_t ka[4], va[4];
+                frag_a<SD>(ka, Ks, 16 * warp, kc, lane);
+                frag_a<SD>(va, Vs, 16 * warp, kc, lane);
+#pragma unroll
+                for (int np = 0; np < NT / 2; np++) {
+                    uint32_t bf[4];
+                    frag_b_nk<SD>(bf, Qt, np * 16, kc, lane);
+                    mma16816<T>(s[2 * np], ka, bf[0], bf[1]);
+                    mma16816<T>(s[2 * np + 1], ka, bf[2], bf[3]);
+                    frag_b_nk<SD>(bf, dOt, np * 16, kc, lane);
+                    mma16816<T>(dp[2 * np], va, bf[0], bf[1]);
+                    mma16816<T>(dp[2 * np + 1], va, bf[2], bf[3]);
+                }
+            }
+            const bool need_mask = a.key_mask || jw + 16 > kl || (a.causal && i0 < jw + 15);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = nt * 8 + 2 * t + (e & 1);     /* query in the tile */
+                    const int c = 16 * warp + g + 8 * (e >> 1); /* key in the CTA */
+                    float p = exp2f(fmaf(s[nt][e], c2, -L2[r]));
+                    if (need_mask && (!kval[c] || (a.causal && j0 + c > i0 + r))) {
+                        p = 0.0f;
+                    }
+                    s[nt][e] = p;                                  /* P^T */
+                    dp[nt][e] = p * (dp[nt][e] - Dt[r]) * a.scale; /* dS^T, scaled */
+                }
+#pragma unroll
+            for (int kc = 0; kc < BQ / 16; kc++) { /* 16 queries at a time */
+                uint32_t pa[4] = {pack2<T>(s[2 * kc][0], s[2 * kc][1]),
+                                  pack2<T>(s[2 * kc][2], s[2 * kc][3]),
+                                  pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                                  pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+                uint32_t da[4] = {pack2<T>(dp[2 * kc][0], dp[2 * kc][1]),
+                                  pack2<T>(dp[2 * kc][2], dp[2 * kc][3]),
+                                  pack2<T>(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
+                                  pack2<T>(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+#pragma unroll
+                for (int dq = 0; dq < DT / 2; dq++) {
+                    uint32_t bf[4];
+                    frag_b_kn<SD>(bf, dOt, kc * 16, dq * 16, lane); /* dV += P^T dO */
+                    mma16816<T>(dV[2 * dq], pa, bf[0], bf[1]);
+                    mma16816<T>(dV[2 * dq + 1], pa, bf[2], bf[3]);
+                    frag_b_kn<SD>(bf, Qt, kc * 16, dq * 16, lane); /* dK += dS^T Q */
+                    mma16816<T>(dK[2 * dq], da, bf[0], bf[1]);
+                    mma16816<T>(dK[2 * dq + 1], da, bf[2], bf[3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+    cp_async_wait<0>();
+    __syncthreads(); /* kval is complete even when no query tile ran */
+
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int c = 16 * warp + g + 8 * hf;
+        if (j0 + c >= a.Tk) {
+            continue;
+        }
+        const bool keep = kval[c]; /* masked keys and keys past k_length: zeros */
+        T *dkr = row_ptr(dk, a.k, b, h, j0 + c), *dvr = row_ptr(dv, a.v, b, h, j0 + c);
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) {
+            const int d = dt * 8 + 2 * t;
+            store2<T>(dkr + d, keep ? dK[dt][2 * hf] : 0.0f, keep ? dK[dt][2 * hf + 1] : 0.0f);
+            store2<T>(dvr + d, keep ? dV[dt][2 * hf] : 0.0f, keep ? dV[dt][2 * hf + 1] : 0.0f);
+        }
+    }
+}
+
+/* ---- backward: dQ per 64 queries ----------------------------------------------------- */
+
+template <int D> __host__ __device__ constexpr int q_smem_bytes() {
+    return (2 * TC_BQ + 4 * bwd_bq<D>()) * (D + TC_PAD) * 2 + 2 * bwd_bq<D>();
+}
+
+/* dq (q layout) of rows i0 .. i0+63 of (b, h) */
+template <typename T, int D>
+__global__ static void __launch_bounds__(TC_THREADS)
+    attn_tc_bwd_q_kernel(pxt_attn_args a, T *dq, const T *dout, const T *q, const T *k, const T *v,
+                         const float *lse, const float *Di, int nqb) {
+    constexpr int BK = bwd_bq<D>(), SD = D + TC_PAD, KC = D / 16, NT = BK / 8, DT = D / 8;
+    extern __shared__ __align__(16) uint16_t smem[];
+    uint16_t *Qs = smem;                                       /* (BQ, SD) */
+    uint16_t *dOs = Qs + TC_BQ * SD;                           /* (BQ, SD) */
+    uint16_t *Ks = dOs + TC_BQ * SD;                           /* (2, BK, SD) double buffer */
+    uint16_t *Vs = Ks + 2 * BK * SD;                           /* (2, BK, SD) */
+    unsigned char *kval = (unsigned char *)(Vs + 2 * BK * SD); /* (2, BK) */
+    const int bh = blockIdx.x / nqb, blk = blockIdx.x % nqb;
+    const int b = bh / a.H, h = bh % a.H;
+    const int i0 = (a.causal ? nqb - 1 - blk : blk) * TC_BQ;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int ql = q_len(a, b), kl = k_len(a, b);
+    const int nq = iclamp(ql - i0, 0, TC_BQ);
+    const int iw = i0 + 16 * warp;
+    const bool warp_live = iw < i0 + nq;
+    const float c2 = a.scale * TC_LOG2E;
+    int kend = nq ? kl : 0;
+    if (a.causal) {
+        kend = min(kend, i0 + nq);
+    }
+    const int ntiles = (kend + BK - 1) / BK;
+
+    /* rows g, g+8 of the warp: lse (log2 units, +inf: no row or no key) and Di */
+    float L2[2], Dr[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int r = iw + g + 8 * hf;
+        const float L = r < i0 + nq ? lse[(size_t)bh * a.Tq + r] : -INFINITY;
+        L2[hf] = isfinite(L) ? L * TC_LOG2E : INFINITY;
+        Dr[hf] = r < i0 + nq && isfinite(L) ? Di[(size_t)bh * a.Tq + r] : 0.0f;
+    }
+    auto rok = [&](int r) { return r < nq; };
+    load_rows<TC_BQ, D>(Qs, q, a.q, b, h, i0, rok);
+    load_rows<TC_BQ, D>(dOs, dout, a.o, b, h, i0, rok);
+    auto load_kv = [&](int tile, int buf) {
+        const int j0 = tile * BK;
+        auto ok = [&](int c) { return key_ok(a, b, j0 + c, kl); };
+        load_rows<BK, D>(Ks + buf * BK * SD, k, a.k, b, h, j0, ok);
+        load_rows<BK, D>(Vs + buf * BK * SD, v, a.v, b, h, j0, ok);
+        if (threadIdx.x < BK) {
+            kval[buf * BK + threadIdx.x] = ok(threadIdx.x);
+        }
+    };
+    if (ntiles > 0) {
+        load_kv(0, 0);
+    }
+    cp_async_commit();
+
+    float dQ[DT][4]; /* (16 rows, D) of the warp */
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) {
+        dQ[dt][0] = dQ[dt][1] = dQ[dt][2] = dQ[dt][3] = 0.0f;
+    }
+
+    for (int it = 0; it < ntiles; it++) {
+        const int buf = it & 1, j0 = it * BK;
+        if (it + 1 < ntiles) {
+            load_kv(it + 1, buf ^ 1);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const bool skip = !warp_live || (a.causal && j0 > iw + 15);
+        if (!skip) {
+            const uint16_t *Kt = Ks + buf * BK * SD, *Vt = Vs + buf * BK * SD;
+            float s[NT][4], dp[NT][4]; /* S, dP (16 rows, BK keys) */
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    s[nt][e] = dp[nt][e] = 0.0f;
+                }
+#pragma unroll
+            for (int kc = 0; kc < KC; kc++) {
+                uint32_t qa[4], da[4];
+                frag_a<SD>(qa, Qs, 16 * warp, kc, lane);
+                frag_a<SD>(da, dOs, 16 * warp, kc, lane);
+#pragma unroll
+                for (int np = 0; np < NT / 2; np++) {
+                    uint32_t bf[4];
+                    frag_b_nk<SD>(bf, Kt, np * 16, kc, lane);
+                    mma16816<T>(s[2 * np], qa, bf[0], bf[1]);
+                    mma16816<T>(s[2 * np + 1], qa, bf[2], bf[3]);
+                    frag_b_nk<SD>(bf, Vt, np * 16, kc, lane);
+                    mma16816<T>(dp[2 * np], da, bf[0], bf[1]);
+                    mma16816<T>(dp[2 * np + 1], da, bf[2], bf[3]);
+                }
+            }
+            const bool need_mask = a.key_mask || j0 + BK > kl || (a.causal && j0 + BK - 1 > iw);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int c = nt * 8 + 2 * t + (e & 1), hf = e >> 1;
+                    float p = exp2f(fmaf(s[nt][e], c2, -L2[hf]));
+                    if (need_mask &&
+                        (!kval[buf * BK + c] || (a.causal && j0 + c > iw + g + 8 * hf))) {
+                        p = 0.0f;
+                    }
+                    dp[nt][e] = p * (dp[nt][e] - Dr[hf]) * a.scale; /* dS, scaled */
+                }
+#pragma unroll
+            for (int kc = 0; kc < BK / 16; kc++) { /* dQ += dS K, 16 keys at a time */
+                uint32_t sa[4] = {pack2<T>(dp[2 * kc][0], dp[2 * kc][1]),
+                                  pack2<T>(dp[2 * kc][2], dp[2 * kc][3]),
+                                  pack2<T>(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
+                                  pack2<T>(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+#pragma unroll
+                for (int dq2 = 0; dq2 < DT / 2; dq2++) {
+                    uint32_t bf[4];
+                    frag_b_kn<SD>(bf, Kt, kc * 16, dq2 * 16, lane);
+                    mma16816<T>(dQ[2 * dq2], sa, bf[0], bf[1]);
+                    mma16816<T>(dQ[2 * dq2 + 1], sa, bf[2], bf[3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int r = iw + g + 8 * hf;
+        if (r >= a.Tq) {
+            continue;
+        }
+        const bool keep = r < i0 + nq; /* rows past q_length: zeros */
+        T *dst = row_ptr(dq, a.q, b, h, r);
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) {
+            store2<T>(dst + dt * 8 + 2 * t, keep ? dQ[dt][2 * hf] : 0.0f,
+                      keep ? dQ[dt][2 * hf + 1] : 0.0f);
+        }
+    }
+}
+
+/* ---- host: launches, one instance per file ----------------------------------------- */
+
+/* the opt-in to more than 48 KiB of dynamic shared memory, then the launch */
+template <typename K, typename... Args>
+static int launch(K kernel, unsigned int grid, int smem, cudaStream_t stream, Args... args) {
+    PXT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    kernel<<<grid, TC_THREADS, smem, stream>>>(args...);
+    return PXT_OK;
+}
+
+template <typename T, int D>
+int attn_tc_fwd_launch(const pxt_attn_args *a, void *out, float *lse, const void *q, const void *k,
+                       const void *v, cudaStream_t stream) {
+    const int nqb = (a->Tq + fwd_bq<D>() - 1) / fwd_bq<D>();
+    unsigned int grid = 0;
+    PXT_TRY(attn_grid(a, nqb, &grid));
+    if (!grid) {
+        return PXT_OK;
+    }
+    PXT_TRY(launch(attn_tc_fwd_kernel<T, D>, grid, fwd_smem_bytes<D>(), stream, *a, (T *)out, lse,
+                   (const T *)q, (const T *)k, (const T *)v, nqb));
+    PXT_CUDA_CHECK_LAUNCH("attention_forward (tensor cores)");
+    return PXT_OK;
+}
+
+template <typename T, int D>
+int attn_tc_bwd_launch(const pxt_attn_args *a, void *dq, void *dk, void *dv, const void *dout,
+                       const void *q, const void *k, const void *v, const float *lse,
+                       const float *Di, cudaStream_t stream) {
+    const int nkb = (a->Tk + TC_BK - 1) / TC_BK, nqb = (a->Tq + TC_BQ - 1) / TC_BQ;
+    unsigned int kgrid = 0, qgrid = 0;
+    PXT_TRY(attn_grid(a, nkb, &kgrid));
+    PXT_TRY(attn_grid(a, nqb, &qgrid));
+    if (kgrid) {
+        PXT_TRY(launch(attn_tc_bwd_kv_kernel<T, D>, kgrid, kv_smem_bytes<D>(), stream, *a, (T *)dk,
+                       (T *)dv, (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse, Di,
+                       nkb));
+        PXT_CUDA_CHECK_LAUNCH("attention_backward (dk, dv; tensor cores)");
+    }
+    if (qgrid) {
+        PXT_TRY(launch(attn_tc_bwd_q_kernel<T, D>, qgrid, q_smem_bytes<D>(), stream, *a, (T *)dq,
+                       (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse, Di, nqb));
+        PXT_CUDA_CHECK_LAUNCH("attention_backward (dq; tensor cores)");
+    }
+    return PXT_OK;
+}
+
+/* which code of the forward kernel this binary runs on the current device */
+template <typename T, int D> cudaError_t attn_tc_fwd_attributes(cudaFuncAttributes *fa) {
+    return cudaFuncGetAttributes(fa, attn_tc_fwd_kernel<T, D>);
+}
+
+/* the explicit instantiation of one instance's launches: the body of a file
+ * cuda/attention/tc_<dtype>_d<D>.cu */
+#define PXT_ATTN_TC_INSTANCE(T, D)                                                                 \
+    template int attn_tc_fwd_launch<T, D>(const pxt_attn_args *, void *, float *, const void *,    \
+                                          const void *, const void *, cudaStream_t);               \
+    template int attn_tc_bwd_launch<T, D>(const pxt_attn_args *, void *, void *, void *,           \
+                                          const void *, const void *, const void *, const void *,  \
+                                          const float *, const float *, cudaStream_t);             \
+    template cudaError_t attn_tc_fwd_attributes<T, D>(cudaFuncAttributes *);
+
+#endif /* PXT_ATTENTION_TC_CUH */

@@ -1,0 +1,81 @@
+/* colsum.cu: the deterministic column sums on the GPU (kernels in colsum.cuh):
+ * bias_backward, and layernorm's dweight and dbias for layernorm.cu. The
+ * chunking is backend.h's, so the results are the CPU's bits (csrc/cpu/bias.c,
+ * layernorm.c), while (chunks x columns) threads share the rows: about 2^17
+ * partial sums per call, against one thread per column walking every row. */
+#include "elem.cuh"
+
+#include "colsum.cuh"
+
+#define COLSUM_MAX_GRID_Y 65535
+
+static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+/* Two sums per column at most (layernorm); 0 for an empty shape. */
+size_t pxt_cuda_colsum_workspace(int rows, int cols) {
+    if (rows <= 0 || cols <= 0) {
+        return 0;
+    }
+    return align256(2 * (size_t)pxt_colsum_chunks(rows, cols) * (size_t)cols * sizeof(double));
+}
+
+/* Both stages of the terms f over (rows, cols) into out0 (and out1). The
+ * device is current (the caller's PXT_CUDA_ENTER). */
+template <typename F>
+static int colsum_run(int index, F f, float *out0, float *out1, int rows, int cols, void *workspace,
+                      const char *what) {
+    if (cols == 0) {
+        return PXT_OK;
+    }
+    const int R = pxt_colsum_chunk_rows(rows, cols), nchunks = pxt_colsum_chunks(rows, cols);
+    if (nchunks > 0 && !workspace) {
+        return pxt_error(PXT_ERR_VALUE,
+                         "%s: no workspace (colsum_workspace(%d, %d) bytes), got "
+                         "NULL",
+                         what, rows, cols);
+    }
+    cudaStream_t stream = pxt_cuda_stream(index);
+    double *parts = (double *)workspace; /* (NV, nchunks, cols) */
+    const unsigned int gx = (unsigned int)((cols + PXT_COLSUM_BLOCK - 1) / PXT_COLSUM_BLOCK);
+    if (nchunks > 0) {
+        dim3 grid(gx, nchunks < COLSUM_MAX_GRID_Y ? nchunks : COLSUM_MAX_GRID_Y);
+        pxt_colsum_parts_kernel<F>
+            <<<grid, PXT_COLSUM_BLOCK, 0, stream>>>(parts, f, rows, cols, R, nchunks);
+        PXT_CUDA_CHECK_LAUNCH(what);
+    }
+    pxt_colsum_finish_kernel<<<dim3(gx, F::NV), PXT_COLSUM_BLOCK, 0, stream>>>(out0, out1, parts,
+                                                                               nchunks, cols);
+    PXT_CUDA_CHECK_LAUNCH(what);
+    return PXT_OK;
+}
+
+int pxt_cuda_bias_backward(int index, float *dbias, const void *dout, int M, int N, pxt_dtype dt,
+                           void *workspace) {
+    if (M < 0 || N < 0) {
+        return pxt_error(PXT_ERR_VALUE, "bias_backward: negative size M=%d N=%d", M, N);
+    }
+    PXT_CUDA_ENTER(index);
+    int rc = PXT_OK;
+    PXT_TRY(pxt_cuda_dispatch(dt, "bias_backward", [&](auto tag) {
+        using T = decltype(tag);
+        pxt_colsum_rows<T> f = {(const T *)dout, N};
+        rc = colsum_run(index, f, dbias, NULL, M, N, workspace, "bias_backward");
+    }));
+    return rc;
+}
+
+int pxt_cuda_layernorm_dparams(int index, float *dweight, float *dbias, const void *dout,
+                               const void *inp, const float *mean, const float *rstd, int N, int C,
+                               pxt_dtype dt, void *workspace) {
+    PXT_CUDA_ENTER(index);
+    int rc = PXT_OK;
+    PXT_TRY(pxt_cuda_dispatch(dt, "layernorm_backward", [&](auto tag) {
+        using T = decltype(tag);
+        pxt_colsum_ln<T> f = {(const T *)dout, (const T *)inp, mean, rstd, C};
+        rc = colsum_run(index, f, dweight, dbias, N, C, workspace,
+                        "layernorm_backward (dweight, dbias)");
+    }));
+    return rc;
+}
+
+#undef COLSUM_MAX_GRID_Y

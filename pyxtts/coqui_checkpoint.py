@@ -1,0 +1,312 @@
+"""Coqui XTTS checkpoints in and out: ``import_xtts_checkpoint`` and
+``export_xtts_checkpoint``.
+
+Both read Coqui's ``model.pth`` with ``pyxtts.torchfile``: no torch needed, and nothing
+in the file runs (its pickled ``XttsConfig`` becomes an inert record whose fields are
+read as data). Two layouts are recognised: the released XTTS checkpoint (``"model"``
+holds the ``Xtts`` state dict, GPT keys ``gpt.*``) and a ``GPTTrainer`` checkpoint
+(``xtts.gpt.*``, beside ``dvae.*`` and the mel extractors).
+
+The GPT's config is, in this order: the ``config`` argument; ``config.json`` beside the
+``.pth`` (with ``vocab.json`` beside it, as Coqui's loader reads them); the config
+pickled in the checkpoint. Only a checkpoint with none of these has its sizes inferred
+from the shapes, ``n_heads`` then being a guess that the result says it is.
+
+Import keeps every ``gpt.*`` tensor: those the pyxtts model has become its parameters,
+the others (today the 54 tensors of the conditioning encoder and perceiver) are stored
+in the pyxtts checkpoint as ``carried.<name>``, listed in its metadata, and loaded by
+``load_checkpoint`` into a model that has them. Export writes the base ``model.pth``
+with every GPT tensor the model has replaced (cast to the base's dtype) and every other
+record copied byte for byte, and names the GPT tensors it carried from the base.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from pyxtts.checkpoint import (FORMAT, FORMAT_VERSION, MODEL_PREFIX, CheckpointError, read_checkpoint,
+                               save_checkpoint, write_atomic)
+from pyxtts.torchfile import PickledObject, TensorRef, TorchFile, TorchFileError, rewrite_storages, storages_with
+
+__all__ = ["COQUI_LOADER_FILES", "XTTSCheckpoint", "export_xtts_checkpoint", "import_xtts_checkpoint",
+           "read_xtts_checkpoint"]
+
+GPT_PREFIXES = ("gpt.", "xtts.gpt.")
+# what Xtts.load_checkpoint reads from a checkpoint folder besides model.pth
+COQUI_LOADER_FILES = ("config.json", "vocab.json", "speakers_xtts.pth")
+# the config fields that must agree between a model and the base it is exported into
+EXPORT_FIELDS = ("n_layers", "d_model", "n_heads", "text_vocab_size", "audio_vocab_size", "max_text_tokens",
+                 "max_audio_tokens", "start_text_token", "stop_text_token", "start_audio_token",
+                 "stop_audio_token", "code_stride_len", "use_perceiver_resampler")
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float16), _BF16, np.dtype(np.float64))
+
+
+@dataclasses.dataclass
+class XTTSCheckpoint:
+    """The GPT of a Coqui XTTS checkpoint: ``tensors`` (GPT-relative name -> TensorRef
+    into ``file``), the key ``prefix`` they carry there ("gpt." or "xtts.gpt."),
+    ``config`` (a ModelConfig) and where it came from."""
+
+    file: TorchFile
+    prefix: str
+    tensors: dict[str, TensorRef]
+    config: Any
+    config_source: str
+    n_heads_guessed: bool = False
+
+
+def plain(obj: Any) -> Any:
+    """A pickled record as plain data: a record with a dict state becomes that dict
+    (recursively), containers stay containers."""
+    if isinstance(obj, PickledObject):
+        return plain(obj.state) if isinstance(obj.state, Mapping) else obj
+    if isinstance(obj, Mapping):
+        return {k: plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain(v) for v in obj]
+    return obj
+
+
+def _gpt_tensors(path: Path, obj: Any) -> tuple[str, dict[str, TensorRef]]:
+    sd = obj.get("model") if isinstance(obj, Mapping) and isinstance(obj.get("model"), Mapping) else obj
+    if not isinstance(sd, Mapping):
+        raise CheckpointError(f"{path}: expected a state dict (or one under 'model'), got {type(obj).__name__}")
+    found = {p: {k[len(p):]: v for k, v in sd.items() if isinstance(k, str) and k.startswith(p)}
+             for p in GPT_PREFIXES}
+    if found["gpt."] and found["xtts.gpt."]:
+        raise CheckpointError(f"{path}: holds both 'gpt.*' and 'xtts.gpt.*' keys; which GPT is meant is unclear")
+    prefix = "xtts.gpt." if found["xtts.gpt."] else "gpt."
+    tensors = found[prefix]
+    if not tensors:
+        raise CheckpointError(f"{path}: no 'gpt.*' or 'xtts.gpt.*' keys: not an XTTS checkpoint")
+    bad = [k for k, v in tensors.items() if not isinstance(v, TensorRef)]
+    if bad:
+        raise CheckpointError(f"{path}: {prefix}{bad[0]} is not a tensor")
+    return prefix, tensors
+
+
+def _embedded_config(obj: Any) -> Mapping | None:
+    cfg = plain(obj.get("config")) if isinstance(obj, Mapping) else None
+    return cfg if isinstance(cfg, Mapping) and ("model_args" in cfg or any(str(k).startswith("gpt_") for k in cfg)) \
+        else None
+
+
+def _infer_config(path: Path, gpt: Mapping[str, TensorRef]) -> Any:
+    """Sizes from the shapes; n_heads XTTS v2's 16 when it divides d_model (a guess)."""
+    from pyxtts.model import ModelConfig
+
+    def shape(name: str) -> tuple[int, ...]:
+        if name not in gpt:
+            raise CheckpointError(f"{path}: cannot infer the config: the checkpoint lacks {name!r}")
+        return gpt[name].shape
+
+    layers = {int(m.group(1)) for k in gpt if (m := re.match(r"gpt\.h\.(\d+)\.", k))}
+    if not layers:
+        raise CheckpointError(f"{path}: cannot infer the config: no 'gpt.h.<i>.' keys (is this an XTTS GPT?)")
+    text_vocab, d = shape("text_embedding.weight")
+    heads = max(h for h in (16, 8, 4, 2, 1) if d % h == 0)
+    return ModelConfig(n_layers=max(layers) + 1, d_model=d, n_heads=heads, text_vocab_size=text_vocab,
+                       audio_vocab_size=shape("mel_embedding.weight")[0],
+                       max_text_tokens=shape("text_pos_embedding.emb.weight")[0],
+                       max_audio_tokens=shape("mel_pos_embedding.emb.weight")[0],
+                       use_perceiver_resampler=any(k.startswith("conditioning_perceiver.") for k in gpt))
+
+
+def read_xtts_checkpoint(path: str | os.PathLike, config: Any = None) -> XTTSCheckpoint:
+    """Opens a Coqui XTTS checkpoint (a ``model.pth``, or the folder holding one) and
+    finds its GPT and config (module docstring). Close ``.file`` when done."""
+    from pyxtts.model import ModelConfig
+
+    if config is not None and not isinstance(config, ModelConfig):
+        raise TypeError(f"config: expected a ModelConfig or None, got {type(config).__name__}")
+    path = Path(path)
+    if path.is_dir():
+        path = path / "model.pth"
+    try:
+        file = TorchFile(path)
+    except TorchFileError as exc:
+        raise CheckpointError(str(exc)) from exc
+    try:
+        prefix, tensors = _gpt_tensors(path, file.obj)
+        guessed = False
+        embedded = _embedded_config(file.obj)
+        if config is not None:
+            source = "the config argument"
+        elif (path.parent / "config.json").is_file() or embedded is not None:
+            cfg: Any = path.parent / "config.json"
+            source = str(cfg)
+            vocab = path.parent / "vocab.json"
+            if not cfg.is_file():
+                cfg, source = embedded, f"the config pickled in {path.name}"
+            try:
+                config = ModelConfig.from_xtts_config(cfg, vocab if vocab.is_file() else None)
+            except (TypeError, ValueError) as exc:
+                raise CheckpointError(f"{path}: {source}: {exc}") from exc
+        else:
+            config = _infer_config(path, tensors)
+            source = "the tensor shapes"
+            guessed = True
+            warnings.warn(f"{path}: no config (argument, config.json beside it, or pickled in it): sizes "
+                          f"inferred from the shapes and n_heads={config.n_heads} guessed; pass config= if "
+                          "it differs", stacklevel=2)
+    except BaseException:
+        file.close()
+        raise
+    return XTTSCheckpoint(file, prefix, tensors, config, source, guessed)
+
+
+def _float_array(ck: XTTSCheckpoint, name: str) -> np.ndarray:
+    ref = ck.tensors[name]
+    if ref.dtype not in _FLOATS:
+        raise CheckpointError(f"{ck.file.path}: {ck.prefix}{name} has dtype {ref.dtype}, expected floating point")
+    return ck.file.array(ref)
+
+
+def import_xtts_checkpoint(pth_path: str | os.PathLike, out_path: str | os.PathLike,
+                           config: Any = None) -> dict:
+    """Converts the GPT of a Coqui XTTS checkpoint (the released ``model.pth`` or a
+    ``GPTTrainer`` checkpoint; a folder means its ``model.pth``) into a pyxtts
+    checkpoint at ``out_path``, keeping every GPT tensor: the model's as parameters,
+    the rest as ``carried.<name>`` (module docstring). No torch needed; nothing in the
+    file is executed. Returns the metadata written: ``config`` (the ModelConfig's
+    fields: ``ModelConfig(**meta["config"])`` builds the model) and ``extra``
+    (``imported_from``, ``config_source``, ``n_heads_guessed``, ``carried``: the names
+    kept aside). Nothing is written on a refusal (``CheckpointError``)."""
+    from pyxtts.model import XTTSGPT
+
+    ck = read_xtts_checkpoint(pth_path, config)
+    try:
+        cfg = ck.config
+        try:
+            model = XTTSGPT(cfg, device="cpu", precision="fp32", seed=0)
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"{ck.file.path}: its config ({ck.config_source}) builds no model: {exc}") from exc
+        params = model.parameters()
+        missing = [k for k in params if k not in ck.tensors]
+        if missing:
+            raise CheckpointError(f"{ck.file.path}: the GPT lacks {len(missing)} parameters of the config from "
+                                  f"{ck.config_source} (e.g. {ck.prefix}{missing[0]})")
+        for k in params:
+            if ck.tensors[k].shape != params[k].shape:
+                raise CheckpointError(f"{ck.file.path}: {ck.prefix}{k} has shape {ck.tensors[k].shape}, the config "
+                                      f"from {ck.config_source} expects {params[k].shape}")
+        state = {k: _float_array(ck, k) for k in params}
+        carried = {k: _float_array(ck, k) for k in sorted(ck.tensors) if k not in params}
+        try:
+            model.load_state_dict(state, strict=True)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise CheckpointError(f"{ck.file.path}: {exc}") from exc
+        extra = {"imported_from": str(ck.file.path), "config_source": ck.config_source,
+                 "n_heads_guessed": ck.n_heads_guessed, "carried": list(carried)}
+        save_checkpoint(out_path, model, step=0, extra=extra, carried=carried)
+    finally:
+        ck.file.close()
+    return {"format": FORMAT, "format_version": FORMAT_VERSION, "config": dataclasses.asdict(cfg),
+            "step": 0, "extra": extra}
+
+
+# ---- export ----------------------------------------------------------------------------
+
+def _source(model_or_checkpoint: Any) -> tuple[Any, dict[str, np.ndarray], str]:
+    """(ModelConfig, name -> array, description) of an XTTSGPT or a pyxtts checkpoint path."""
+    from pyxtts.model import XTTSGPT, ModelConfig
+
+    if isinstance(model_or_checkpoint, XTTSGPT):
+        return model_or_checkpoint.config, model_or_checkpoint.state_dict(), "the model"
+    if not isinstance(model_or_checkpoint, (str, os.PathLike)):
+        raise TypeError(f"model_or_checkpoint: expected an XTTSGPT or the path of a pyxtts checkpoint, "
+                        f"got {type(model_or_checkpoint).__name__}")
+    path = Path(model_or_checkpoint)
+    meta, tensors = read_checkpoint(path)
+    try:
+        config = ModelConfig(**meta["config"])
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: its config is not a ModelConfig this pyxtts knows: {exc}") from exc
+    state = {k[len(MODEL_PREFIX):]: v for k, v in tensors.items() if k.startswith(MODEL_PREFIX)}
+    if not state:
+        raise CheckpointError(f"{path}: holds no model tensors")
+    return config, state, str(path)
+
+
+def _cast(name: str, value: np.ndarray, ref: TensorRef) -> np.ndarray:
+    """value in the base tensor's dtype (round to nearest even), finite."""
+    if ref.dtype not in _FLOATS:
+        raise CheckpointError(f"base tensor {name} has dtype {ref.dtype}, expected floating point")
+    if tuple(value.shape) != ref.shape:
+        raise CheckpointError(f"{name}: the model's shape {tuple(value.shape)} differs from the base's {ref.shape}")
+    with np.errstate(over="ignore"):
+        out = np.ascontiguousarray(np.asarray(value).astype(np.float32).astype(ref.dtype))
+    if not np.isfinite(out.astype(np.float32)).all():
+        raise CheckpointError(f"{name}: NaN or infinity (or beyond the base's {ref.dtype}) in the model's values")
+    return out
+
+
+def _compare(config: Any, base: Any, base_source: str, source: str) -> None:
+    diffs = [f"{f}: {getattr(config, f)!r} in {source}, {getattr(base, f)!r} in the base"
+             for f in EXPORT_FIELDS if getattr(config, f) != getattr(base, f)
+             and not (f.endswith("_token") and getattr(config, f) is None)]
+    if diffs:
+        raise CheckpointError(f"the model and the base ({base_source}) describe different GPTs: " + "; ".join(diffs))
+
+
+def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, out: str | os.PathLike) -> dict:
+    """Writes a Coqui XTTS checkpoint folder ``out`` that ``Xtts.load_checkpoint(config,
+    checkpoint_dir=out, strict=True)`` loads: the base's ``model.pth`` (``base``: a
+    Coqui XTTS folder or its ``model.pth``) with every GPT tensor of the model (an
+    ``XTTSGPT`` or the path of a pyxtts checkpoint) replaced, cast to the base tensor's
+    dtype; every other record (the other modules, the GPT tensors the model lacks, the
+    pickled config) is copied byte for byte. ``model.pth`` is written atomically; the
+    base's ``config.json``, ``vocab.json`` and ``speakers_xtts.pth`` (those present) are
+    copied beside it. The model and the base must describe the same GPT (sizes, heads,
+    token ids). Returns ``{"model_pth", "replaced", "carried_from_base", "copied",
+    "not_in_base"}`` (lists of names); the base is never modified."""
+    config, state, source = _source(model_or_checkpoint)
+    base = Path(base)
+    base_dir = base if base.is_dir() else base.parent
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out: {str(out)!r} exists and is not a folder")
+    if out.resolve() == base_dir.resolve():
+        raise ValueError(f"out: {str(out)!r} is the base's own folder; export into another folder")
+    ck = read_xtts_checkpoint(base)
+    try:
+        if ck.n_heads_guessed:
+            raise CheckpointError(f"{ck.file.path}: the base has no config (config.json beside it or pickled "
+                                  "in it), so its GPT cannot be checked against the model")
+        _compare(config, ck.config, ck.config_source, source)
+        unknown = [k for k in state if k not in ck.tensors]
+        if unknown:
+            raise CheckpointError(f"{len(unknown)} of the model's tensors are not in the base "
+                                  f"{ck.file.path} (e.g. {ck.prefix}{unknown[0]})")
+        values = {ck.tensors[k]: _cast(ck.prefix + k, v, ck.tensors[k]) for k, v in state.items()}
+        try:
+            storages = storages_with(ck.file, values)
+        except TorchFileError as exc:
+            raise CheckpointError(f"{ck.file.path}: {exc}") from exc
+        out.mkdir(parents=True, exist_ok=True)
+        target = out / "model.pth"
+        write_atomic(target, lambda tmp: rewrite_storages(ck.file, tmp, storages))
+        report = {"model_pth": str(target), "replaced": sorted(ck.prefix + k for k in state),
+                  "carried_from_base": sorted(ck.prefix + k for k in ck.tensors if k not in state)}
+    finally:
+        ck.file.close()
+    copied, absent = [], []
+    for name in COQUI_LOADER_FILES:
+        src = base_dir / name
+        if src.is_file():
+            write_atomic(out / name, lambda tmp, src=src: shutil.copyfile(src, tmp))
+            copied.append(name)
+        else:
+            absent.append(name)
+    report.update(copied=copied, not_in_base=absent)
+    return report

@@ -1,0 +1,298 @@
+"""PyTorch checkpoint files (the zip format of ``torch.save``) read and rewritten
+without torch and without running anything they contain.
+
+A ``.pth`` is a zip archive: ``<name>/data.pkl`` pickles the saved object, each tensor's
+storage is the raw bytes of ``<name>/data/<key>``, and small records (``byteorder``,
+``version``, ...) sit beside them. ``TorchFile`` unpickles ``data.pkl`` with a
+restricted unpickler:
+
+- a tensor becomes a ``TensorRef`` (storage key, dtype, offset, shape, stride) whose
+  values ``TorchFile.array(ref)`` reads from the archive;
+- plain containers (dict, OrderedDict, list, tuple, set) and scalars are themselves;
+- every other class or function the pickle names becomes an inert ``PickledObject``
+  subclass that records the module, the name, the arguments and the state it was
+  given: nothing is imported, called or executed. A pickle whose ``__reduce__`` asks
+  for ``os.system`` gets a record of that request, not a call.
+
+``rewrite_storages(src, dst, storages)`` writes a copy of an archive with some storages
+replaced byte for byte: every other record, the pickle included, is copied unchanged,
+so keys, dtypes, the other tensors and any pickled objects are exactly those of the
+source. Records are aligned to 64 bytes as ``torch.save`` aligns them.
+"""
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import zipfile
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["PickledObject", "StorageRef", "TensorRef", "TorchFile", "TorchFileError", "rewrite_storages"]
+
+ALIGNMENT = 64  # torch.save aligns every record's data to 64 bytes
+
+# torch's legacy typed storage classes (what torch.save names) -> NumPy dtypes
+STORAGE_DTYPES = {
+    "FloatStorage": np.dtype(np.float32), "DoubleStorage": np.dtype(np.float64),
+    "HalfStorage": np.dtype(np.float16), "BFloat16Storage": np.dtype(ml_dtypes.bfloat16),
+    "LongStorage": np.dtype(np.int64), "IntStorage": np.dtype(np.int32),
+    "ShortStorage": np.dtype(np.int16), "CharStorage": np.dtype(np.int8),
+    "ByteStorage": np.dtype(np.uint8), "BoolStorage": np.dtype(np.bool_),
+}
+
+
+class TorchFileError(ValueError):
+    """A file that is not a readable PyTorch zip checkpoint, or a tensor inside it that
+    does not fit its storage."""
+
+
+class PickledObject:
+    """An object of a class the restricted unpickler does not build: ``module`` and
+    ``name`` of the class (or function) the pickle named, ``args`` it was called with,
+    ``state`` it was given (usually its ``__dict__``). Nothing of it ran."""
+
+    module = ""
+    name = ""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args = args
+        self.kwargs = kwargs
+        self.state: Any = None
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def __repr__(self) -> str:
+        return f"<pickled {self.module}.{self.name}>"
+
+
+@dataclass(frozen=True)
+class StorageRef:
+    key: str  # the record data/<key>
+    dtype: np.dtype
+    numel: int
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    storage: StorageRef
+    offset: int  # in elements
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.storage.dtype
+
+
+def _record_class(module: str, name: str) -> type:
+    return type(name, (PickledObject,), {"module": module, "name": name, "__module__": __name__})
+
+
+def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, *rest: Any) -> TensorRef:
+    if not isinstance(storage, StorageRef):
+        raise TorchFileError(f"a tensor's storage is {type(storage).__name__}, not a storage record")
+    try:
+        shape = tuple(int(v) for v in size)
+        strides = tuple(int(v) for v in stride)
+        off = int(offset)
+    except (TypeError, ValueError) as exc:
+        raise TorchFileError(f"a tensor has a malformed shape or stride: {exc}") from exc
+    if len(shape) != len(strides) or off < 0 or any(v < 0 for v in shape + strides):
+        raise TorchFileError(f"a tensor has shape {shape}, stride {strides}, offset {off}")
+    if all(shape):
+        last = off + sum((n - 1) * s for n, s in zip(shape, strides))
+        if last >= storage.numel:
+            raise TorchFileError(f"a tensor of shape {shape} reaches element {last} of a storage of "
+                                 f"{storage.numel}")
+    return TensorRef(storage, off, shape, strides)
+
+
+def _rebuild_parameter(data: Any, *rest: Any) -> Any:
+    return data  # a Parameter is its tensor here
+
+
+def _latin1_bytes(text: Any, encoding: str = "latin1") -> bytes:
+    """``_codecs.encode`` as protocol 2 uses it for bytes objects, and nothing else."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise TorchFileError(f"_codecs.encode({type(text).__name__}, {encoding!r}): only latin1 strings "
+                             "are decoded")
+    return text.encode("latin1")
+
+
+# what the unpickler builds for real; everything else is a record
+_ALLOWED: dict[tuple[str, str], Any] = {
+    ("collections", "OrderedDict"): OrderedDict,
+    ("builtins", "set"): set,
+    ("builtins", "frozenset"): frozenset,
+    ("builtins", "bytearray"): bytearray,
+    ("builtins", "complex"): complex,
+    ("_codecs", "encode"): _latin1_bytes,
+    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
+    ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
+    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
+    ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
+}
+
+
+_PY2_MODULES = {"__builtin__": "builtins", "copy_reg": "copyreg"}
+
+
+class _StorageType:
+    def __init__(self, name: str, dtype: np.dtype) -> None:
+        self.name, self.dtype = name, dtype
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, sizes: Mapping[str, int]) -> None:
+        super().__init__(io.BytesIO(data))
+        self._sizes = sizes
+        self._records: dict[tuple[str, str], type] = {}
+
+    def find_class(self, module: str, name: str) -> Any:
+        module = _PY2_MODULES.get(module, module)  # protocol 2 names builtins as Python 2 did
+        if (module, name) in _ALLOWED:
+            return _ALLOWED[(module, name)]
+        if module == "torch" and name in STORAGE_DTYPES:
+            return _StorageType(name, STORAGE_DTYPES[name])
+        key = (module, name)
+        if key not in self._records:
+            self._records[key] = _record_class(module, name)
+        return self._records[key]
+
+    def persistent_load(self, pid: Any) -> StorageRef:
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+            raise TorchFileError(f"unknown persistent id {pid!r:.100} (not a torch storage)")
+        _, kind, key, _location, numel = pid
+        if not isinstance(kind, _StorageType):
+            raise TorchFileError(f"storage {key!r} has type {kind!r}, which this reader does not know")
+        key = str(key)
+        if key not in self._sizes:
+            raise TorchFileError(f"storage {key!r} has no data record in the archive")
+        size = self._sizes[key]
+        if isinstance(numel, bool) or not isinstance(numel, int) or size != numel * kind.dtype.itemsize:
+            raise TorchFileError(f"storage {key!r}: {numel!r} {kind.name} elements but {size} bytes")
+        return StorageRef(key, kind.dtype, numel)
+
+
+class TorchFile:
+    """An open PyTorch zip checkpoint: ``obj`` is the unpickled object (tensors as
+    ``TensorRef``), ``array(ref)`` reads a tensor. Use as a context manager or ``close()``."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"{self.path}: no such file")
+        if not zipfile.is_zipfile(self.path):
+            raise TorchFileError(f"{self.path}: not a PyTorch zip checkpoint (a file torch.save wrote with "
+                                 "torch >= 1.6; an older or other format cannot be read without running it)")
+        self._zip = zipfile.ZipFile(self.path)
+        try:
+            names = self._zip.namelist()
+            pkl = [n for n in names if n.endswith("/data.pkl") and n.count("/") == 1]
+            if len(pkl) != 1:
+                raise TorchFileError(f"{self.path}: a zip file but not a PyTorch checkpoint (no single "
+                                     f"<name>/data.pkl; found {names[:5]})")
+            self.prefix = pkl[0][: -len("data.pkl")]
+            order = self._read_optional("byteorder")
+            if order not in (None, b"little"):
+                raise TorchFileError(f"{self.path}: byte order {order!r}; only little-endian files are read")
+            data_dir = self.prefix + "data/"
+            self._sizes = {i.filename[len(data_dir):]: i.file_size for i in self._zip.infolist()
+                           if i.filename.startswith(data_dir) and "/" not in i.filename[len(data_dir):]}
+            try:
+                self.obj = _Unpickler(self._zip.read(pkl[0]), self._sizes).load()
+            except TorchFileError as exc:
+                raise TorchFileError(f"{self.path}: {exc}") from exc
+            except Exception as exc:  # a malformed pickle: any of pickle's own errors
+                raise TorchFileError(f"{self.path}: its data.pkl does not unpickle: "
+                                     f"{type(exc).__name__}: {exc}") from exc
+        except BaseException:
+            self._zip.close()
+            raise
+
+    def _read_optional(self, name: str) -> bytes | None:
+        try:
+            return self._zip.read(self.prefix + name).strip()
+        except KeyError:
+            return None
+
+    def storage_bytes(self, storage: StorageRef) -> bytes:
+        return self._zip.read(f"{self.prefix}data/{storage.key}")
+
+    def array(self, ref: TensorRef) -> np.ndarray:
+        """A fresh contiguous NumPy copy of the tensor (bfloat16 as ml_dtypes.bfloat16)."""
+        flat = np.frombuffer(self.storage_bytes(ref.storage), dtype=ref.dtype)
+        return _view(flat, ref).copy()
+
+    def close(self) -> None:
+        self._zip.close()
+
+    def __enter__(self) -> "TorchFile":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _view(flat: np.ndarray, ref: TensorRef) -> np.ndarray:
+    item = flat.dtype.itemsize
+    return np.lib.stride_tricks.as_strided(flat[ref.offset:], shape=ref.shape,
+                                           strides=tuple(s * item for s in ref.stride),
+                                           writeable=flat.flags.writeable)
+
+
+def storages_with(src: TorchFile, values: Mapping[TensorRef, np.ndarray]) -> dict[str, bytes]:
+    """The bytes of each storage that ``values`` (tensor -> new values, already of the
+    tensor's dtype and shape) touches, with those tensors written in. Two tensors that
+    share elements must get equal values there."""
+    out: dict[str, np.ndarray] = {}
+    written: dict[str, np.ndarray] = {}
+    for ref, value in values.items():
+        key = ref.storage.key
+        if key not in out:
+            out[key] = np.frombuffer(src.storage_bytes(ref.storage), dtype=ref.dtype).copy()
+            written[key] = np.zeros(ref.storage.numel, dtype=bool)
+        if value.dtype != ref.dtype or value.shape != ref.shape:
+            raise TorchFileError(f"storage {key!r}: new values {value.dtype} {value.shape} for a tensor "
+                                 f"{ref.dtype} {ref.shape}")
+        view = _view(out[key], ref)
+        mask = _view(written[key], ref)
+        clash = mask & (view.view(np.uint8 if ref.dtype.itemsize == 1 else f"u{ref.dtype.itemsize}")
+                        != value.view(np.uint8 if ref.dtype.itemsize == 1 else f"u{ref.dtype.itemsize}"))
+        if clash.any():
+            raise TorchFileError(f"storage {key!r} is shared by tensors given different values")
+        view[...] = value
+        mask[...] = True
+    return {k: v.tobytes() for k, v in out.items()}
+
+
+def rewrite_storages(src: TorchFile, dst: str | os.PathLike, storages: Mapping[str, bytes]) -> None:
+    """Writes ``dst``: the archive of ``src`` record by record, in its order, with the
+    data of the storages named in ``storages`` replaced (same sizes). Not atomic: the
+    caller writes to a temporary name and renames."""
+    sizes = src._sizes
+    for key, data in storages.items():
+        if key not in sizes or sizes[key] != len(data):
+            raise TorchFileError(f"storage {key!r}: {len(data)} new bytes for a record of {sizes.get(key)}")
+    data_dir = src.prefix + "data/"
+    with open(dst, "wb") as fh, zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED,
+                                                allowZip64=True) as out:
+        for info in src._zip.infolist():
+            name = info.filename
+            key = name[len(data_dir):] if name.startswith(data_dir) else None
+            data = storages[key] if key in storages else src._zip.read(info)
+            zi = zipfile.ZipInfo(name, date_time=info.date_time)
+            zi.compress_type = zipfile.ZIP_STORED
+            zi.external_attr = info.external_attr
+            # local header: 30 bytes, the name, then an extra field padding the data to 64
+            start = fh.tell() + 30 + len(name.encode("utf-8")) + 4
+            pad = -start % ALIGNMENT
+            zi.extra = b"FB" + pad.to_bytes(2, "little") + b"Z" * pad
+            out.writestr(zi, data)

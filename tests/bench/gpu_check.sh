@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# gpu_check.sh OUTDIR A|B [EXTENSION_DIR]: everything a GPU machine must run for pyxtts,
+# in two runs of under 10 minutes each. Output is tee'd into OUTDIR; every step runs
+# under `timeout` and a failing step does not stop the next (the summary lists each
+# step's exit status and seconds).
+#
+#   A  the device build: tests/bench/gpu_build.sh where it exists (versions, the wheels
+#      carried in the tree, setup.py build_ext --inplace for sm_90 alone, pyxtts then
+#      torch and torch then pyxtts with a matmul in each, the extension copied into
+#      OUTDIR), else the same steps here; then the CUDA kernel tests with
+#      CUDA_LAUNCH_BLOCKING=1; compute-sanitizer memcheck on a short selection; the
+#      CUDA and attention tests and every device-parametrised test (engine, optimizer,
+#      trainer, memory, DLPack) on cuda:0.
+#   B  with run A's extension (EXTENSION_DIR, else OUTDIR): per-op timings at XTTS sizes
+#      against torch; the XTTS v2 step against torch eager (SDPA, autocast bf16, fused
+#      AdamW) and torch.compile at batch 8, with the largest batch; attention against
+#      SDPA flash at T = 490, 1024, 2048, 4096. JSON in tests/bench/results/ and OUTDIR.
+#
+# Budget (H100 machine, 16 cores; estimates, not yet measured there):
+#   A  build 330 s max (gpu_build.sh: versions, wheels, ~1-2 min of parallel nvcc for
+#      sm_90, two import checks; without it, setup.py's serial nvcc ~4 min) | kernel
+#      tests 100 | memcheck 70 | CUDA, attention and device tests 150 (pytest-xdist,
+#      8 workers)                                                      => <= 580 s
+#   B  versions 10 | ops 70 | eager 100 | compile 150 | pyxtts none 90 | full 80 |
+#      attention 70                                                   => <= 570 s
+# The step limits below add up to these; a step that runs out is killed and reported.
+#
+# With the device tool of this workplace (nothing is fetched there: the wheels travel):
+#   once, here:  echo /.whl/ >> .git/info/exclude; echo /.gpu/ >> .git/info/exclude
+#                python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#                  --implementation cp --platform manylinux_2_28_x86_64 \
+#                  --platform manylinux2014_x86_64 -d .whl scipy-openblas32==0.3.34.481.3
+#   run A:       bash tests/bench/gpu_check.sh $OUT A          (carry .whl)
+#   then copy the returned _C.*.so into .gpu/ here, and
+#   run B:       bash tests/bench/gpu_check.sh $OUT B .gpu     (carry .whl and .gpu)
+# PYXTTS_GPU_CHECK_DRY=1 prints each step's command instead of running it (checks the
+# script itself where no GPU is; tests/test_gpu_check.py does, and sources the script to
+# check that `step` kills a command at its limit).
+set -uo pipefail
+
+PY=${PYTHON:-python3}
+PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rfE)
+KERNEL_FILES=(tests/test_cuda.py tests/test_cuda_kernels.py tests/test_reductions.py tests/test_gemm_fused.py)
+# the GPU cases of the kernel files (their CPU cases ran in CI)
+KERNEL_SELECTION=("${KERNEL_FILES[@]}" -k "cuda or gpu")
+# the new kernels at small sizes (the file imports no torch: quick to start under the sanitizer)
+MEMCHECK_SELECTION=(tests/test_reductions.py -k "cuda and not 3920 and not 6681")
+
+# step NAME LIMIT_S CMD...: runs CMD (a program or one of the functions below) under
+# timeout, logs it and appends its exit status and seconds to $SUMMARY
+step() {
+    local name=$1 limit=$2
+    shift 2
+    echo "=== [$name] $(date +%T) limit ${limit}s: $*"
+    local t0=$SECONDS rc=0
+    if [ "${PYXTTS_GPU_CHECK_DRY:-0}" = 1 ]; then
+        echo "(dry run)"
+    elif declare -F "$1" > /dev/null; then
+        timeout -k 10 "$limit" bash -c '"$@"' step "$@"
+        rc=$?
+    else
+        timeout -k 10 "$limit" "$@"
+        rc=$?
+    fi
+    { [ "$rc" = 124 ] || [ "$rc" = 137 ]; } && echo "=== [$name] ran out of its ${limit}s"
+    echo "=== [$name] exit $rc after $((SECONDS - t0))s"
+    printf '%-24s exit %-4s %5ss (limit %ss)\n' "$name" "$rc" "$((SECONDS - t0))" "$limit" >> "$SUMMARY"
+    return "$rc"
+}
+
+versions() {
+    nvidia-smi
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+    command -v nvcc && nvcc --version
+    "$PY" -c "import sys, numpy; print('python', sys.version.split()[0], 'numpy', numpy.__version__)"
+    "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU for torch')"
+    command -v compute-sanitizer || echo "no compute-sanitizer"
+}
+
+# the carried wheels (what the machine lacks: scipy-openblas32) into a private site dir,
+# the one gpu_build.sh uses
+SITE=${PYXTTS_WHEEL_SITE:-/tmp/pyxtts-wheels}
+wheels() {
+    local dir=${PYXTTS_WHEELS:-.whl}
+    if ls "$dir"/*.whl > /dev/null 2>&1; then
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target "$SITE" "$dir"/*.whl
+    else
+        echo "no wheels in $dir: using what is installed"
+    fi
+}
+
+# the build without gpu_build.sh
+build() {
+    PYXTTS_CUDA=1 PYXTTS_CUDA_ARCHS=90 "$PY" setup.py build_ext --inplace -j "$(nproc)"
+}
+
+# pyxtts and torch in one process, in the given import order, each multiplying on the GPU
+imports() {
+    "$PY" - "$1" << 'PYEOF'
+import sys
+import numpy as np
+order = sys.argv[1].split(",")
+mods = {name: __import__(name) for name in order}
+pyxtts, torch = mods["pyxtts"], mods["torch"]
+from pyxtts import _C
+print("build:", pyxtts.build_info())
+rng = np.random.default_rng(0)
+a, b = rng.standard_normal((512, 384), np.float32), rng.standard_normal((384, 256), np.float32)
+want = a.astype(np.float64) @ b
+mag = np.abs(a).astype(np.float64) @ np.abs(b)
+got = _C._op_gemm(pyxtts.tensor(a, device="cuda:0"), pyxtts.tensor(b, device="cuda:0")).numpy()
+tt = (torch.tensor(a, device="cuda") @ torch.tensor(b, device="cuda")).cpu().numpy()
+for name, x in (("pyxtts", got), ("torch", tt)):
+    err = float(np.max(np.abs(x - want) / (mag + 1e-30)))
+    print(f"{name} matmul on the GPU: max error / magnitude {err:.2e}")
+    assert err < 1e-3, name  # torch may use TF32 (~1e-3); pyxtts's fp32 is ~1e-6
+print("torch's current device after pyxtts:", torch.cuda.current_device())
+PYEOF
+}
+
+copy_extension() {
+    cp pyxtts/_C*.so "$OUTDIR"/ && ls -l "$OUTDIR"/_C*.so
+}
+
+use_extension() {
+    local so
+    so=$(ls "$EXTDIR"/_C*.so 2> /dev/null | head -1)
+    if [ -z "$so" ]; then
+        echo "no _C*.so in $EXTDIR: run A first and pass its extension"
+        return 1
+    fi
+    cp "$so" pyxtts/ && "$PY" -c "import pyxtts; print(pyxtts.build_info()); assert pyxtts.cuda_available()"
+}
+
+run_a() {
+    # every other test whose id names cuda: the device-parametrised ones (attention,
+    # blocks, trainer, allocator, memory API, DLPack, tensors, casts, config) and
+    # test_cuda_attention_tc.py
+    local device=(tests --ignore=tests/test_cuda_emu.py -k cuda) f
+    for f in "${KERNEL_FILES[@]}"; do device+=(--ignore="$f"); done
+    if [ -f tests/bench/gpu_build.sh ]; then
+        # versions, wheels, the sm_90 build, both import orders, the extension into OUTDIR
+        step build 330 env PYXTTS_GPU_BUILD_TIMEOUT=270 PYXTTS_WHEEL_SITE="$SITE" \
+            bash tests/bench/gpu_build.sh "$OUTDIR" 90 || return
+    else
+        step versions 30 versions
+        step wheels 60 wheels
+        step build 270 build || return
+        step imports-pyxtts-first 30 imports pyxtts,torch
+        step imports-torch-first 30 imports torch,pyxtts
+        step copy-extension 30 copy_extension
+    fi
+    step kernel-tests 100 env CUDA_LAUNCH_BLOCKING=1 "${PYTEST[@]}" "${KERNEL_SELECTION[@]}"
+    step memcheck 70 compute-sanitizer --tool memcheck --error-exitcode 9 "${PYTEST[@]}" \
+        "${MEMCHECK_SELECTION[@]}"
+    step device-tests 150 "${PYTEST[@]}" -n 8 "${device[@]}"
+}
+
+run_b() {
+    local R=tests/bench/results run
+    mkdir -p $R
+    step versions 30 versions
+    step wheels 60 wheels
+    step extension 30 use_extension || return
+    step ops 70 "$PY" tests/bench/bench_ops_gpu.py --repeats 30 --json $R/ops_gpu.json
+    for run in torch_eager:100 torch_compile:150 pyxtts_none:90 pyxtts_full:80; do
+        step "xtts-${run%%:*}" "${run##*:}" "$PY" tests/bench/bench_xtts_gpu.py --batch 8 --steps 6 \
+            --only "${run%%:*}" --json $R/xtts_gpu.json
+    done
+    step attention 70 "$PY" tests/bench/bench_attention_gpu.py --T 490 1024 2048 4096 \
+        --paths tc torch --repeats 10 --json $R/attention_gpu.json
+    cp $R/ops_gpu.json $R/xtts_gpu.json $R/attention_gpu.json "$OUTDIR"/ 2> /dev/null
+}
+
+main() {
+    if [ $# -lt 2 ] || { [ "$2" != A ] && [ "$2" != B ]; }; then
+        echo "usage: $0 OUTDIR A|B [EXTENSION_DIR]" >&2
+        return 2
+    fi
+    local run=$2
+    OUTDIR=$1
+    EXTDIR=${3:-$1}
+    ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+    cd "$ROOT" || return 2
+    mkdir -p "$OUTDIR" "$EXTDIR" || return 2
+    OUTDIR=$(cd "$OUTDIR" && pwd)
+    EXTDIR=$(cd "$EXTDIR" && pwd)
+    SUMMARY="$OUTDIR/summary_$run.txt"
+    : > "$SUMMARY"
+    export OUTDIR EXTDIR ROOT SUMMARY PY SITE PYTHONUNBUFFERED=1
+    export PYTHONPATH=$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}
+    export -f versions wheels build imports copy_extension use_extension
+    exec > >(tee -a "$OUTDIR/run_$run.log") 2>&1
+    echo "gpu_check.sh run $run, $(date -u +%FT%TZ), tree $(git rev-parse --short HEAD 2> /dev/null || echo '?')"
+    if [ "$run" = A ]; then run_a; else run_b; fi
+    echo "=== summary of run $run"
+    cat "$SUMMARY"
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+    main "$@"
+fi

@@ -1,0 +1,336 @@
+/* attn_main.cpp: the attention kernels' own source (cuda/attention_tc.cu's
+ * tensor-core kernels and cuda/attention.cu's general ones, extracted verbatim
+ * by tests/test_cuda_emu.py but for the dynamic shared-memory declaration) run
+ * by the emulator and compared with a float64 reference: causal and
+ * bidirectional, self and cross, key masks, q/k lengths (0 included), T not a
+ * multiple of any tile, NaN in every element the kernels must never read,
+ * guard zones after every output, bank conflicts of ldmatrix counted.
+ *
+ * Usage: attn_emu tc|tcquick|fb|odd|xtts. One line per case, then "failures: N".
+ * tc runs every case with cp.async landing early and late; tcquick a subset. */
+#include "emu.h"
+
+#include "attention_common.cuh"
+#include "tc_consts.inc"
+#include "tc_kernels.inc"
+#include "fb_kernels.inc"
+
+#include <random>
+#include <string>
+
+/* a 1-d grid of 128-thread blocks (every attention kernel's shape) */
+template <class F> static void launch(unsigned grid, size_t smem, F body) {
+    emu_dim3 g, b;
+    g.x = grid;
+    b.x = 128;
+    emu_launch(g, b, smem, body);
+}
+
+struct Case {
+    std::string name;
+    int B, H, Tq, Tk, D;
+    bool causal, self, use_qlen, use_klen, use_mask;
+    unsigned seed;
+};
+
+struct Res { double out, lse, dq, dk, dv; long nan, nonzero_pad, guard; };
+
+template <typename T> static T nanv() { T t; t.bits = 0xffff; return t; }
+template <> float nanv<float>() { return NAN; }
+template <typename T> static bool isnan_t(T v) { return std::isnan(ldf(v)); }
+
+template <typename T, int DM> static Res run(const Case &c, bool tc) {
+    constexpr int D = DM; const int Dr = c.D ? c.D : DM;
+    const int B = c.B, H = c.H, Tq = c.Tq, Tk = c.Tk, C = H * D;
+    std::mt19937 rng(c.seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::uniform_int_distribution<int> ui(0, 1 << 30);
+    std::vector<int32_t> qlen(B), klen(B);
+    std::vector<uint8_t> mask((size_t)B * Tk, 1);
+    for (int b = 0; b < B; b++) {
+        qlen[b] = c.use_qlen ? (b == 0 ? Tq : ui(rng) % (Tq + 1)) : Tq;
+        klen[b] = c.use_klen ? (b == 0 ? Tk : ui(rng) % (Tk + 1)) : Tk;
+        if (c.self && c.use_qlen && c.use_klen) klen[b] = qlen[b];
+        if (c.seed >= 100 && b == 1) { qlen[b] = 0; klen[b] = c.self ? 0 : klen[b]; }
+        if (c.seed >= 100 && b == 2 && !c.self) klen[b] = 0;
+        if (c.use_mask)
+            for (int j = 0; j < Tk; j++) mask[(size_t)b * Tk + j] = (ui(rng) % 5) != 0; /* 20% masked */
+        if (c.use_mask && b == B - 1)
+            for (int j = 0; j < std::min(Tk, 20); j++) mask[(size_t)b * Tk + j] = 0; /* early rows see nothing */
+    }
+    auto kvalid = [&](int b, int j) { return j < klen[b] && (!c.use_mask || mask[(size_t)b * Tk + j]); };
+    /* layouts */
+    size_t nq, nkv = 0;
+    pxt_strides sq, sk, sv, so;
+    std::vector<T> qbuf, kvbuf;
+    const int64_t GUARD = 64;
+    if (c.self) {
+        sq = sk = sv = {(int64_t)Tq * 3 * C, D, 3 * C};
+        nq = (size_t)B * Tq * 3 * C;
+        qbuf.assign(nq + GUARD, nanv<T>());
+    } else {
+        sq = {(int64_t)Tq * C, D, C};
+        sk = sv = {(int64_t)Tk * 2 * C, D, 2 * C};
+        nq = (size_t)B * Tq * C;
+        nkv = (size_t)B * Tk * 2 * C;
+        qbuf.assign(nq + GUARD, nanv<T>());
+        kvbuf.assign(nkv + GUARD, nanv<T>());
+    }
+    so = {(int64_t)Tq * C, D, C};
+    T *q = qbuf.data();
+    T *k = c.self ? q + C : kvbuf.data();
+    T *v = c.self ? q + 2 * C : kvbuf.data() + C;
+    std::vector<T> dobuf((size_t)B * Tq * C + GUARD, nanv<T>());
+    T *dout = dobuf.data();
+    auto at = [](T *base, const pxt_strides &s, int b, int h, int t) { return base + b * s.b + h * s.h + t * s.t; };
+    /* fill valid entries (others stay NaN: never to be read) */
+    std::vector<double> Q((size_t)B * H * Tq * D), K((size_t)B * H * Tk * D), V(K.size()), dO(Q.size());
+    auto idx = [&](int b, int h, int t, int d, int TT) { return (((size_t)b * H + h) * TT + t) * D + d; };
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            for (int t = 0; t < Tq; t++)
+                for (int d = 0; d < Dr; d++) {
+                    if (t < qlen[b]) {
+                        T x = stf<T>(nd(rng));
+                        at(q, sq, b, h, t)[d] = x;
+                        Q[idx(b, h, t, d, Tq)] = ldf(x);
+                        T y = stf<T>(nd(rng));
+                        at(dout, so, b, h, t)[d] = y;
+                        dO[idx(b, h, t, d, Tq)] = ldf(y);
+                    }
+                }
+            for (int t = 0; t < Tk; t++)
+                for (int d = 0; d < Dr; d++)
+                    if (kvalid(b, t)) {
+                        T x = stf<T>(nd(rng)), y = stf<T>(nd(rng));
+                        at(k, sk, b, h, t)[d] = x;
+                        at(v, sv, b, h, t)[d] = y;
+                        K[idx(b, h, t, d, Tk)] = ldf(x);
+                        V[idx(b, h, t, d, Tk)] = ldf(y);
+                    }
+        }
+    const float scale = 1.0f / sqrtf((float)Dr);
+    /* device-side argument arrays */
+    pxt_attn_args a{};
+    a.B = B; a.H = H; a.Tq = Tq; a.Tk = Tk; a.D = Dr; a.causal = c.causal; a.scale = scale;
+    a.q_lengths = c.use_qlen ? qlen.data() : nullptr;
+    a.k_lengths = c.use_klen ? klen.data() : nullptr;
+    a.key_mask = c.use_mask ? mask.data() : nullptr;
+    a.q = sq; a.k = sk; a.v = sv; a.o = so;
+    a.dt = std::is_same_v<T, pxt_bf16> ? PXT_BFLOAT16 : std::is_same_v<T, pxt_f16> ? PXT_FLOAT16 : PXT_FLOAT32;
+    std::vector<T> obuf((size_t)B * Tq * C + GUARD, nanv<T>());
+    std::vector<float> lse((size_t)B * H * Tq + GUARD, NAN), Di((size_t)B * H * Tq + GUARD, NAN);
+    std::vector<T> dqbuf(qbuf.size(), nanv<T>()), dkvbuf(c.self ? 0 : kvbuf.size(), nanv<T>());
+    T *out = obuf.data();
+    T *dq = dqbuf.data();
+    T *dk = c.self ? dq + C : dkvbuf.data();
+    T *dv = c.self ? dq + 2 * C : dkvbuf.data() + C;
+    /* ---- forward ---- */
+    if constexpr (!std::is_same_v<T, float>) if (tc) {
+        const int nqb = (Tq + fwd_bq<D>() - 1) / fwd_bq<D>();
+        launch(B * H * nqb, fwd_smem_bytes<D>(), [&] {
+            attn_tc_fwd_kernel<T, D>(a, out, lse.data(), q, k, v, nqb);
+        });
+    }
+    if (!tc) {
+        const int nqb = (Tq + FWD_BR - 1) / FWD_BR;
+        launch(B * H * nqb, 0, [&] { attn_fwd_kernel<T, D>(a, out, lse.data(), q, k, v, nqb); });
+    }
+    /* ---- backward: Di (attention.cu's kernel), then dK/dV and dQ ---- */
+    {
+        int64_t rows = (int64_t)B * H * Tq;
+        unsigned dgrid = (unsigned)((rows + 3) / 4);
+        launch(dgrid, 0, [&] { attn_di_kernel<T>(a, Di.data(), dout, out); });
+    }
+    if constexpr (!std::is_same_v<T, float>) if (tc) {
+        const int nkb = (Tk + TC_BK - 1) / TC_BK, nqb = (Tq + TC_BQ - 1) / TC_BQ;
+        launch(B * H * nkb, kv_smem_bytes<D>(), [&] {
+            attn_tc_bwd_kv_kernel<T, D>(a, dk, dv, dout, q, k, v, lse.data(), Di.data(), nkb);
+        });
+        launch(B * H * nqb, q_smem_bytes<D>(), [&] {
+            attn_tc_bwd_q_kernel<T, D>(a, dq, dout, q, k, v, lse.data(), Di.data(), nqb);
+        });
+    }
+    if (!tc) {
+        const int nkb = (Tk + KV_BC - 1) / KV_BC, nqb = (Tq + DQ_BR - 1) / DQ_BR;
+        launch(B * H * nkb, 0, [&] {
+            attn_bwd_kv_kernel<T, D>(a, dk, dv, dout, q, k, v, lse.data(), Di.data(), nkb);
+        });
+        launch(B * H * nqb, 0, [&] {
+            attn_bwd_q_kernel<T, D>(a, dq, dout, q, k, v, lse.data(), Di.data(), nqb);
+        });
+    }
+    /* ---- reference (float64) and comparison ---- */
+    Res r{};
+    double eo = 0, no = 0, el = 0, edq = 0, ndq = 0, edk = 0, ndk = 0, edv = 0, ndv = 0;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            std::vector<double> P((size_t)Tq * Tk, 0.0), dS((size_t)Tq * Tk, 0.0);
+            std::vector<char> rowok(Tq, 0);
+            for (int i = 0; i < Tq; i++) {
+                double mx = -INFINITY;
+                std::vector<double> s(Tk, -INFINITY);
+                if (i < qlen[b])
+                    for (int j = 0; j < Tk; j++)
+                        if (kvalid(b, j) && (!c.causal || j <= i)) {
+                            double acc = 0;
+                            for (int d = 0; d < Dr; d++) acc += Q[idx(b, h, i, d, Tq)] * K[idx(b, h, j, d, Tk)];
+                            s[j] = acc * scale;
+                            mx = std::max(mx, s[j]);
+                        }
+                double l = 0;
+                if (mx > -INFINITY)
+                    for (int j = 0; j < Tk; j++) l += s[j] > -INFINITY ? exp(s[j] - mx) : 0.0;
+                rowok[i] = mx > -INFINITY;
+                double L = rowok[i] ? mx + log(l) : -INFINITY;
+                float got = lse[((size_t)b * H + h) * Tq + i];
+                if (std::isinf(L)) { if (!(std::isinf(got) && got < 0)) r.nan++; }
+                else { if (std::isnan(got)) r.nan++; el = std::max(el, fabs(got - L)); }
+                std::vector<double> O(D, 0.0);
+                if (rowok[i])
+                    for (int j = 0; j < Tk; j++)
+                        if (s[j] > -INFINITY) {
+                            P[(size_t)i * Tk + j] = exp(s[j] - L);
+                            for (int d = 0; d < Dr; d++) O[d] += P[(size_t)i * Tk + j] * V[idx(b, h, j, d, Tk)];
+                        }
+                double di = 0;
+                for (int d = 0; d < Dr; d++) {
+                    T gv = at(out, so, b, h, i)[d];
+                    if (isnan_t(gv)) r.nan++;
+                    if (!rowok[i] && ldf(gv) != 0.0f) r.nonzero_pad++;
+                    eo += (ldf(gv) - O[d]) * (ldf(gv) - O[d]);
+                    no += O[d] * O[d];
+                    if (rowok[i]) di += dO[idx(b, h, i, d, Tq)] * O[d];
+                }
+                if (rowok[i])
+                    for (int j = 0; j < Tk; j++)
+                        if (P[(size_t)i * Tk + j] != 0.0) {
+                            double dp = 0;
+                            for (int d = 0; d < Dr; d++) dp += dO[idx(b, h, i, d, Tq)] * V[idx(b, h, j, d, Tk)];
+                            dS[(size_t)i * Tk + j] = P[(size_t)i * Tk + j] * (dp - di);
+                        }
+            }
+            for (int i = 0; i < Tq; i++)
+                for (int d = 0; d < Dr; d++) {
+                    double ref = 0;
+                    for (int j = 0; j < Tk; j++) ref += dS[(size_t)i * Tk + j] * scale * K[idx(b, h, j, d, Tk)];
+                    T gv = at(dq, sq, b, h, i)[d];
+                    if (isnan_t(gv)) r.nan++;
+                    if (i >= qlen[b] && ldf(gv) != 0.0f) r.nonzero_pad++;
+                    edq += (ldf(gv) - ref) * (ldf(gv) - ref);
+                    ndq += ref * ref;
+                }
+            for (int j = 0; j < Tk; j++)
+                for (int d = 0; d < Dr; d++) {
+                    double rk = 0, rv = 0;
+                    for (int i = 0; i < Tq; i++) {
+                        rk += dS[(size_t)i * Tk + j] * scale * Q[idx(b, h, i, d, Tq)];
+                        rv += P[(size_t)i * Tk + j] * dO[idx(b, h, i, d, Tq)];
+                    }
+                    T gk = at(dk, sk, b, h, j)[d], gv = at(dv, sv, b, h, j)[d];
+                    if (isnan_t(gk) || isnan_t(gv)) r.nan++;
+                    if (!kvalid(b, j) && (ldf(gk) != 0.0f || ldf(gv) != 0.0f)) r.nonzero_pad++;
+                    edk += (ldf(gk) - rk) * (ldf(gk) - rk);
+                    ndk += rk * rk;
+                    edv += (ldf(gv) - rv) * (ldf(gv) - rv);
+                    ndv += rv * rv;
+                }
+        }
+    /* guards after every output untouched */
+    auto guard_ok = [&](std::vector<T> &buf, size_t n) {
+        for (size_t i = n; i < buf.size(); i++) if (!isnan_t(buf[i])) return false;
+        return true;
+    };
+    if (!guard_ok(obuf, (size_t)B * Tq * C)) r.guard++;
+    if (!guard_ok(dqbuf, nq)) r.guard++;
+    if (!c.self && !guard_ok(dkvbuf, nkv)) r.guard++;
+    for (size_t i = (size_t)B * H * Tq; i < lse.size(); i++) if (!std::isnan(lse[i])) { r.guard++; break; }
+    r.out = sqrt(eo / std::max(no, 1e-300));
+    r.lse = el;
+    double ndo = 0; for (double x : dO) ndo += x * x;
+    double floor_ = 1e-4 * ndo; /* gradients that are 0 in exact arithmetic (T = 1): compare to |dO| */
+    r.dq = sqrt(edq / std::max(ndq, floor_));
+    r.dk = sqrt(edk / std::max(ndk, floor_));
+    r.dv = sqrt(edv / std::max(ndv, 1e-300));
+    return r;
+}
+
+template <typename T, int D> static int one(const Case &c, bool tc, const char *tname) {
+    long e0 = emu_errors, b0 = emu_bank_conflicts;
+    Res r = run<T, D>(c, tc);
+    double tol = std::is_same_v<T, float> ? 1e-5 : std::is_same_v<T, pxt_f16> ? 4e-3 : 3e-2;
+    bool ok = r.nan == 0 && r.nonzero_pad == 0 && r.guard == 0 && emu_errors == e0 && r.out < tol &&
+              r.dq < tol && r.dk < tol && r.dv < tol && r.lse < 1e-2;
+    printf("%-4s %-5s D=%-3d %-28s late=%d out %.2e lse %.1e dq %.2e dk %.2e dv %.2e nan %ld pad!=0 %ld guard %ld emu-err %ld bankconf %ld  %s\n",
+           tc ? "tc" : "fb", tname, D, c.name.c_str(), emu_late, r.out, r.lse, r.dq, r.dk, r.dv, r.nan,
+           r.nonzero_pad, r.guard, emu_errors - e0, emu_bank_conflicts - b0, ok ? "OK" : "FAIL");
+    fflush(stdout);
+    return ok ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
+    int fails = 0;
+    std::vector<Case> cases = {
+        {"self causal T=200 qlen+mask", 2, 2, 200, 200, 0, true, true, true, true, true, 1},
+        {"self causal T=130 no lengths", 1, 2, 130, 130, 0, true, true, false, false, false, 2},
+        {"self noncausal T=77 mask", 2, 1, 77, 77, 0, false, true, true, true, true, 3},
+        {"cross Tq=70 Tk=150 mask+len", 2, 2, 70, 150, 0, false, false, true, true, true, 4},
+        {"cross causal Tq=150 Tk=70", 2, 1, 150, 70, 0, true, false, true, true, true, 5},
+        {"self causal T=1", 2, 1, 1, 1, 0, true, true, false, false, false, 6},
+        {"self causal T=17 mask", 3, 1, 17, 17, 0, true, true, true, true, true, 7},
+        {"self causal T=90 len0 sample", 3, 1, 90, 90, 0, true, true, true, true, true, 100},
+        {"cross Tq=40 Tk=90 len0", 3, 1, 40, 90, 0, false, false, true, true, true, 101},
+    };
+    const char *only = argc > 1 ? argv[1] : "";
+    if (!strcmp(only, "odd")) {
+        std::vector<Case> odd = {
+            {"self causal T=100 D=80", 2, 2, 100, 100, 80, true, true, true, true, true, 11},
+            {"cross Tq=50 Tk=70 D=33", 2, 1, 50, 70, 33, false, false, true, true, true, 12},
+            {"self causal T=100 D=128", 2, 1, 100, 100, 0, true, true, true, true, true, 13},
+        };
+        fails += one<pxt_bf16, 128>(odd[0], false, "bf16");
+        fails += one<float, 128>(odd[0], false, "f32");
+        fails += one<pxt_f16, 64>(odd[1], false, "f16");
+        fails += one<float, 64>(odd[1], false, "f32");
+        fails += one<pxt_bf16, 128>(odd[2], false, "bf16");
+        printf("failures: %d\n", fails);
+        return fails != 0;
+    }
+    if (!strcmp(only, "tcquick")) { /* the suite's tensor-core run: the cases that differ most */
+        emu_late = 1;
+        for (int ci : {0, 3, 5, 7, 8}) {
+            fails += one<pxt_bf16, 64>(cases[ci], true, "bf16");
+            fails += one<pxt_f16, 128>(cases[ci], true, "f16");
+        }
+        emu_late = 0;
+        fails += one<pxt_bf16, 64>(cases[0], true, "bf16");
+        printf("failures: %d\n", fails);
+        return fails != 0;
+    }
+    if (!strcmp(only, "xtts")) {
+        Case c{"self causal T=490 mask (XTTS)", 1, 1, 490, 490, 0, true, true, false, false, true, 21};
+        emu_late = 1;
+        fails += one<pxt_bf16, 64>(c, true, "bf16");
+        printf("failures: %d\n", fails);
+        return fails != 0;
+    }
+    int from = !strcmp(only, "tcnew") ? 7 : 0;
+    for (int late = 0; late <= 1; late++) {
+        emu_late = late;
+        for (size_t ci = from; ci < cases.size(); ci++) {
+            auto &c = cases[ci];
+            if (strcmp(only, "fb")) {
+                fails += one<pxt_bf16, 64>(c, true, "bf16");
+                fails += one<pxt_f16, 64>(c, true, "f16");
+                fails += one<pxt_bf16, 128>(c, true, "bf16");
+                if (late) fails += one<pxt_f16, 128>(c, true, "f16");
+            }
+            if (late && strcmp(only, "tc") && strcmp(only, "tcnew")) {
+                fails += one<pxt_bf16, 64>(c, false, "bf16");
+                fails += one<float, 64>(c, false, "f32");
+            }
+        }
+    }
+    printf("failures: %d\n", fails);
+    return fails != 0;
+}

@@ -1,0 +1,66 @@
+"""What the tests share: the run's seed, seeded generators, model configs and batches.
+
+NumPy and pyxtts only, never torch: the CPU benchmark imports this into the process whose
+memory it measures. The PyTorch references are in ``helpers.torch_ref``.
+
+- ``SEED``: one random seed per run (``PYXTTS_TEST_SEED=N`` repeats a run). It is put in
+  the environment, so child processes started by the tests draw from the same run.
+- ``make_rng(*salt)``: a NumPy generator of ``SEED`` and a salt naming its use (ints or
+  strings), so that two uses never share a stream and every run can be repeated.
+- ``TINY``, ``SMALL``, ``MEDIUM``: the model configs of the step, optimizer, precision and
+  checkpoint tests; ``random_batch``: a batch with padding and ignored targets.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import zlib
+
+import numpy as np
+
+import pyxtts
+
+SEED = int(os.environ.get("PYXTTS_TEST_SEED", "") or secrets.randbits(32))
+os.environ["PYXTTS_TEST_SEED"] = str(SEED)
+
+
+def make_rng(*salt: int | str) -> np.random.Generator:
+    """default_rng([SEED, *salt]), string salts as their CRC-32."""
+    words = [s if isinstance(s, int) else zlib.crc32(s.encode()) for s in salt]
+    return np.random.default_rng([SEED, *words])
+
+
+# ---- model configs --------------------------------------------------------------
+
+# 2 layers of d=32: the cheapest model that still has every part (cond latents, both
+# heads, several heads of attention)
+TINY = pyxtts.ModelConfig(n_layers=2, d_model=32, n_heads=4, text_vocab_size=37, audio_vocab_size=29,
+                          max_text_tokens=24, max_audio_tokens=40, n_cond_latents=3)
+# 3 layers of d=64: a middle block whose input and output are both other blocks
+SMALL = pyxtts.ModelConfig(n_layers=3, d_model=64, n_heads=4, text_vocab_size=101, audio_vocab_size=67,
+                           max_text_tokens=48, max_audio_tokens=96, n_cond_latents=4)
+# 4 layers of d=128 at batch 4 x (8 + 40 + 100): parameters, activations and workspace
+# each large enough (MiB) for the memory plan's 1% to be a real check
+MEDIUM = pyxtts.ModelConfig(n_layers=4, d_model=128, n_heads=4, text_vocab_size=300, audio_vocab_size=200,
+                            max_text_tokens=64, max_audio_tokens=128, n_cond_latents=8)
+
+
+# ---- batches --------------------------------------------------------------------
+
+def random_batch(rng, cfg, B, Lt, La, n_cond=None, full=False):
+    """A batch with varied lengths (padding in the middle), some ignored targets."""
+    tl = np.full(B, Lt) if full else rng.integers(max(1, Lt // 2), Lt + 1, B)
+    al = np.full(B, La) if full else rng.integers(max(1, La // 2), La + 1, B)
+    tl[0], al[0] = Lt, La  # the longest sample sets the padded width
+    batch = {
+        "text_inputs": rng.integers(0, cfg.text_vocab_size, (B, Lt)),
+        "text_targets": rng.integers(0, cfg.text_vocab_size, (B, Lt)),
+        "audio_inputs": rng.integers(0, cfg.audio_vocab_size, (B, La)),
+        "audio_targets": rng.integers(0, cfg.audio_vocab_size, (B, La)),
+        "text_lengths": tl, "audio_lengths": al,
+    }
+    batch["audio_targets"][rng.random((B, La)) < 0.1] = -1
+    nc = cfg.n_cond_latents if n_cond is None else n_cond
+    if nc:
+        batch["cond_latents"] = rng.standard_normal((B, nc, cfg.d_model)).astype(np.float32)
+    return batch

@@ -1,0 +1,168 @@
+"""Every entry point converts its arguments with one set of converters: a bad argument
+is a TypeError or ValueError whose message names the argument and what came, never a
+bare OverflowError, a UnicodeEncodeError or a crash, and nothing changes. The model
+config's rules live in the engine alone: ModelConfig, the model and the planner say
+the same."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import pyxtts
+from pyxtts import _C
+
+CFG = pyxtts.ModelConfig(n_layers=1, d_model=16, n_heads=2, text_vocab_size=11, audio_vocab_size=9,
+                         max_text_tokens=8, max_audio_tokens=8, n_cond_latents=2)
+
+
+@pytest.fixture(scope="module")
+def model() -> pyxtts.XTTSGPT:
+    return pyxtts.XTTSGPT(CFG)
+
+
+def raises(exc, name: str, fn, *args, shows: str | None = None, **kwargs) -> str:
+    """Calls fn; asserts exc with a message that starts with the argument's name (and
+    shows the value that came, when given). Returns the message."""
+    with pytest.raises(exc) as info:
+        fn(*args, **kwargs)
+    assert type(info.value) is exc, repr(info.value)  # not a subclass such as OverflowError
+    msg = str(info.value)
+    assert msg.startswith(name + ":"), msg
+    if shows is not None:
+        assert shows in msg, msg
+    return msg
+
+
+BIG = [2**31, 2**63, 2**70, -(2**70)]
+
+
+@pytest.mark.parametrize("value", BIG)
+def test_integers_out_of_range_name_the_argument(model, value):
+    # for arguments without an upper bound: past 64 bits, or below their lower bound
+    unbounded = value if abs(value) >= 2**63 else -value
+    raises(ValueError, "device", pyxtts.tensor, [1.0], device=value, shows=str(value))
+    raises(ValueError, "device", pyxtts.zeros, 2, device=value)
+    raises(ValueError, "d_model", pyxtts.Block, value, 2, shows=str(value))
+    raises(ValueError, "n_heads", pyxtts.Block, 16, value)
+    raises(ValueError, "growth_interval", pyxtts.AdamW, model, growth_interval=unbounded,
+           shows=str(unbounded))
+    raises(ValueError, "batch_size", model.estimate_memory, value, 4, 4, shows=str(value))
+    raises(ValueError, "cond_len", model.estimate_memory, 1, 4, 4, cond_len=value)
+    raises(ValueError, "batch", pyxtts.Block(16, 2).estimate_memory, value, 4)
+    raises(ValueError, "after", _C._inject_oom, 2**64 if value > 0 else -1, "cpu")  # never arms
+    q = np.zeros((1, 2, 3, 4), np.float32)
+    raises(ValueError, "max_sequence_length", pyxtts.attention, q, q, q,
+           max_sequence_length=unbounded, shows=str(unbounded))
+    raises(ValueError, "n_heads", _C._attention_qkv_forward, np.zeros((1, 3, 12), np.float32), value)
+
+
+@pytest.mark.parametrize("field", ["n_layers", "d_model", "n_heads", "text_vocab_size",
+                                   "audio_vocab_size", "max_text_tokens", "max_audio_tokens",
+                                   "n_cond_latents", "max_attention_sequence_length"])
+@pytest.mark.parametrize("value", [2**31, -(2**40)])
+def test_config_integers_out_of_range_name_the_field(field, value):
+    raises(ValueError, f"ModelConfig.{field}", pyxtts.ModelConfig,
+           **{**dataclasses.asdict(CFG), field: value}, shows=str(value))
+    cfg = dataclasses.replace(CFG)
+    setattr(cfg, field, value)  # a config changed after its checks: the engine still refuses it
+    raises(ValueError, f"ModelConfig.{field}", pyxtts.XTTSGPT, cfg, shows=str(value))
+    raises(ValueError, f"ModelConfig.{field}", pyxtts.estimate_memory, cfg, 1, 4, 4)
+
+
+def test_seed_precision_and_policy_none_name_the_argument():
+    raises(TypeError, "seed", pyxtts.XTTSGPT, CFG, seed=None, shows="NoneType")
+    raises(TypeError, "seed", pyxtts.XTTSGPT, CFG, seed=1.5)
+    raises(ValueError, "seed", pyxtts.XTTSGPT, CFG, seed=-1, shows="-1")
+    raises(ValueError, "seed", pyxtts.XTTSGPT, CFG, seed=2**64, shows=str(2**64))
+    raises(TypeError, "checkpointing", pyxtts.XTTSGPT, CFG, checkpointing=None, shows="NoneType")
+    raises(TypeError, "precision", pyxtts.XTTSGPT, CFG, precision=None, shows="NoneType")
+    raises(ValueError, "precision", pyxtts.XTTSGPT, CFG, precision="fp64", shows="'fp64'")
+    raises(TypeError, "device", pyxtts.XTTSGPT, CFG, device=True, shows="bool")
+
+
+@pytest.mark.parametrize("bad", ["\ud800", "full\x00junk", "none\x00", "\udcff\x00"])
+def test_checkpointing_strings_that_are_not_names_are_refused(model, bad):
+    before = model.checkpointing
+    with pytest.raises(ValueError) as info:
+        model.checkpointing = bad
+    assert str(info.value).startswith("checkpointing:"), str(info.value)
+    assert model.checkpointing == before
+    block = pyxtts.Block(16, 2, checkpointing="selective")
+    with pytest.raises(ValueError, match="^checkpointing:"):
+        block.checkpointing = bad
+    assert block.checkpointing == "selective"
+    raises(ValueError, "checkpointing", pyxtts.Block, 16, 2, checkpointing=bad)
+    raises(ValueError, "checkpointing", pyxtts.XTTSGPT, CFG, checkpointing=bad)
+    raises(ValueError, "checkpointing", model.estimate_memory, 1, 4, 4, checkpointing=bad)
+    raises(ValueError, "precision", pyxtts.XTTSGPT, CFG, precision=bad)
+
+
+@pytest.mark.parametrize("bad", ["\ud800", "cpu\x00", "cuda:\udcff"])
+def test_device_dtype_and_kind_strings_without_utf8_or_with_nul(bad):
+    raises(ValueError, "device", pyxtts.tensor, [1.0], device=bad)
+    raises(ValueError, "device", pyxtts.memory_stats, bad)
+    raises(ValueError, "dtype", pyxtts.tensor, [1.0], dtype=bad)
+    raises(ValueError, "dtype", pyxtts.empty, 2, dtype=bad)
+    raises(ValueError, "kind", pyxtts.device_count, bad)
+    raises(ValueError, "name", _C._attention_cpu_isa, bad)
+
+
+def test_reals_name_the_argument(model):
+    raises(TypeError, "fraction", pyxtts.set_memory_fraction, "0.5", "cpu", shows="str")
+    raises(ValueError, "fraction", pyxtts.set_memory_fraction, 10**400, "cpu")
+    raises(ValueError, "lr", pyxtts.AdamW, model, lr=10**400)
+    raises(TypeError, "lr", pyxtts.AdamW, model, lr=True, shows="bool")
+    raises(ValueError, "layer_norm_eps", pyxtts.Block, 16, 2, layer_norm_eps=1e300)
+    raises(TypeError, "alpha", _C._op_gemm, np.eye(2, dtype=np.float32), np.eye(2, dtype=np.float32),
+           alpha="1")
+    assert model.estimate_memory(1, 4, 4).optimizer == 0  # every refused AdamW left nothing
+
+
+def test_optional_none_keeps_the_default(model):
+    assert pyxtts.tensor([1.0], device=None, dtype=None).device == "cpu"
+    assert model.estimate_memory(1, 4, 4, cond_len=None, checkpointing=None).total > 0
+    assert pyxtts.Block(16, 2, seed=None).estimate_memory(1, 4, checkpointing=None)["total"] > 0
+    pyxtts.set_memory_limit(None, "cpu")
+    assert pyxtts.memory_stats("cpu")["limit_bytes"] is None
+
+
+def bad_configs():
+    base = CFG.engine_args()  # the fields the engine takes (the framing ids are not its)
+    return [
+        {**base, "n_layers": 0}, {**base, "d_model": 15}, {**base, "n_heads": -1},
+        {**base, "text_vocab_size": 0}, {**base, "n_cond_latents": -1},
+        {**base, "max_attention_sequence_length": 0}, {**base, "layer_norm_eps": 0.0},
+        {**base, "layer_norm_eps": float("inf")}, {**base, "text_loss_weight": -0.5},
+        {**base, "audio_loss_weight": float("nan")}, {**base, "d_model": 4096, "n_heads": 16,
+                                                      "max_attention_sequence_length": 1 << 20},
+    ]
+
+
+@pytest.mark.parametrize("fields", bad_configs(), ids=lambda f: None)
+def test_config_rules_are_the_engines_in_every_entry_point(fields):
+    with pytest.raises(ValueError) as engine:
+        _C.check_model_config(**fields)
+    msg = str(engine.value)
+    assert msg.startswith("ModelConfig"), msg
+    with pytest.raises(ValueError) as cfg:
+        pyxtts.ModelConfig(**fields)
+    assert str(cfg.value) == msg
+    with pytest.raises(ValueError) as gpt:
+        _C.GPT(**fields)
+    assert str(gpt.value) == msg
+    with pytest.raises(ValueError) as plan:
+        _C.plan_memory(**fields, batch_size=1, text_len=1, audio_len=1)
+    assert str(plan.value) == msg
+
+
+def test_config_messages_name_field_rule_and_value():
+    base = CFG.engine_args()  # the fields the engine takes (the framing ids are not its)
+    assert pyxtts.ModelConfig(**base).d_model == 16
+    raises(ValueError, "ModelConfig.d_model", pyxtts.ModelConfig, **{**base, "d_model": 15},
+           shows="divisible by n_heads=2, got 15")
+    raises(ValueError, "ModelConfig.text_vocab_size", pyxtts.ModelConfig,
+           **{**base, "text_vocab_size": 0}, shows="must be >= 1, got 0")
+    raises(ValueError, "ModelConfig.audio_loss_weight", pyxtts.ModelConfig,
+           **{**base, "audio_loss_weight": -1.0}, shows="finite and >= 0")

@@ -1,0 +1,238 @@
+"""Coqui XTTS checkpoints in and out, against Coqui itself (coqui-tts 0.28.0): import of
+a released-style model.pth and of a GPTTrainer checkpoint (all 90 GPT tensors kept),
+export loaded back by Coqui's Xtts with strict=True and weights bit-equal, the round
+trip, and the refusals that leave everything as it was."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+
+import pyxtts
+import pyxtts.cli
+import pyxtts.coqui_checkpoint
+from conftest import SEED
+from coqui import require_coqui
+from fixtures_xtts import SMALL_ARGS, write_gpt_trainer_checkpoint, write_xtts_folder
+
+CONDITIONING = ("conditioning_encoder.", "conditioning_perceiver.")
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    require_coqui()
+    return write_xtts_folder(tmp_path_factory.mktemp("xtts") / "XTTS-v2", SEED % 2**31)
+
+
+@pytest.fixture(scope="module")
+def trainer_checkpoint(tmp_path_factory):
+    require_coqui()
+    return write_gpt_trainer_checkpoint(tmp_path_factory.mktemp("run"), SEED % 2**31 + 1)
+
+
+def torch_state(path, prefix="") -> dict[str, np.ndarray]:
+    """The checkpoint's "model" tensors as torch reads them, with the globals Coqui allows
+    for its legacy files (Coqui's own _load_checkpoint would rewrite the file)."""
+    c = require_coqui()
+    with warnings.catch_warnings(), c.xtts_module._legacy_safe_globals():
+        warnings.simplefilter("ignore")
+        sd = c.torch.load(path, map_location="cpu", weights_only=True)["model"]
+    return {k[len(prefix):]: v.numpy() for k, v in sd.items() if k.startswith(prefix)}
+
+
+def file_hash(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def coqui_load(folder):
+    """Xtts built from folder/config.json, loaded with Coqui's loader, strict=True."""
+    c = require_coqui()
+    config = c.XttsConfig()
+    config.load_json(str(folder / "config.json"))
+    with warnings.catch_warnings():  # Coqui deprecates its own documented entry point
+        warnings.filterwarnings("ignore", message=r"Xtts.init_from_config")
+        model = c.Xtts.init_from_config(config)
+    model.load_checkpoint(config, checkpoint_dir=str(folder), strict=True, eval=False)
+    return {k: v.detach().numpy() for k, v in model.state_dict().items()}
+
+
+def test_import_released_style(base, tmp_path):
+    gpt = torch_state(base / "model.pth", "gpt.")  # read before Coqui rewrites anything
+    assert len(gpt) == 90
+    before = file_hash(base / "model.pth")
+    out = tmp_path / "imported.safetensors"
+    meta = pyxtts.import_xtts_checkpoint(base, out)
+    assert file_hash(base / "model.pth") == before, "import reads, never writes"
+    cfg = pyxtts.ModelConfig(**meta["config"])
+    assert cfg.n_heads == SMALL_ARGS["gpt_n_heads"] == 4, "from the config, not guessed (the shapes allow 16)"
+    assert meta["extra"]["n_heads_guessed"] is False
+    carried = meta["extra"]["carried"]
+    assert len(carried) == 54 and all(k.startswith(CONDITIONING) for k in carried)
+    model = pyxtts.XTTSGPT(cfg, seed=1)
+    loaded = pyxtts.load_checkpoint(out, model)
+    assert loaded["carried"] == sorted(carried)
+    own = model.state_dict()
+    assert len(own) + len(carried) == 90
+    for k, v in own.items():
+        assert v.tobytes() == gpt[k].tobytes(), k
+    _, tensors = pyxtts.checkpoint.read_checkpoint(out)
+    for k in carried:
+        assert tensors["carried." + k].tobytes() == gpt[k].tobytes(), k
+
+
+def test_import_takes_the_pickled_config_without_config_json(base, tmp_path):
+    folder = tmp_path / "no-config-json"
+    folder.mkdir()
+    shutil.copyfile(base / "model.pth", folder / "model.pth")
+    # the pickled config, like the released config.json, leaves the text ids to vocab.json
+    with pytest.raises(pyxtts.CheckpointError, match="gpt_number_text_tokens|gpt_start_text_token"):
+        pyxtts.import_xtts_checkpoint(folder / "model.pth", tmp_path / "a.safetensors")
+    assert not (tmp_path / "a.safetensors").exists()
+    shutil.copyfile(base / "vocab.json", folder / "vocab.json")
+    meta = pyxtts.import_xtts_checkpoint(folder / "model.pth", tmp_path / "a.safetensors")
+    assert meta["extra"]["config_source"] == "the config pickled in model.pth"
+    want = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
+    assert pyxtts.ModelConfig(**meta["config"]) == want and want.start_text_token == 261
+
+
+def test_import_gpt_trainer_checkpoint(trainer_checkpoint, tmp_path):
+    gpt = torch_state(trainer_checkpoint, "xtts.gpt.")
+    assert len(gpt) == 90
+    meta = pyxtts.import_xtts_checkpoint(trainer_checkpoint, tmp_path / "t.safetensors")
+    cfg = pyxtts.ModelConfig(**meta["config"])
+    assert cfg == pyxtts.ModelConfig.from_xtts_config(trainer_checkpoint.parent / "config.json")
+    model = pyxtts.XTTSGPT(cfg)
+    pyxtts.load_checkpoint(tmp_path / "t.safetensors", model)
+    for k, v in model.state_dict().items():
+        assert v.tobytes() == gpt[k].tobytes(), k
+    assert len(meta["extra"]["carried"]) == 54
+
+
+def fine_tune(model, rng, steps=3):
+    """A few real AdamW steps on random framed batches: weights that differ from the base."""
+    opt = pyxtts.AdamW(model, lr=1e-3, weight_decay=0.01)
+    c = model.config
+    for _ in range(steps):
+        samples = [pyxtts.Sample(rng.integers(3, c.text_vocab_size, int(rng.integers(2, 15))),
+                                 rng.integers(0, 1024, int(rng.integers(2, 25)))) for _ in range(3)]
+        batch = pyxtts.collate(samples, config=c)
+        batch["cond_latents"] = rng.standard_normal((3, c.n_cond_latents, c.d_model)).astype(np.float32)
+        opt.zero_grad()
+        model.forward_backward(batch)
+        opt.step()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_export_loads_in_coqui_strict_bit_equal(base, tmp_path, rng, precision):
+    pyxtts.import_xtts_checkpoint(base, tmp_path / "imported.safetensors")
+    cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
+    model = pyxtts.XTTSGPT(cfg, precision=precision)
+    pyxtts.load_checkpoint(tmp_path / "imported.safetensors", model)
+    fine_tune(model, rng)
+    pyxtts.save_checkpoint(tmp_path / "step_3.safetensors", model)
+    base_state = torch_state(base / "model.pth")
+    before = {p.name: file_hash(p) for p in base.iterdir()}
+    out = tmp_path / "finetuned"
+    report = pyxtts.export_xtts_checkpoint(tmp_path / "step_3.safetensors", base, out)
+    assert {p.name: file_hash(p) for p in base.iterdir()} == before, "the base is never modified"
+    assert sorted(report["copied"]) == ["config.json", "vocab.json"] and report["not_in_base"] == ["speakers_xtts.pth"]
+    assert len(report["replaced"]) == len(model.parameters()) and len(report["carried_from_base"]) == 54
+    assert {p.name for p in out.iterdir()} == {"model.pth", "config.json", "vocab.json"}
+    loaded = coqui_load(out)  # Coqui's own loader, strict=True
+    assert set(loaded) == set(base_state)
+    own = model.state_dict()
+    for k, v in loaded.items():
+        if k.startswith("gpt.") and k[4:] in own:  # ours, cast to the base's float32
+            assert v.dtype == base_state[k].dtype
+            assert v.tobytes() == own[k[4:]].astype(np.float32).tobytes(), k
+        else:  # the conditioning path, HiFi-GAN, mel stats: the base's
+            assert v.tobytes() == base_state[k].tobytes(), k
+    changed = sum(not np.array_equal(loaded["gpt." + k], base_state["gpt." + k]) for k in own)
+    assert changed == len(own), "fine-tuning changed every tensor, so the comparison means something"
+
+
+def test_round_trip_import_export_import(base, tmp_path, rng):
+    cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
+    model = pyxtts.XTTSGPT(cfg, seed=int(rng.integers(1 << 30)))
+    pyxtts.export_xtts_checkpoint(model, base, tmp_path / "out")
+    meta = pyxtts.import_xtts_checkpoint(tmp_path / "out", tmp_path / "again.safetensors")
+    again = pyxtts.XTTSGPT(pyxtts.ModelConfig(**meta["config"]))
+    pyxtts.load_checkpoint(tmp_path / "again.safetensors", again)
+    for k, v in model.state_dict().items():
+        assert again.state_dict()[k].tobytes() == v.tobytes(), k
+    pyxtts.import_xtts_checkpoint(base, tmp_path / "first.safetensors")
+    _, first = pyxtts.checkpoint.read_checkpoint(tmp_path / "first.safetensors")
+    _, second = pyxtts.checkpoint.read_checkpoint(tmp_path / "again.safetensors")
+    carried = [k for k in first if k.startswith("carried.")]
+    assert len(carried) == 54 and all(first[k].tobytes() == second[k].tobytes() for k in carried)
+
+
+def test_export_refusals_change_nothing(base, tmp_path, rng):
+    cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
+    model = pyxtts.XTTSGPT(cfg, seed=3)
+    out = tmp_path / "out"
+    pyxtts.export_xtts_checkpoint(model, base, out)
+    done = {p.name: file_hash(p) for p in out.iterdir()}
+    other_heads = pyxtts.XTTSGPT(dataclasses.replace(cfg, n_heads=8), seed=4)  # same shapes, another GPT
+    with pytest.raises(pyxtts.CheckpointError, match="n_heads: 8 in the model, 4 in the base"):
+        pyxtts.export_xtts_checkpoint(other_heads, base, out)
+    other_ids = pyxtts.XTTSGPT(dataclasses.replace(cfg, start_text_token=5), seed=4)
+    with pytest.raises(pyxtts.CheckpointError, match="start_text_token"):
+        pyxtts.export_xtts_checkpoint(other_ids, base, out)
+    bigger = pyxtts.XTTSGPT(dataclasses.replace(cfg, n_layers=3), seed=4)
+    with pytest.raises(pyxtts.CheckpointError, match="n_layers"):
+        pyxtts.export_xtts_checkpoint(bigger, base, out)
+    with pytest.raises(ValueError, match="the base's own folder"):
+        pyxtts.export_xtts_checkpoint(model, base, base)
+    with pytest.raises(TypeError, match="model_or_checkpoint"):
+        pyxtts.export_xtts_checkpoint({"a": 1}, base, out)
+    nan = pyxtts.XTTSGPT(cfg, seed=5)
+    nan.parameters()["mel_head.bias"].copy_(np.full(nan.parameters()["mel_head.bias"].shape, np.nan, np.float32))
+    with pytest.raises(pyxtts.CheckpointError, match="NaN"):
+        pyxtts.export_xtts_checkpoint(nan, base, out)
+    assert {p.name: file_hash(p) for p in out.iterdir()} == done, "a refused export leaves the folder as it was"
+
+
+def test_export_is_atomic(base, tmp_path, monkeypatch):
+    cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
+    out = tmp_path / "out"
+    pyxtts.export_xtts_checkpoint(pyxtts.XTTSGPT(cfg, seed=1), base, out)
+    done = file_hash(out / "model.pth")
+
+    def dies_half_way(src, dst, storages):
+        dst.write_bytes(b"PK\x03\x04 half a file")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pyxtts.coqui_checkpoint, "rewrite_storages", dies_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        pyxtts.export_xtts_checkpoint(pyxtts.XTTSGPT(cfg, seed=2), base, out)
+    assert file_hash(out / "model.pth") == done and sorted(p.name for p in out.iterdir()) == \
+        ["config.json", "model.pth", "vocab.json"], "the old file stays, no temporary is left"
+
+
+def test_cli_export(base, tmp_path, capsys):
+    cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
+    model = pyxtts.XTTSGPT(cfg, seed=9)
+    ckpt = tmp_path / "run" / "step_00000010.safetensors"
+    pyxtts.save_checkpoint(ckpt, model, step=10)
+    rc = pyxtts.cli.main(["export", "--checkpoint", str(ckpt), "--base", str(base), "--out", str(tmp_path / "o")])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "36 GPT tensors from" in text and "54 GPT tensors carried unchanged from the base" in text
+    assert "not in the base, so not copied: speakers_xtts.pth" in text
+    loaded = coqui_load(tmp_path / "o")
+    assert loaded["gpt.mel_head.weight"].tobytes() == model.state_dict()["mel_head.weight"].tobytes()
+    rc = pyxtts.cli.main(["export", "--checkpoint", str(tmp_path / "nope.safetensors"), "--base", str(base),
+                          "--out", str(tmp_path / "o2")])
+    assert rc == 2 and "pyxtts export:" in capsys.readouterr().err
+
+
+def test_config_json_of_the_export_is_the_bases(base, tmp_path):
+    cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
+    pyxtts.export_xtts_checkpoint(pyxtts.XTTSGPT(cfg), base, tmp_path / "o")
+    assert json.loads((tmp_path / "o" / "config.json").read_text()) == json.loads((base / "config.json").read_text())

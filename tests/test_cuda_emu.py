@@ -1,0 +1,161 @@
+"""The CUDA kernels' own source, run on the CPU by a host emulator (tests/cuda_emu/).
+
+CI never has a GPU. These tests compile kernel source from cuda/ with g++ against
+tests/cuda_emu/emu.h, which emulates a thread block (fibers, __syncthreads, warp shuffles
+and ballots, ldmatrix, mma.m16n8k16, cp.async; poisoned shared memory; guard pages after
+device buffers), and check:
+
+- the deterministic reductions (cuda/colsum.cuh, cuda/embedding.cuh): bit for bit the CPU
+  backend's results (csrc/cpu/ is linked in), tiny to XTTS v2 sizes, every dtype;
+- the index math of the fused GEMM (cuda/lt_map.h): through a float64 model of cuBLASLt's
+  documented column-major semantics, against backend.h's row-major definition;
+- the attention kernels (cuda/attention_tc.cuh's tensor-core path, cuda/attention_simple.cuh's
+  general one, extracted verbatim but for the dynamic shared-memory declaration):
+  against float64, with masks, lengths, odd sizes and XTTS shapes.
+
+What they cannot show: speed, and anything of cuBLAS itself. The build is cached by the
+hash of its inputs (in the temp folder), so a second run only runs.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import SEED
+
+ROOT = Path(__file__).resolve().parent.parent
+EMU = ROOT / "tests" / "cuda_emu"
+CC, CXX = shutil.which("gcc"), shutil.which("g++")
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not (CC and CXX), reason="the emulator needs gcc and g++")]
+
+# the CPU backend files the reductions are compared with, and what they need
+C_SOURCES = ["csrc/engine/common.c", "csrc/engine/half.c", "csrc/cpu/bias.c",
+             "csrc/cpu/layernorm.c", "csrc/cpu/embedding.c"]
+CXXFLAGS = ["-O2", "-std=c++17", "-U_FORTIFY_SOURCE", "-Wall", "-Wextra", "-Wno-unknown-pragmas",
+            "-Werror", "-Icsrc", "-Icuda"]
+
+# the attention kernels: (file, first line of the region, the line after it)
+TC_REGION = ("cuda/attention_tc.cuh", "/* an output pair (cols d, d+1 of one row)",
+             "/* ---- host: launches")
+FB_CONSTS = ("cuda/attention.cuh", "#define ATTN_THREADS 128", "/* blocks of a grid")
+FB_REGION = ("cuda/attention_simple.cuh", "/* ---- helpers: lengths", "/* ---- launches")
+DI_REGION = ("cuda/attention.cu", "/* ---- backward: Di = rowsum", "/* ---- the table entries")
+DYNAMIC_SMEM = "extern __shared__ __align__(16) uint16_t smem[];"
+
+
+def region(spec: tuple[str, str, str]) -> str:
+    path, first, after = spec
+    text = (ROOT / path).read_text()
+    i, j = text.find(first), text.find(after)
+    assert 0 <= i < j, (f"{path}: the kernels are no longer between {first!r} and {after!r}; "
+                        "update the markers in tests/test_cuda_emu.py")
+    return text[i:j]
+
+
+def extracted() -> dict[str, str]:
+    """The attention kernels' source as the emulator includes it."""
+    tc = (ROOT / TC_REGION[0]).read_text()
+    consts = [line for line in tc.splitlines() if re.match(r"#define TC_(THREADS|PAD|BQ|BK) ", line)]
+    assert len(consts) == 4, "cuda/attention_tc.cuh: TC_THREADS, TC_PAD, TC_BQ, TC_BK not found"
+    tc_kernels = region(TC_REGION)
+    assert DYNAMIC_SMEM in tc_kernels, "cuda/attention_tc.cuh: the dynamic shared memory changed"
+    return {"tc_consts.inc": "\n".join(consts) + "\n",
+            "tc_kernels.inc": tc_kernels.replace(DYNAMIC_SMEM, "uint16_t *smem = (uint16_t *)emu_smem;"),
+            "fb_kernels.inc": "\n".join(map(region, (FB_CONSTS, FB_REGION, DI_REGION)))}
+
+
+def inputs_hash(generated: dict[str, str]) -> str:
+    h = hashlib.sha256()
+    files = sorted(EMU.glob("*")) + sorted((ROOT / "cuda").glob("*.cuh")) + sorted((ROOT / "cuda").glob("*.h"))
+    files += [ROOT / p for p in C_SOURCES] + sorted((ROOT / "csrc" / "engine").glob("*.h"))
+    files += sorted((ROOT / "csrc" / "cpu").glob("*.h"))
+    for f in files:
+        h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
+    for name, text in sorted(generated.items()):
+        h.update(name.encode() + b"\0" + text.encode())
+    for tool in (CC, CXX):
+        h.update(subprocess.run([tool, "--version"], capture_output=True, text=True).stdout.encode())
+    return h.hexdigest()[:16]
+
+
+def run_all(cmds: list[list[str]], cwd: Path) -> None:
+    """Runs compile commands two at a time (the CI machine's cores); fails on the first error."""
+    pending = list(cmds)
+    while pending:
+        batch, pending = pending[:2], pending[2:]
+        procs = [subprocess.Popen(c, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for c in batch]
+        for c, p in zip(batch, procs):
+            out = p.communicate()[0]
+            assert p.returncode == 0, f"{' '.join(c)}\n{out}"
+
+
+def build(out: Path, generated: dict[str, str]) -> None:
+    for name, text in generated.items():
+        (out / name).write_text(text)
+    objs = []
+    cmds = []
+    for src in C_SOURCES:
+        obj = out / (src.replace("/", "_") + ".o")
+        cmds.append([CC, "-O2", "-std=c11", "-fopenmp", "-Wall", "-Wextra", "-Werror", "-Icsrc",
+                     "-c", src, "-o", str(obj)])
+        objs.append(str(obj))
+    emu_o = str(out / "emu.o")
+    cmds.append([CXX, *CXXFLAGS, "-c", str(EMU / "emu.cpp"), "-o", emu_o])
+    run_all(cmds, ROOT)
+    run_all([
+        [CXX, *CXXFLAGS, f"-I{out}", str(EMU / "reduce_main.cpp"), emu_o, *objs, "-fopenmp",
+         "-o", str(out / "reduce_emu")],
+        [CXX, *CXXFLAGS, str(EMU / "lt_main.cpp"), "-o", str(out / "lt_emu")],
+        [CXX, *CXXFLAGS, "-Wno-unused-parameter", "-Wno-unused-variable", f"-I{out}",
+         str(EMU / "attn_main.cpp"), emu_o, objs[0], objs[1], "-o", str(out / "attn_emu")],
+    ], ROOT)
+
+
+@pytest.fixture(scope="module")
+def emu() -> Path:
+    generated = extracted()
+    cache = Path(os.environ.get("PYXTTS_EMU_CACHE") or tempfile.gettempdir())
+    final = cache / f"pyxtts-cuda-emu-{inputs_hash(generated)}"
+    if not (final / "attn_emu").exists():
+        work = Path(tempfile.mkdtemp(prefix="pyxtts-cuda-emu-build-", dir=cache))
+        try:
+            build(work, generated)
+            try:
+                work.rename(final)  # atomic: a concurrent run that built it too wins
+            except OSError:
+                pass
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+def check(cmd: list[str], timeout: float) -> str:
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0 and "failures: 0" in out, out[-6000:]
+    return out
+
+
+def test_reductions_give_the_cpus_bits(emu):
+    out = check([str(emu / "reduce_emu"), str(SEED)], timeout=600)
+    assert out.count(" OK") >= 20, out
+
+
+def test_fused_gemm_index_math(emu):
+    out = check([str(emu / "lt_emu"), str(SEED)], timeout=120)
+    assert "160 cases" in out, out
+
+
+@pytest.mark.parametrize("which", ["tcquick", "fb", "odd", "xtts"])
+def test_attention_kernels_against_float64(emu, which):
+    out = check([str(emu / "attn_emu"), which], timeout=900)
+    assert " OK" in out and " FAIL" not in out, out
