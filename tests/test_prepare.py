@@ -24,9 +24,9 @@ pytest.importorskip("torch", reason="torch (the test extra) writes the .pth fixt
 
 import pyxtts  # noqa: E402
 import pyxtts.cli  # noqa: E402
-from pyxtts.prepare import (DVAE_MEL, DVAEEncoder, XTTSTokenizer, load_audio, mel_spectrogram, prepare,  # noqa: E402
-                            read_pth)
+from pyxtts.prepare import DVAE_MEL, DVAEEncoder, XTTSTokenizer, load_audio, mel_spectrogram, prepare  # noqa: E402
 from pyxtts.prepare import pipeline  # noqa: E402
+from pyxtts.torchfile import read_tensors  # noqa: E402
 
 pytestmark = pytest.mark.skipif(ESPEAK is None, reason="espeak-ng is not installed")
 
@@ -50,7 +50,7 @@ def files(folder: Path) -> dict[str, str]:
 def expected(xtts: Path, wav_path: Path, text: str, lang: str = "en") -> tuple[list[int], np.ndarray, np.ndarray]:
     """ids, codes and reference audio, from the building blocks (each tested on its own)."""
     wav = load_audio(wav_path)
-    codes = DVAEEncoder.load(xtts / "dvae.pth").codes(mel_spectrogram(wav, read_pth(xtts / "mel_stats.pth"), DVAE_MEL))
+    codes = DVAEEncoder.load(xtts / "dvae.pth").codes(mel_spectrogram(wav, read_tensors(xtts / "mel_stats.pth"), DVAE_MEL))
     return XTTSTokenizer(xtts / "vocab.json").encode(text, lang), codes[:math.ceil(wav.shape[0] / 1024)], wav
 
 

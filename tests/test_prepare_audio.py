@@ -1,16 +1,11 @@
-"""pyxtts.prepare's audio side against references nobody here wrote: torch.save files read
-without torch, soundfile + soxr loading, the mel spectrograms and the conditioning slice
+"""pyxtts.prepare's audio side against references nobody here wrote: soundfile + soxr loading, the mel spectrograms and the conditioning slice
 against Coqui's own TorchMelSpectrogram and get_prompt_slice (in Coqui's Python), and the
 DVAE encoder against torch's float64 convolutions and Coqui's DiscreteVAE."""
 from __future__ import annotations
 
 import json
-import os
-import pickle
-import zipfile
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -22,8 +17,8 @@ sf = pytest.importorskip("soundfile", reason="the prepare extra (soundfile) is n
 soxr = pytest.importorskip("soxr", reason="the prepare extra (soxr) is not installed")
 torch = pytest.importorskip("torch", reason="torch (the test extra) writes the .pth files")
 
-from pyxtts.prepare import (DVAE_MEL, STYLE_MEL, AudioError, DVAEEncoder, PthError, conditioning_mel,  # noqa: E402
-                            load_audio, mel_spectrogram, read_pth, reference_slice)
+from pyxtts.prepare import (DVAE_MEL, STYLE_MEL, AudioError, DVAEEncoder, conditioning_mel,  # noqa: E402
+                            load_audio, mel_spectrogram, reference_slice)
 from pyxtts.prepare.audio import STYLE_MEL_NO_PERCEIVER, MelSettings  # noqa: E402
 
 
@@ -41,76 +36,6 @@ def speech(tmp_path_factory) -> list[Path]:
         paths.append(d / f"s{i}.wav")
         espeak(t, paths[-1], v, 140 + 20 * i, 40 + 10 * i)
     return paths
-
-
-# ---- .pth files -----------------------------------------------------------------------
-
-def test_read_pth_equals_torch_load(tmp_path, rng, seed):
-    g = torch.Generator().manual_seed(seed % 2**31)
-    big = torch.randn(7, 9, generator=g)
-    obj = {
-        "f32": torch.randn(3, 4, 5, generator=g),
-        "f64": torch.randn(6, generator=g, dtype=torch.float64),
-        "f16": torch.randn(2, 3, generator=g).half(),
-        "bf16": torch.randn(4, 2, generator=g).bfloat16(),
-        "i64": torch.randint(-2**40, 2**40, (5,), generator=g),
-        "i32": torch.randint(-2**30, 2**30, (2, 2), generator=g, dtype=torch.int32),
-        "i16": torch.randint(-2**15, 2**15, (3,), generator=g, dtype=torch.int16),
-        "i8": torch.randint(-128, 128, (4,), generator=g, dtype=torch.int8),
-        "u8": torch.randint(0, 256, (4,), generator=g, dtype=torch.uint8),
-        "bool": torch.rand(5, generator=g) < 0.5,
-        "scalar": torch.tensor(3.5),
-        "empty": torch.zeros(0, 4),
-        "transposed": big.t(),  # non-contiguous view
-        "sliced": big[2:5, 1::3],  # offset and strides into the same storage as "transposed"
-        "param": torch.nn.Parameter(torch.randn(2, 2, generator=g)),
-    }
-    path = tmp_path / "t.pth"
-    torch.save(obj, path)
-    got = read_pth(path)
-    assert list(got) == list(obj)
-    for k, t in obj.items():
-        want = t.detach()
-        want = want.float().numpy().astype(ml_dtypes.bfloat16) if want.dtype == torch.bfloat16 else want.numpy()
-        assert got[k].dtype == want.dtype and got[k].shape == want.shape, k
-        np.testing.assert_array_equal(got[k].reshape(-1).view(np.uint8),
-                                      np.ascontiguousarray(want).reshape(-1).view(np.uint8), err_msg=k)
-    torch.save(obj["f32"], path)  # a bare tensor, as mel_stats.pth is
-    np.testing.assert_array_equal(read_pth(path), obj["f32"].numpy())
-
-
-class _RunsCode:
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
-def test_read_pth_executes_nothing(tmp_path):
-    marker = tmp_path / "ran"
-    path = tmp_path / "evil.pth"
-    torch.save({"x": _RunsCode(marker)}, path)
-    with pytest.raises(PthError, match=r"posix\.system|os\.system"):
-        read_pth(path)
-    assert not marker.exists()
-    # the file does run code when unpickled the ordinary way
-    with zipfile.ZipFile(path) as z:
-        data = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
-
-    pickle.loads(data)
-    assert marker.exists()
-
-
-def test_read_pth_refuses_other_files(tmp_path):
-    p = tmp_path / "x.pth"
-    p.write_bytes(b"not a zip at all")
-    with pytest.raises(PthError, match="not a zip-format PyTorch file"):
-        read_pth(p)
-    with zipfile.ZipFile(p, "w") as z:
-        z.writestr("a/other.txt", "x")
-    with pytest.raises(PthError, match="data.pkl"):
-        read_pth(p)
 
 
 # ---- loading audio ------------------------------------------------------------------

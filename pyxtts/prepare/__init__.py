@@ -18,11 +18,10 @@ from pyxtts.prepare.cleaners import LANGUAGES, clean_text
 from pyxtts.prepare.conditioning import conditioning_mel, reference_slice
 from pyxtts.prepare.dvae import DVAEEncoder
 from pyxtts.prepare.pipeline import REASONS, PrepareResult, prepare
-from pyxtts.prepare.pth import PthError, read_pth
 from pyxtts.prepare.sources import Item, MetadataError, read_metadata
 from pyxtts.prepare.text import XTTSTokenizer
 
 __all__ = ["DVAE_MEL", "LANGUAGES", "REASONS", "SAMPLE_RATE", "STYLE_MEL", "AudioError", "DVAEEncoder", "Item",
-           "MetadataError", "ModelLimits", "PrepareResult", "PthError", "XTTSAssets", "XTTSTokenizer",
+           "MetadataError", "ModelLimits", "PrepareResult", "XTTSAssets", "XTTSTokenizer",
            "clean_text", "conditioning_mel", "load_audio", "mel_spectrogram", "prepare", "read_metadata",
-           "read_pth", "reference_slice"]
+           "reference_slice"]

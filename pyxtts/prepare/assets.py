@@ -13,8 +13,8 @@ import numpy as np
 
 from pyxtts.prepare.audio import SAMPLE_RATE
 from pyxtts.prepare.dvae import DVAEEncoder
-from pyxtts.prepare.pth import read_pth
 from pyxtts.prepare.text import XTTSTokenizer
+from pyxtts.torchfile import read_tensors
 
 __all__ = ["ModelLimits", "XTTSAssets", "ASSET_FILES"]
 
@@ -101,7 +101,7 @@ class XTTSAssets:
         if dvae.num_tokens != limits.num_audio_tokens - 2:
             raise ValueError(f"{folder / 'dvae.pth'}: a codebook of {dvae.num_tokens} codes, but config.json's "
                              f"gpt_num_audio_tokens = {limits.num_audio_tokens} means {limits.num_audio_tokens - 2}")
-        stats = read_pth(folder / "mel_stats.pth")
+        stats = read_tensors(folder / "mel_stats.pth")
         if not isinstance(stats, np.ndarray) or stats.shape != (dvae.mel_channels,) \
                 or not np.all(np.isfinite(stats)) or np.any(stats == 0):
             raise ValueError(f"{folder / 'mel_stats.pth'}: expected a tensor of {dvae.mel_channels} finite, non-zero "

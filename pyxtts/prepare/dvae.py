@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pyxtts.prepare.pth import read_pth
+from pyxtts.torchfile import read_tensors
 
 __all__ = ["DVAEEncoder"]
 
@@ -80,7 +80,7 @@ class DVAEEncoder:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "DVAEEncoder":
-        state = read_pth(path)
+        state = read_tensors(path)
         where = str(path)
         if not isinstance(state, dict):
             raise ValueError(f"{where}: expected a state dict of the DVAE, got {type(state).__name__}")

@@ -33,8 +33,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import fixtures_prepare as fp  # noqa: E402
 
-from pyxtts.prepare import DVAE_MEL, DVAEEncoder, load_audio, mel_spectrogram, read_pth  # noqa: E402
+from pyxtts.prepare import DVAE_MEL, DVAEEncoder, load_audio, mel_spectrogram  # noqa: E402
 from pyxtts.prepare.audio import _filterbank, _window  # noqa: E402
+from pyxtts.torchfile import read_tensors  # noqa: E402
 
 
 def torch_codes(state: dict, stats: np.ndarray, wav: np.ndarray):
@@ -96,8 +97,8 @@ def main() -> None:
 
         import torch
         enc = DVAEEncoder.load(work / "xtts" / "dvae.pth")
-        stats = read_pth(work / "xtts" / "mel_stats.pth")
-        state = {k: torch.from_numpy(v.copy()) for k, v in read_pth(work / "xtts" / "dvae.pth").items()
+        stats = read_tensors(work / "xtts" / "mel_stats.pth")
+        state = {k: torch.from_numpy(v.copy()) for k, v in read_tensors(work / "xtts" / "dvae.pth").items()
                  if k.startswith(("encoder", "codebook.embed"))}
         clips = [load_audio(w) for w in wavs]
         t0 = time.perf_counter()
