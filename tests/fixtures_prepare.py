@@ -16,15 +16,14 @@ Writing them needs torch (the test extra has it); reading them, pyxtts does not.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
+
+from coqui import require_coqui
 
 ESPEAK = shutil.which("espeak-ng")
 
@@ -281,27 +280,93 @@ def training_texts() -> list[str]:
     return out
 
 
-def coqui_python() -> str | None:
-    """A Python that imports Coqui's TTS package: ``PYXTTS_COQUI_PYTHON``, or this one."""
-    env = os.environ.get("PYXTTS_COQUI_PYTHON")
-    if env:
-        return env
-    return sys.executable if importlib.util.find_spec("TTS") is not None else None
+# ---- Coqui's own XTTS code on the same inputs (tests/coqui.py: skips when absent) ----------
+
+def _coqui_wav(coqui, path: str | Path):
+    """A 22,050 Hz file as Coqui's trainer holds it (mono float32; torchaudio.load of a
+    16-bit PCM file gives the same values soundfile does)."""
+    import soundfile as sf
+
+    data, rate = sf.read(str(path), dtype="float32", always_2d=True)
+    assert rate == 22050, f"{path}: the Coqui references take 22,050 Hz files, got {rate}"
+    mono = data.mean(axis=1, dtype=np.float32) if data.shape[1] > 1 else data[:, 0].copy()
+    return coqui.torch.from_numpy(mono)
 
 
-NO_COQUI = ("Coqui's XTTS code (coqui-tts 0.28.0) is not installed here: set PYXTTS_COQUI_PYTHON to a Python "
-            "that has it to compare with it")
+def coqui_tokens(vocab: Path, pairs: list[list[str]]) -> list:
+    """``VoiceBpeTokenizer(vocab).encode(text, lang)`` for each [text, lang]; a failure is
+    ``{"error": "ExceptionName: message"}`` (the result to compare with)."""
+    coqui = require_coqui()
+    tok = coqui.VoiceBpeTokenizer(str(vocab))
+    out: list = []
+    for text, lang in pairs:
+        try:
+            out.append(tok.encode(text, lang))
+        except Exception as exc:  # noqa: BLE001 - the error is the result
+            out.append({"error": f"{type(exc).__name__}: {exc}"})
+    return out
 
 
-def run_coqui(*args: str, timeout: float = 900) -> None:
-    """Runs tests/coqui_reference.py with args in Coqui's Python; raises on failure. Several
-    commands at once: ``run_coqui("batch", jobs_json)``."""
-    python = coqui_python()
-    assert python is not None, NO_COQUI
-    script = Path(__file__).with_name("coqui_reference.py")
-    # Coqui's Python gets neither this package's path nor the sanitizer runtime of CI's second run
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LD_PRELOAD")}
-    r = subprocess.run([python, str(script), *args], capture_output=True, text=True, timeout=timeout, env=env,
-                       cwd="/")
-    if r.returncode != 0:
-        raise RuntimeError(f"coqui_reference.py {args[0]} failed ({r.returncode}):\n{r.stderr[-3000:]}")
+def coqui_audio(xtts_dir: Path, wavs: list[Path], dtype: str = "float32") -> list[tuple[np.ndarray, np.ndarray]]:
+    """(the DVAE's normalised mel, DiscreteVAE.get_codebook_indices) of each clip alone (a
+    batch of one), with the DVAE gpt_trainer.py builds and the folder's dvae.pth, computed
+    in ``dtype``: float32 as Coqui trains, or float64 (every buffer and weight)."""
+    coqui = require_coqui()
+    torch = coqui.torch
+    cfg = json.loads((xtts_dir / "config.json").read_text())["model_args"]
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64 if dtype == "float64" else torch.float32)
+    try:
+        mel = coqui.TorchMelSpectrogram(mel_norm_file=str(xtts_dir / "mel_stats.pth"), sampling_rate=22050)
+    finally:
+        torch.set_default_dtype(before)
+    state = torch.load(xtts_dir / "dvae.pth", map_location="cpu", weights_only=True)
+    # gpt_trainer.py's DiscreteVAE has hidden_dim = codebook_dim = 512; the tests also use narrower ones
+    dvae = coqui.DiscreteVAE(channels=80, normalization=None, positional_dims=1,
+                             num_tokens=cfg["gpt_num_audio_tokens"] - 2,
+                             codebook_dim=state["codebook.embed"].shape[0],
+                             hidden_dim=state["encoder.0.0.weight"].shape[0], num_resnet_blocks=3, kernel_size=3,
+                             num_layers=2, use_transposed_convs=False)
+    missing, unexpected = dvae.load_state_dict(state, strict=False)
+    assert not unexpected and not [k for k in missing if k.startswith(("encoder", "codebook"))], (missing, unexpected)
+    dvae = dvae.to(getattr(torch, dtype)).eval()
+    out = []
+    with torch.no_grad():
+        for w in wavs:
+            m = mel(_coqui_wav(coqui, w).to(getattr(torch, dtype))[None, None, :])  # (1, 80, frames)
+            assert m.dtype == getattr(torch, dtype)
+            out.append((m[0].numpy(), dvae.get_codebook_indices(m)[0].numpy()))
+    return out
+
+
+def coqui_mels(mel_stats: Path, n_fft: int, hop: int, win: int, dtype: str,
+               signals: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """TorchMelSpectrogram with those settings (the DVAE's: 1024 256 1024; the conditioning
+    encoder's: 2048 256 1024, or 4096 1024 4096 without the perceiver) on each waveform,
+    computed in ``dtype`` (float32 as Coqui trains, or float64)."""
+    coqui = require_coqui()
+    torch = coqui.torch
+    # in float64, every buffer (window, filterbank) is built in float64 too
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64 if dtype == "float64" else torch.float32)
+    try:
+        m = coqui.TorchMelSpectrogram(filter_length=n_fft, hop_length=hop, win_length=win, normalize=False,
+                                      sampling_rate=22050, mel_fmin=0, mel_fmax=8000, n_mel_channels=80,
+                                      mel_norm_file=str(mel_stats))
+    finally:
+        torch.set_default_dtype(before)
+    with torch.no_grad():
+        return {k: m(torch.from_numpy(v.astype(dtype))[None, None, :])[0].numpy() for k, v in signals.items()}
+
+
+def coqui_prompt_slice(wav: Path) -> tuple[np.ndarray, list[int]]:
+    """Coqui's get_prompt_slice in evaluation mode: the slice and its [start, end]."""
+    coqui = require_coqui()
+    ds = coqui.xtts_dataset
+    load = ds.load_audio
+    ds.load_audio = lambda path, sr: _coqui_wav(coqui, path)[None, :]  # torchaudio's file loading is not needed
+    try:
+        clip, _length, idxs = ds.get_prompt_slice(str(wav), 132300, 66150, 22050, is_eval=True)
+    finally:
+        ds.load_audio = load
+    return clip[0].numpy(), [int(i) for i in idxs]

@@ -1,17 +1,18 @@
-"""pyxtts.prepare's audio side against references nobody here wrote: soundfile + soxr loading, the mel spectrograms and the conditioning slice
-against Coqui's own TorchMelSpectrogram and get_prompt_slice (in Coqui's Python), and the
-DVAE encoder against torch's float64 convolutions and Coqui's DiscreteVAE."""
+"""pyxtts.prepare's audio side against references nobody here wrote: soundfile + soxr
+loading, the mel spectrograms and the conditioning slice against Coqui's own
+TorchMelSpectrogram and get_prompt_slice, and the DVAE encoder against torch's float64
+convolutions and Coqui's DiscreteVAE. (The .pth reading is pyxtts.torchfile's, tested in
+test_torchfile.py.)"""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import SEED
-from fixtures_prepare import (ESPEAK, NO_COQUI, TINY_DVAE, coqui_python, dvae_state, espeak, run_coqui,
+from fixtures_prepare import (ESPEAK, TINY_DVAE, coqui_mels, coqui_prompt_slice, dvae_state, espeak,
                               torch_dvae_encode, torch_save)
+from helpers import SEED, make_rng
 
 sf = pytest.importorskip("soundfile", reason="the prepare extra (soundfile) is not installed")
 soxr = pytest.importorskip("soxr", reason="the prepare extra (soxr) is not installed")
@@ -101,29 +102,21 @@ MEL_SETTINGS = {"dvae": DVAE_MEL, "style": STYLE_MEL, "style-np": STYLE_MEL_NO_P
 
 @pytest.fixture(scope="module")
 def coqui_ref(tmp_path_factory, speech):
-    """Everything this module compares with Coqui, computed in one run of Coqui's Python."""
-    if coqui_python() is None:
-        pytest.skip(NO_COQUI)
+    """Everything this module compares with Coqui, computed by Coqui's own code."""
     d = tmp_path_factory.mktemp("coqui")
-    rng = np.random.default_rng(SEED)
+    rng = make_rng("coqui_ref")
     stats = rng.uniform(-6, -2, 80).astype(np.float32)
     torch_save(stats, d / "stats.pth")
     sig = _signals(speech, rng)
-    np.savez(d / "in.npz", **sig)
     slices = {f"s{i}": reference_slice(load_audio(p), rng)[0] for i, p in enumerate(speech)}
-    np.savez(d / "slices.npz", **slices)
     long_clip = d / "long.wav"  # longer than the 99,225-sample evaluation slice
     sf.write(long_clip, np.concatenate([sf.read(p, dtype="int16")[0] for p in speech] * 3), 22050, subtype="PCM_16")
-    jobs = [["mel", str(d / "stats.pth"), str(st.n_fft), str(st.hop_length), str(st.win_length), dtype,
-             str(d / "in.npz"), str(d / f"mel-{name}-{dtype}.npz")]
-            for name, st in MEL_SETTINGS.items() for dtype in ("float64", "float32")]
-    jobs.append(["mel", str(d / "stats.pth"), "2048", "256", "1024", "float32", str(d / "slices.npz"),
-                 str(d / "cond.npz")])
-    jobs += [["slice", str(long_clip), str(d / "slice-long.npz")],
-             ["slice", str(speech[3]), str(d / "slice-short.npz")]]
-    (d / "jobs.json").write_text(json.dumps(jobs))
-    run_coqui("batch", str(d / "jobs.json"))
-    return {"dir": d, "stats": stats, "signals": sig, "slices": slices, "long": long_clip}
+    mels = {(name, dtype): coqui_mels(d / "stats.pth", st.n_fft, st.hop_length, st.win_length, dtype, sig)
+            for name, st in MEL_SETTINGS.items() for dtype in ("float64", "float32")}
+    return {"stats": stats, "signals": sig, "slices": slices, "mels": mels,
+            "cond": coqui_mels(d / "stats.pth", 2048, 256, 1024, "float32", slices),
+            "slice": {"long": (long_clip, coqui_prompt_slice(long_clip)),
+                      "short": (speech[3], coqui_prompt_slice(speech[3]))}}
 
 
 @pytest.mark.parametrize("name", list(MEL_SETTINGS))
@@ -131,8 +124,7 @@ def test_mel_equals_coqui(coqui_ref, name):
     """Coqui's TorchMelSpectrogram run in float64 gives the same mel to ~1e-12 (both exact);
     run in float32, as Coqui trains, it is within its own rounding of it."""
     settings = MEL_SETTINGS[name]
-    d = coqui_ref["dir"]
-    ref64, ref32 = np.load(d / f"mel-{name}-float64.npz"), np.load(d / f"mel-{name}-float32.npz")
+    ref64, ref32 = coqui_ref["mels"][name, "float64"], coqui_ref["mels"][name, "float32"]
     for k, wav in coqui_ref["signals"].items():
         mine = mel_spectrogram(wav, coqui_ref["stats"], settings)
         assert mine.shape == (80, 1 + wav.shape[0] // settings.hop_length) == ref64[k].shape, k
@@ -158,13 +150,12 @@ def test_mel_rejects_bad_input():
 
 # ---- conditioning -------------------------------------------------------------------------
 
-def test_reference_slice_in_evaluation_equals_coqui(coqui_ref, speech):
-    d = coqui_ref["dir"]
-    for path, name in ((coqui_ref["long"], "long"), (speech[3], "short")):  # short: half the clip
-        ref = np.load(d / f"slice-{name}.npz")
-        out, start, end = reference_slice(load_audio(path), np.random.default_rng(0), evaluation=True)
-        np.testing.assert_array_equal(out, ref["slice"])
-        assert [start, end] == ref["idxs"].tolist()
+def test_reference_slice_in_evaluation_equals_coqui(coqui_ref, rng):
+    for name in ("long", "short"):  # short: half the clip
+        path, (ref_slice, ref_idxs) = coqui_ref["slice"][name]
+        out, start, end = reference_slice(load_audio(path), rng, evaluation=True)  # draws nothing
+        np.testing.assert_array_equal(out, ref_slice)
+        assert [start, end] == ref_idxs, name
 
 
 def test_reference_slice_draws(rng, seed):
@@ -187,7 +178,7 @@ def test_reference_slice_draws(rng, seed):
 
 
 def test_conditioning_mel_equals_coqui(coqui_ref):
-    ref = np.load(coqui_ref["dir"] / "cond.npz")
+    ref = coqui_ref["cond"]
     stats = coqui_ref["stats"]
     for k, wav in coqui_ref["slices"].items():
         mine = conditioning_mel(wav, stats)

@@ -1,5 +1,5 @@
-"""XTTS's text ids: pyxtts's tokenizer against Coqui's VoiceBpeTokenizer (run in Coqui's
-Python) on the same vocab.json, over fixed sentences and fresh random ones in every
+"""XTTS's text ids: pyxtts's tokenizer against Coqui's VoiceBpeTokenizer on the same
+vocab.json, over fixed sentences and fresh random ones in every
 language whose cleaning needs no extra package (numbers, decimals, currencies, ordinals,
 abbreviations, symbols, punctuation); and what it says for bad or unsupported input."""
 from __future__ import annotations
@@ -10,9 +10,8 @@ import json
 import numpy as np
 import pytest
 
-from conftest import SEED
-from fixtures_prepare import (NO_COQUI, SENTENCES, SENTENCES_CJK, coqui_python, run_coqui, training_texts,
-                              write_vocab)
+from fixtures_prepare import SENTENCES, SENTENCES_CJK, coqui_tokens, training_texts, write_vocab
+from helpers import SEED, make_rng
 
 pytest.importorskip("tokenizers", reason="the prepare extra (tokenizers) is not installed")
 pytest.importorskip("num2words", reason="the prepare extra (num2words) is not installed")
@@ -67,16 +66,11 @@ def random_sentences(lang: str, rng: np.random.Generator, n: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def coqui_ids(tmp_path_factory, vocab):
-    if coqui_python() is None:
-        pytest.skip(NO_COQUI)
-    rng = np.random.default_rng(SEED)
+def coqui_ids(vocab):
+    rng = make_rng("coqui_ids")
     pairs = [[s, lang] for lang in PLAIN for s in SENTENCES[lang] + random_sentences(lang, rng, 40)]
     pairs += [["Hello  World!", "en-US"], ["   ", "en"], ["", "de"], ["Ünïcödé ☃ text", "fr"]]
-    d = tmp_path_factory.mktemp("coqui-tokens")
-    (d / "in.json").write_text(json.dumps(pairs, ensure_ascii=False), encoding="utf-8")
-    run_coqui("tokens", str(vocab), str(d / "in.json"), str(d / "out.json"))
-    return pairs, json.loads((d / "out.json").read_text(encoding="utf-8"))
+    return pairs, coqui_tokens(vocab, pairs)
 
 
 def test_ids_equal_coqui(vocab, coqui_ids):
@@ -101,18 +95,14 @@ def test_ids_equal_coqui(vocab, coqui_ids):
 
 
 @pytest.mark.parametrize("lang", ["ja", "zh"])
-def test_ids_equal_coqui_cjk(vocab, tmp_path, lang):
+def test_ids_equal_coqui_cjk(vocab, lang):
     """Where both sides have the language's packages (not in the test extra)."""
     try:
         clean_text(SENTENCES_CJK[lang][0], lang)
     except ImportError as exc:
         pytest.skip(f"pyxtts cannot clean {lang} here: {exc}")
-    if coqui_python() is None:
-        pytest.skip(NO_COQUI)
     pairs = [[t, lang] for t in SENTENCES_CJK[lang]]
-    (tmp_path / "in.json").write_text(json.dumps(pairs, ensure_ascii=False), encoding="utf-8")
-    run_coqui("tokens", str(vocab), str(tmp_path / "in.json"), str(tmp_path / "out.json"))
-    ref = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
+    ref = coqui_tokens(vocab, pairs)
     if any(isinstance(r, dict) and "Error" in r["error"].split(":")[0] for r in ref):
         pytest.skip(f"Coqui cannot clean {lang} here: {ref[0]}")
     tok = XTTSTokenizer(vocab)
