@@ -114,6 +114,27 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare(args: argparse.Namespace) -> int:
+    try:
+        from pyxtts.prepare import prepare
+        from pyxtts.prepare.sources import MetadataError
+
+        result = prepare(args.xtts_dir, args.metadata, args.out, language=args.language, audio_dir=args.audio_dir,
+                         eval_fraction=args.eval_fraction, workers=args.workers,
+                         samples_per_shard=args.samples_per_shard, seed=args.seed, overwrite=args.overwrite,
+                         max_wav_samples=args.max_wav_samples, min_seconds=args.min_seconds,
+                         max_text_tokens=args.max_text_tokens, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print("pyxtts prepare: interrupted; finished shards are kept, the same command resumes", file=sys.stderr)
+        return 130
+    except ImportError as exc:
+        return _fail("prepare", exc)
+    except (MetadataError, FileExistsError, OSError, TypeError, ValueError) as exc:
+        return _fail("prepare", exc)
+    print(result.format_summary())
+    return 0
+
+
 def _export(args: argparse.Namespace) -> int:
     from pyxtts.checkpoint import CheckpointError
     from pyxtts.coqui_checkpoint import export_xtts_checkpoint
@@ -163,6 +184,28 @@ def main(argv: list[str] | None = None) -> int:
     mt.add_argument("--no-step", action="store_true", help="plan only, no real step")
     mt.add_argument("--verbose", action="store_true", help="every block's policy and saved bytes, the arena")
     mt.set_defaults(func=_memtest)
+    pr = sub.add_parser("prepare", help="recordings and transcripts -> training shards (text ids, DVAE codes)")
+    pr.add_argument("--xtts-dir", required=True,
+                    help="XTTS v2 checkpoint folder: config.json, vocab.json, dvae.pth, mel_stats.pth")
+    pr.add_argument("--metadata", required=True,
+                    help="LJSpeech metadata.csv, Coqui's audio_file|text|speaker_name CSV, or a .jsonl manifest")
+    pr.add_argument("--audio-dir", default=None,
+                    help="folder the audio paths are relative to (default: wavs/ beside an LJSpeech "
+                         "metadata.csv, else the metadata's folder)")
+    pr.add_argument("--language", default="en", help="language of the transcripts (default en)")
+    pr.add_argument("--out", required=True, help="output folder: train/ and eval/ shards, report.tsv, summary.json")
+    pr.add_argument("--eval-fraction", type=float, default=0.0, help="share of samples held out into eval/")
+    pr.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    pr.add_argument("--samples-per-shard", type=int, default=256, help="samples per .npz shard (default 256)")
+    pr.add_argument("--seed", type=int, default=0, help="seed of the evaluation split (default 0)")
+    pr.add_argument("--max-wav-samples", type=int, default=255995,
+                    help="longest clip kept, in samples at 22,050 Hz (default 255995, Coqui's max_wav_length)")
+    pr.add_argument("--min-seconds", type=float, default=0.5, help="shortest clip kept (default 0.5)")
+    pr.add_argument("--max-text-tokens", type=int, default=None,
+                    help="most text ids per sample (default: the model's gpt_max_text_tokens; Coqui's recipe: 200)")
+    pr.add_argument("--overwrite", action="store_true", help="replace an output folder prepared from other inputs")
+    pr.add_argument("--no-progress", action="store_true", help="no progress bar")
+    pr.set_defaults(func=_prepare)
     ex = sub.add_parser("export", help="write a fine-tuned GPT into a Coqui XTTS checkpoint folder")
     ex.add_argument("--checkpoint", required=True, help="pyxtts checkpoint (e.g. RUN/step_N.safetensors)")
     ex.add_argument("--base", required=True,

@@ -3,8 +3,11 @@ against a ModelConfig, length-bucketed padded batches, and a learnable synthetic
 
 Shard format: a folder of ``*.npz`` files read in sorted name order; a shard holding n
 samples has, for i in 0..n-1, the integer arrays ``text_<i>`` (Lt,) and ``audio_<i>``
-(La,) and optionally the float array ``cond_<i>`` (Nc, d_model). ``write_shards`` writes
-``shard-00000.npz``, ``shard-00001.npz``, ...
+(La,) and optionally the float array ``cond_<i>`` (Nc, d_model) and the conditioning audio
+``pyxtts prepare`` stores: ``ref_audio_<i>`` (N,) float32 at 22,050 Hz, the recording the
+trainer draws each step's reference slice from, and ``ref_is_clip_<i>`` () bool, true when
+that recording is the sample's own clip (so its slice's codes can be masked as targets).
+``write_shards`` writes ``shard-00000.npz``, ``shard-00001.npz``, ...
 
 Manifest format: a text file, one JSON object per line, ``{"text": ..., "audio": ...,
 "cond": ...}`` (``cond`` optional); each value is either a list (of ids, or of rows for
@@ -34,7 +37,7 @@ import numpy as np
 
 from pyxtts.framing import AUDIO_OVERHEAD, TEXT_OVERHEAD, frame_batch
 
-__all__ = ["DataError", "Sample", "TTSDataset", "SyntheticDataset", "write_shards", "collate",
+__all__ = ["DataError", "Sample", "TTSDataset", "SyntheticDataset", "shard_arrays", "write_shards", "collate",
            "batch_groups", "bucketed_batches"]
 
 
@@ -48,6 +51,8 @@ class Sample:
     audio: np.ndarray  # (La,) int64
     cond: np.ndarray | None = None  # (Nc, d_model) float32
     source: str = ""  # file (and line) it came from, for error messages
+    ref_audio: np.ndarray | None = None  # (N,) float32 at 22,050 Hz: reference slices are drawn from it
+    ref_is_clip: bool = False  # ref_audio is the sample's own clip
 
 
 def _ids(value: Any, where: str, what: str) -> np.ndarray:
@@ -67,42 +72,79 @@ def _cond(value: Any, where: str) -> np.ndarray:
     return a.astype(np.float32)
 
 
+def _ref_audio(value: Any, where: str) -> np.ndarray:
+    a = np.asarray(value)
+    if a.ndim != 1 or a.dtype.kind != "f" or a.size == 0:
+        raise DataError(f"{where}: ref_audio must be a non-empty 1-d float array (samples at 22,050 Hz), got "
+                        f"dtype {a.dtype} shape {a.shape}")
+    return a.astype(np.float32)
+
+
+def shard_arrays(samples: Iterable, where: str = "sample", first: int = 0) -> dict[str, np.ndarray]:
+    """The arrays of one shard holding ``samples`` (``Sample`` or (text, audio[, cond]) tuples
+    or dicts with the keys ``text``, ``audio`` and optional ``cond``, ``ref_audio``,
+    ``ref_is_clip``), named as the module docstring says. A bad sample is a DataError that
+    calls it ``f"{where} {first + i}"``."""
+    arrays: dict[str, np.ndarray] = {}
+    for i, s in enumerate(samples):
+        ref, ref_is_clip = None, False
+        if isinstance(s, Sample):
+            text, audio, cond, ref, ref_is_clip = s.text, s.audio, s.cond, s.ref_audio, s.ref_is_clip
+        elif isinstance(s, dict):
+            text, audio, cond = s["text"], s["audio"], s.get("cond")
+            ref, ref_is_clip = s.get("ref_audio"), bool(s.get("ref_is_clip", False))
+        else:
+            text, audio, *rest = s
+            cond = rest[0] if rest else None
+        name = f"{where} {first + i}"
+        arrays[f"text_{i}"] = _ids(text, name, "text")
+        arrays[f"audio_{i}"] = _ids(audio, name, "audio")
+        if cond is not None:
+            arrays[f"cond_{i}"] = _cond(cond, name)
+        if ref is not None:
+            arrays[f"ref_audio_{i}"] = _ref_audio(ref, name)
+            arrays[f"ref_is_clip_{i}"] = np.array(bool(ref_is_clip))
+    return arrays
+
+
 def write_shards(samples: Iterable, folder: str | os.PathLike, samples_per_shard: int = 1000) -> list[Path]:
-    """Writes samples (``Sample`` or (text, audio[, cond]) tuples or dicts with those keys)
-    as ``shard-NNNNN.npz`` files into ``folder`` (created); returns the paths."""
+    """Writes samples (``Sample`` or (text, audio[, cond]) tuples or dicts with those keys,
+    as ``shard_arrays`` takes them) as ``shard-NNNNN.npz`` files into ``folder`` (created);
+    returns the paths."""
     if isinstance(samples_per_shard, bool) or not isinstance(samples_per_shard, int) or samples_per_shard < 1:
         raise ValueError(f"samples_per_shard: expected an int >= 1, got {samples_per_shard!r}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
-    arrays: dict[str, np.ndarray] = {}
+    pending: list = []
 
     def flush() -> None:
         path = folder / f"shard-{len(paths):05d}.npz"
-        np.savez(path, **arrays)
+        np.savez(path, **shard_arrays(pending, "write_shards: sample", len(paths) * samples_per_shard))
         paths.append(path)
-        arrays.clear()
+        pending.clear()
 
-    i = 0
     for s in samples:
-        if isinstance(s, Sample):
-            text, audio, cond = s.text, s.audio, s.cond
-        elif isinstance(s, dict):
-            text, audio, cond = s["text"], s["audio"], s.get("cond")
-        else:
-            text, audio, *rest = s
-            cond = rest[0] if rest else None
-        where = f"write_shards: sample {i}"
-        arrays[f"text_{i % samples_per_shard}"] = _ids(text, where, "text")
-        arrays[f"audio_{i % samples_per_shard}"] = _ids(audio, where, "audio")
-        if cond is not None:
-            arrays[f"cond_{i % samples_per_shard}"] = _cond(cond, where)
-        i += 1
-        if i % samples_per_shard == 0:
+        pending.append(s)
+        if len(pending) == samples_per_shard:
             flush()
-    if arrays:
+    if pending:
         flush()
     return paths
+
+
+def json_lines(path: Path, error: type[ValueError] = DataError) -> Iterator[tuple[str, Any]]:
+    """``(where, record)`` for each non-blank line of a JSON-lines file, ``where`` being
+    ``path:line``; a line that is not JSON raises ``error`` naming it."""
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                yield where, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise error(f"{where}: not valid JSON: {exc}") from exc
 
 
 class TTSDataset(Sequence):
@@ -139,9 +181,12 @@ class TTSDataset(Sequence):
                             raise DataError(f"{where}: array {k!r} missing (a shard holds text_<i>, "
                                             "audio_<i> and optional cond_<i> for i = 0..n-1)")
                     cond = _cond(z[f"cond_{i}"], where) if f"cond_{i}" in keys else None
+                    ref = _ref_audio(z[f"ref_audio_{i}"], where) if f"ref_audio_{i}" in keys else None
+                    ref_is_clip = f"ref_is_clip_{i}" in keys and bool(z[f"ref_is_clip_{i}"])
                     samples.append(Sample(_ids(z[f"text_{i}"], where, "text"),
-                                          _ids(z[f"audio_{i}"], where, "audio"), cond, where))
-                extra = keys - {f"{p}_{i}" for i in range(n) for p in ("text", "audio", "cond")}
+                                          _ids(z[f"audio_{i}"], where, "audio"), cond, where, ref, ref_is_clip))
+                extra = keys - {f"{p}_{i}" for i in range(n)
+                                for p in ("text", "audio", "cond", "ref_audio", "ref_is_clip")}
                 if extra:
                     raise DataError(f"{f}: unexpected arrays {sorted(extra)[:3]}")
         return cls(samples, config)
@@ -161,22 +206,14 @@ class TTSDataset(Sequence):
                     raise DataError(f"{where}: cannot read {key} file {str(p)!r}: {exc}") from exc
             return v
 
-        with open(path, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{lineno}"
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{where}: not valid JSON: {exc}") from exc
-                if not isinstance(rec, dict) or "text" not in rec or "audio" not in rec:
-                    raise DataError(f"{where}: expected an object with 'text' and 'audio' (and optional 'cond')")
-                cond = rec.get("cond")
-                samples.append(Sample(_ids(value(rec["text"], where, "text"), where, "text"),
-                                      _ids(value(rec["audio"], where, "audio"), where, "audio"),
-                                      None if cond is None else _cond(value(cond, where, "cond"), where),
-                                      where))
+        for where, rec in json_lines(path):
+            if not isinstance(rec, dict) or "text" not in rec or "audio" not in rec:
+                raise DataError(f"{where}: expected an object with 'text' and 'audio' (and optional 'cond')")
+            cond = rec.get("cond")
+            samples.append(Sample(_ids(value(rec["text"], where, "text"), where, "text"),
+                                  _ids(value(rec["audio"], where, "audio"), where, "audio"),
+                                  None if cond is None else _cond(value(cond, where, "cond"), where),
+                                  where))
         if not samples:
             raise DataError(f"{path}: the manifest holds no samples")
         return cls(samples, config)

@@ -14,6 +14,10 @@ restricted unpickler:
   given: nothing is imported, called or executed. A pickle whose ``__reduce__`` asks
   for ``os.system`` gets a record of that request, not a call.
 
+``read_tensors(path)`` is the whole object at once with every tensor as a NumPy array,
+for files that hold tensors and plain containers only (a state dict, a bare tensor):
+anything else the pickle names is refused.
+
 ``rewrite_storages(src, dst, storages)`` writes a copy of an archive with some storages
 replaced byte for byte: every other record, the pickle included, is copied unchanged,
 so keys, dtypes, the other tensors and any pickled objects are exactly those of the
@@ -33,7 +37,8 @@ from typing import Any, Mapping
 import ml_dtypes
 import numpy as np
 
-__all__ = ["PickledObject", "StorageRef", "TensorRef", "TorchFile", "TorchFileError", "rewrite_storages"]
+__all__ = ["PickledObject", "StorageRef", "TensorRef", "TorchFile", "TorchFileError", "read_tensors",
+           "rewrite_storages"]
 
 ALIGNMENT = 64  # torch.save aligns every record's data to 64 bytes
 
@@ -239,6 +244,32 @@ class TorchFile:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def read_tensors(path: str | os.PathLike) -> Any:
+    """The object a ``torch.save`` file of plain tensors holds (a state dict, a bare tensor,
+    containers of them), every tensor a fresh NumPy array. Raises ``TorchFileError`` when
+    the file names any other class or function (a model object, a config, code): such a
+    file is not plain tensors, and nothing of it is run."""
+    with TorchFile(path) as f:
+        storages: dict[str, np.ndarray] = {}
+
+        def arrays(obj: Any) -> Any:
+            if isinstance(obj, TensorRef):
+                key = obj.storage.key
+                if key not in storages:  # views of one storage read it once
+                    storages[key] = np.frombuffer(f.storage_bytes(obj.storage), dtype=obj.dtype)
+                return _view(storages[key], obj).copy()
+            if isinstance(obj, PickledObject):
+                raise TorchFileError(f"{f.path}: holds a pickled {obj.module}.{obj.name}, not only tensors; "
+                                     "it is not loaded (nothing from the file is executed)")
+            if isinstance(obj, Mapping):
+                return type(obj)((k, arrays(v)) for k, v in obj.items())
+            if isinstance(obj, (list, tuple)):
+                return type(obj)(arrays(v) for v in obj)
+            return obj
+
+        return arrays(f.obj)
 
 
 def _view(flat: np.ndarray, ref: TensorRef) -> np.ndarray:

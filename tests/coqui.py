@@ -28,7 +28,10 @@ def require_coqui() -> SimpleNamespace:
         warnings.simplefilter("ignore")
         import torch
         from TTS.tts.configs.xtts_config import XttsArgs, XttsAudioConfig, XttsConfig
+        from TTS.tts.layers.tortoise.arch_utils import TorchMelSpectrogram
+        from TTS.tts.layers.xtts.dvae import DiscreteVAE
         from TTS.tts.layers.xtts.gpt import GPT
+        from TTS.tts.layers.xtts.trainer import dataset as xtts_dataset
         from TTS.tts.layers.xtts.trainer.gpt_trainer import GPTArgs, GPTTrainer, GPTTrainerConfig
         from TTS.tts.layers.xtts.tokenizer import VoiceBpeTokenizer
         from TTS.tts.models import xtts as xtts_module
@@ -37,4 +40,6 @@ def require_coqui() -> SimpleNamespace:
     return SimpleNamespace(torch=torch, GPT=GPT, Xtts=Xtts, XttsConfig=XttsConfig, XttsArgs=XttsArgs,
                            XttsAudioConfig=XttsAudioConfig, GPTArgs=GPTArgs, GPTTrainer=GPTTrainer,
                            GPTTrainerConfig=GPTTrainerConfig, VoiceBpeTokenizer=VoiceBpeTokenizer,
-                           xtts_module=xtts_module, trainer_save_checkpoint=trainer_save_checkpoint)
+                           xtts_module=xtts_module, trainer_save_checkpoint=trainer_save_checkpoint,
+                           TorchMelSpectrogram=TorchMelSpectrogram, DiscreteVAE=DiscreteVAE,
+                           xtts_dataset=xtts_dataset)

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import pyxtts
-from pyxtts.torchfile import PickledObject, TensorRef, TorchFile, TorchFileError, rewrite_storages, storages_with
+from pyxtts.torchfile import (PickledObject, TensorRef, TorchFile, TorchFileError, read_tensors, rewrite_storages,
+                              storages_with)
 
 torch = pytest.importorskip("torch", reason="torch writes the reference files (pip install torch)")
 
@@ -161,3 +162,52 @@ def test_broken_archives_are_refused(tmp_path):
                 z.writestr(n, b)
         with pytest.raises(TorchFileError, match=match):
             TorchFile(path)
+
+
+def test_read_tensors_equals_torch_load(tmp_path, seed):
+    """Every dtype torch.save writes for plain tensors, views into shared storages, a
+    parameter, a scalar and an empty tensor, in a state dict and bare (as mel_stats.pth is)."""
+    g = torch.Generator().manual_seed(seed % 2**31)
+    big = torch.randn(7, 9, generator=g)
+    obj = {
+        "f32": torch.randn(3, 4, 5, generator=g),
+        "f64": torch.randn(6, generator=g, dtype=torch.float64),
+        "f16": torch.randn(2, 3, generator=g).half(),
+        "bf16": torch.randn(4, 2, generator=g).bfloat16(),
+        "i64": torch.randint(-2**40, 2**40, (5,), generator=g),
+        "i32": torch.randint(-2**30, 2**30, (2, 2), generator=g, dtype=torch.int32),
+        "i16": torch.randint(-2**15, 2**15, (3,), generator=g, dtype=torch.int16),
+        "i8": torch.randint(-128, 128, (4,), generator=g, dtype=torch.int8),
+        "u8": torch.randint(0, 256, (4,), generator=g, dtype=torch.uint8),
+        "bool": torch.rand(5, generator=g) < 0.5,
+        "scalar": torch.tensor(3.5),
+        "empty": torch.zeros(0, 4),
+        "transposed": big.t(),  # non-contiguous view
+        "sliced": big[2:5, 1::3],  # offset and strides into the same storage as "transposed"
+        "param": torch.nn.Parameter(torch.randn(2, 2, generator=g)),
+    }
+    path = tmp_path / "t.pth"
+    torch.save({"state": obj, "list": [obj["f32"], (obj["i8"], 3)], "step": 4}, path)
+    got = read_tensors(path)
+    assert got["step"] == 4 and isinstance(got["list"][1], tuple) and got["list"][1][1] == 3
+    assert list(got["state"]) == list(obj)
+    for k, t in [*obj.items(), ("list0", obj["f32"]), ("list1", obj["i8"])]:
+        mine = got["state"].get(k) if k in obj else got["list"][0] if k == "list0" else got["list"][1][0]
+        want = as_numpy(t)
+        assert mine.dtype == want.dtype and mine.shape == want.shape, (k, seed)
+        assert mine.tobytes() == np.ascontiguousarray(want).tobytes(), (k, seed)  # every bit
+        assert mine.flags.writeable and mine.flags.c_contiguous, k  # a copy, not a view of the file
+    torch.save(obj["f32"], path)
+    np.testing.assert_array_equal(read_tensors(path), obj["f32"].numpy())
+
+
+def test_read_tensors_refuses_anything_but_tensors(tmp_path, rng):
+    marker = tmp_path / "ran"
+    path = tmp_path / "evil.pth"
+    torch.save({"w": torch.from_numpy(rng.standard_normal(3)), "x": RunsACommand(f"touch {marker}")}, path)
+    with pytest.raises(TorchFileError, match=r"holds a pickled (posix|os)\.system, not only tensors"):
+        read_tensors(path)
+    assert not marker.exists(), "nothing in the file ran"
+    torch.save({"model": torch.nn.Linear(2, 2)}, path)  # a whole module, not its state dict
+    with pytest.raises(TorchFileError, match=r"holds a pickled torch\.nn\.modules\.linear\.Linear"):
+        read_tensors(path)

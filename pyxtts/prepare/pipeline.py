@@ -1,0 +1,489 @@
+"""``prepare``: transcripts and recordings in, ``.npz`` shards that ``TTSDataset.load`` reads out.
+
+Each sample becomes the tokenizer's text ids, the DVAE's audio codes (no start or stop
+token) and its conditioning recording (``ref_audio``, 22,050 Hz float32). A sample the model
+cannot take is listed in ``report.tsv`` with the reason and left out; nothing is truncated.
+
+Output folder::
+
+    OUT/prepare.json          the inputs' and settings' fingerprint (a rerun must match it)
+    OUT/train/shard-NNNNN.npz the training samples; shard-NNNNN.json lists its samples
+    OUT/eval/shard-NNNNN.npz  the held-out samples (eval_fraction > 0)
+    OUT/report.tsv            every sample: kept, or the reason it was dropped
+    OUT/summary.json          counts, hours, tokens per second of speech, throughput
+
+Shard j of a split holds the kept samples among that split's items j*S .. (j+1)*S - 1 (S =
+samples_per_shard) in transcript order, so the output depends only on the inputs and the
+settings, never on the number of workers or on timing; files are written byte for byte the
+same (fixed zip timestamps) and atomically. A run that stops part-way (Ctrl-C, a crash) is
+resumed by running it again: finished shards whose items are unchanged are kept.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import multiprocessing
+import os
+import shutil
+import sys
+import time
+import zipfile
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pyxtts.data import shard_arrays
+from pyxtts.prepare.assets import XTTSAssets
+from pyxtts.prepare.audio import DVAE_MEL, SAMPLE_RATE, SILENCE_PEAK, AudioError, load_audio, mel_spectrogram
+from pyxtts.prepare.cleaners import clean_text
+from pyxtts.prepare.sources import Item, read_metadata
+
+__all__ = ["MAX_WAV_SAMPLES", "MIN_SECONDS", "REASONS", "PrepareResult", "prepare"]
+
+FORMAT = 1
+MAX_WAV_SAMPLES = 255995  # Coqui's GPTArgs.max_wav_length (~11.6 s)
+MIN_SECONDS = 0.5  # Coqui's XTTSDataset drops shorter clips
+
+REASONS = {
+    "unreadable": "the audio file is missing or libsndfile cannot read it",
+    "silent": f"the clip's peak stays below {SILENCE_PEAK} (-60 dBFS)",
+    "too_short": "shorter than the minimum duration",
+    "too_long": "more samples at 22,050 Hz than the maximum (Coqui: 255,995)",
+    "text_empty": "the transcript is empty",
+    "text_error": "the transcript cannot be cleaned (e.g. a number num2words cannot spell in that language)",
+    "unknown_token": "the cleaned transcript has characters the vocabulary lacks ([UNK]) or a [STOP] token",
+    "text_too_long": "more text ids than the model's text positions",
+    "codes_too_long": "more audio codes than the model's audio positions",
+    "reference_unreadable": "the reference recording is missing or unreadable",
+    "reference_silent": "the reference recording is silent",
+    "reference_too_short": "the reference recording is shorter than the minimum duration",
+}
+
+
+@dataclass(frozen=True)
+class _Limits:
+    min_samples: int
+    max_samples: int
+    max_text_tokens: int
+    max_audio_codes: int
+    code_stride: int
+
+
+@dataclass
+class _Record:
+    key: str
+    where: str
+    status: str  # "kept" or a key of REASONS
+    detail: str = ""
+    seconds: float = 0.0  # of the clip, when it could be read
+    text_tokens: int = 0
+    audio_codes: int = 0
+    arrays: dict[str, Any] | None = field(default=None, repr=False)  # text, audio, ref_audio, ref_is_clip
+
+
+@dataclass
+class PrepareResult:
+    """What ``prepare`` did; ``summary`` is also written to ``OUT/summary.json``."""
+    out: Path
+    train: Path
+    eval: Path | None
+    report: Path
+    summary: dict[str, Any]
+
+    def format_summary(self) -> str:
+        s = self.summary
+        lines = [f"prepared {s['kept']} of {s['samples']} samples ({s['hours_kept']:.3f} h of speech kept, "
+                 f"{s['hours_read']:.3f} h read) into {self.out}"]
+        for split in ("train", "eval"):
+            if s["splits"].get(split):
+                sp = s["splits"][split]
+                lines.append(f"  {split}: {sp['kept']} samples in {sp['shards']} shards ({sp['hours']:.3f} h)")
+        if s["dropped"]:
+            lines.append("  dropped: " + ", ".join(f"{n} {r}" for r, n in sorted(s["dropped"].items()))
+                         + f" (each listed in {self.report.name})")
+        else:
+            lines.append("  dropped: none")
+        if s["kept"]:
+            lines.append(f"  {s['text_tokens_per_second']:.2f} text tokens and {s['audio_codes_per_second']:.2f} "
+                         "audio codes per second of speech")
+        lines.append(f"  {s['wall_seconds']:.1f} s wall time for {s['processed_seconds']:.1f} s of audio "
+                     f"({s['audio_seconds_per_second']:.1f} s of audio per second; {s['workers']} worker(s), "
+                     f"{s['shards_resumed']} shard(s) kept from an earlier run)")
+        return "\n".join(lines)
+
+
+# ---- one sample ----------------------------------------------------------------------
+
+_ASSETS: XTTSAssets | None = None
+_LIMITS: _Limits | None = None
+
+
+def _init_worker(xtts_dir: str, limits: _Limits) -> None:
+    global _ASSETS, _LIMITS
+    _ASSETS, _LIMITS = XTTSAssets.load(xtts_dir), limits
+
+
+def _read_clip(path: Path, limits: _Limits) -> tuple[np.ndarray | None, str, str]:
+    """(wav, reason, detail): wav None when the clip cannot be used."""
+    try:
+        wav = load_audio(path)
+    except AudioError as exc:
+        return None, "unreadable", str(exc)
+    if wav.shape[0] < limits.min_samples:
+        return wav, "too_short", f"{wav.shape[0] / SAMPLE_RATE:.3f} s < {limits.min_samples / SAMPLE_RATE:.3f} s"
+    if float(np.max(np.abs(wav))) < SILENCE_PEAK:
+        return wav, "silent", f"peak {float(np.max(np.abs(wav))):.2e}"
+    return wav, "", ""
+
+
+def _process(item: Item) -> _Record:
+    assets, limits = _ASSETS, _LIMITS
+    assert assets is not None and limits is not None, "worker not initialised"
+    rec = _Record(item.key, item.where, "kept")
+    if not item.text.strip():
+        rec.status = "text_empty"
+        return rec
+    tok = assets.tokenizer
+    try:
+        ids = tok.encode(item.text, item.language)
+    except ImportError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure of the language's cleaning drops the sample
+        rec.status, rec.detail = "text_error", f"{type(exc).__name__}: {exc}"
+        return rec
+    rec.text_tokens = len(ids)
+    bad = {t for t in ("[UNK]", "[STOP]") if tok.token_id(t) is not None and tok.token_id(t) in ids}
+    wav, reason, detail = _read_clip(item.audio, limits)
+    if wav is not None:
+        rec.seconds = wav.shape[0] / SAMPLE_RATE
+    if bad:
+        cleaned = tok.clean(item.text, item.language)
+        rec.status, rec.detail = "unknown_token", f"{' and '.join(sorted(bad))} in {cleaned!r}"
+        return rec
+    if len(ids) > limits.max_text_tokens:
+        rec.status, rec.detail = "text_too_long", f"{len(ids)} ids > {limits.max_text_tokens}"
+        return rec
+    if reason:
+        rec.status, rec.detail = reason, detail
+        return rec
+    assert wav is not None
+    if wav.shape[0] > limits.max_samples:
+        rec.status, rec.detail = "too_long", f"{wav.shape[0]} samples > {limits.max_samples}"
+        return rec
+    n_codes = math.ceil(wav.shape[0] / limits.code_stride)  # what Coqui's GPT uses of the DVAE's codes
+    if n_codes > limits.max_audio_codes:
+        rec.status, rec.detail = "codes_too_long", f"{n_codes} codes > {limits.max_audio_codes}"
+        return rec
+    ref, ref_is_clip = wav, True
+    if item.reference is not None:
+        ref, reason, detail = _read_clip(item.reference, limits)
+        if reason:  # unreadable, too_short or silent
+            rec.status, rec.detail = f"reference_{reason}", detail
+            return rec
+        ref_is_clip = False
+    codes = assets.dvae.codes(mel_spectrogram(wav, assets.mel_stats, DVAE_MEL))
+    if codes.shape[0] < n_codes:  # cannot happen with stride-2 convolutions over 1 + n // 256 frames
+        raise RuntimeError(f"{item.where}: the DVAE gave {codes.shape[0]} codes for {wav.shape[0]} samples, "
+                           f"fewer than the {n_codes} the GPT reads")
+    rec.audio_codes = n_codes
+    rec.arrays = {"text": np.asarray(ids, dtype=np.int64), "audio": codes[:n_codes], "ref_audio": ref,
+                  "ref_is_clip": ref_is_clip}
+    return rec
+
+
+# ---- shards --------------------------------------------------------------------------
+
+def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """An uncompressed .npz as np.savez writes it, with fixed timestamps (same bytes for
+    the same arrays), written to a temporary name and renamed into place."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for key in sorted(arrays):
+            info = zipfile.ZipInfo(f"{key}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            with zf.open(info, "w", force_zip64=True) as fh:
+                np.lib.format.write_array(fh, np.asarray(arrays[key]), allow_pickle=False)
+    os.replace(tmp, path)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _item_fingerprint(item: Item) -> list:
+    """What decides a sample's output: its transcript line and its audio files' size and time."""
+    def stat(p: Path | None) -> list:
+        if p is None:
+            return []
+        try:
+            st = p.stat()
+        except OSError:
+            return [str(p)]
+        return [str(p), st.st_size, st.st_mtime_ns]
+    return [item.key, item.text, item.language, stat(item.audio), stat(item.reference)]
+
+
+@dataclass
+class _Shard:
+    split: str
+    index: int
+    items: list[Item]
+    folder: Path
+
+    @property
+    def npz(self) -> Path:
+        return self.folder / f"shard-{self.index:05d}.npz"
+
+    @property
+    def listing(self) -> Path:
+        return self.folder / f"shard-{self.index:05d}.json"
+
+    def fingerprint(self) -> str:
+        blob = json.dumps([_item_fingerprint(i) for i in self.items], ensure_ascii=False)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def finished(self) -> list[dict] | None:
+        """The records of an earlier run of this very shard, or None."""
+        if not (self.npz.is_file() and self.listing.is_file()):
+            return None
+        try:
+            listing = json.loads(self.listing.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            return None
+        if listing.get("items") != self.fingerprint():
+            return None
+        return listing["samples"]
+
+    def write(self, records: list[_Record]) -> list[dict]:
+        kept = [r.arrays for r in records if r.status == "kept"]
+        _write_npz(self.npz, shard_arrays(kept, f"{self.npz}: sample"))
+        rows = [{k: v for k, v in asdict(r).items() if k != "arrays"} for r in records]
+        _write_json(self.listing, {"format": FORMAT, "items": self.fingerprint(), "samples": rows})
+        return rows
+
+
+def _split(items: list[Item], eval_fraction: float, seed: int) -> tuple[list[Item], list[Item]]:
+    if eval_fraction == 0:
+        return items, []
+    n_eval = max(1, round(eval_fraction * len(items)))
+    if n_eval >= len(items):
+        raise ValueError(f"eval_fraction: {eval_fraction} of {len(items)} samples leaves none for training")
+    held = set(np.random.default_rng(seed).permutation(len(items))[:n_eval].tolist())
+    return [it for i, it in enumerate(items) if i not in held], [it for i, it in enumerate(items) if i in held]
+
+
+def _check_args(eval_fraction: float, workers: int, samples_per_shard: int, seed: int,
+                max_wav_samples: int, min_seconds: float, max_text_tokens: int | None) -> None:
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if not isinstance(eval_fraction, (int, float)) or isinstance(eval_fraction, bool) \
+            or not 0 <= eval_fraction < 1:
+        raise ValueError(f"eval_fraction: expected a number in [0, 1), got {eval_fraction!r}")
+    for name, v in (("workers", workers), ("samples_per_shard", samples_per_shard),
+                    ("max_wav_samples", max_wav_samples)):
+        if not is_int(v) or v < 1:
+            raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
+    if not is_int(seed) or seed < 0:
+        raise ValueError(f"seed: expected an int >= 0, got {seed!r}")
+    if not isinstance(min_seconds, (int, float)) or isinstance(min_seconds, bool) or not min_seconds > 0:
+        raise ValueError(f"min_seconds: expected a number > 0, got {min_seconds!r}")
+    if max_text_tokens is not None and (not is_int(max_text_tokens) or max_text_tokens < 1):
+        raise ValueError(f"max_text_tokens: expected an int >= 1 or None, got {max_text_tokens!r}")
+
+
+class _BlasThreads:
+    """Splits the cores between worker processes: a spawned worker reads these variables
+    when its BLAS loads (a user's own setting wins)."""
+    NAMES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+    def __init__(self, workers: int) -> None:
+        self.n = str(max(1, (os.cpu_count() or 1) // workers))
+        self.saved: dict[str, str | None] = {}
+
+    def __enter__(self) -> None:
+        for name in self.NAMES:
+            self.saved[name] = os.environ.get(name)
+            os.environ.setdefault(name, self.n)
+
+    def __exit__(self, *exc: Any) -> None:
+        for name, value in self.saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _progress(enabled: bool, total: int, initial: int):
+    from tqdm import tqdm
+
+    live = enabled and (sys.stderr.isatty() or "ipykernel" in sys.modules)
+    return tqdm(total=total, initial=initial, unit="clip", desc="prepare", dynamic_ncols=True, mininterval=0.5,
+                file=sys.stderr, disable=not live)
+
+
+def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str | os.PathLike,
+            language: str = "en", audio_dir: str | os.PathLike | None = None, eval_fraction: float = 0.0,
+            workers: int = 1, samples_per_shard: int = 256, seed: int = 0, overwrite: bool = False,
+            max_wav_samples: int = MAX_WAV_SAMPLES, min_seconds: float = MIN_SECONDS,
+            max_text_tokens: int | None = None, metadata_format: str | None = None,
+            progress: bool = True) -> PrepareResult:
+    """Turns a transcript file and its recordings into training shards for XTTS v2.
+
+    ``xtts_dir``: the XTTS v2 checkpoint folder (``config.json``, ``vocab.json``, ``dvae.pth``,
+    ``mel_stats.pth``). ``metadata``: LJSpeech ``metadata.csv``, Coqui's ``audio_file|text|
+    speaker_name`` CSV or a JSON-lines manifest (``pyxtts.prepare.sources``; detected, or
+    ``metadata_format``). ``audio_dir``: where the audio paths point (defaults there).
+    ``language``: the transcripts' language (a manifest line's ``language`` wins). ``out``: the
+    output folder (see the module docstring); an existing one from the same inputs and
+    settings is resumed, one from others is refused unless ``overwrite``.
+    ``eval_fraction``: the share of samples held out (seeded by ``seed``) into ``OUT/eval``.
+    ``workers``: processes (each gets its share of the cores). Limits, as Coqui's trainer:
+    ``max_wav_samples`` at 22,050 Hz, ``min_seconds``, ``max_text_tokens`` (default: the
+    model's ``gpt_max_text_tokens``); audio codes must fit the model's audio positions.
+    """
+    _check_args(eval_fraction, workers, samples_per_shard, seed, max_wav_samples, min_seconds, max_text_tokens)
+    start = time.perf_counter()
+    folder = XTTSAssets.check_folder(xtts_dir)
+    assets = XTTSAssets.load(folder)
+    items = read_metadata(metadata, audio_dir, language, metadata_format)
+    for lang in sorted({it.language for it in items}):  # a missing language package fails now, not per sample
+        try:
+            clean_text("1 a.", lang)
+        except ImportError:
+            raise
+        except Exception:  # noqa: BLE001 - a num2words gap shows per sample as text_error
+            pass
+    lim = assets.limits
+    limits = _Limits(min_samples=math.ceil(min_seconds * SAMPLE_RATE), max_samples=max_wav_samples,
+                     max_text_tokens=max_text_tokens or lim.max_text_tokens,
+                     max_audio_codes=lim.max_audio_codes, code_stride=lim.code_stride)
+    settings = {"format": FORMAT, "xtts_files": XTTSAssets.fingerprint(folder), "limits": asdict(limits),
+                "eval_fraction": eval_fraction, "seed": seed, "samples_per_shard": samples_per_shard,
+                "language": language}
+
+    out = Path(out)
+    manifest = out / "prepare.json"
+    if out.exists() and any(out.iterdir()):
+        previous = None
+        if manifest.is_file():
+            try:
+                previous = json.loads(manifest.read_text(encoding="utf-8")).get("settings")
+            except (OSError, json.JSONDecodeError):
+                previous = None
+        if previous != settings:
+            if not overwrite:
+                what = "was prepared from other inputs or settings" if manifest.is_file() else \
+                    "is not an output folder of pyxtts prepare"
+                raise FileExistsError(f"out: {str(out)!r} {what}; choose a new folder, or pass --overwrite "
+                                      "(overwrite=True) to replace its shards")
+            for name in ("train", "eval", "prepare.json", "report.tsv", "summary.json"):
+                p = out / name
+                if p.is_dir():
+                    shutil.rmtree(p)
+                elif p.exists():
+                    p.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(manifest, {"settings": settings, "metadata": str(Path(metadata).resolve())})
+
+    train_items, eval_items = _split(items, eval_fraction, seed)
+    shards: list[_Shard] = []
+    for split, split_items in (("train", train_items), ("eval", eval_items)):
+        sub = out / split
+        if not split_items:
+            if sub.is_dir():
+                shutil.rmtree(sub)
+            continue
+        sub.mkdir(exist_ok=True)
+        n = math.ceil(len(split_items) / samples_per_shard)
+        shards += [_Shard(split, j, split_items[j * samples_per_shard:(j + 1) * samples_per_shard], sub)
+                   for j in range(n)]
+        for stale in list(sub.glob("shard-*.npz")) + list(sub.glob("shard-*.json")):
+            index = stale.stem.removeprefix("shard-")
+            if index.isdigit() and int(index) >= n:  # from an earlier, longer transcript
+                stale.unlink()
+
+    rows: dict[tuple[str, int], list[dict]] = {}
+    todo: list[_Shard] = []
+    for sh in shards:
+        done = sh.finished()
+        if done is None:
+            todo.append(sh)
+        else:
+            rows[(sh.split, sh.index)] = done
+    queue = [it for sh in todo for it in sh.items]
+    bar = _progress(progress, len(items), len(items) - len(queue))
+    try:
+        if workers == 1 or len(queue) <= 1:
+            _init_worker(str(folder), limits)
+            results = map(_process, queue)
+            pool = None
+        else:
+            with _BlasThreads(workers):
+                pool = multiprocessing.get_context("spawn").Pool(min(workers, len(queue)), _init_worker,
+                                                                 (str(folder), limits))
+            results = pool.imap(_process, queue)
+        try:
+            for sh in todo:
+                records = []
+                for _ in sh.items:
+                    records.append(next(results))
+                    bar.update(1)
+                rows[(sh.split, sh.index)] = sh.write(records)
+        finally:
+            if pool is not None:
+                pool.terminate()
+                pool.join()
+    finally:
+        bar.close()
+
+    now = {(sh.split, sh.index) for sh in todo}
+    return _finish(out, shards, rows, now, len(items), workers, time.perf_counter() - start)
+
+
+def _finish(out: Path, shards: list[_Shard], rows: dict[tuple[str, int], list[dict]], now: set[tuple[str, int]],
+            n_items: int, workers: int, wall: float) -> PrepareResult:
+    report = out / "report.tsv"
+    lines = ["split\tshard\tkey\tstatus\tseconds\ttext_tokens\taudio_codes\tdetail\twhere"]
+    dropped: Counter = Counter()
+    splits: dict[str, dict[str, Any]] = {}
+    kept = 0
+    sec_read = sec_kept = processed = 0.0
+    text_tok = codes = 0
+    for sh in shards:
+        sp = splits.setdefault(sh.split, {"kept": 0, "shards": 0, "hours": 0.0})
+        sp["shards"] += 1
+        for r in rows[(sh.split, sh.index)]:
+            clean = [str(r[k]).replace("\t", " ").replace("\n", " ") for k in ("key", "detail", "where")]
+            lines.append(f"{sh.split}\t{sh.index}\t{clean[0]}\t{r['status']}\t{r['seconds']:.3f}\t"
+                         f"{r['text_tokens']}\t{r['audio_codes']}\t{clean[1]}\t{clean[2]}")
+            sec_read += r["seconds"]
+            if (sh.split, sh.index) in now:
+                processed += r["seconds"]
+            if r["status"] == "kept":
+                kept += 1
+                sp["kept"] += 1
+                sp["hours"] += r["seconds"] / 3600
+                sec_kept += r["seconds"]
+                text_tok += r["text_tokens"]
+                codes += r["audio_codes"]
+            else:
+                dropped[r["status"]] += 1
+    report.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    summary = {
+        "samples": n_items, "kept": kept, "dropped": dict(sorted(dropped.items())),
+        "hours_read": sec_read / 3600, "hours_kept": sec_kept / 3600, "splits": splits,
+        "text_tokens_per_second": text_tok / sec_kept if sec_kept else 0.0,
+        "audio_codes_per_second": codes / sec_kept if sec_kept else 0.0,
+        "wall_seconds": wall, "workers": workers, "shards": len(shards),
+        "shards_resumed": len(shards) - len(now),
+        "processed_seconds": processed, "audio_seconds_per_second": processed / wall if wall else 0.0,
+    }
+    _write_json(out / "summary.json", summary)
+    return PrepareResult(out, out / "train", out / "eval" if "eval" in splits else None, report, summary)

@@ -1,0 +1,129 @@
+"""The three transcript formats ``pyxtts prepare`` reads, as one list of ``Item``s.
+
+- LJSpeech: ``metadata.csv`` lines ``id|text|normalized text`` (no header); the audio is
+  ``<audio_dir>/<id>.wav`` with ``audio_dir`` defaulting to ``wavs/`` beside the file; the
+  third column is the text (as Coqui's ``ljspeech`` formatter takes it).
+- Coqui's fine-tuning CSV: ``|``-separated with the header ``audio_file|text|speaker_name``
+  (more columns allowed), read as Python's csv module reads it (Coqui's ``coqui`` formatter);
+  ``audio_file`` is relative to ``audio_dir`` (default: the CSV's folder).
+- JSON lines (a ``.jsonl`` or ``.json`` file): ``{"audio": ..., "text": ..., "language": ...,
+  "reference": ...}``, the last two optional; paths relative to ``audio_dir`` (default: the
+  manifest's folder). ``reference`` is a separate recording of the same voice to draw the
+  conditioning slices from, instead of the clip itself.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyxtts.data import json_lines
+from pyxtts.prepare.text import normalize_language
+
+__all__ = ["Item", "MetadataError", "read_metadata", "detect_format"]
+
+
+class MetadataError(ValueError):
+    """A transcript file that cannot be read; names the file and line."""
+
+
+@dataclass(frozen=True)
+class Item:
+    key: str  # the sample's name: LJSpeech id, or the audio path as written
+    audio: Path
+    text: str
+    language: str  # normalised ("en", "zh", ...)
+    reference: Path | None
+    where: str  # file:line, for messages
+
+
+def detect_format(path: Path) -> str:
+    """"jsonl", "coqui" (a header line starting with audio_file) or "ljspeech"."""
+    if path.suffix.lower() in (".jsonl", ".json"):
+        return "jsonl"
+    with open(path, encoding="utf-8") as fh:
+        first = fh.readline()
+    return "coqui" if first.split("|")[0].strip().lstrip("\ufeff") == "audio_file" else "ljspeech"
+
+
+def _resolve(base: Path, value: str) -> Path:
+    p = Path(value)
+    return p if p.is_absolute() else base / p
+
+
+def _ljspeech(path: Path, audio_dir: Path, language: str) -> list[Item]:
+    items = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            cols = line.rstrip("\r\n").split("|")
+            where = f"{path}:{lineno}"
+            if len(cols) < 3:
+                raise MetadataError(f"{where}: LJSpeech lines are id|text|normalized text, got "
+                                    f"{len(cols)} column(s): {line.strip()[:80]!r}")
+            items.append(Item(cols[0], audio_dir / f"{cols[0]}.wav", cols[2], language, None, where))
+    return items
+
+
+def _coqui(path: Path, audio_dir: Path, language: str) -> list[Item]:
+    items = []
+    with open(path, newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh, delimiter="|")
+        if not reader.fieldnames or "audio_file" not in reader.fieldnames or "text" not in reader.fieldnames:
+            raise MetadataError(f"{path}:1: expected the header audio_file|text|speaker_name, got "
+                                f"{'|'.join(reader.fieldnames or [])!r}")
+        for row in reader:
+            where = f"{path}:{reader.line_num}"
+            audio, text = row.get("audio_file"), row.get("text")
+            if audio is None or text is None:
+                raise MetadataError(f"{where}: audio_file or text column missing")
+            items.append(Item(audio, _resolve(audio_dir, audio), text, language, None, where))
+    return items
+
+
+def _jsonl(path: Path, audio_dir: Path, language: str) -> list[Item]:
+    items = []
+    for where, rec in json_lines(path, MetadataError):
+        if not isinstance(rec, dict) or not isinstance(rec.get("audio"), str) \
+                or not isinstance(rec.get("text"), str):
+            raise MetadataError(f"{where}: expected an object with string 'audio' and 'text' (and optional "
+                                f"'language', 'reference'), got {json.dumps(rec)[:80]}")
+        ref = rec.get("reference")
+        if ref is not None and not isinstance(ref, str):
+            raise MetadataError(f"{where}: 'reference' must be a path (a string), got {ref!r}")
+        try:
+            lang = normalize_language(rec.get("language", language))
+        except (TypeError, ValueError) as exc:
+            raise MetadataError(f"{where}: {exc}") from exc
+        items.append(Item(rec["audio"], _resolve(audio_dir, rec["audio"]), rec["text"], lang,
+                          None if ref is None else _resolve(audio_dir, ref), where))
+    return items
+
+
+def read_metadata(metadata: str | os.PathLike, audio_dir: str | os.PathLike | None, language: str,
+                  fmt: str | None = None) -> list[Item]:
+    """Every sample of a transcript file, in file order (format detected unless ``fmt``)."""
+    path = Path(metadata)
+    if not path.is_file():
+        raise FileNotFoundError(f"metadata: {str(path)!r} is not a file")
+    lang = normalize_language(language)
+    fmt = fmt or detect_format(path)
+    if fmt not in ("ljspeech", "coqui", "jsonl"):
+        raise ValueError(f"fmt: expected 'ljspeech', 'coqui' or 'jsonl', got {fmt!r}")
+    if audio_dir is None:
+        base = path.parent / "wavs" if fmt == "ljspeech" else path.parent
+    else:
+        base = Path(audio_dir)
+        if not base.is_dir():
+            raise FileNotFoundError(f"audio_dir: {str(base)!r} is not a folder")
+    reader = {"ljspeech": _ljspeech, "coqui": _coqui, "jsonl": _jsonl}[fmt]
+    try:
+        items = reader(path, base, lang)
+    except UnicodeDecodeError as exc:
+        raise MetadataError(f"{path}: not UTF-8 text ({exc})") from exc
+    if not items:
+        raise MetadataError(f"{path}: no samples in it")
+    return items

@@ -1,0 +1,329 @@
+"""``pyxtts prepare`` end to end on espeak-ng speech: the shards hold the tokenizer's ids,
+the DVAE's codes (Coqui's DiscreteVAE's, in float64 and, but for float32 ties, in float32,
+also at XTTS v2's full size) and the conditioning recording; every kind of unusable sample is reported with its reason and never
+truncated; the output is byte-identical across runs and worker counts; an interrupted run
+resumes without redoing finished shards; the CLI and its errors."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fixtures_prepare import (ESPEAK, FULL_DVAE, SENTENCES_EN, TINY_DVAE, coqui_audio, espeak, make_ljspeech,
+                              training_texts, write_assets)
+from coqui import require_coqui
+from helpers import SEED, make_rng
+
+sf = pytest.importorskip("soundfile", reason="the prepare extra (soundfile) is not installed")
+pytest.importorskip("torch", reason="torch (the test extra) writes the .pth fixtures")
+
+import pyxtts  # noqa: E402
+import pyxtts.cli  # noqa: E402
+from pyxtts.prepare import DVAE_MEL, DVAEEncoder, XTTSTokenizer, load_audio, mel_spectrogram, prepare  # noqa: E402
+from pyxtts.prepare import pipeline  # noqa: E402
+from pyxtts.torchfile import read_tensors  # noqa: E402
+
+pytestmark = pytest.mark.skipif(ESPEAK is None, reason="espeak-ng is not installed")
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """12 espeak clips in the LJSpeech layout and a folder of XTTS assets with a narrow DVAE."""
+    root = tmp_path_factory.mktemp("small")
+    meta = make_ljspeech(root / "corpus", SENTENCES_EN[:12])
+    wavs = sorted((root / "corpus" / "wavs").glob("*.wav"))
+    write_assets(root / "xtts", wavs[:4], SEED, training_texts(), dvae=TINY_DVAE)
+    return {"root": root, "meta": meta, "wavs": wavs, "xtts": root / "xtts"}
+
+
+def files(folder: Path) -> dict[str, str]:
+    """sha256 of every shard, listing and the report, by relative path."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name not in ("summary.json", "prepare.json")}
+
+
+def expected(xtts: Path, wav_path: Path, text: str, lang: str = "en") -> tuple[list[int], np.ndarray, np.ndarray]:
+    """ids, codes and reference audio, from the building blocks (each tested on its own)."""
+    wav = load_audio(wav_path)
+    codes = DVAEEncoder.load(xtts / "dvae.pth").codes(mel_spectrogram(wav, read_tensors(xtts / "mel_stats.pth"), DVAE_MEL))
+    return XTTSTokenizer(xtts / "vocab.json").encode(text, lang), codes[:math.ceil(wav.shape[0] / 1024)], wav
+
+
+@pytest.fixture(scope="module")
+def prepared(small, tmp_path_factory):
+    out = tmp_path_factory.mktemp("out") / "shards"
+    result = prepare(small["xtts"], small["meta"], out, eval_fraction=0.25, samples_per_shard=4, seed=SEED,
+                     progress=False)
+    return out, result
+
+
+def test_shards_hold_ids_codes_and_the_clip(small, prepared):
+    out, result = prepared
+    train, held = pyxtts.TTSDataset.load(out / "train"), pyxtts.TTSDataset.load(out / "eval")
+    assert (len(train), len(held)) == (9, 3) and result.summary["kept"] == 12 and not result.summary["dropped"]
+    lines = [ln.split("|") for ln in small["meta"].read_text().splitlines()]
+    report = [r.split("\t") for r in result.report.read_text().splitlines()[1:]]
+    assert [r[3] for r in report] == ["kept"] * 12
+    order = [r[2] for r in report]  # train items, then eval items, each in transcript order
+    samples = list(train) + list(held)
+    seconds = 0.0
+    for key, s in zip(order, samples):
+        text = next(c[2] for c in lines if c[0] == key)
+        ids, codes, wav = expected(small["xtts"], small["root"] / "corpus" / "wavs" / f"{key}.wav", text)
+        assert s.text.tolist() == ids, key
+        np.testing.assert_array_equal(s.audio, codes, err_msg=key)
+        assert s.audio.max() < 64 and len(np.unique(s.audio)) > 5  # the tiny DVAE's 64 codes, not one
+        np.testing.assert_array_equal(s.ref_audio, wav)
+        assert s.ref_is_clip
+        seconds += wav.shape[0] / 22050
+    sm = result.summary
+    assert sm["hours_kept"] == pytest.approx(seconds / 3600, rel=1e-6)
+    assert sm["audio_codes_per_second"] == pytest.approx(sum(len(s.audio) for s in samples) / seconds, rel=1e-6)
+    assert sm["text_tokens_per_second"] == pytest.approx(sum(len(s.text) for s in samples) / seconds, rel=1e-6)
+    assert json.loads((out / "summary.json").read_text())["kept"] == 12
+    assert "prepared 12 of 12 samples" in result.format_summary()
+
+
+def assert_codes_are_coquis(xtts: Path, wavs: list[Path], codes: list[np.ndarray], float64: bool = True) -> None:
+    """Every code equals Coqui's DiscreteVAE.get_codebook_indices run in float64 (when
+    ``float64``: a run of Coqui's code in float64 costs several times its float32 one).
+    Against Coqui in float32, as it trains, a code may differ only where two codebook
+    entries are a tie to float32: Coqui's distance ||z||^2 - 2 z.e + ||e||^2 then cannot
+    tell them apart, so the float64 gap between them must be within 4 roundings of those
+    terms (4 eps32 (||z||^2 + ||e||^2)); and such ties stay rare (under 1% of the codes)."""
+    if float64:
+        for wav, c, (_, want) in zip(wavs, codes, coqui_audio(xtts, wavs, "float64")):
+            np.testing.assert_array_equal(c, want[:len(c)], err_msg=f"{wav.name}, seed {SEED}")
+    enc = DVAEEncoder.load(xtts / "dvae.pth")
+    stats = read_tensors(xtts / "mel_stats.pth")
+    eps32 = float(np.finfo(np.float32).eps)
+    ties = 0
+    for wav, c, (_, want32) in zip(wavs, codes, coqui_audio(xtts, wavs, "float32")):
+        differ = np.nonzero(c != want32[:len(c)])[0]
+        if differ.size:
+            z = enc.encode(mel_spectrogram(load_audio(wav), stats, DVAE_MEL))  # (codes, codebook_dim) float64
+        for i in differ:
+            mine, theirs = enc.codebook[:, c[i]], enc.codebook[:, want32[i]]
+            gap = ((z[i] - theirs) ** 2).sum() - ((z[i] - mine) ** 2).sum()
+            bound = 4 * eps32 * ((z[i] ** 2).sum() + max((mine ** 2).sum(), (theirs ** 2).sum()))
+            assert 0 <= gap <= bound, f"{wav.name} code {i}: {c[i]} vs Coqui's {want32[i]}, gap {gap:.3g} > " \
+                                      f"{bound:.3g} (seed {SEED})"
+            ties += 1
+    total = sum(len(c) for c in codes)
+    assert ties <= total // 100, f"{ties} float32 ties in {total} codes (seed {SEED})"
+
+
+def test_codes_equal_coqui_tiny_dvae(small, prepared):
+    out, result = prepared
+    keys = [r.split("\t")[2] for r in result.report.read_text().splitlines()[1:]]
+    samples = list(pyxtts.TTSDataset.load(out / "train")) + list(pyxtts.TTSDataset.load(out / "eval"))
+    wavs = [small["root"] / "corpus" / "wavs" / f"{k}.wav" for k in keys]
+    assert_codes_are_coquis(small["xtts"], wavs, [s.audio for s in samples])
+
+
+def test_same_bytes_for_any_worker_count_and_run(small, prepared, tmp_path):
+    out, _ = prepared
+    again = prepare(small["xtts"], small["meta"], tmp_path / "w2", eval_fraction=0.25, samples_per_shard=4,
+                    seed=SEED, workers=2, progress=False)
+    assert again.summary["workers"] == 2 and again.summary["shards_resumed"] == 0
+    assert files(tmp_path / "w2") == files(out)
+    assert len(files(out)) == 2 * 4 + 1  # 3 + 1 shards (9 + 3 samples by 4) with their listings, the report
+
+
+def test_resume_keeps_finished_shards(small, prepared, tmp_path, monkeypatch):
+    out, _ = prepared
+    dest = tmp_path / "r"
+    real_write = pipeline._Shard.write
+    written = []
+
+    def write_then_stop(self, records):
+        if len(written) == 2:
+            raise KeyboardInterrupt
+        written.append(self.index)
+        return real_write(self, records)
+
+    monkeypatch.setattr(pipeline._Shard, "write", write_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(small["xtts"], small["meta"], dest, eval_fraction=0.25, samples_per_shard=4, seed=SEED,
+                progress=False)
+    monkeypatch.setattr(pipeline._Shard, "write", real_write)
+    assert len(list(dest.rglob("shard-*.npz"))) == 2
+    r = prepare(small["xtts"], small["meta"], dest, eval_fraction=0.25, samples_per_shard=4, seed=SEED,
+                progress=False)
+    assert r.summary["shards_resumed"] == 2 and r.summary["kept"] == 12
+    assert files(dest) == files(out)
+    # a changed transcript line redoes its shard only
+    lines = small["meta"].read_text().splitlines()
+    meta2 = tmp_path / "metadata.csv"
+    key, text, _ = lines[0].split("|")
+    meta2.write_text("\n".join([f"{key}|{text}|Something else entirely."] + lines[1:]) + "\n")
+    r = prepare(small["xtts"], meta2, dest, audio_dir=small["root"] / "corpus" / "wavs", eval_fraction=0.25,
+                samples_per_shard=4, seed=SEED, progress=False)
+    assert (r.summary["shards"], r.summary["shards_resumed"]) == (4, 3)
+    assert files(dest) != files(out)
+
+
+def test_other_settings_are_refused(small, prepared, tmp_path):
+    out, _ = prepared
+    with pytest.raises(FileExistsError, match="prepared from other inputs or settings.*--overwrite"):
+        prepare(small["xtts"], small["meta"], out, eval_fraction=0.5, samples_per_shard=4, seed=SEED, progress=False)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="is not an output folder of pyxtts prepare"):
+        prepare(small["xtts"], small["meta"], tmp_path / "mine", progress=False)
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    r = prepare(small["xtts"], small["meta"], copy, samples_per_shard=4, seed=SEED, overwrite=True, progress=False)
+    assert r.eval is None and not (copy / "eval").exists() and len(pyxtts.TTSDataset.load(copy / "train")) == 12
+
+
+def _clip(path: Path, wav: np.ndarray, rate: int = 22050, **kw) -> str:
+    sf.write(path, wav, rate, **kw)
+    return path.name
+
+
+def test_every_unusable_sample_is_reported(small, tmp_path):
+    d = tmp_path / "audio"
+    d.mkdir()
+    speech = [load_audio(p) for p in small["wavs"]]
+    good = small["wavs"][0].name
+    shutil.copy(small["wavs"][0], d / good)
+    rng = make_rng("unusable")
+    long_wav = np.concatenate(speech * 4)[:255996]  # one sample over Coqui's maximum
+    edge_wav = np.concatenate(speech * 4)[:255995]  # exactly the maximum: kept, 250 codes
+    stereo = np.stack([speech[1], speech[1] * 0.5], 1)
+    rows = [
+        (good, "A good clip.", {}, "kept"),
+        (_clip(d / "edge.wav", edge_wav), "The longest clip allowed.", {}, "kept"),
+        (_clip(d / "stereo.flac", stereo, 44100, format="FLAC"), "Stereo at 44.1 kHz.", {}, "kept"),
+        (good, "Ein guter Satz mit 3 Zahlen.", {"language": "de"}, "kept"),
+        (good, "With its own reference.", {"reference": "ref.wav"}, "kept"),
+        (_clip(d / "long.wav", long_wav), "Too long.", {}, "too_long"),
+        (_clip(d / "short.wav", speech[0][:11024]), "Too short.", {}, "too_short"),
+        (_clip(d / "silent.wav", np.zeros(30000, np.float32)), "Silence.", {}, "silent"),
+        (_clip(d / "hiss.wav", (1e-5 * rng.standard_normal(30000)).astype(np.float32)), "Hiss.", {}, "silent"),
+        ("garbage.wav", "Unreadable.", {}, "unreadable"),
+        ("missing.wav", "Missing.", {}, "unreadable"),
+        (good, "   ", {}, "text_empty"),
+        (good, "A snowman ☃ here.", {}, "unknown_token"),
+        (good, "word " * 400, {}, "text_too_long"),
+        (good, "यह 3 किताबें हैं।", {"language": "hi"}, "text_error"),  # num2words cannot spell Hindi numbers
+        (good, "Reference missing.", {"reference": "nowhere.wav"}, "reference_unreadable"),
+        (good, "Reference silent.", {"reference": "silent.wav"}, "reference_silent"),
+        (good, "Reference short.", {"reference": "short.wav"}, "reference_too_short"),
+    ]
+    (d / "garbage.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEnot audio at all")
+    _clip(d / "ref.wav", speech[2])
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"audio": a, "text": t, **extra}, ensure_ascii=False) + "\n"
+                                for a, t, extra, _ in rows), encoding="utf-8")
+    r = prepare(small["xtts"], manifest, tmp_path / "out", audio_dir=d, samples_per_shard=5, progress=False)
+    report = [line.split("\t") for line in r.report.read_text().splitlines()[1:]]
+    assert [x[3] for x in report] == [want for *_, want in rows]
+    assert all(x[7] for x in report if x[3] not in ("kept", "text_empty")), "every drop says why"
+    assert r.summary["dropped"] == {k: sum(1 for *_, w in rows if w == k) for k in {w for *_, w in rows} - {"kept"}}
+    kept = list(pyxtts.TTSDataset.load(tmp_path / "out" / "train"))
+    assert len(kept) == 5
+    lengths = {x[2]: int(x[6]) for x in report if x[3] == "kept"}
+    assert lengths["edge.wav"] == 250 == len(kept[1].audio)  # ceil(255995 / 1024): whole, never cut
+    np.testing.assert_array_equal(kept[2].ref_audio, load_audio(d / "stereo.flac"))
+    assert kept[3].text[0] == XTTSTokenizer(small["xtts"] / "vocab.json").token_id("[de]")
+    assert not kept[4].ref_is_clip and kept[0].ref_is_clip
+    np.testing.assert_array_equal(kept[4].ref_audio, load_audio(d / "ref.wav"))
+    assert "1 too_long" in r.format_summary() and "report.tsv" in r.format_summary()
+
+
+def test_codes_over_the_models_audio_positions(small, tmp_path):
+    xtts = tmp_path / "xtts"
+    shutil.copytree(small["xtts"], xtts)
+    cfg = json.loads((xtts / "config.json").read_text())
+    cfg["model_args"]["gpt_max_audio_tokens"] = 100  # Coqui's GPT then takes 98 codes (4.55 s)
+    (xtts / "config.json").write_text(json.dumps(cfg))
+    r = prepare(xtts, small["meta"], tmp_path / "out", progress=False)
+    report = [line.split("\t") for line in r.report.read_text().splitlines()[1:]]
+    statuses = []
+    for x in report:
+        n_codes = math.ceil(load_audio(small["root"] / "corpus" / "wavs" / f"{x[2]}.wav").shape[0] / 1024)
+        statuses.append(x[3])
+        assert x[3] == ("kept" if n_codes <= 98 else "codes_too_long"), (x, n_codes)
+    assert "kept" in statuses and "codes_too_long" in statuses
+
+
+def test_coqui_csv_gives_the_same_samples(small, prepared, tmp_path):
+    out, _ = prepared
+    rows = [ln.split("|") for ln in small["meta"].read_text().splitlines()]
+    csv = tmp_path / "metadata_train.csv"
+    csv.write_text("audio_file|text|speaker_name\n" + "".join(f"wavs/{k}.wav|{t}|speaker\n" for k, _, t in rows))
+    r = prepare(small["xtts"], csv, tmp_path / "o", audio_dir=small["root"] / "corpus", eval_fraction=0.25,
+                samples_per_shard=4, seed=SEED, progress=False)
+    for split in ("train", "eval"):
+        a, b = pyxtts.TTSDataset.load(out / split), pyxtts.TTSDataset.load(r.out / split)
+        assert [s.text.tolist() for s in a] == [s.text.tolist() for s in b]
+        assert all(np.array_equal(x.audio, y.audio) for x, y in zip(a, b))
+
+
+def test_cli(small, tmp_path, capsys):
+    argv = ["prepare", "--xtts-dir", str(small["xtts"]), "--metadata", str(small["meta"]), "--language", "en",
+            "--out", str(tmp_path / "o"), "--eval-fraction", "0.2", "--workers", "2", "--no-progress"]
+    assert pyxtts.cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "prepared 12 of 12 samples" in out and "text tokens and" in out and "s of audio per second" in out
+    assert pyxtts.cli.main(argv) == 0  # again: everything resumed
+    assert "2 shard(s) kept from an earlier run" in capsys.readouterr().out
+    bad = [(["--workers", "0"], "workers: expected an int >= 1, got 0"),
+           (["--eval-fraction", "1"], "eval_fraction: expected a number in [0, 1)"),
+           (["--language", "xx"], "language: expected one of"),
+           (["--max-text-tokens", "0"], "max_text_tokens: expected an int >= 1 or None, got 0"),
+           (["--min-seconds", "-1"], "min_seconds: expected a number > 0, got -1.0"),
+           (["--eval-fraction", "0.5"], "--overwrite")]
+    for extra, msg in bad:
+        assert pyxtts.cli.main(argv + extra) == 2
+        assert msg in capsys.readouterr().err
+    limited = ["prepare", "--xtts-dir", str(small["xtts"]), "--metadata", str(small["meta"]), "--out",
+               str(tmp_path / "lim"), "--max-wav-samples", "80000", "--max-text-tokens", "30", "--no-progress"]
+    assert pyxtts.cli.main(limited) == 0
+    capsys.readouterr()
+    report = [x.split("\t") for x in (tmp_path / "lim" / "report.tsv").read_text().splitlines()[1:]]
+    for x in report:
+        n = load_audio(small["root"] / "corpus" / "wavs" / f"{x[2]}.wav").shape[0]
+        want = "text_too_long" if int(x[5]) > 30 else "too_long" if n > 80000 else "kept"
+        assert x[3] == want, x
+    assert {x[3] for x in report} == {"kept", "too_long", "text_too_long"}
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "vocab.json").write_text("{}")
+    assert pyxtts.cli.main(["prepare", "--xtts-dir", str(empty), "--metadata", str(small["meta"]),
+                            "--out", str(tmp_path / "x")]) == 2
+    assert "lacks config.json, dvae.pth, mel_stats.pth" in capsys.readouterr().err
+    assert pyxtts.cli.main(["prepare", "--xtts-dir", str(small["xtts"]), "--metadata", str(tmp_path / "none.csv"),
+                            "--out", str(tmp_path / "x")]) == 2
+    assert "metadata: " in capsys.readouterr().err
+
+
+def test_missing_extra_is_named(small, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "soundfile", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"reading audio needs the Python package 'soundfile'.*pyxtts\[prepare\]"):
+        load_audio(small["wavs"][0])
+
+
+@pytest.mark.slow
+def test_full_size_codes_equal_coqui(tmp_path_factory):
+    """XTTS v2's DVAE size (512-wide, 1024 codes) on 20 sentences (about 70 s of speech):
+    prepare's codes are Coqui's DiscreteVAE.get_codebook_indices, every one of them."""
+    require_coqui()  # before the minute of work it would compare
+    root = tmp_path_factory.mktemp("full")
+    meta = make_ljspeech(root / "corpus", SENTENCES_EN[:20])
+    wavs = sorted((root / "corpus" / "wavs").glob("*.wav"))
+    write_assets(root / "xtts", wavs[::4], SEED, training_texts(), dvae=FULL_DVAE)
+    r = prepare(root / "xtts", meta, root / "out", workers=2, samples_per_shard=8, progress=False)
+    assert r.summary["kept"] == 20
+    codes = [s.audio for s in pyxtts.TTSDataset.load(root / "out" / "train")]
+    assert_codes_are_coquis(root / "xtts", wavs, codes, float64=False)  # float64: the tiny DVAE's test
+    total = sum(len(c) for c in codes)
+    assert total > 1200 and len(np.unique(np.concatenate(codes))) > 150, (total, SEED)
