@@ -4,8 +4,8 @@ language whose cleaning needs no extra package (numbers, decimals, currencies, o
 abbreviations, symbols, punctuation); and what it says for bad or unsupported input."""
 from __future__ import annotations
 
-import importlib.util
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -17,7 +17,7 @@ pytest.importorskip("tokenizers", reason="the prepare extra (tokenizers) is not 
 pytest.importorskip("num2words", reason="the prepare extra (num2words) is not installed")
 
 from pyxtts.prepare import LANGUAGES, XTTSTokenizer, clean_text  # noqa: E402
-from pyxtts.prepare.cleaners import _ABBREVIATIONS, _ORDINAL_SUFFIX, _SYMBOL_CHARS  # noqa: E402
+from pyxtts.prepare.cleaners import _ABBREVIATIONS, _ORDINAL_SUFFIX, _SYMBOL_CHARS, _katsu  # noqa: E402
 
 # languages whose cleaning runs on num2words alone (+ ko-speech-tools for Korean, in the test extra)
 PLAIN = [lang for lang in LANGUAGES if lang not in ("zh", "ja")]
@@ -96,7 +96,7 @@ def test_ids_equal_coqui(vocab, coqui_ids):
 
 @pytest.mark.parametrize("lang", ["ja", "zh"])
 def test_ids_equal_coqui_cjk(vocab, lang):
-    """Where both sides have the language's packages (not in the test extra)."""
+    """Chinese and Japanese, whose packages the test extra installs."""
     try:
         clean_text(SENTENCES_CJK[lang][0], lang)
     except ImportError as exc:
@@ -140,14 +140,15 @@ def test_bad_languages_and_files(vocab, tmp_path):
         XTTSTokenizer(tmp_path / "v.json")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("cutlet") is not None, reason="cutlet is installed here")
-def test_japanese_names_its_package():
+def test_japanese_names_its_package(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cutlet", None)  # absent, whether installed here or not
+    _katsu.cache_clear()  # a Cutlet made by an earlier test would hide the absence
     with pytest.raises(ImportError, match=r"Japanese \(ja\) text needs the Python package 'cutlet'.*pip install cut"):
         clean_text("こんにちは", "ja")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("TTS") is not None and importlib.util.find_spec("pypinyin") is not None,
-                    reason="coqui-tts and pypinyin are installed here")
-def test_chinese_names_its_packages():
+@pytest.mark.parametrize("absent", ["pypinyin", "TTS.tts.layers.xtts.zh_num2words"])
+def test_chinese_names_its_packages(monkeypatch, absent):
+    monkeypatch.setitem(sys.modules, absent, None)  # absent, whether installed here or not
     with pytest.raises(ImportError, match=r"Chinese \(zh\).*pip install (coqui-tts pypinyin|pypinyin)"):
         clean_text("有50名士兵", "zh")
