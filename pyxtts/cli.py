@@ -68,8 +68,9 @@ def _train(args: argparse.Namespace) -> int:
     try:
         config = XTTSConfig.load(args.config or "cpu_demo")
         if args.max_steps is not None:
-            config.training.max_steps = args.max_steps
-            config.training.__post_init__()
+            note = config.training.set_max_steps(args.max_steps)
+            if note is not None:
+                print(f"pyxtts train: {note}", file=sys.stderr)
         if args.batch_size is not None:
             config.data.batch_size = args.batch_size
             config.data.__post_init__()

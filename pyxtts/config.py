@@ -238,6 +238,27 @@ class TrainingConfig:
         _rule(self.device == "auto" or self.device == "cpu" or re.fullmatch(r"cuda(:\d+)?", self.device) is not None,
               w + "device", self.device, "'auto', 'cpu', 'cuda' or 'cuda:N'")
 
+    def set_max_steps(self, max_steps: int) -> str | None:
+        """Sets ``max_steps`` (e.g. from ``--max-steps``) and checks the section again.
+        A warmup that no longer fits the shorter run (``warmup_steps >= max_steps``) keeps
+        the share of the run it had (rounded up, at most ``max_steps - 1``) instead of
+        being refused; the returned note says so (None when nothing else changed)."""
+        old_max, old_warmup = self.max_steps, self.warmup_steps
+        ok = isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps >= 1
+        note = None
+        if ok and self.lr_schedule == "warmup_cosine" and old_warmup >= max_steps:
+            share = old_warmup / old_max if old_max else 1.0
+            self.warmup_steps = min(max_steps - 1, math.ceil(share * max_steps))
+            note = (f"training.warmup_steps {old_warmup} does not fit max_steps {max_steps}: scaled to "
+                    f"{self.warmup_steps}, the same share of the run as {old_warmup} of {old_max}")
+        self.max_steps = max_steps
+        try:
+            self.__post_init__()
+        except (TypeError, ValueError):
+            self.max_steps, self.warmup_steps = old_max, old_warmup
+            raise
+        return note
+
     def resolved_device(self) -> str:
         if self.device != "auto":
             return self.device
