@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import re
 import typing
@@ -395,7 +396,7 @@ class XTTSConfig:
         import yaml
 
         try:
-            d = yaml.safe_load(text)
+            d = yaml.load(text, Loader=_yaml_loader())
         except yaml.YAMLError as exc:
             raise ValueError(f"config: not valid YAML: {exc}") from exc
         return cls.from_dict(d)
@@ -415,6 +416,23 @@ class XTTSConfig:
     def replace(self, **sections: Any) -> "XTTSConfig":
         """A copy with whole sections replaced (``cfg.replace(data=...)``)."""
         return dataclasses.replace(self, **sections)
+
+
+# YAML 1.2 floats: PyYAML follows YAML 1.1, where a float needs a dot, so "2e-3" and
+# "1e-8" (how learning rates are written) would be strings.
+_FLOAT_12 = re.compile(r"""^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$""")
+
+
+@functools.cache
+def _yaml_loader() -> type:
+    """PyYAML's safe loader that also reads ``2e-3`` as a float (YAML 1.2)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))
+    return Loader
 
 
 def shipped_configs() -> dict[str, Path]:

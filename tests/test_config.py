@@ -163,6 +163,22 @@ def test_yaml_errors(tmp_path):
     assert XTTSConfig.from_yaml("") == XTTSConfig()
 
 
+def test_yaml_reads_exponent_floats_without_a_dot():
+    """PyYAML (YAML 1.1) reads `2e-3` as the string '2e-3'; a config file means a number."""
+    cfg = XTTSConfig.from_yaml("model:\n  layer_norm_eps: 1E-5\ntraining:\n  learning_rate: 2e-3\n"
+                               "  eps: 1e-8\n  min_lr: +1e-4\n  weight_decay: 1.e+0\n"
+                               "  checkpoint_dir: '1e3'\n")
+    t = cfg.training
+    assert (t.learning_rate, t.eps, t.min_lr, t.weight_decay) == (2e-3, 1e-8, 1e-4, 1.0)
+    assert cfg.model.layer_norm_eps == 1e-5
+    assert t.checkpoint_dir == "1e3"  # quoted: still a string
+    with pytest.raises(TypeError, match="training.max_steps: expected int, got 1000.0"):
+        XTTSConfig.from_yaml("training:\n  max_steps: 1e3\n")  # a float, not silently an int
+    import yaml
+
+    assert yaml.safe_load("a: 2e-3") == {"a": "2e-3"}  # PyYAML's own loader is left as it is
+
+
 # ---- shipped configs ------------------------------------------------------------
 
 def test_shipped_configs_present():
