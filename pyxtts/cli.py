@@ -62,7 +62,7 @@ def _train(args: argparse.Namespace) -> int:
     from pyxtts.checkpoint import CheckpointError
     from pyxtts.config import XTTSConfig
     from pyxtts.data import DataError, SyntheticDataset, TTSDataset
-    from pyxtts.trainer import Trainer
+    from pyxtts.trainer import RunExistsError, Trainer
 
     demo = args.config is None
     try:
@@ -96,7 +96,7 @@ def _train(args: argparse.Namespace) -> int:
             evals = TTSDataset.load(config.data.eval_metadata)
         trainer = Trainer(config, device=args.device, log_path=args.log, progress=not args.no_progress)
         resume = False if args.resume is None else (True if args.resume == "latest" else args.resume)
-        result = trainer.fit(train, evals, resume=resume, overwrite=args.overwrite or (demo and resume is False))
+        result = trainer.fit(train, evals, resume=resume, overwrite=args.overwrite)
     except pyxtts.OutOfMemoryError as exc:
         print(f"pyxtts train: {exc}\n  `pyxtts memtest --config ...` shows the plan against the device; "
               "`pyxtts optimize-config` chooses a micro-batch, accumulation, precision and checkpointing that fit",
@@ -107,8 +107,17 @@ def _train(args: argparse.Namespace) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except RunExistsError as exc:
+        print(f"pyxtts train: {exc.checkpoint_dir} holds checkpoints of an earlier run (newest: "
+              f"{exc.newest.name}); nothing was deleted. Pass --resume to continue it, --overwrite to start "
+              "over (deletes its checkpoints and log), or --checkpoint-dir DIR for a new run", file=sys.stderr)
+        return 2
     except (CheckpointError, DataError, FileExistsError, OSError, TypeError, ValueError) as exc:
         return _fail("train", exc)
+    if not result.history:  # a resumed run that had already reached its end
+        print(f"nothing to train: the run is at step {result.step}, its end ({result.stopped}); raise "
+              f"--max-steps (or training.epochs) to train longer; checkpoint {result.checkpoint}")
+        return 0
     print(f"trained {result.step} steps ({result.stopped}): final loss {result.final_loss:.4f}"
           + (f", eval loss {result.eval_loss:.4f}" if result.eval_loss is not None else "")
           + f"; checkpoint {result.checkpoint}; log {result.log_path}")

@@ -46,7 +46,8 @@ from pyxtts.model import XTTSGPT
 from pyxtts.monitor import _rss_bytes
 from pyxtts.schedule import ConstantLR, LRSchedule, MultiStepLR, WarmupCosineLR
 
-__all__ = ["FitResult", "Trainer", "model_from_config", "optimizer_from_config", "schedule_from_config"]
+__all__ = ["FitResult", "RunExistsError", "Trainer", "model_from_config", "optimizer_from_config",
+           "schedule_from_config"]
 
 CHECKPOINT_RE = re.compile(r"step_(\d+)\.safetensors")
 # Consecutive skipped (non-finite) steps after which the run is declared diverged.
@@ -78,6 +79,17 @@ def optimizer_from_config(model: XTTSGPT, t) -> Any:
     return _C.AdamW(model, lr=t.learning_rate, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay,
                     grad_clip=t.grad_clip, loss_scale=2.0**16 if t.precision == "fp16" else None,
                     decay=decay)
+
+
+class RunExistsError(FileExistsError):
+    """A fresh run's ``checkpoint_dir`` holds an earlier run's checkpoints: nothing was
+    deleted. ``checkpoint_dir`` and ``newest`` (the newest checkpoint) say which."""
+
+    def __init__(self, checkpoint_dir: Path, newest: Path) -> None:
+        self.checkpoint_dir, self.newest = checkpoint_dir, newest
+        super().__init__(f"{checkpoint_dir} holds checkpoints of an earlier run (newest: {newest.name}); pass "
+                         "resume=True to continue it, overwrite=True to start over (deletes them and the log), "
+                         "or set training.checkpoint_dir")
 
 
 @dataclass
@@ -312,9 +324,7 @@ class Trainer:
             resumed = self._resume(resume)
         elif self.step == 0 and self.checkpoints():  # (step > 0: this trainer's own run goes on)
             if not overwrite:
-                raise FileExistsError(
-                    f"{self.checkpoint_dir} holds checkpoints of an earlier run (newest: {self.checkpoints()[-1].name}); "
-                    "pass resume=True to continue it, overwrite=True to start over, or set training.checkpoint_dir")
+                raise RunExistsError(self.checkpoint_dir, self.checkpoints()[-1])
             for p in self.checkpoints():
                 p.unlink()
         effective = c.effective_batch_size

@@ -45,3 +45,29 @@ def test_set_max_steps_keeps_a_warmup_that_fits_and_refuses_nonsense():
     with pytest.raises(ValueError, match="max_steps"):
         t.set_max_steps(0)
     assert (t.max_steps, t.warmup_steps) == (1, 0)  # a refusal changes nothing
+
+
+def test_a_second_plain_run_is_refused_and_deletes_nothing(tmp_path):
+    """`pyxtts train` twice: the second used to delete the first run's checkpoints and
+    log without a word; the README promises a refusal, in the command line's words."""
+    ck = tmp_path / "checkpoints" / "cpu_demo"
+    assert pyxtts_cli(tmp_path, "train", "--max-steps", "2", "--no-progress").returncode == 0
+    before = {p.name: p.read_bytes() for p in ck.iterdir()}
+    assert "step_00000002.safetensors" in before
+    r = pyxtts_cli(tmp_path, "train", "--max-steps", "2", "--no-progress")
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "holds checkpoints of an earlier run (newest: step_00000002.safetensors)" in r.stderr
+    assert "--resume" in r.stderr and "--overwrite" in r.stderr and "--checkpoint-dir" in r.stderr
+    assert "resume=True" not in r.stderr and "overwrite=True" not in r.stderr
+    assert {p.name: p.read_bytes() for p in ck.iterdir()} == before
+    # --resume on the finished run: nothing to do, said plainly (it used to be a traceback)
+    r = pyxtts_cli(tmp_path, "train", "--max-steps", "2", "--no-progress", "--resume")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    assert "nothing to train: the run is at step 2, its end (max_steps)" in r.stdout
+    assert train_steps(ck) == [1, 2]
+    # --overwrite starts over, as documented
+    r = pyxtts_cli(tmp_path, "train", "--max-steps", "1", "--no-progress", "--overwrite")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert sorted(p.name for p in ck.iterdir()) == ["step_00000001.safetensors", "train_log.jsonl"]
+    assert train_steps(ck) == [1]
