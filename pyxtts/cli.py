@@ -44,7 +44,12 @@ def _optimize_config(args: argparse.Namespace) -> int:
     except (OSError, TypeError, ValueError) as exc:
         print(f"pyxtts optimize-config: {exc}", file=sys.stderr)
         return 2
-    new.save(args.output)
+    try:
+        new.save(args.output)
+    except OSError as exc:
+        print(f"pyxtts optimize-config: --output: cannot write {args.output!r}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
     print(explanation)
     print(f"written: {args.output}")
     return 0
@@ -146,6 +151,7 @@ def _export(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pyxtts", description=pyxtts.__doc__)
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command")
     tr = sub.add_parser("train", help="train a config (the default command; no --config: the CPU demo)")
     tr.add_argument("--config", default=None,
@@ -189,10 +195,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="device memory, e.g. 12GiB, 12G, 12GB (10^9) or bytes; default: the device's total")
     oc.add_argument("--device", default=None, help="device to plan for (default: the config's training.device)")
     oc.set_defaults(func=_optimize_config)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in (*sub.choices, "-h", "--help", "--version"):
+        argv = ["train", *argv]  # train is the default command: `pyxtts --config c.yaml` trains
     args = parser.parse_args(argv)
-    if args.command is None:
-        args = parser.parse_args(["train", *(argv if argv is not None else sys.argv[1:])])
     return int(args.func(args))
+
+
+def _version() -> str:
+    info = pyxtts.build_info()
+    if info["cuda"]:
+        backend = f"CUDA {info['cuda_version']} for {' '.join(info['cuda_archs'])}"
+    else:
+        backend = "CPU-only build"
+    return f"pyxtts {info['version']} ({backend}; {info['compiler']})"
 
 
 if __name__ == "__main__":

@@ -387,9 +387,10 @@ class XTTSConfig:
         return cls(**built)
 
     def to_yaml(self) -> str:
+        """Block style throughout, lists of numbers on one line (``betas: [0.9, 0.96]``)."""
         import yaml
 
-        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
+        return yaml.dump(self.to_dict(), Dumper=_yaml_dumper(), sort_keys=False, default_flow_style=False)
 
     @classmethod
     def from_yaml(cls, text: str) -> "XTTSConfig":
@@ -433,6 +434,18 @@ def _yaml_loader() -> type:
 
     Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))
     return Loader
+
+
+@functools.cache
+def _yaml_dumper() -> type:
+    """PyYAML's safe dumper writing every list in flow style and every mapping in block style."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    Dumper.add_representer(list, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=True))
+    return Dumper
 
 
 def shipped_configs() -> dict[str, Path]:

@@ -397,11 +397,15 @@ class Trainer:
                             f"{r.tokens_per_s:,.0f} tok/s, peak {format_bytes(r.peak_memory_bytes)}")
                     skipped_run = skipped_run + 1 if r.skipped else 0
                     if skipped_run >= MAX_SKIPPED[t.precision]:
+                        saved = (f"the newest checkpoint is {last_ckpt}" if last_ckpt is not None else
+                                 "no checkpoint of this run was written (the first was due at step "
+                                 f"{t.checkpoint_interval})")
                         raise FloatingPointError(
                             f"training diverged: {skipped_run} optimizer steps in a row had non-finite "
-                            f"gradients (the last at step {self.step}, loss {r.loss}); the parameters are "
-                            f"those of step {self.step - skipped_run}. Lower training.learning_rate, "
-                            "keep grad_clip, or use bf16 instead of fp16")
+                            f"gradients (the last at step {self.step}, loss {r.loss}); the model in memory "
+                            f"holds the parameters of step {self.step - skipped_run} (a skipped step changes "
+                            f"nothing); {saved}. Lower training.learning_rate, keep grad_clip, or use bf16 "
+                            "instead of fp16")
                     if self.step % t.eval_interval == 0:
                         run_eval()
                     if self.step % t.checkpoint_interval == 0:

@@ -71,3 +71,82 @@ def test_a_second_plain_run_is_refused_and_deletes_nothing(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert sorted(p.name for p in ck.iterdir()) == ["step_00000001.safetensors", "train_log.jsonl"]
     assert train_steps(ck) == [1]
+
+
+TINY = """\
+model: {{n_layers: 1, d_model: 32, n_heads: 2, text_vocab_size: 32, audio_vocab_size: 40,
+        max_text_tokens: 12, max_audio_tokens: 24, n_cond_latents: 0}}
+training:
+  learning_rate: {lr}
+  lr_schedule: constant
+  max_steps: {steps}
+  epochs: null
+  checkpoint_dir: {ckpt}
+  checkpoint_interval: {interval}
+  eval_interval: 1000
+  device: cpu
+data: {{batch_size: 2, num_workers: 0}}
+"""
+
+
+def tiny_config(folder: Path, name: str = "tiny.yaml", *, lr: float = 1e-3, steps: int = 4,
+                ckpt: str = "ckpt", interval: int = 1000) -> Path:
+    """A one-layer model that takes a step in milliseconds; written as a user writes YAML."""
+    path = folder / name
+    path.write_text(TINY.format(lr=lr, steps=steps, ckpt=ckpt, interval=interval))
+    return path
+
+
+def test_optimize_config_output_in_a_missing_folder_is_an_error_not_a_traceback(tmp_path):
+    r = pyxtts_cli(tmp_path, "optimize-config", "--config", "cpu_demo", "--output", "missing_dir/x.yaml",
+                   "--memory", "1GiB", "--device", "cpu")
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert "pyxtts optimize-config: --output: cannot write 'missing_dir/x.yaml': No such file or directory" \
+        in r.stderr
+
+
+def test_optimize_config_writes_one_yaml_style(tmp_path):
+    """Every mapping in block style (the model and data sections used to come out as flow
+    mappings wrapped over lines), lists on one line."""
+    from pyxtts import XTTSConfig
+
+    r = pyxtts_cli(tmp_path, "optimize-config", "--config", "cpu_demo", "--output", "x.yaml",
+                   "--memory", "1GiB", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "x.yaml").read_text()
+    assert "{" not in text
+    lines = text.splitlines()
+    assert lines[0] == "model:" and "  n_layers: 2" in lines and "data:" in lines and "  batch_size: 4" in lines
+    assert "  betas: [0.9, 0.96]" in lines
+    assert XTTSConfig.load(tmp_path / "x.yaml") == XTTSConfig.load("cpu_demo")
+
+
+def test_train_is_the_default_command_and_version(tmp_path):
+    import pyxtts
+
+    cfg = tiny_config(tmp_path, steps=1)
+    r = pyxtts_cli(tmp_path, "--config", str(cfg), "--synthetic", "4", "--no-progress")
+    assert r.returncode == 0, r.stderr  # was: "argument command: invalid choice: ..."
+    assert "trained 1 steps" in r.stdout
+    r = pyxtts_cli(tmp_path, "--version")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"pyxtts {pyxtts.__version__} (")
+    assert ("CPU-only build" in r.stdout) != pyxtts.build_info()["cuda"]
+
+
+def test_divergence_says_what_was_saved(tmp_path):
+    """A learning rate of 1e30 makes the parameters overflow after the first step, so
+    every later step has non-finite gradients and is skipped."""
+    cfg = tiny_config(tmp_path, lr=1e30, steps=30)
+    r = pyxtts_cli(tmp_path, "train", "--config", str(cfg), "--synthetic", "8", "--no-progress")
+    assert r.returncode == 1, r.stderr
+    assert "training diverged: 10 optimizer steps in a row had non-finite gradients (the last at step 11" \
+        in r.stderr
+    assert "the model in memory holds the parameters of step 1" in r.stderr
+    assert "no checkpoint of this run was written (the first was due at step 1000)" in r.stderr
+    assert not list((tmp_path / "ckpt").glob("*.safetensors"))
+    cfg = tiny_config(tmp_path, lr=1e30, steps=30, ckpt="ckpt2", interval=1)
+    r = pyxtts_cli(tmp_path, "train", "--config", str(cfg), "--synthetic", "8", "--no-progress")
+    assert r.returncode == 1, r.stderr
+    assert "the newest checkpoint is ckpt2/step_00000010.safetensors" in r.stderr
