@@ -67,7 +67,7 @@ def _train(args: argparse.Namespace) -> int:
     from pyxtts.checkpoint import CheckpointError
     from pyxtts.config import XTTSConfig
     from pyxtts.data import DataError, SyntheticDataset, TTSDataset
-    from pyxtts.trainer import RunExistsError, Trainer
+    from pyxtts.trainer import RunExistsError, Terminated, Trainer
 
     demo = args.config is None
     try:
@@ -110,6 +110,8 @@ def _train(args: argparse.Namespace) -> int:
     except FloatingPointError as exc:
         print(f"pyxtts train: {exc}", file=sys.stderr)
         return 1
+    except Terminated as exc:
+        return 128 + exc.signum
     except KeyboardInterrupt:
         return 130
     except RunExistsError as exc:

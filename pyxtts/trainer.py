@@ -21,12 +21,15 @@ redoes the step instead of ending the run. Around it:
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -46,8 +49,8 @@ from pyxtts.model import XTTSGPT
 from pyxtts.monitor import _rss_bytes
 from pyxtts.schedule import ConstantLR, LRSchedule, MultiStepLR, WarmupCosineLR
 
-__all__ = ["FitResult", "RunExistsError", "Trainer", "model_from_config", "optimizer_from_config",
-           "schedule_from_config"]
+__all__ = ["FitResult", "RunExistsError", "Terminated", "Trainer", "model_from_config",
+           "optimizer_from_config", "schedule_from_config"]
 
 CHECKPOINT_RE = re.compile(r"step_(\d+)\.safetensors")
 # Consecutive skipped (non-finite) steps after which the run is declared diverged.
@@ -79,6 +82,31 @@ def optimizer_from_config(model: XTTSGPT, t) -> Any:
     return _C.AdamW(model, lr=t.learning_rate, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay,
                     grad_clip=t.grad_clip, loss_scale=2.0**16 if t.precision == "fp16" else None,
                     decay=decay)
+
+
+class Terminated(KeyboardInterrupt):
+    """The run was asked to stop by a signal (SIGTERM, what cluster schedulers send before
+    killing a job): ``fit`` saved a checkpoint first, as on Ctrl-C. ``signum`` is the signal."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"stopped by signal {signal.Signals(signum).name}")
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm() -> Iterator[list[int]]:
+    """While inside, SIGTERM is noted (in the yielded list) instead of killing the process;
+    the loop stops at the next step boundary. Only the main thread can take signals: in
+    any other, SIGTERM keeps its handler."""
+    noted: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: noted.append(signum))
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class RunExistsError(FileExistsError):
@@ -309,7 +337,9 @@ class Trainer:
         A fresh run refuses a ``checkpoint_dir`` that holds another run's checkpoints unless
         ``overwrite`` (which deletes them and the log). Every sample is validated against
         the data config's maxima before the first step (``DataError``; nothing is
-        truncated). Ctrl-C saves a checkpoint, then raises ``KeyboardInterrupt``."""
+        truncated). Ctrl-C saves a checkpoint, then raises ``KeyboardInterrupt``; so does
+        SIGTERM (in the main thread), at the end of the step under way, raising ``Terminated``
+        (a ``KeyboardInterrupt``)."""
         c = self.config
         t, d = c.training, c.data
         for name, ds in (("dataset", dataset), ("eval_dataset", eval_dataset)):
@@ -362,10 +392,14 @@ class Trainer:
             say(f"step {self.step}: eval loss {r['loss']:.4f} (text {r['text_loss']:.4f}, "
                 f"audio {r['audio_loss']:.4f})")
 
+        stack = contextlib.ExitStack()
+        signals = stack.enter_context(_stop_on_sigterm())
         try:
             if resumed is None and self.step == 0:
                 run_eval()
             while self.step < total:
+                if signals:
+                    raise Terminated(signals[0])
                 groups = batch_groups(dataset, effective, shuffle=d.shuffle, seed=d.shuffle_seed + self.epoch,
                                       bucket_factor=bucket)
                 ahead = _collated(dataset, groups[self.batch_in_epoch:], d.num_workers, c.model)
@@ -410,6 +444,8 @@ class Trainer:
                         run_eval()
                     if self.step % t.checkpoint_interval == 0:
                         last_ckpt = self.save()
+                    if signals:
+                        raise Terminated(signals[0])
                 ahead.close()  # stops the collating threads when the run ends mid-epoch
                 if self.batch_in_epoch >= len(groups):
                     self.epoch += 1
@@ -418,13 +454,15 @@ class Trainer:
                 run_eval()
             if _checkpoint_step(last_ckpt) != self.step:  # the end is saved once
                 last_ckpt = self.save()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             progress.close()
             path = self.save()
-            print(f"\ninterrupted at step {self.step}: saved {path}; continue with resume=True "
+            why = f" by {signal.Signals(exc.signum).name}" if isinstance(exc, Terminated) else ""
+            print(f"\ninterrupted{why} at step {self.step}: saved {path}; continue with resume=True "
                   "(pyxtts train --resume)", file=sys.stderr)
             raise
         finally:
+            stack.close()
             progress.close()
             log.close()
         elapsed = time.perf_counter() - t_start

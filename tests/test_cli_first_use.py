@@ -150,3 +150,46 @@ def test_divergence_says_what_was_saved(tmp_path):
     r = pyxtts_cli(tmp_path, "train", "--config", str(cfg), "--synthetic", "8", "--no-progress")
     assert r.returncode == 1, r.stderr
     assert "the newest checkpoint is ckpt2/step_00000010.safetensors" in r.stderr
+
+
+def test_sigterm_saves_and_exits_like_ctrl_c(tmp_path):
+    """What a cluster scheduler sends before it kills a job: the run ends its step, saves
+    a checkpoint and exits 143 (128 + SIGTERM); `--resume` then goes on from there.
+    It used to die at once (exit 143 too, but nothing saved)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import pyxtts
+
+    cfg = tiny_config(tmp_path, steps=100_000)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(pyxtts.__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen([sys.executable, "-c", CLI, "train", "--config", str(cfg), "--synthetic", "8",
+                              "--no-progress"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "ckpt" / "train_log.jsonl"
+    try:
+        deadline = time.monotonic() + 120
+        while not (log.exists() and '"type": "train"' in log.read_text()):  # inside the loop
+            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+            time.sleep(0.05)
+        child.send_signal(signal.SIGTERM)
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 128 + signal.SIGTERM, err[-2000:]
+    steps = train_steps(tmp_path / "ckpt")
+    last = steps[-1]
+    assert steps == list(range(1, last + 1)) and last < 100_000
+    assert f"interrupted by SIGTERM at step {last}: saved ckpt/step_{last:08d}.safetensors" in err
+    assert [p.name for p in (tmp_path / "ckpt").glob("*.safetensors")] == [f"step_{last:08d}.safetensors"]
+    r = pyxtts_cli(tmp_path, "train", "--config", str(cfg), "--synthetic", "8", "--no-progress", "--resume",
+                   "--max-steps", str(last + 2))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"trained {last + 2} steps" in r.stdout
+    assert train_steps(tmp_path / "ckpt") == list(range(1, last + 3))
