@@ -63,10 +63,23 @@ def _fail(command: str, exc: BaseException) -> int:
     return 2
 
 
+def _dataset(path: str, where: str):
+    """``TTSDataset.load(path)``; an error names the option or config field it came from."""
+    from pyxtts.data import DataError, TTSDataset
+
+    try:
+        return TTSDataset.load(path)
+    except OSError as exc:
+        hint = " (a path in a config file is relative to the file's folder)" if where.startswith("data.") else ""
+        raise DataError(f"{where}: cannot read {path!r}: {exc.strerror or exc}{hint}") from exc
+    except DataError as exc:
+        raise DataError(f"{where}: {exc}") from exc
+
+
 def _train(args: argparse.Namespace) -> int:
     from pyxtts.checkpoint import CheckpointError
     from pyxtts.config import XTTSConfig
-    from pyxtts.data import DataError, SyntheticDataset, TTSDataset
+    from pyxtts.data import DataError, SyntheticDataset
     from pyxtts.trainer import RunExistsError, Terminated, Trainer
 
     demo = args.config is None
@@ -82,9 +95,9 @@ def _train(args: argparse.Namespace) -> int:
         if args.checkpoint_dir is not None:
             config.training.checkpoint_dir = args.checkpoint_dir
         if args.data is not None:
-            train, held = TTSDataset.load(args.data), None
+            train, held = _dataset(args.data, "--data"), None
         elif config.data.train_metadata is not None:
-            train, held = TTSDataset.load(config.data.train_metadata), None
+            train, held = _dataset(config.data.train_metadata, "data.train_metadata"), None
         elif demo or args.synthetic is not None:
             n = args.synthetic or DEMO_SAMPLES
             train, held = SyntheticDataset(config.model, n + DEMO_EVAL, seed=config.training.seed).split(DEMO_EVAL)
@@ -96,9 +109,9 @@ def _train(args: argparse.Namespace) -> int:
                              "set data.train_metadata in the config, or --synthetic N")
         evals = held
         if args.eval_data is not None:
-            evals = TTSDataset.load(args.eval_data)
+            evals = _dataset(args.eval_data, "--eval-data")
         elif config.data.eval_metadata is not None and held is None:
-            evals = TTSDataset.load(config.data.eval_metadata)
+            evals = _dataset(config.data.eval_metadata, "data.eval_metadata")
         trainer = Trainer(config, device=args.device, log_path=args.log, progress=not args.no_progress)
         resume = False if args.resume is None else (True if args.resume == "latest" else args.resume)
         result = trainer.fit(train, evals, resume=resume, overwrite=args.overwrite)

@@ -29,6 +29,7 @@ import dataclasses
 import difflib
 import functools
 import math
+import os
 import re
 import typing
 from dataclasses import dataclass, field, fields
@@ -38,10 +39,13 @@ from typing import Any, Mapping
 from pyxtts.model import ModelConfig, estimate_memory
 
 __all__ = ["DataConfig", "TrainingConfig", "XTTSConfig", "optimize_config", "parse_memory_size",
-           "CONFIGS_DIR", "shipped_configs"]
+           "CONFIGS_DIR", "PATH_FIELDS", "shipped_configs"]
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
 
+# Fields holding a path: in a YAML file relative to the file's folder (``XTTSConfig.load``).
+PATH_FIELDS = (("training", "checkpoint_dir"), ("training", "init_checkpoint"),
+               ("data", "train_metadata"), ("data", "eval_metadata"))
 PRECISIONS = ("fp32", "bf16", "fp16")
 POLICIES = ("none", "selective", "full", "auto")
 SCHEDULES = ("constant", "warmup_cosine", "multistep")
@@ -388,9 +392,7 @@ class XTTSConfig:
 
     def to_yaml(self) -> str:
         """Block style throughout, lists of numbers on one line (``betas: [0.9, 0.96]``)."""
-        import yaml
-
-        return yaml.dump(self.to_dict(), Dumper=_yaml_dumper(), sort_keys=False, default_flow_style=False)
+        return _yaml_text(self.to_dict())
 
     @classmethod
     def from_yaml(cls, text: str) -> "XTTSConfig":
@@ -403,16 +405,36 @@ class XTTSConfig:
         return cls.from_dict(d)
 
     def save(self, path: str | Path) -> None:
-        """Writes the config as YAML (every field, aliases resolved)."""
-        Path(path).write_text(self.to_yaml(), encoding="utf-8")
+        """Writes the config as YAML (every field, aliases resolved). Relative paths
+        (``PATH_FIELDS``; in memory relative to the working directory) are written
+        relative to the file's folder, where ``load`` looks for them."""
+        import yaml
+
+        folder = os.path.abspath(Path(path).parent)
+        d = self.to_dict()
+        for section, name in PATH_FIELDS:
+            v = d[section][name]
+            if v is not None and not os.path.isabs(v):
+                d[section][name] = os.path.relpath(os.path.abspath(v), folder)
+        Path(path).write_text(_yaml_text(d), encoding="utf-8")
 
     @classmethod
     def load(cls, path: str | Path) -> "XTTSConfig":
-        """Reads a YAML file; a shipped config may be named by its stem ("standard")."""
+        """Reads a YAML file; a shipped config may be named by its stem ("standard").
+        A relative path in the file (``PATH_FIELDS``) is relative to the file's folder and
+        becomes one relative to the working directory (or absolute); the shipped configs'
+        paths are relative to the working directory. An unreadable file is an ``OSError``
+        naming it."""
         p = Path(path)
         if not p.exists() and p.suffix == "" and (CONFIGS_DIR / f"{p.name}.yaml").exists():
             p = CONFIGS_DIR / f"{p.name}.yaml"
-        return cls.from_yaml(p.read_text(encoding="utf-8"))
+        config = cls.from_yaml(p.read_text(encoding="utf-8"))
+        if p.resolve().parent != CONFIGS_DIR:
+            for section, name in PATH_FIELDS:
+                v = getattr(getattr(config, section), name)
+                if v is not None and not os.path.isabs(v):
+                    setattr(getattr(config, section), name, os.path.normpath(os.path.join(p.parent, v)))
+        return config
 
     def replace(self, **sections: Any) -> "XTTSConfig":
         """A copy with whole sections replaced (``cfg.replace(data=...)``)."""
@@ -446,6 +468,12 @@ def _yaml_dumper() -> type:
 
     Dumper.add_representer(list, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=True))
     return Dumper
+
+
+def _yaml_text(d: dict[str, Any]) -> str:
+    import yaml
+
+    return yaml.dump(d, Dumper=_yaml_dumper(), sort_keys=False, default_flow_style=False)
 
 
 def shipped_configs() -> dict[str, Path]:

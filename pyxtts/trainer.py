@@ -40,7 +40,7 @@ from typing import Any
 
 from pyxtts import _C
 from pyxtts.batch import find_optimal_batch_size, train_step_with_accumulation
-from pyxtts.checkpoint import load_checkpoint, save_checkpoint
+from pyxtts.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from pyxtts.config import XTTSConfig
 from pyxtts.coqui_config import coqui_decay
 from pyxtts.data import Sample, TTSDataset, batch_groups, collate
@@ -177,7 +177,10 @@ class Trainer:
         self._apply_memory_fraction(t.max_memory_fraction)
         self.model = model_from_config(config, self.device)
         if t.init_checkpoint is not None:  # before the optimizer takes its master copy
-            load_checkpoint(t.init_checkpoint, self.model)
+            try:
+                load_checkpoint(t.init_checkpoint, self.model)
+            except (OSError, CheckpointError) as exc:  # named by the field it came from
+                raise type(exc)(f"training.init_checkpoint: {exc}") from exc
         self.optimizer = optimizer_from_config(self.model, t)
         self.schedule = schedule_from_config(t)
         self.checkpoint_dir = Path(t.checkpoint_dir)

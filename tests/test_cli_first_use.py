@@ -85,15 +85,18 @@ training:
   checkpoint_interval: {interval}
   eval_interval: 1000
   device: cpu
-data: {{batch_size: 2, num_workers: 0}}
+data:
+  batch_size: 2
+  num_workers: 0
 """
 
 
 def tiny_config(folder: Path, name: str = "tiny.yaml", *, lr: float = 1e-3, steps: int = 4,
-                ckpt: str = "ckpt", interval: int = 1000) -> Path:
-    """A one-layer model that takes a step in milliseconds; written as a user writes YAML."""
+                ckpt: str = "ckpt", interval: int = 1000, extra: str = "") -> Path:
+    """A one-layer model that takes a step in milliseconds; written as a user writes YAML
+    (its paths relative to the file's folder)."""
     path = folder / name
-    path.write_text(TINY.format(lr=lr, steps=steps, ckpt=ckpt, interval=interval))
+    path.write_text(TINY.format(lr=lr, steps=steps, ckpt=ckpt, interval=interval) + extra)
     return path
 
 
@@ -119,7 +122,11 @@ def test_optimize_config_writes_one_yaml_style(tmp_path):
     lines = text.splitlines()
     assert lines[0] == "model:" and "  n_layers: 2" in lines and "data:" in lines and "  batch_size: 4" in lines
     assert "  betas: [0.9, 0.96]" in lines
-    assert XTTSConfig.load(tmp_path / "x.yaml") == XTTSConfig.load("cpu_demo")
+    new = XTTSConfig.load(tmp_path / "x.yaml")
+    # written relative to x.yaml: the same folder as the demo's from the working directory
+    assert new.training.checkpoint_dir == str(tmp_path / "checkpoints/cpu_demo")
+    new.training.checkpoint_dir = "checkpoints/cpu_demo"
+    assert new == XTTSConfig.load("cpu_demo")
 
 
 def test_train_is_the_default_command_and_version(tmp_path):
@@ -149,7 +156,7 @@ def test_divergence_says_what_was_saved(tmp_path):
     cfg = tiny_config(tmp_path, lr=1e30, steps=30, ckpt="ckpt2", interval=1)
     r = pyxtts_cli(tmp_path, "train", "--config", str(cfg), "--synthetic", "8", "--no-progress")
     assert r.returncode == 1, r.stderr
-    assert "the newest checkpoint is ckpt2/step_00000010.safetensors" in r.stderr
+    assert f"the newest checkpoint is {tmp_path}/ckpt2/step_00000010.safetensors" in r.stderr
 
 
 def test_sigterm_saves_and_exits_like_ctrl_c(tmp_path):
@@ -186,10 +193,41 @@ def test_sigterm_saves_and_exits_like_ctrl_c(tmp_path):
     steps = train_steps(tmp_path / "ckpt")
     last = steps[-1]
     assert steps == list(range(1, last + 1)) and last < 100_000
-    assert f"interrupted by SIGTERM at step {last}: saved ckpt/step_{last:08d}.safetensors" in err
+    assert f"interrupted by SIGTERM at step {last}: saved {tmp_path}/ckpt/step_{last:08d}.safetensors" in err
     assert [p.name for p in (tmp_path / "ckpt").glob("*.safetensors")] == [f"step_{last:08d}.safetensors"]
     r = pyxtts_cli(tmp_path, "train", "--config", str(cfg), "--synthetic", "8", "--no-progress", "--resume",
                    "--max-steps", str(last + 2))
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"trained {last + 2} steps" in r.stdout
     assert train_steps(tmp_path / "ckpt") == list(range(1, last + 3))
+
+
+def test_paths_in_a_config_are_relative_to_it_and_errors_name_the_field(tmp_path):
+    """`pyxtts train --config exp/run.yaml` from another folder: the data and checkpoints
+    the file names are found beside it; a missing one is named by its field."""
+    from pyxtts import ModelConfig, SyntheticDataset, write_shards
+
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    model = ModelConfig(n_layers=1, d_model=32, n_heads=2, text_vocab_size=32, audio_vocab_size=40,
+                        max_text_tokens=12, max_audio_tokens=24, n_cond_latents=0)
+    write_shards(SyntheticDataset(model, 6, seed=0), exp / "shards")
+    cfg = tiny_config(exp, "run.yaml", steps=2, extra="  train_metadata: shards\n")
+    (tmp_path / "elsewhere").mkdir()
+    r = pyxtts_cli(tmp_path / "elsewhere", "train", "--config", "../exp/run.yaml", "--no-progress")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert train_steps(exp / "ckpt") == [1, 2]
+    assert not (tmp_path / "elsewhere" / "ckpt").exists()
+    # a missing file: the field, the path looked for, and why there
+    cfg.write_text(cfg.read_text() + "  eval_metadata: eval.jsonl\n")
+    r = pyxtts_cli(tmp_path / "elsewhere", "train", "--config", "../exp/run.yaml", "--no-progress",
+                   "--overwrite")
+    assert r.returncode == 2
+    assert ("pyxtts train: data.eval_metadata: cannot read '../exp/eval.jsonl': No such file or directory "
+            "(a path in a config file is relative to the file's folder)") in r.stderr
+    cfg.write_text(cfg.read_text().replace("  eval_metadata: eval.jsonl\n", "")
+                   .replace("  device: cpu\n", "  device: cpu\n  init_checkpoint: base.safetensors\n"))
+    r = pyxtts_cli(tmp_path / "elsewhere", "train", "--config", "../exp/run.yaml", "--no-progress",
+                   "--overwrite")
+    assert r.returncode == 2
+    assert "pyxtts train: training.init_checkpoint: ../exp/base.safetensors: no such checkpoint file" in r.stderr

@@ -145,9 +145,10 @@ def test_yaml_round_trip(tmp_path):
     cfg = XTTSConfig(model=pyxtts.ModelConfig(n_layers=3, d_model=96, n_heads=3),
                      training=TrainingConfig(mixed_precision=True, enable_gradient_checkpointing=True,
                                              learning_rate=3e-4, betas=(0.8, 0.99), grad_clip=None,
-                                             lr_schedule="warmup_cosine", warmup_steps=5, max_steps=50),
+                                             lr_schedule="warmup_cosine", warmup_steps=5, max_steps=50,
+                                             checkpoint_dir=str(tmp_path / "runs")),
                      data=DataConfig(batch_size=3, max_text_tokens=100, bucketing=False,
-                                     train_metadata="data/metadata.csv"))
+                                     train_metadata=str(tmp_path / "data/metadata.csv")))
     path = tmp_path / "cfg.yaml"
     cfg.save(path)
     back = XTTSConfig.load(path)
@@ -190,7 +191,45 @@ def test_shipped_config_loads_and_round_trips(name, tmp_path):
     cfg = XTTSConfig.load(CONFIGS_DIR / f"{name}.yaml")
     assert XTTSConfig.load(name) == cfg  # by its stem
     cfg.save(tmp_path / "x.yaml")
-    assert XTTSConfig.load(tmp_path / "x.yaml") == cfg
+    # the shipped configs' paths are relative to the working directory; a saved one's
+    # are relative to its folder, and point at the same place
+    assert same_place(XTTSConfig.load(tmp_path / "x.yaml"), cfg)
+
+
+def same_place(a: XTTSConfig, b: XTTSConfig) -> bool:
+    """a == b, paths compared by where they point (from the working directory)."""
+    import os
+
+    from pyxtts.config import PATH_FIELDS
+
+    da, db = a.to_dict(), b.to_dict()
+    for d in (da, db):
+        for section, name in PATH_FIELDS:
+            if d[section][name] is not None:
+                d[section][name] = os.path.abspath(d[section][name])
+    return da == db
+
+
+def test_paths_in_a_file_are_relative_to_the_file(tmp_path, monkeypatch):
+    import os
+
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg/run.yaml").write_text("training:\n  checkpoint_dir: runs/a\n  init_checkpoint: /abs/x\n"
+                                           "data:\n  train_metadata: ../data/m.jsonl\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = XTTSConfig.load("cfg/run.yaml")
+    assert cfg.training.checkpoint_dir == os.path.join("cfg", "runs", "a")
+    assert cfg.data.train_metadata == os.path.join("data", "m.jsonl")
+    assert cfg.training.init_checkpoint == "/abs/x" and cfg.data.eval_metadata is None
+    # saved elsewhere, they are rewritten relative to the new file: same places
+    (tmp_path / "other").mkdir()
+    cfg.save("other/x.yaml")
+    text = (tmp_path / "other/x.yaml").read_text()
+    assert "checkpoint_dir: ../cfg/runs/a" in text and "train_metadata: ../data/m.jsonl" in text
+    assert XTTSConfig.load("other/x.yaml") == cfg
+    assert XTTSConfig.load(tmp_path / "other/x.yaml").training.checkpoint_dir == str(tmp_path / "cfg/runs/a")
+    # a shipped config's paths stay relative to the working directory
+    assert XTTSConfig.load("cpu_demo").training.checkpoint_dir == "checkpoints/cpu_demo"
 
 
 @pytest.mark.parametrize("plan_device", PLAN_DEVICES)
