@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import itertools
 import json
 import os
@@ -37,6 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from pyxtts import _C
 from pyxtts.batch import find_optimal_batch_size, train_step_with_accumulation
@@ -189,6 +192,7 @@ class Trainer:
         self.step = 0  # optimizer steps taken
         self.epoch = 0  # current epoch (0-based)
         self.batch_in_epoch = 0  # batches of the current epoch already consumed
+        self._data_fingerprint: dict | None = None  # of the data fit trains on (_data_fingerprint)
 
     def _apply_memory_fraction(self, fraction: float) -> None:
         s = _C.memory_stats(self.device)
@@ -248,7 +252,7 @@ class Trainer:
         p.parent.mkdir(parents=True, exist_ok=True)
         save_checkpoint(p, self.model, self.optimizer, step=self.step,
                         extra={"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
-                               "config": self.config.to_dict()})
+                               "config": self.config.to_dict(), "data": self._data_fingerprint})
         keep = self.config.training.keep_checkpoints
         if path is None and keep is not None:
             for old in self.checkpoints()[:-keep]:
@@ -272,30 +276,41 @@ class Trainer:
 
             tqdm.write(line, file=sys.stderr)
 
-    def _resume(self, resume: bool | str | os.PathLike) -> Path | None:
-        say = self._say
+    def _resume(self, resume: bool | str | os.PathLike, fingerprint: dict) -> Path | None:
+        """Loads the checkpoint to resume from: ``resume`` True takes the newest in
+        ``checkpoint_dir`` and falls back to the next older one when it cannot be read (a
+        crash mid-write, a damaged disk), saying so; a path is that file or an error. A
+        checkpoint of other data or batch settings (``fingerprint``) is refused before
+        anything is loaded, naming what changed."""
         if resume is True:
             found = self.checkpoints()
             if not found:
-                say(f"resume: no checkpoint in {self.checkpoint_dir}; starting from step 0")
+                self._say(f"resume: no checkpoint in {self.checkpoint_dir}; starting from step 0")
                 return None
-            path = found[-1]
+            candidates = found[::-1]
         else:
-            path = Path(resume)
-            if not path.is_file():
-                raise FileNotFoundError(f"resume: no checkpoint file {str(path)!r}")
-        meta = self.load(path)
-        saved = (meta.get("extra") or {}).get("config")
-        if isinstance(saved, dict):
+            candidates = [Path(resume)]
+            if not candidates[0].is_file():
+                raise FileNotFoundError(f"resume: no checkpoint file {str(candidates[0])!r}")
+        unusable: list[str] = []
+        for path in candidates:
             try:
-                old = XTTSConfig.from_dict(saved)
-                if old.effective_batch_size != self.config.effective_batch_size:
-                    say(f"resume: the effective batch changed ({old.effective_batch_size} -> "
-                        f"{self.config.effective_batch_size}); the rest of the epoch's data order differs")
-            except (TypeError, ValueError):
-                pass
-        say(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
-        return path
+                _check_fingerprint(path, _saved_extra(path).get("data"), fingerprint)
+                self.load(path)
+            except CheckpointError as exc:
+                if resume is not True:
+                    raise
+                unusable.append(f"{path.name}: {exc}")
+                print(f"resume: {path} cannot be used ({exc})" + ("; falling back to the previous checkpoint"
+                      if path != candidates[-1] else ""), file=sys.stderr)
+                continue
+            if unusable:
+                print(f"resume: resuming from {path.name}, the newest usable checkpoint ({len(unusable)} newer "
+                      "one(s) could not be used)", file=sys.stderr)
+            self._say(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
+            return path
+        raise CheckpointError(f"resume: none of the {len(unusable)} checkpoints in {self.checkpoint_dir} can be "
+                              "used: " + "; ".join(unusable))
 
     # ---- log -------------------------------------------------------------------------------
     def _open_log(self, resumed: bool):
@@ -345,21 +360,25 @@ class Trainer:
         (a ``KeyboardInterrupt``)."""
         c = self.config
         t, d = c.training, c.data
+        checked: list[TTSDataset] = []
         for name, ds in (("dataset", dataset), ("eval_dataset", eval_dataset)):
             if ds is None:
                 continue
             if not isinstance(ds, Sequence) or len(ds) == 0:
                 raise ValueError(f"{name}: expected a non-empty sequence of samples (a TTSDataset)")
-            (ds if isinstance(ds, TTSDataset) else TTSDataset(list(ds))).validate(_data_limits(c))
+            checked.append(ds if isinstance(ds, TTSDataset) else TTSDataset(list(ds)))
+            checked[-1].validate(_data_limits(c))
+        fingerprint = _data_fingerprint(checked[0].samples, c)
         say = self._say
         resumed = None
         if resume is not False:
-            resumed = self._resume(resume)
+            resumed = self._resume(resume, fingerprint)
         elif self.step == 0 and self.checkpoints():  # (step > 0: this trainer's own run goes on)
             if not overwrite:
                 raise RunExistsError(self.checkpoint_dir, self.checkpoints()[-1])
             for p in self.checkpoints():
                 p.unlink()
+        self._data_fingerprint = fingerprint
         effective = c.effective_batch_size
         accum = t.gradient_accumulation_steps
         bucket = d.bucket_size_multiplier if d.bucketing else 1
@@ -507,6 +526,57 @@ def _collated(dataset: Sequence[Sample], groups: list, workers: int, model_confi
         finally:
             for _, f in pending:
                 f.cancel()
+
+
+def _data_fingerprint(samples: Sequence[Sample], config: XTTSConfig) -> dict:
+    """What fixes a run's sequence of batches: the samples (a digest of every id and
+    latent) and the batch settings. Saved with each checkpoint; resuming needs the same."""
+    h = hashlib.blake2b(digest_size=16)
+    for s in samples:
+        for a in (s.text, s.audio) + ((s.cond,) if s.cond is not None else ()):
+            a = np.ascontiguousarray(a)
+            h.update(np.array(a.shape, np.int64).tobytes())
+            h.update(a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes())
+    d = config.data
+    return {"samples": len(samples), "digest": h.hexdigest(), "effective_batch": config.effective_batch_size,
+            "shuffle": d.shuffle, "shuffle_seed": d.shuffle_seed,
+            "bucket_factor": d.bucket_size_multiplier if d.bucketing else 1}
+
+
+def _saved_extra(path: Path) -> dict:
+    """The ``extra`` metadata of a checkpoint, read without its tensors."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            meta = json.loads((f.metadata() or {})["pyxtts"])
+        extra = meta.get("extra")
+    except Exception as exc:  # safetensors raises its own error types
+        raise CheckpointError(f"{path}: not a readable pyxtts checkpoint: {type(exc).__name__}: {exc}") from exc
+    return extra if isinstance(extra, dict) else {}
+
+
+_FINGERPRINT_NAMES = {"samples": "number of training samples", "digest": "training samples' contents",
+                      "effective_batch": "effective batch (data.batch_size x gradient_accumulation_steps)",
+                      "shuffle": "data.shuffle", "shuffle_seed": "data.shuffle_seed",
+                      "bucket_factor": "bucketing (data.bucketing, data.bucket_size_multiplier)"}
+
+
+def _check_fingerprint(path: Path, saved: Any, now: dict) -> None:
+    """ValueError naming what changed since ``path`` was saved (a checkpoint of an older
+    pyxtts, without a fingerprint, is not checked)."""
+    if not isinstance(saved, dict):
+        return
+    changed = [f"{_FINGERPRINT_NAMES[k]}: {saved.get(k)!r} then, {v!r} now" for k, v in now.items()
+               if k != "digest" and saved.get(k) != v]
+    if saved.get("digest") != now["digest"] and saved.get("samples") == now["samples"]:
+        changed.append("the training samples' contents differ (same number of samples)")
+    if changed:
+        raise ValueError(
+            f"resume: {path} was saved by a run on other data or batch settings, so its position in the data "
+            f"means nothing here; changed: {'; '.join(changed)}. Resume with the same data and settings, or "
+            f"start a new run from its weights (training.init_checkpoint: {path}, in another checkpoint_dir "
+            "or overwriting this one)")
 
 
 def _checkpoint_step(path: Path | None) -> int | None:

@@ -231,3 +231,60 @@ def test_paths_in_a_config_are_relative_to_it_and_errors_name_the_field(tmp_path
                    "--overwrite")
     assert r.returncode == 2
     assert "pyxtts train: training.init_checkpoint: ../exp/base.safetensors: no such checkpoint file" in r.stderr
+
+
+def test_resume_refuses_other_data_or_batch_settings(tmp_path):
+    """Resuming used to accept anything: another data set or batch size continued at
+    "epoch 3, batch 50" of an epoch that now had 25 batches."""
+    cfg = tiny_config(tmp_path, steps=3)
+    run = ("train", "--config", str(cfg), "--no-progress")
+    assert pyxtts_cli(tmp_path, *run, "--synthetic", "8").returncode == 0
+    r = pyxtts_cli(tmp_path, *run, "--synthetic", "12", "--resume", "--max-steps", "5")
+    assert r.returncode == 2
+    assert "was saved by a run on other data or batch settings" in r.stderr
+    assert "changed: number of training samples: 8 then, 12 now" in r.stderr
+    r = pyxtts_cli(tmp_path, *run, "--synthetic", "8", "--resume", "--max-steps", "5", "--batch-size", "4")
+    assert r.returncode == 2
+    assert "changed: effective batch (data.batch_size x gradient_accumulation_steps): 2 then, 4 now" in r.stderr
+    assert "training.init_checkpoint: " in r.stderr  # the way to train those weights on other data
+    assert train_steps(tmp_path / "ckpt") == [1, 2, 3]  # nothing changed
+    # the same samples in the same number, one id changed
+    from pyxtts import XTTSConfig
+    from pyxtts.data import Sample, SyntheticDataset, TTSDataset, write_shards
+    from pyxtts.trainer import _data_fingerprint
+
+    c = XTTSConfig.load(cfg)
+    data = SyntheticDataset(c.model, 6, seed=0)
+    other = TTSDataset([Sample(s.text.copy(), s.audio.copy()) for s in data])
+    other.samples[5].audio[-1] = (other.samples[5].audio[-1] + 1) % c.model.audio_vocab_size
+    write_shards(data, tmp_path / "a")
+    write_shards(other, tmp_path / "b")
+    assert _data_fingerprint(data.samples, c)["digest"] != _data_fingerprint(other.samples, c)["digest"]
+    run = ("train", "--config", str(cfg), "--no-progress", "--checkpoint-dir", str(tmp_path / "c2"))
+    assert pyxtts_cli(tmp_path, *run, "--data", "a").returncode == 0
+    r = pyxtts_cli(tmp_path, *run, "--data", "b", "--resume", "--max-steps", "4")
+    assert r.returncode == 2
+    assert "the training samples' contents differ (same number of samples)" in r.stderr
+    r = pyxtts_cli(tmp_path, *run, "--data", "a", "--resume", "--max-steps", "4")
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_resume_falls_back_past_a_corrupt_newest_checkpoint(tmp_path):
+    cfg = tiny_config(tmp_path, steps=3, interval=1)
+    run = ("train", "--config", str(cfg), "--no-progress", "--synthetic", "8")
+    assert pyxtts_cli(tmp_path, *run).returncode == 0
+    ck = tmp_path / "ckpt"
+    newest = ck / "step_00000003.safetensors"
+    newest.write_bytes(newest.read_bytes()[:200])  # cut short, as by a full disk
+    r = pyxtts_cli(tmp_path, *run, "--resume", "--max-steps", "5")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"resume: {newest} cannot be used (" in r.stderr
+    assert "falling back to the previous checkpoint" in r.stderr
+    assert "resuming from step_00000002.safetensors, the newest usable checkpoint (1 newer one(s)" in r.stderr
+    assert train_steps(ck) == [1, 2, 3, 4, 5]  # step 3 taken again
+    # none usable: an error listing each, nothing trained
+    for p in ck.glob("*.safetensors"):
+        p.write_bytes(b"not a checkpoint")
+    r = pyxtts_cli(tmp_path, *run, "--resume", "--max-steps", "6")
+    assert r.returncode == 2
+    assert "resume: none of the 3 checkpoints in" in r.stderr and "Traceback" not in r.stderr
