@@ -288,3 +288,20 @@ def test_resume_falls_back_past_a_corrupt_newest_checkpoint(tmp_path):
     r = pyxtts_cli(tmp_path, *run, "--resume", "--max-steps", "6")
     assert r.returncode == 2
     assert "resume: none of the 3 checkpoints in" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_conditioning_latents_of_the_wrong_count_are_refused_with_the_data(tmp_path):
+    """A sample with 3 latents for a model of n_cond_latents=2 used to pass validation and
+    fail mid-training (in a batch beside a sample with 2), with no file or line."""
+    cfg = tiny_config(tmp_path, steps=2)
+    cfg.write_text(cfg.read_text().replace("n_cond_latents: 0", "n_cond_latents: 2"))
+    lines = [{"text": [1, 2, 3], "audio": [4, 5, 6], "cond": [[0.5] * 32] * n} for n in (2, 2, 3, 2)]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    r = pyxtts_cli(tmp_path, "train", "--config", str(cfg), "--data", "m.jsonl", "--no-progress")
+    assert r.returncode == 2
+    assert "m.jsonl:3: cond has 3 conditioning latents, expected n_cond_latents=2" in r.stderr
+    assert not (tmp_path / "ckpt").exists() or not list((tmp_path / "ckpt").glob("*.safetensors"))
+    lines[2]["cond"] = [[0.5] * 32] * 2
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    r = pyxtts_cli(tmp_path, "train", "--config", str(cfg), "--data", "m.jsonl", "--no-progress")
+    assert r.returncode == 0, r.stderr[-2000:]
