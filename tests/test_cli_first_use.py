@@ -305,3 +305,35 @@ def test_conditioning_latents_of_the_wrong_count_are_refused_with_the_data(tmp_p
     (tmp_path / "m.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     r = pyxtts_cli(tmp_path, "train", "--config", str(cfg), "--data", "m.jsonl", "--no-progress")
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+MEMTEST_OOM = """
+import sys
+import pyxtts.cli, pyxtts.model, pyxtts.testing
+real = pyxtts.model.XTTSGPT.forward_backward
+fired = []
+def forward_backward(self, batch, *args, **kwargs):
+    if not fired:  # the first allocation of the step's first micro-batch fails, as on a full device
+        fired.append(1)
+        pyxtts.testing.inject_oom(0, "cpu")
+    return real(self, batch, *args, **kwargs)
+pyxtts.model.XTTSGPT.forward_backward = forward_backward
+sys.exit(pyxtts.cli.main(sys.argv[1:]))
+"""
+
+
+def test_memtest_out_of_memory_in_the_real_step_does_not_fit(tmp_path):
+    """memtest's real step used to halve the micro-batch on an out-of-memory error and
+    report FITS with the smaller batch's peak as "measured"."""
+    r = run_python(MEMTEST_OOM, "memtest", "--config", "cpu_demo", "--batch-size", "4", cwd=str(tmp_path))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert ("real step: out of memory under the budget: micro-batch 4 ran out of memory; the step went "
+            "through only split into micro-batches of 2") in r.stdout
+    assert "verdict: DOES NOT FIT: the real step ran out of memory under the budget" in r.stdout
+    assert "peak allocated" not in r.stdout
+    assert "advice: the plan fits the budget but the device ran out" in r.stdout
+    assert ("advice: micro-batches of 2 went through: data.batch_size 2 x gradient_accumulation_steps 2 keeps "
+            "the effective batch 4") in r.stdout
+    # the same command without the injected error: FITS, measured equal to the plan
+    r = pyxtts_cli(tmp_path, "memtest", "--config", "cpu_demo", "--batch-size", "4")
+    assert r.returncode == 0 and "verdict: FITS" in r.stdout and "real step: peak allocated" in r.stdout
