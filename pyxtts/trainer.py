@@ -5,7 +5,8 @@ One optimizer step per effective batch (``data.batch_size`` x
 ``train_step_with_accumulation``, so an out-of-memory error halves the micro-batch and
 redoes the step instead of ending the run. Around it:
 
-- a tqdm bar with the loss, tokens/s and the step's peak memory, and a line every
+- a tqdm bar with the loss, tokens/s (over the last ``RATE_WINDOW`` steps) and the step's
+  peak memory, and a line every
   ``log_interval`` steps (readable in a log file too);
 - a JSONL log, one object per optimizer step (``"type": "train"``) and per evaluation
   (``"type": "eval"``), by default ``<checkpoint_dir>/train_log.jsonl``;
@@ -59,6 +60,9 @@ CHECKPOINT_RE = re.compile(r"step_(\d+)\.safetensors")
 # Consecutive skipped (non-finite) steps after which the run is declared diverged.
 # fp16's dynamic loss scale skips steps while it finds its level; others should not skip.
 MAX_SKIPPED = {"fp16": 50, "bf16": 10, "fp32": 10}
+# Steps the tokens/s shown is averaged over: one step's rate swings several-fold with the
+# machine's other load and the batch's lengths.
+RATE_WINDOW = 20
 
 
 def schedule_from_config(t) -> LRSchedule:
@@ -397,6 +401,7 @@ class Trainer:
         last_eval: float | None = None
         skipped_run = 0
         micro_cap: int | None = None  # largest micro-batch that fitted after an out-of-memory error
+        window: deque = deque(maxlen=RATE_WINDOW)  # (tokens, seconds) of the latest steps: the rate shown
         t_start = time.perf_counter()
 
         def run_eval() -> None:
@@ -440,17 +445,20 @@ class Trainer:
                         say(f"step {self.step}: out of memory at micro-batch {-(-len(g) // steps)}; "
                             f"going on with micro-batches of {micro_cap} (same effective batch)")
                     rec = self._step_record(r, batch, lr, time.perf_counter() - t0)
+                    window.append((r.text_tokens + r.audio_tokens, rec["step_time_s"]))
+                    rate = sum(n for n, _ in window) / max(sum(s for _, s in window), 1e-9)
+                    rec["tokens_per_s_avg"] = rate
                     if t.enable_memory_cleanup and self.step % t.cleanup_interval == 0:
                         rec["cleanup_released_bytes"] = cleanup_gpu_memory(self.device)
                     history.append(rec)
                     log.write(json.dumps(rec) + "\n")
                     log.flush()
-                    progress.update(f"loss {r.loss:.4f}, {r.tokens_per_s:,.0f} tok/s, "
+                    progress.update(f"loss {r.loss:.4f}, {rate:,.0f} tok/s, "
                                     f"mem {format_bytes(r.peak_memory_bytes)}")
                     if self.step % t.log_interval == 0:
                         say(f"step {self.step}/{total}: loss {r.loss:.4f} (text {r.text_loss:.4f}, "
                             f"audio {r.audio_loss:.4f}), grad norm {r.grad_norm:.3g}, lr {lr:.3g}, "
-                            f"{r.tokens_per_s:,.0f} tok/s, peak {format_bytes(r.peak_memory_bytes)}")
+                            f"{rate:,.0f} tok/s, peak {format_bytes(r.peak_memory_bytes)}")
                     skipped_run = skipped_run + 1 if r.skipped else 0
                     if skipped_run >= MAX_SKIPPED[t.precision]:
                         saved = (f"the newest checkpoint is {last_ckpt}" if last_ckpt is not None else

@@ -337,3 +337,58 @@ def test_memtest_out_of_memory_in_the_real_step_does_not_fit(tmp_path):
     # the same command without the injected error: FITS, measured equal to the plan
     r = pyxtts_cli(tmp_path, "memtest", "--config", "cpu_demo", "--batch-size", "4")
     assert r.returncode == 0 and "verdict: FITS" in r.stdout and "real step: peak allocated" in r.stdout
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_readme_quickstart_runs_without_torch(tmp_path):
+    """`pip install .` does not install PyTorch; the Quickstart used to import it."""
+    text = (REPO / "README.md").read_text()
+    quick = text[text.index("## Quickstart"):]
+    code = quick[quick.index("```python\n") + len("```python\n"):quick.index("```\n", quick.index("```python"))]
+    r = run_python("import sys\nsys.modules['torch'] = None  # as when it is not installed\n" + code,
+                   cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_checkpoints_get_the_mode_of_any_new_file(tmp_path):
+    """They were written 0600 (safetensors' choice), unreadable to a group sharing a run."""
+    cfg = tiny_config(tmp_path, steps=1)
+    code = "import os, sys\nos.umask(0o022)\n" + CLI
+    r = run_python(code, "train", "--config", str(cfg), "--synthetic", "4", "--no-progress", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    (ck,) = (tmp_path / "ckpt").glob("*.safetensors")
+    assert ck.stat().st_mode & 0o777 == 0o644
+    code = "import os, sys\nos.umask(0o077)\n" + CLI
+    r = run_python(code, "train", "--config", str(cfg), "--synthetic", "4", "--no-progress", "--overwrite",
+                   cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert ck.stat().st_mode & 0o777 == 0o600
+
+
+def test_run_folders_are_ignored_by_git():
+    """`pyxtts train` in the repository writes checkpoints/, the notebook notebooks/runs/."""
+    lines = (REPO / ".gitignore").read_text().splitlines()
+    assert "checkpoints/" in lines and "notebooks/runs/" in lines
+
+
+def test_tokens_per_second_shown_is_averaged(tmp_path):
+    """One step's rate swung from 473 to 6,853 tokens/s; the bar and the log lines show the
+    rate over the last 20 steps (the JSONL log keeps both)."""
+    from pyxtts.trainer import RATE_WINDOW
+
+    cfg = tiny_config(tmp_path, steps=30)
+    cfg.write_text(cfg.read_text().replace("  device: cpu\n", "  device: cpu\n  log_interval: 10\n"))
+    r = pyxtts_cli(tmp_path, "train", "--config", str(cfg), "--synthetic", "8")
+    assert r.returncode == 0, r.stderr[-2000:]
+    log = [json.loads(x) for x in (tmp_path / "ckpt/train_log.jsonl").read_text().splitlines()]
+    steps = [x for x in log if x["type"] == "train"]
+    for i, x in enumerate(steps):
+        w = steps[max(0, i + 1 - RATE_WINDOW):i + 1]
+        want = sum(y["text_tokens"] + y["audio_tokens"] for y in w) / sum(y["step_time_s"] for y in w)
+        assert x["tokens_per_s_avg"] == pytest.approx(want, rel=1e-12)
+    shown = [line for line in r.stderr.splitlines() if line.startswith("step ") and "tok/s" in line]
+    assert len(shown) == 3
+    for line, x in zip(shown, steps[9::10]):
+        assert f"{x['tokens_per_s_avg']:,.0f} tok/s" in line, (line, x)
