@@ -392,3 +392,28 @@ def test_tokens_per_second_shown_is_averaged(tmp_path):
     assert len(shown) == 3
     for line, x in zip(shown, steps[9::10]):
         assert f"{x['tokens_per_s_avg']:,.0f} tok/s" in line, (line, x)
+
+
+def test_readme_links_stay_in_the_repository_and_its_commands_exist():
+    """The design link pointed outside the repository; every relative link must resolve
+    inside it, and every `pyxtts` command the README shows must be one the CLI has."""
+    import re
+
+    import pyxtts.cli
+
+    text = (REPO / "README.md").read_text()
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if target.startswith(("http://", "https://", "#")):
+            continue
+        path = (REPO / target.split("#")[0]).resolve()
+        assert path.is_relative_to(REPO) and path.exists(), target
+    anchors = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
+               for h in re.findall(r"^#+ (.+)$", text, flags=re.M)}
+    for anchor in re.findall(r"\]\(#([^)]+)\)", text):
+        assert anchor in anchors, anchor
+    shell = "\n".join(re.findall(r"```bash\n(.*?)```", text, flags=re.S))
+    shown = set(re.findall(r"(?:^|&& )pyxtts ([a-z-]+)", shell, flags=re.M))
+    assert {"train", "export", "memtest", "optimize-config", "gpu-info"} <= shown
+    r = run_python("import pyxtts.cli, sys; pyxtts.cli.main(['--help'])")
+    commands = set(re.search(r"\{([a-z,-]+)\}", r.stdout).group(1).split(","))
+    assert shown <= commands, shown - commands
