@@ -201,9 +201,24 @@ def _remove_stale_temps(path: Path) -> None:
                 pass
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux tells it."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and put back
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    """Calls ``write(tmp)`` for ``<path>.tmp-<pid>`` beside ``path``, fsyncs it, renames it
-    over ``path`` and fsyncs the directory: a process killed at any moment leaves the old
+    """Calls ``write(tmp)`` for ``<path>.tmp-<pid>`` beside ``path``, gives it the mode a
+    new file gets (0666 less the umask), fsyncs it, renames it over ``path`` and fsyncs the
+    directory: a process killed at any moment leaves the old
     file or the new one, never a mix (a failure removes the temporary file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(path)
@@ -212,6 +227,7 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
         write(tmp)
         fd = os.open(tmp, os.O_RDWR)
         try:
+            os.fchmod(fd, 0o666 & ~_umask())  # as open() would make it (safetensors writes 0600)
             os.fsync(fd)
         finally:
             os.close(fd)

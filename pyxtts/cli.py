@@ -44,7 +44,12 @@ def _optimize_config(args: argparse.Namespace) -> int:
     except (OSError, TypeError, ValueError) as exc:
         print(f"pyxtts optimize-config: {exc}", file=sys.stderr)
         return 2
-    new.save(args.output)
+    try:
+        new.save(args.output)
+    except OSError as exc:
+        print(f"pyxtts optimize-config: --output: cannot write {args.output!r}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
     print(explanation)
     print(f"written: {args.output}")
     return 0
@@ -58,27 +63,41 @@ def _fail(command: str, exc: BaseException) -> int:
     return 2
 
 
+def _dataset(path: str, where: str):
+    """``TTSDataset.load(path)``; an error names the option or config field it came from."""
+    from pyxtts.data import DataError, TTSDataset
+
+    try:
+        return TTSDataset.load(path)
+    except OSError as exc:
+        hint = " (a path in a config file is relative to the file's folder)" if where.startswith("data.") else ""
+        raise DataError(f"{where}: cannot read {path!r}: {exc.strerror or exc}{hint}") from exc
+    except DataError as exc:
+        raise DataError(f"{where}: {exc}") from exc
+
+
 def _train(args: argparse.Namespace) -> int:
     from pyxtts.checkpoint import CheckpointError
     from pyxtts.config import XTTSConfig
-    from pyxtts.data import DataError, SyntheticDataset, TTSDataset
-    from pyxtts.trainer import Trainer
+    from pyxtts.data import DataError, SyntheticDataset
+    from pyxtts.trainer import RunExistsError, Terminated, Trainer
 
     demo = args.config is None
     try:
         config = XTTSConfig.load(args.config or "cpu_demo")
         if args.max_steps is not None:
-            config.training.max_steps = args.max_steps
-            config.training.__post_init__()
+            note = config.training.set_max_steps(args.max_steps)
+            if note is not None:
+                print(f"pyxtts train: {note}", file=sys.stderr)
         if args.batch_size is not None:
             config.data.batch_size = args.batch_size
             config.data.__post_init__()
         if args.checkpoint_dir is not None:
             config.training.checkpoint_dir = args.checkpoint_dir
         if args.data is not None:
-            train, held = TTSDataset.load(args.data), None
+            train, held = _dataset(args.data, "--data"), None
         elif config.data.train_metadata is not None:
-            train, held = TTSDataset.load(config.data.train_metadata), None
+            train, held = _dataset(config.data.train_metadata, "data.train_metadata"), None
         elif demo or args.synthetic is not None:
             n = args.synthetic or DEMO_SAMPLES
             train, held = SyntheticDataset(config.model, n + DEMO_EVAL, seed=config.training.seed).split(DEMO_EVAL)
@@ -90,12 +109,12 @@ def _train(args: argparse.Namespace) -> int:
                              "set data.train_metadata in the config, or --synthetic N")
         evals = held
         if args.eval_data is not None:
-            evals = TTSDataset.load(args.eval_data)
+            evals = _dataset(args.eval_data, "--eval-data")
         elif config.data.eval_metadata is not None and held is None:
-            evals = TTSDataset.load(config.data.eval_metadata)
+            evals = _dataset(config.data.eval_metadata, "data.eval_metadata")
         trainer = Trainer(config, device=args.device, log_path=args.log, progress=not args.no_progress)
         resume = False if args.resume is None else (True if args.resume == "latest" else args.resume)
-        result = trainer.fit(train, evals, resume=resume, overwrite=args.overwrite or (demo and resume is False))
+        result = trainer.fit(train, evals, resume=resume, overwrite=args.overwrite)
     except pyxtts.OutOfMemoryError as exc:
         print(f"pyxtts train: {exc}\n  `pyxtts memtest --config ...` shows the plan against the device; "
               "`pyxtts optimize-config` chooses a micro-batch, accumulation, precision and checkpointing that fit",
@@ -104,10 +123,21 @@ def _train(args: argparse.Namespace) -> int:
     except FloatingPointError as exc:
         print(f"pyxtts train: {exc}", file=sys.stderr)
         return 1
+    except Terminated as exc:
+        return 128 + exc.signum
     except KeyboardInterrupt:
         return 130
+    except RunExistsError as exc:
+        print(f"pyxtts train: {exc.checkpoint_dir} holds checkpoints of an earlier run (newest: "
+              f"{exc.newest.name}); nothing was deleted. Pass --resume to continue it, --overwrite to start "
+              "over (deletes its checkpoints and log), or --checkpoint-dir DIR for a new run", file=sys.stderr)
+        return 2
     except (CheckpointError, DataError, FileExistsError, OSError, TypeError, ValueError) as exc:
         return _fail("train", exc)
+    if not result.history:  # a resumed run that had already reached its end
+        print(f"nothing to train: the run is at step {result.step}, its end ({result.stopped}); raise "
+              f"--max-steps (or training.epochs) to train longer; checkpoint {result.checkpoint}")
+        return 0
     print(f"trained {result.step} steps ({result.stopped}): final loss {result.final_loss:.4f}"
           + (f", eval loss {result.eval_loss:.4f}" if result.eval_loss is not None else "")
           + f"; checkpoint {result.checkpoint}; log {result.log_path}")
@@ -157,6 +187,7 @@ def _export(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pyxtts", description=pyxtts.__doc__)
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command")
     tr = sub.add_parser("train", help="train a config (the default command; no --config: the CPU demo)")
     tr.add_argument("--config", default=None,
@@ -222,10 +253,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="device memory, e.g. 12GiB, 12G, 12GB (10^9) or bytes; default: the device's total")
     oc.add_argument("--device", default=None, help="device to plan for (default: the config's training.device)")
     oc.set_defaults(func=_optimize_config)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in (*sub.choices, "-h", "--help", "--version"):
+        argv = ["train", *argv]  # train is the default command: `pyxtts --config c.yaml` trains
     args = parser.parse_args(argv)
-    if args.command is None:
-        args = parser.parse_args(["train", *(argv if argv is not None else sys.argv[1:])])
     return int(args.func(args))
+
+
+def _version() -> str:
+    info = pyxtts.build_info()
+    if info["cuda"]:
+        backend = f"CUDA {info['cuda_version']} for {' '.join(info['cuda_archs'])}"
+    else:
+        backend = "CPU-only build"
+    return f"pyxtts {info['version']} ({backend}; {info['compiler']})"
 
 
 if __name__ == "__main__":

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
+import os
 import re
 import typing
 from dataclasses import dataclass, field, fields
@@ -37,10 +39,13 @@ from typing import Any, Mapping
 from pyxtts.model import ModelConfig, estimate_memory
 
 __all__ = ["DataConfig", "TrainingConfig", "XTTSConfig", "optimize_config", "parse_memory_size",
-           "CONFIGS_DIR", "shipped_configs"]
+           "CONFIGS_DIR", "PATH_FIELDS", "shipped_configs"]
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
 
+# Fields holding a path: in a YAML file relative to the file's folder (``XTTSConfig.load``).
+PATH_FIELDS = (("training", "checkpoint_dir"), ("training", "init_checkpoint"),
+               ("data", "train_metadata"), ("data", "eval_metadata"))
 PRECISIONS = ("fp32", "bf16", "fp16")
 POLICIES = ("none", "selective", "full", "auto")
 SCHEDULES = ("constant", "warmup_cosine", "multistep")
@@ -238,6 +243,27 @@ class TrainingConfig:
         _rule(self.device == "auto" or self.device == "cpu" or re.fullmatch(r"cuda(:\d+)?", self.device) is not None,
               w + "device", self.device, "'auto', 'cpu', 'cuda' or 'cuda:N'")
 
+    def set_max_steps(self, max_steps: int) -> str | None:
+        """Sets ``max_steps`` (e.g. from ``--max-steps``) and checks the section again.
+        A warmup that no longer fits the shorter run (``warmup_steps >= max_steps``) keeps
+        the share of the run it had (rounded up, at most ``max_steps - 1``) instead of
+        being refused; the returned note says so (None when nothing else changed)."""
+        old_max, old_warmup = self.max_steps, self.warmup_steps
+        ok = isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps >= 1
+        note = None
+        if ok and self.lr_schedule == "warmup_cosine" and old_warmup >= max_steps:
+            share = old_warmup / old_max if old_max else 1.0
+            self.warmup_steps = min(max_steps - 1, math.ceil(share * max_steps))
+            note = (f"training.warmup_steps {old_warmup} does not fit max_steps {max_steps}: scaled to "
+                    f"{self.warmup_steps}, the same share of the run as {old_warmup} of {old_max}")
+        self.max_steps = max_steps
+        try:
+            self.__post_init__()
+        except (TypeError, ValueError):
+            self.max_steps, self.warmup_steps = old_max, old_warmup
+            raise
+        return note
+
     def resolved_device(self) -> str:
         if self.device != "auto":
             return self.device
@@ -365,35 +391,89 @@ class XTTSConfig:
         return cls(**built)
 
     def to_yaml(self) -> str:
-        import yaml
-
-        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
+        """Block style throughout, lists of numbers on one line (``betas: [0.9, 0.96]``)."""
+        return _yaml_text(self.to_dict())
 
     @classmethod
     def from_yaml(cls, text: str) -> "XTTSConfig":
         import yaml
 
         try:
-            d = yaml.safe_load(text)
+            d = yaml.load(text, Loader=_yaml_loader())
         except yaml.YAMLError as exc:
             raise ValueError(f"config: not valid YAML: {exc}") from exc
         return cls.from_dict(d)
 
     def save(self, path: str | Path) -> None:
-        """Writes the config as YAML (every field, aliases resolved)."""
-        Path(path).write_text(self.to_yaml(), encoding="utf-8")
+        """Writes the config as YAML (every field, aliases resolved). Relative paths
+        (``PATH_FIELDS``; in memory relative to the working directory) are written
+        relative to the file's folder, where ``load`` looks for them."""
+        import yaml
+
+        folder = os.path.abspath(Path(path).parent)
+        d = self.to_dict()
+        for section, name in PATH_FIELDS:
+            v = d[section][name]
+            if v is not None and not os.path.isabs(v):
+                d[section][name] = os.path.relpath(os.path.abspath(v), folder)
+        Path(path).write_text(_yaml_text(d), encoding="utf-8")
 
     @classmethod
     def load(cls, path: str | Path) -> "XTTSConfig":
-        """Reads a YAML file; a shipped config may be named by its stem ("standard")."""
+        """Reads a YAML file; a shipped config may be named by its stem ("standard").
+        A relative path in the file (``PATH_FIELDS``) is relative to the file's folder and
+        becomes one relative to the working directory (or absolute); the shipped configs'
+        paths are relative to the working directory. An unreadable file is an ``OSError``
+        naming it."""
         p = Path(path)
         if not p.exists() and p.suffix == "" and (CONFIGS_DIR / f"{p.name}.yaml").exists():
             p = CONFIGS_DIR / f"{p.name}.yaml"
-        return cls.from_yaml(p.read_text(encoding="utf-8"))
+        config = cls.from_yaml(p.read_text(encoding="utf-8"))
+        if p.resolve().parent != CONFIGS_DIR:
+            for section, name in PATH_FIELDS:
+                v = getattr(getattr(config, section), name)
+                if v is not None and not os.path.isabs(v):
+                    setattr(getattr(config, section), name, os.path.normpath(os.path.join(p.parent, v)))
+        return config
 
     def replace(self, **sections: Any) -> "XTTSConfig":
         """A copy with whole sections replaced (``cfg.replace(data=...)``)."""
         return dataclasses.replace(self, **sections)
+
+
+# YAML 1.2 floats: PyYAML follows YAML 1.1, where a float needs a dot, so "2e-3" and
+# "1e-8" (how learning rates are written) would be strings.
+_FLOAT_12 = re.compile(r"""^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$""")
+
+
+@functools.cache
+def _yaml_loader() -> type:
+    """PyYAML's safe loader that also reads ``2e-3`` as a float (YAML 1.2)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))
+    return Loader
+
+
+@functools.cache
+def _yaml_dumper() -> type:
+    """PyYAML's safe dumper writing every list in flow style and every mapping in block style."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    Dumper.add_representer(list, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=True))
+    return Dumper
+
+
+def _yaml_text(d: dict[str, Any]) -> str:
+    import yaml
+
+    return yaml.dump(d, Dumper=_yaml_dumper(), sort_keys=False, default_flow_style=False)
 
 
 def shipped_configs() -> dict[str, Path]:

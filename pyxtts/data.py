@@ -232,7 +232,8 @@ class TTSDataset(Sequence):
     def validate(self, config) -> None:
         """Every id within the vocabularies, lengths within the maxima (with a framing
         config, the framed lengths: ``len(text) + 1`` and ``len(audio) + 4``), conditioning
-        latents of width d_model, all or none of the samples conditioned; raises DataError."""
+        latents of shape (n_cond_latents, d_model), all or none of the samples conditioned;
+        raises DataError naming the sample's file (and line)."""
         c = config
         framed = bool(getattr(c, "frames_data", False))
         extra_t, extra_a = (TEXT_OVERHEAD, AUDIO_OVERHEAD) if framed else (0, 0)
@@ -258,6 +259,9 @@ class TTSDataset(Sequence):
                 nc = s.cond.shape[0]
                 if s.cond.shape[1] != c.d_model:
                     raise DataError(f"{where}: cond has width {s.cond.shape[1]}, expected d_model={c.d_model}")
+                if nc != c.n_cond_latents:  # the memory plan, and batching, count exactly that many
+                    raise DataError(f"{where}: cond has {nc} conditioning latents, expected "
+                                    f"n_cond_latents={c.n_cond_latents}")
                 if not np.isfinite(s.cond).all():
                     pos = tuple(int(i) for i in np.argwhere(~np.isfinite(s.cond))[0])
                     raise DataError(f"{where}: cond{list(pos)} is NaN or infinite")

@@ -34,6 +34,7 @@ class MemtestReport:
     measured_rss: int | None = None  # process peak RSS after the step (bytes)
     step_time_s: float | None = None
     oom: str | None = None  # the OutOfMemoryError's message, when the real step ran out
+    split_micro_batch: int | None = None  # the smaller micro-batch a step that ran out went through with
     advice: list[str] = field(default_factory=list)
     text: str = ""
 
@@ -52,10 +53,13 @@ def _largest_batch(config: XTTSConfig, device: str, policy: str, precision: str,
     return largest_fitting(fits) or 0
 
 
-def _synthetic_step(config: XTTSConfig, device: str, batch_size: int) -> tuple[int, float]:
+def _synthetic_step(config: XTTSConfig, device: str, batch_size: int) -> tuple[int, float, int]:
     """One real training step (forward, backward, AdamW) at the longest sequences with a
-    fresh model and optimizer; returns (allocator peak, seconds). Both die with the call
-    (the caller empties the cache once an OutOfMemoryError's traceback is gone too)."""
+    fresh model and optimizer; returns (allocator peak, seconds, the micro-batch that ran).
+    A micro-batch smaller than ``batch_size`` means the step ran out of memory and was
+    redone in halves (``train_step_with_accumulation``): the batch did not fit. Model and
+    optimizer die with the call (the caller empties the cache once an OutOfMemoryError's
+    traceback is gone too)."""
     from pyxtts.batch import _synthetic_batch, train_step_with_accumulation
     from pyxtts.trainer import model_from_config, optimizer_from_config
 
@@ -66,7 +70,7 @@ def _synthetic_step(config: XTTSConfig, device: str, batch_size: int) -> tuple[i
     t0 = time.perf_counter()
     r = train_step_with_accumulation(model, opt, batch, 1)
     _C.synchronize(device)
-    return r.peak_memory_bytes, time.perf_counter() - t0
+    return r.peak_memory_bytes, time.perf_counter() - t0, r.micro_batch_size
 
 
 def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str | None = None,
@@ -108,8 +112,13 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
         _C.reset_peak_memory_stats(dev)
         oom = None
         try:
-            peak, secs = _synthetic_step(config, dev, d.batch_size)
-            report.measured_peak, report.step_time_s = peak, secs
+            peak, secs, ran = _synthetic_step(config, dev, d.batch_size)
+            if ran < d.batch_size:  # its peak is that of a smaller batch: not a measurement of this one
+                oom = (f"micro-batch {d.batch_size} ran out of memory; the step went through only split into "
+                       f"micro-batches of {ran}")
+                report.split_micro_batch = ran
+            else:
+                report.measured_peak, report.step_time_s = peak, secs
         except _C.OutOfMemoryError as exc:
             oom = str(exc)
         finally:
@@ -135,8 +144,12 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
         report.verdict = "tight"
     else:
         report.verdict = "fits"
-    lines.append(f"verdict: {report.verdict.upper()}: {fb(peak)} of {fb(budget)} "
-                 f"({peak / budget:.0%} of the budget)")
+    if report.oom is not None:
+        lines.append(f"verdict: {report.verdict.upper()}: the real step ran out of memory under the budget of "
+                     f"{fb(budget)} (planned {fb(plan.total)})")
+    else:
+        lines.append(f"verdict: {report.verdict.upper()}: {fb(peak)} of {fb(budget)} "
+                     f"({peak / budget:.0%} of the budget)")
     report.advice = _advice(config, dev, total, budget, report)
     lines += [f"advice: {a}" for a in report.advice]
     report.text = "\n".join(lines)
@@ -147,6 +160,16 @@ def _advice(config: XTTSConfig, dev: str, total: int, budget: int, report: Memte
     t, d = config.training, config.data
     out: list[str] = []
     effective = config.effective_batch_size
+    if report.oom is not None:  # the plan fits the budget; the device did not have it
+        out.append(f"the plan fits the budget but the device ran out: other allocations on {dev} (another "
+                   "process, a fragmented cache) leave less than the budget; free them, lower "
+                   "training.max_memory_fraction to what is really there, or use a smaller micro-batch")
+        ran = report.split_micro_batch
+        if ran is not None:
+            micro = max(b for b in range(1, ran + 1) if effective % b == 0)
+            out.append(f"micro-batches of {ran} went through: data.batch_size {micro} x "
+                       f"gradient_accumulation_steps {effective // micro} keeps the effective batch {effective}")
+        return out
     if report.verdict == "does not fit":
         try:
             new, _ = optimize_config(config, total, device=dev)

@@ -5,7 +5,8 @@ One optimizer step per effective batch (``data.batch_size`` x
 ``train_step_with_accumulation``, so an out-of-memory error halves the micro-batch and
 redoes the step instead of ending the run. Around it:
 
-- a tqdm bar with the loss, tokens/s and the step's peak memory, and a line every
+- a tqdm bar with the loss, tokens/s (over the last ``RATE_WINDOW`` steps) and the step's
+  peak memory, and a line every
   ``log_interval`` steps (readable in a log file too);
 - a JSONL log, one object per optimizer step (``"type": "train"``) and per evaluation
   (``"type": "eval"``), by default ``<checkpoint_dir>/train_log.jsonl``;
@@ -21,12 +22,16 @@ redoes the step instead of ending the run. Around it:
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import itertools
 import json
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -35,9 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pyxtts import _C
 from pyxtts.batch import find_optimal_batch_size, train_step_with_accumulation
-from pyxtts.checkpoint import load_checkpoint, save_checkpoint
+from pyxtts.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from pyxtts.config import XTTSConfig
 from pyxtts.coqui_config import coqui_decay
 from pyxtts.data import Sample, TTSDataset, batch_groups, collate
@@ -46,12 +53,16 @@ from pyxtts.model import XTTSGPT
 from pyxtts.monitor import _rss_bytes
 from pyxtts.schedule import ConstantLR, LRSchedule, MultiStepLR, WarmupCosineLR
 
-__all__ = ["FitResult", "Trainer", "model_from_config", "optimizer_from_config", "schedule_from_config"]
+__all__ = ["FitResult", "RunExistsError", "Terminated", "Trainer", "model_from_config",
+           "optimizer_from_config", "schedule_from_config"]
 
 CHECKPOINT_RE = re.compile(r"step_(\d+)\.safetensors")
 # Consecutive skipped (non-finite) steps after which the run is declared diverged.
 # fp16's dynamic loss scale skips steps while it finds its level; others should not skip.
 MAX_SKIPPED = {"fp16": 50, "bf16": 10, "fp32": 10}
+# Steps the tokens/s shown is averaged over: one step's rate swings several-fold with the
+# machine's other load and the batch's lengths.
+RATE_WINDOW = 20
 
 
 def schedule_from_config(t) -> LRSchedule:
@@ -78,6 +89,42 @@ def optimizer_from_config(model: XTTSGPT, t) -> Any:
     return _C.AdamW(model, lr=t.learning_rate, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay,
                     grad_clip=t.grad_clip, loss_scale=2.0**16 if t.precision == "fp16" else None,
                     decay=decay)
+
+
+class Terminated(KeyboardInterrupt):
+    """The run was asked to stop by a signal (SIGTERM, what cluster schedulers send before
+    killing a job): ``fit`` saved a checkpoint first, as on Ctrl-C. ``signum`` is the signal."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"stopped by signal {signal.Signals(signum).name}")
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm() -> Iterator[list[int]]:
+    """While inside, SIGTERM is noted (in the yielded list) instead of killing the process;
+    the loop stops at the next step boundary. Only the main thread can take signals: in
+    any other, SIGTERM keeps its handler."""
+    noted: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: noted.append(signum))
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class RunExistsError(FileExistsError):
+    """A fresh run's ``checkpoint_dir`` holds an earlier run's checkpoints: nothing was
+    deleted. ``checkpoint_dir`` and ``newest`` (the newest checkpoint) say which."""
+
+    def __init__(self, checkpoint_dir: Path, newest: Path) -> None:
+        self.checkpoint_dir, self.newest = checkpoint_dir, newest
+        super().__init__(f"{checkpoint_dir} holds checkpoints of an earlier run (newest: {newest.name}); pass "
+                         "resume=True to continue it, overwrite=True to start over (deletes them and the log), "
+                         "or set training.checkpoint_dir")
 
 
 @dataclass
@@ -137,7 +184,10 @@ class Trainer:
         self._apply_memory_fraction(t.max_memory_fraction)
         self.model = model_from_config(config, self.device)
         if t.init_checkpoint is not None:  # before the optimizer takes its master copy
-            load_checkpoint(t.init_checkpoint, self.model)
+            try:
+                load_checkpoint(t.init_checkpoint, self.model)
+            except (OSError, CheckpointError) as exc:  # named by the field it came from
+                raise type(exc)(f"training.init_checkpoint: {exc}") from exc
         self.optimizer = optimizer_from_config(self.model, t)
         self.schedule = schedule_from_config(t)
         self.checkpoint_dir = Path(t.checkpoint_dir)
@@ -146,6 +196,7 @@ class Trainer:
         self.step = 0  # optimizer steps taken
         self.epoch = 0  # current epoch (0-based)
         self.batch_in_epoch = 0  # batches of the current epoch already consumed
+        self._data_fingerprint: dict | None = None  # of the data fit trains on (_data_fingerprint)
 
     def _apply_memory_fraction(self, fraction: float) -> None:
         s = _C.memory_stats(self.device)
@@ -205,7 +256,7 @@ class Trainer:
         p.parent.mkdir(parents=True, exist_ok=True)
         save_checkpoint(p, self.model, self.optimizer, step=self.step,
                         extra={"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
-                               "config": self.config.to_dict()})
+                               "config": self.config.to_dict(), "data": self._data_fingerprint})
         keep = self.config.training.keep_checkpoints
         if path is None and keep is not None:
             for old in self.checkpoints()[:-keep]:
@@ -229,30 +280,41 @@ class Trainer:
 
             tqdm.write(line, file=sys.stderr)
 
-    def _resume(self, resume: bool | str | os.PathLike) -> Path | None:
-        say = self._say
+    def _resume(self, resume: bool | str | os.PathLike, fingerprint: dict) -> Path | None:
+        """Loads the checkpoint to resume from: ``resume`` True takes the newest in
+        ``checkpoint_dir`` and falls back to the next older one when it cannot be read (a
+        crash mid-write, a damaged disk), saying so; a path is that file or an error. A
+        checkpoint of other data or batch settings (``fingerprint``) is refused before
+        anything is loaded, naming what changed."""
         if resume is True:
             found = self.checkpoints()
             if not found:
-                say(f"resume: no checkpoint in {self.checkpoint_dir}; starting from step 0")
+                self._say(f"resume: no checkpoint in {self.checkpoint_dir}; starting from step 0")
                 return None
-            path = found[-1]
+            candidates = found[::-1]
         else:
-            path = Path(resume)
-            if not path.is_file():
-                raise FileNotFoundError(f"resume: no checkpoint file {str(path)!r}")
-        meta = self.load(path)
-        saved = (meta.get("extra") or {}).get("config")
-        if isinstance(saved, dict):
+            candidates = [Path(resume)]
+            if not candidates[0].is_file():
+                raise FileNotFoundError(f"resume: no checkpoint file {str(candidates[0])!r}")
+        unusable: list[str] = []
+        for path in candidates:
             try:
-                old = XTTSConfig.from_dict(saved)
-                if old.effective_batch_size != self.config.effective_batch_size:
-                    say(f"resume: the effective batch changed ({old.effective_batch_size} -> "
-                        f"{self.config.effective_batch_size}); the rest of the epoch's data order differs")
-            except (TypeError, ValueError):
-                pass
-        say(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
-        return path
+                _check_fingerprint(path, _saved_extra(path).get("data"), fingerprint)
+                self.load(path)
+            except CheckpointError as exc:
+                if resume is not True:
+                    raise
+                unusable.append(f"{path.name}: {exc}")
+                print(f"resume: {path} cannot be used ({exc})" + ("; falling back to the previous checkpoint"
+                      if path != candidates[-1] else ""), file=sys.stderr)
+                continue
+            if unusable:
+                print(f"resume: resuming from {path.name}, the newest usable checkpoint ({len(unusable)} newer "
+                      "one(s) could not be used)", file=sys.stderr)
+            self._say(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
+            return path
+        raise CheckpointError(f"resume: none of the {len(unusable)} checkpoints in {self.checkpoint_dir} can be "
+                              "used: " + "; ".join(unusable))
 
     # ---- log -------------------------------------------------------------------------------
     def _open_log(self, resumed: bool):
@@ -297,26 +359,30 @@ class Trainer:
         A fresh run refuses a ``checkpoint_dir`` that holds another run's checkpoints unless
         ``overwrite`` (which deletes them and the log). Every sample is validated against
         the data config's maxima before the first step (``DataError``; nothing is
-        truncated). Ctrl-C saves a checkpoint, then raises ``KeyboardInterrupt``."""
+        truncated). Ctrl-C saves a checkpoint, then raises ``KeyboardInterrupt``; so does
+        SIGTERM (in the main thread), at the end of the step under way, raising ``Terminated``
+        (a ``KeyboardInterrupt``)."""
         c = self.config
         t, d = c.training, c.data
+        checked: list[TTSDataset] = []
         for name, ds in (("dataset", dataset), ("eval_dataset", eval_dataset)):
             if ds is None:
                 continue
             if not isinstance(ds, Sequence) or len(ds) == 0:
                 raise ValueError(f"{name}: expected a non-empty sequence of samples (a TTSDataset)")
-            (ds if isinstance(ds, TTSDataset) else TTSDataset(list(ds))).validate(_data_limits(c))
+            checked.append(ds if isinstance(ds, TTSDataset) else TTSDataset(list(ds)))
+            checked[-1].validate(_data_limits(c))
+        fingerprint = _data_fingerprint(checked[0].samples, c)
         say = self._say
         resumed = None
         if resume is not False:
-            resumed = self._resume(resume)
+            resumed = self._resume(resume, fingerprint)
         elif self.step == 0 and self.checkpoints():  # (step > 0: this trainer's own run goes on)
             if not overwrite:
-                raise FileExistsError(
-                    f"{self.checkpoint_dir} holds checkpoints of an earlier run (newest: {self.checkpoints()[-1].name}); "
-                    "pass resume=True to continue it, overwrite=True to start over, or set training.checkpoint_dir")
+                raise RunExistsError(self.checkpoint_dir, self.checkpoints()[-1])
             for p in self.checkpoints():
                 p.unlink()
+        self._data_fingerprint = fingerprint
         effective = c.effective_batch_size
         accum = t.gradient_accumulation_steps
         bucket = d.bucket_size_multiplier if d.bucketing else 1
@@ -335,6 +401,7 @@ class Trainer:
         last_eval: float | None = None
         skipped_run = 0
         micro_cap: int | None = None  # largest micro-batch that fitted after an out-of-memory error
+        window: deque = deque(maxlen=RATE_WINDOW)  # (tokens, seconds) of the latest steps: the rate shown
         t_start = time.perf_counter()
 
         def run_eval() -> None:
@@ -352,10 +419,14 @@ class Trainer:
             say(f"step {self.step}: eval loss {r['loss']:.4f} (text {r['text_loss']:.4f}, "
                 f"audio {r['audio_loss']:.4f})")
 
+        stack = contextlib.ExitStack()
+        signals = stack.enter_context(_stop_on_sigterm())
         try:
             if resumed is None and self.step == 0:
                 run_eval()
             while self.step < total:
+                if signals:
+                    raise Terminated(signals[0])
                 groups = batch_groups(dataset, effective, shuffle=d.shuffle, seed=d.shuffle_seed + self.epoch,
                                       bucket_factor=bucket)
                 ahead = _collated(dataset, groups[self.batch_in_epoch:], d.num_workers, c.model)
@@ -374,28 +445,37 @@ class Trainer:
                         say(f"step {self.step}: out of memory at micro-batch {-(-len(g) // steps)}; "
                             f"going on with micro-batches of {micro_cap} (same effective batch)")
                     rec = self._step_record(r, batch, lr, time.perf_counter() - t0)
+                    window.append((r.text_tokens + r.audio_tokens, rec["step_time_s"]))
+                    rate = sum(n for n, _ in window) / max(sum(s for _, s in window), 1e-9)
+                    rec["tokens_per_s_avg"] = rate
                     if t.enable_memory_cleanup and self.step % t.cleanup_interval == 0:
                         rec["cleanup_released_bytes"] = cleanup_gpu_memory(self.device)
                     history.append(rec)
                     log.write(json.dumps(rec) + "\n")
                     log.flush()
-                    progress.update(f"loss {r.loss:.4f}, {r.tokens_per_s:,.0f} tok/s, "
+                    progress.update(f"loss {r.loss:.4f}, {rate:,.0f} tok/s, "
                                     f"mem {format_bytes(r.peak_memory_bytes)}")
                     if self.step % t.log_interval == 0:
                         say(f"step {self.step}/{total}: loss {r.loss:.4f} (text {r.text_loss:.4f}, "
                             f"audio {r.audio_loss:.4f}), grad norm {r.grad_norm:.3g}, lr {lr:.3g}, "
-                            f"{r.tokens_per_s:,.0f} tok/s, peak {format_bytes(r.peak_memory_bytes)}")
+                            f"{rate:,.0f} tok/s, peak {format_bytes(r.peak_memory_bytes)}")
                     skipped_run = skipped_run + 1 if r.skipped else 0
                     if skipped_run >= MAX_SKIPPED[t.precision]:
+                        saved = (f"the newest checkpoint is {last_ckpt}" if last_ckpt is not None else
+                                 "no checkpoint of this run was written (the first was due at step "
+                                 f"{t.checkpoint_interval})")
                         raise FloatingPointError(
                             f"training diverged: {skipped_run} optimizer steps in a row had non-finite "
-                            f"gradients (the last at step {self.step}, loss {r.loss}); the parameters are "
-                            f"those of step {self.step - skipped_run}. Lower training.learning_rate, "
-                            "keep grad_clip, or use bf16 instead of fp16")
+                            f"gradients (the last at step {self.step}, loss {r.loss}); the model in memory "
+                            f"holds the parameters of step {self.step - skipped_run} (a skipped step changes "
+                            f"nothing); {saved}. Lower training.learning_rate, keep grad_clip, or use bf16 "
+                            "instead of fp16")
                     if self.step % t.eval_interval == 0:
                         run_eval()
                     if self.step % t.checkpoint_interval == 0:
                         last_ckpt = self.save()
+                    if signals:
+                        raise Terminated(signals[0])
                 ahead.close()  # stops the collating threads when the run ends mid-epoch
                 if self.batch_in_epoch >= len(groups):
                     self.epoch += 1
@@ -404,13 +484,15 @@ class Trainer:
                 run_eval()
             if _checkpoint_step(last_ckpt) != self.step:  # the end is saved once
                 last_ckpt = self.save()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             progress.close()
             path = self.save()
-            print(f"\ninterrupted at step {self.step}: saved {path}; continue with resume=True "
+            why = f" by {signal.Signals(exc.signum).name}" if isinstance(exc, Terminated) else ""
+            print(f"\ninterrupted{why} at step {self.step}: saved {path}; continue with resume=True "
                   "(pyxtts train --resume)", file=sys.stderr)
             raise
         finally:
+            stack.close()
             progress.close()
             log.close()
         elapsed = time.perf_counter() - t_start
@@ -452,6 +534,57 @@ def _collated(dataset: Sequence[Sample], groups: list, workers: int, model_confi
         finally:
             for _, f in pending:
                 f.cancel()
+
+
+def _data_fingerprint(samples: Sequence[Sample], config: XTTSConfig) -> dict:
+    """What fixes a run's sequence of batches: the samples (a digest of every id and
+    latent) and the batch settings. Saved with each checkpoint; resuming needs the same."""
+    h = hashlib.blake2b(digest_size=16)
+    for s in samples:
+        for a in (s.text, s.audio) + ((s.cond,) if s.cond is not None else ()):
+            a = np.ascontiguousarray(a)
+            h.update(np.array(a.shape, np.int64).tobytes())
+            h.update(a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes())
+    d = config.data
+    return {"samples": len(samples), "digest": h.hexdigest(), "effective_batch": config.effective_batch_size,
+            "shuffle": d.shuffle, "shuffle_seed": d.shuffle_seed,
+            "bucket_factor": d.bucket_size_multiplier if d.bucketing else 1}
+
+
+def _saved_extra(path: Path) -> dict:
+    """The ``extra`` metadata of a checkpoint, read without its tensors."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            meta = json.loads((f.metadata() or {})["pyxtts"])
+        extra = meta.get("extra")
+    except Exception as exc:  # safetensors raises its own error types
+        raise CheckpointError(f"{path}: not a readable pyxtts checkpoint: {type(exc).__name__}: {exc}") from exc
+    return extra if isinstance(extra, dict) else {}
+
+
+_FINGERPRINT_NAMES = {"samples": "number of training samples", "digest": "training samples' contents",
+                      "effective_batch": "effective batch (data.batch_size x gradient_accumulation_steps)",
+                      "shuffle": "data.shuffle", "shuffle_seed": "data.shuffle_seed",
+                      "bucket_factor": "bucketing (data.bucketing, data.bucket_size_multiplier)"}
+
+
+def _check_fingerprint(path: Path, saved: Any, now: dict) -> None:
+    """ValueError naming what changed since ``path`` was saved (a checkpoint of an older
+    pyxtts, without a fingerprint, is not checked)."""
+    if not isinstance(saved, dict):
+        return
+    changed = [f"{_FINGERPRINT_NAMES[k]}: {saved.get(k)!r} then, {v!r} now" for k, v in now.items()
+               if k != "digest" and saved.get(k) != v]
+    if saved.get("digest") != now["digest"] and saved.get("samples") == now["samples"]:
+        changed.append("the training samples' contents differ (same number of samples)")
+    if changed:
+        raise ValueError(
+            f"resume: {path} was saved by a run on other data or batch settings, so its position in the data "
+            f"means nothing here; changed: {'; '.join(changed)}. Resume with the same data and settings, or "
+            f"start a new run from its weights (training.init_checkpoint: {path}, in another checkpoint_dir "
+            "or overwriting this one)")
 
 
 def _checkpoint_step(path: Path | None) -> int | None:

@@ -145,9 +145,10 @@ def test_yaml_round_trip(tmp_path):
     cfg = XTTSConfig(model=pyxtts.ModelConfig(n_layers=3, d_model=96, n_heads=3),
                      training=TrainingConfig(mixed_precision=True, enable_gradient_checkpointing=True,
                                              learning_rate=3e-4, betas=(0.8, 0.99), grad_clip=None,
-                                             lr_schedule="warmup_cosine", warmup_steps=5, max_steps=50),
+                                             lr_schedule="warmup_cosine", warmup_steps=5, max_steps=50,
+                                             checkpoint_dir=str(tmp_path / "runs")),
                      data=DataConfig(batch_size=3, max_text_tokens=100, bucketing=False,
-                                     train_metadata="data/metadata.csv"))
+                                     train_metadata=str(tmp_path / "data/metadata.csv")))
     path = tmp_path / "cfg.yaml"
     cfg.save(path)
     back = XTTSConfig.load(path)
@@ -163,6 +164,22 @@ def test_yaml_errors(tmp_path):
     assert XTTSConfig.from_yaml("") == XTTSConfig()
 
 
+def test_yaml_reads_exponent_floats_without_a_dot():
+    """PyYAML (YAML 1.1) reads `2e-3` as the string '2e-3'; a config file means a number."""
+    cfg = XTTSConfig.from_yaml("model:\n  layer_norm_eps: 1E-5\ntraining:\n  learning_rate: 2e-3\n"
+                               "  eps: 1e-8\n  min_lr: +1e-4\n  weight_decay: 1.e+0\n"
+                               "  checkpoint_dir: '1e3'\n")
+    t = cfg.training
+    assert (t.learning_rate, t.eps, t.min_lr, t.weight_decay) == (2e-3, 1e-8, 1e-4, 1.0)
+    assert cfg.model.layer_norm_eps == 1e-5
+    assert t.checkpoint_dir == "1e3"  # quoted: still a string
+    with pytest.raises(TypeError, match="training.max_steps: expected int, got 1000.0"):
+        XTTSConfig.from_yaml("training:\n  max_steps: 1e3\n")  # a float, not silently an int
+    import yaml
+
+    assert yaml.safe_load("a: 2e-3") == {"a": "2e-3"}  # PyYAML's own loader is left as it is
+
+
 # ---- shipped configs ------------------------------------------------------------
 
 def test_shipped_configs_present():
@@ -174,7 +191,45 @@ def test_shipped_config_loads_and_round_trips(name, tmp_path):
     cfg = XTTSConfig.load(CONFIGS_DIR / f"{name}.yaml")
     assert XTTSConfig.load(name) == cfg  # by its stem
     cfg.save(tmp_path / "x.yaml")
-    assert XTTSConfig.load(tmp_path / "x.yaml") == cfg
+    # the shipped configs' paths are relative to the working directory; a saved one's
+    # are relative to its folder, and point at the same place
+    assert same_place(XTTSConfig.load(tmp_path / "x.yaml"), cfg)
+
+
+def same_place(a: XTTSConfig, b: XTTSConfig) -> bool:
+    """a == b, paths compared by where they point (from the working directory)."""
+    import os
+
+    from pyxtts.config import PATH_FIELDS
+
+    da, db = a.to_dict(), b.to_dict()
+    for d in (da, db):
+        for section, name in PATH_FIELDS:
+            if d[section][name] is not None:
+                d[section][name] = os.path.abspath(d[section][name])
+    return da == db
+
+
+def test_paths_in_a_file_are_relative_to_the_file(tmp_path, monkeypatch):
+    import os
+
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg/run.yaml").write_text("training:\n  checkpoint_dir: runs/a\n  init_checkpoint: /abs/x\n"
+                                           "data:\n  train_metadata: ../data/m.jsonl\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = XTTSConfig.load("cfg/run.yaml")
+    assert cfg.training.checkpoint_dir == os.path.join("cfg", "runs", "a")
+    assert cfg.data.train_metadata == os.path.join("data", "m.jsonl")
+    assert cfg.training.init_checkpoint == "/abs/x" and cfg.data.eval_metadata is None
+    # saved elsewhere, they are rewritten relative to the new file: same places
+    (tmp_path / "other").mkdir()
+    cfg.save("other/x.yaml")
+    text = (tmp_path / "other/x.yaml").read_text()
+    assert "checkpoint_dir: ../cfg/runs/a" in text and "train_metadata: ../data/m.jsonl" in text
+    assert XTTSConfig.load("other/x.yaml") == cfg
+    assert XTTSConfig.load(tmp_path / "other/x.yaml").training.checkpoint_dir == str(tmp_path / "cfg/runs/a")
+    # a shipped config's paths stay relative to the working directory
+    assert XTTSConfig.load("cpu_demo").training.checkpoint_dir == "checkpoints/cpu_demo"
 
 
 @pytest.mark.parametrize("plan_device", PLAN_DEVICES)

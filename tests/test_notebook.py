@@ -35,6 +35,10 @@ def test_notebook_runs_end_to_end(tmp_path, monkeypatch):
     root = str(Path(pyxtts.__file__).resolve().parent.parent)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p))
     monkeypatch.delenv("MPLBACKEND", raising=False)
+    # facts the figures must agree with, read from the kernel after the last cell
+    nb.cells.append(nbformat.v4.new_code_cell(
+        "print('CHECK', ax[1].get_ylim()[0], ax[1].lines[-1].get_ydata()[0] == trained_plan.total / 2**20, "
+        "trained_plan.batch_size == d.batch_size)"))
     client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})
     t0 = time.perf_counter()
@@ -44,6 +48,12 @@ def test_notebook_runs_end_to_end(tmp_path, monkeypatch):
     assert "devices:" in text  # gpu-info
     assert "memory plan" in text and "total" in text  # the plan
     assert "largest micro-batch at" in text  # find_optimal_batch_size
+    largest = int(text.split("largest micro-batch at ")[1].split(": ")[1].split()[0])
+    # the search's cap is said as such, not passed off as the largest that fits
+    assert ("(the search's cap, max_batch_size=256" in text) == (largest == 256)
+    # the plan printed before training is the micro-batch trained, and the one drawn
+    assert "training micro-batch 2 x 2 accumulation; its plan:" in text
+    assert "CHECK 0.0 True True" in text  # memory axis from zero; the line drawn is that plan
     assert "StepResult(" in text and "FitResult(step=300" in text  # accumulation, training
     assert "GPUMonitor:" in text
     assert "reloaded runs/notebook/final.safetensors" in text
@@ -52,3 +62,19 @@ def test_notebook_runs_end_to_end(tmp_path, monkeypatch):
     assert (tmp_path / "runs" / "notebook" / "train_log.jsonl").exists()
     if not os.environ.get("PYXTTS_SANITIZED"):
         assert wall < 300, f"the notebook took {wall:.0f} s"
+
+
+def test_notebook_refuses_xtts_data_without_the_xtts_folder(tmp_path, monkeypatch):
+    """DATA alone used to train the demo model, whose 256-id vocabulary rejects XTTS ids
+    after minutes of setup; the configuration cell now says what is missing."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    cells = [c for c in nb.cells if c.cell_type == "code"][:2]  # imports, configuration
+    cells[1].source = cells[1].source.replace("DATA = None ", "DATA = 'shards' ", 1)
+    assert "DATA = 'shards'" in cells[1].source
+    nb.cells = cells
+    root = str(Path(pyxtts.__file__).resolve().parent.parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p))
+    client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    with pytest.raises(nbclient.exceptions.CellExecutionError, match="set XTTS_DIR to the XTTS v2 folder"):
+        client.execute()

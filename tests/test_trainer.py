@@ -178,7 +178,7 @@ def test_resume_variants_and_refusals(tmp_path):
     other = make_config(tmp_path / "o", max_steps=1)
     other.model.d_model = 32
     with pytest.raises(pyxtts.CheckpointError):
-        Trainer(other, progress=False).fit(SyntheticDataset(other.model, 4), resume=again.checkpoint)
+        Trainer(other, progress=False).fit(train, resume=again.checkpoint)  # same data: the model differs
 
 
 def test_data_is_validated_before_any_step(tmp_path):
