@@ -279,6 +279,8 @@ class XTTSGPT:
         chosen: dict[str, tuple[str, np.ndarray]] = {}
         unexpected: list[str] = []
         for key, value in state.items():
+            if not isinstance(key, str):
+                raise TypeError(f"state: keys must be parameter names (str), got {key!r}")
             name = key if key in params else key[4:] if key.startswith("gpt.") and key[4:] in params else None
             if name is None:
                 unexpected.append(key)

@@ -491,6 +491,12 @@ static PyObject *tensor_to(PyObject *op, PyObject *args, PyObject *kwargs) {
 
 static PyObject *shape_tuple(pxt_tensor *t);
 
+/* Whether the bytes of a and b (same device) share an address. */
+static int overlaps(const pxt_tensor *a, const pxt_tensor *b) {
+    uintptr_t a0 = (uintptr_t)a->data, b0 = (uintptr_t)b->data;
+    return same_device(a->device, b->device) && a0 < b0 + b->nbytes && b0 < a0 + a->nbytes;
+}
+
 /* copy_(src): this tensor's elements := src's (any device, any dtype, same shape).
  * Writes in place, so views (named parameters) see the new values. */
 static PyObject *tensor_copy_(PyObject *op, PyObject *arg) {
@@ -526,6 +532,15 @@ static PyObject *tensor_copy_(PyObject *op, PyObject *arg) {
         return NULL;
     }
     pxt_tensor *c = (pxt_tensor *)conv;
+    if (c->nbytes && overlaps(self, c)) { /* two views of one buffer: copy the source first */
+        PyObject *staged = pxt_tensor_convert(c, c->device, c->dtype);
+        Py_DECREF(conv);
+        if (!staged) {
+            return NULL;
+        }
+        conv = staged;
+        c = (pxt_tensor *)conv;
+    }
     int rc = c->nbytes ? run_copy(pxt_backend_for(self->device.type), self->device.index,
                                   self->data, c->data, c->nbytes, PXT_COPY_D2D)
                        : PXT_OK;
