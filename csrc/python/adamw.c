@@ -279,11 +279,13 @@ static PyObject *adamw_step(PyObject *op, PyObject *unused) {
     }
     pxt_adamw_result r;
     int rc;
-    o->busy = o->opt.flat->busy = 1;
+    o->busy = 1;
+    pxt_py_flat_busy(o->opt.flat, 1);
     Py_BEGIN_ALLOW_THREADS
     rc = pxt_adamw_run(&o->opt, &r);
     Py_END_ALLOW_THREADS
-    o->busy = o->opt.flat->busy = 0;
+    o->busy = 0;
+    pxt_py_flat_busy(o->opt.flat, 0);
     if (rc != PXT_OK) {
         return pxt_raise(rc);
     }

@@ -504,6 +504,12 @@ static PyObject *tensor_copy_(PyObject *op, PyObject *arg) {
     if (self->readonly) {
         return PyErr_Format(PyExc_ValueError, "copy_: the tensor is read-only");
     }
+    if (self->storage && self->storage->busy) {
+        return PyErr_Format(PyExc_RuntimeError,
+                            "copy_: this tensor is a view of a model's parameters or gradients, "
+                            "and a step of that model is running (in another thread); write it "
+                            "between steps");
+    }
     PyObject *src = pxt_tensor_check(arg) ? Py_NewRef(arg) : pxt_tensor_from_data(arg, NULL, NULL);
     if (!src) {
         return NULL;
