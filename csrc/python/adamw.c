@@ -433,6 +433,32 @@ static PyArrayObject *flat_arg(PyObject *obj, const char *key, size_t n) {
 
 static const void *data_or_null(PyArrayObject *a) { return a ? PyArray_DATA(a) : NULL; }
 
+/* Moments an AdamW can have made: v >= 0 (a mean of squares), and |m| <= c sqrt(v) with
+ * c^2 = (1-b1)^2 / ((1-b2)(1-b1^2/b2)) (Cauchy-Schwarz over the two running sums of
+ * the same gradients; needs b1^2 < b2, else m is left unchecked). 1% and 1e-30 of slack
+ * for rounding. A file with m and v swapped, or a negative v, fails here: its next step
+ * would turn every parameter NaN. */
+static int check_moments(const float *m, const float *v, size_t n, double b1, double b2) {
+    double c = b1 * b1 < b2 ? (1 - b1) / sqrt((1 - b2) * (1 - b1 * b1 / b2)) * 1.01 : INFINITY;
+    for (size_t i = 0; i < n; i++) {
+        if (!(v[i] >= 0.0f)) {
+            PyErr_Format(PyExc_ValueError,
+                         "state['v']: the second moments must be >= 0, got %g at index %zu "
+                         "(m and v swapped?)",
+                         (double)v[i], i);
+            return -1;
+        }
+        if (fabs((double)m[i]) > c * sqrt((double)v[i]) + 1e-30) {
+            PyErr_Format(PyExc_ValueError,
+                         "state['m']: |m| = %g at index %zu exceeds what v = %g allows with "
+                         "betas (%g, %g) (m and v swapped, or not this optimizer's state)",
+                         fabs((double)m[i]), i, (double)v[i], b1, b2);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* load_state_dict(state): everything checked, then everything written. */
 static PyObject *adamw_load_state_dict(PyObject *op, PyObject *state) {
     pxt_py_adamw *o = (pxt_py_adamw *)op;
@@ -508,7 +534,8 @@ static PyObject *adamw_load_state_dict(PyObject *op, PyObject *state) {
     }
     if (!(arr[0] = flat_arg(val[K_M], "m", a->n)) || !(arr[1] = flat_arg(val[K_V], "v", a->n)) ||
         !(arr[2] = flat_arg(val[K_MASTER], "master", a->n)) ||
-        (has_ema && !(arr[3] = flat_arg(val[K_EMA], "ema", a->n)))) {
+        (has_ema && !(arr[3] = flat_arg(val[K_EMA], "ema", a->n))) ||
+        check_moments(PyArray_DATA(arr[0]), PyArray_DATA(arr[1]), a->n, h.beta1, h.beta2) < 0) {
         goto done;
     }
     /* all checked: now write */
