@@ -291,6 +291,9 @@ def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
     dtypes: dict[str, str] = {}
     for name, value in model.state_dict().items():
         key = MODEL_PREFIX + name
+        if not np.isfinite(np.asarray(value, dtype=np.float32)).all():  # load_checkpoint would refuse it
+            raise ValueError(f"model: {name} contains NaN or infinity; not saved, so that the last "
+                             "checkpoint stays the last good one")
         tensors[key], note = _tensor_of(key, value)
         if note:
             dtypes[key] = note

@@ -331,3 +331,65 @@ def test_optimizer_step_refuses_model_writes_in_another_thread():
     assert False in events, "the step ended before anything was tried"
     first, last = events.index(False), len(events) - 1 - events[::-1].index(False)
     assert not any(events[first:last + 1]), "a write was accepted during AdamW.step"
+
+
+# ---- 11., 13. numerics: a step never leaves a non-finite parameter ---------------------
+
+@pytest.mark.parametrize("precision,lr,wd", [("fp32", 1e38, 0.0), ("bf16", 1e38, 0.0), ("fp16", 1e10, 0.0),
+                                             ("fp32", 1e-4, 1e300), ("fp32", 2.0, 1.0)])
+def test_hyper_parameters_that_could_overflow_a_step_are_refused(precision, lr, wd):
+    """Once accepted: the first step wrote inf/NaN and reported skipped=False."""
+    m = pyxtts.XTTSGPT(CFG, precision=precision, seed=0)
+    with pytest.raises(ValueError, match="lr"):
+        pyxtts.AdamW(m, lr=lr, weight_decay=wd)
+    opt = pyxtts.AdamW(m, weight_decay=0.01)
+    before = opt.lr
+    with pytest.raises(ValueError, match="lr"):  # lr alone too large, or lr * 0.01 > 1
+        opt.lr = lr if wd == 0 else 101.0
+    assert opt.lr == before
+    state = opt.state_dict()
+    state["lr"] = lr
+    state["weight_decay"] = wd
+    with pytest.raises(ValueError, match="lr"):
+        opt.load_state_dict(state)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_the_largest_accepted_lr_keeps_parameters_finite(precision, rng):
+    """At the bound: large gradients of both signs, several steps, every parameter finite
+    and the steps reported as taken."""
+    m = pyxtts.XTTSGPT(CFG, precision=precision, seed=0)
+    u = 1.0 / np.sqrt((1 - 0.96) * (1 - 0.9**2 / 0.96))
+    top = (65504.0 if precision == "fp16" else float(np.finfo(np.float32).max)) / 2 / u
+    opt = pyxtts.AdamW(m, lr=top, weight_decay=0.0, grad_clip=None)
+    for _ in range(3):
+        for g in m.gradients().values():
+            g.copy_(rng.standard_normal(g.shape).astype(np.float32) * 1e3)
+        assert opt.step()["skipped"] is False
+        for k, v in m.state_dict().items():
+            assert np.isfinite(v.astype(np.float32)).all(), k
+
+
+def test_loss_scale_is_capped():
+    """Zero gradients and growth_interval=1 once doubled the scale to inf by step 1007."""
+    m = pyxtts.XTTSGPT(CFG, precision="fp16", seed=0)
+    opt = pyxtts.AdamW(m, loss_scale=2.0**20, growth_interval=1)
+    m.zero_grad()
+    for _ in range(10):
+        opt.step()
+    assert opt.loss_scale == 2.0**24
+    with pytest.raises(ValueError, match="loss_scale"):
+        pyxtts.AdamW(m, loss_scale=2.0**25)
+
+
+# ---- 12. a non-finite state is never saved, so never pruned for ------------------------
+
+def test_non_finite_parameters_are_not_saved(tmp_path):
+    m = pyxtts.XTTSGPT(CFG, seed=0)
+    name = next(iter(m.parameters()))
+    a = m.parameters()[name].numpy()
+    a.flat[0] = np.inf
+    m.parameters()[name].copy_(a)
+    with pytest.raises(ValueError, match="NaN or infinity"):
+        pyxtts.save_checkpoint(tmp_path / "c.safetensors", m)
+    assert not list(tmp_path.iterdir())
