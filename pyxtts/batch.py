@@ -130,7 +130,10 @@ def find_optimal_batch_size(model, optimizer=None, text_len: int | None = None,
     foreign = max(0, _C.memory_stats(device)["allocated_bytes"] - resident)
 
     def fits(b: int, avail: int) -> bool:
-        plan = model.estimate_memory(b, text_len, audio_len, cond_len, budget=avail, optimizer=True)
+        try:
+            plan = model.estimate_memory(b, text_len, audio_len, cond_len, budget=avail, optimizer=True)
+        except ValueError:  # past the engine's limit on the rows of one step: does not fit
+            return False
         return plan.total + foreign <= avail
 
     def solve(avail: int, hi_cap: int | None) -> int | None:

@@ -221,3 +221,45 @@ def test_bad_arguments_name_themselves():
     }
     res = run_cases([(k, v[0]) for k, v in cases.items()])
     expect_refused(res, {k: (v[1], v[2]) for k, v in cases.items()})
+
+
+# ---- 16. sizes: 64-bit arithmetic and limits that answer at once -------------------------
+
+def test_plans_grow_with_the_batch_until_the_row_limit():
+    """The residual stream once went negative at batch 2,057,007 x 1,044 rows and the
+    plan was not monotonic: every component is now >= 0 and grows with the batch up to
+    the limit of 2**31 - 1 rows, past which the batch is refused naming batch_size."""
+    cfg = pyxtts.ModelConfig(n_layers=2, d_model=64, n_heads=2, text_vocab_size=50, audio_vocab_size=50,
+                             max_text_tokens=64, max_audio_tokens=64, n_cond_latents=0)
+    T = 128
+    sizes = [1, 7, 1000, 2**20, 2057007, 2**31 // T - 2, 2**31 // T - 1]
+    prev = None
+    for b in sizes:
+        p = pyxtts.estimate_memory(cfg, b, 64, 64)
+        assert p.residuals == 3 * b * T * 64 * 4 and p.total > 0, b  # L+1 residual buffers of fp32
+        if prev is not None:
+            assert p.total > prev.total and p.residuals > prev.residuals, b
+        prev = p
+    with pytest.raises(ValueError, match="batch_size"):
+        pyxtts.estimate_memory(cfg, 2**31 // T, 64, 64)
+    with pytest.raises(ValueError, match="cond_len"):
+        pyxtts.estimate_memory(cfg, 1, 64, 64, cond_len=2**32)
+
+
+def test_absurd_configs_are_refused_at_once():
+    """ModelConfig(n_layers=357913942, d_model=1, ...) once took 491 s to build."""
+    import time
+
+    base = dict(n_layers=2, d_model=8, n_heads=2, text_vocab_size=5, audio_vocab_size=5,
+                max_text_tokens=4, max_audio_tokens=4, n_cond_latents=0)
+    cases = [({"n_layers": 357913942, "d_model": 1, "n_heads": 1}, "n_layers"),
+             ({"n_layers": 4097}, "n_layers"),
+             ({"d_model": 2**15, "n_heads": 1}, "d_model"),
+             ({"text_vocab_size": 2**28}, "text_vocab_size"),
+             ({"max_audio_tokens": 2**28}, "max_audio_tokens"),
+             ({"n_layers": 4096, "d_model": 8192, "n_heads": 8}, "parameters")]
+    for change, name in cases:
+        t0 = time.perf_counter()
+        with pytest.raises(ValueError, match=name):
+            pyxtts.ModelConfig(**{**base, **change})
+        assert time.perf_counter() - t0 < 0.01, change
