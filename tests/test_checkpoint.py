@@ -20,7 +20,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 import pyxtts
-from helpers import TINY
+from helpers import TINY, edit_checkpoint
 from pyxtts.checkpoint import _flatten_optimizer as flatten_optimizer
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -82,18 +82,9 @@ def assert_unchanged(model, before, opt=None):
 
 
 def rewrite(src: Path, dst: Path, edit_meta=None, edit_tensors=None) -> None:
-    """Copies a checkpoint through safetensors with its metadata/tensors edited, its
-    checksums made to match again (so what is tested is the check after them)."""
-    with safe_open(str(src), framework="numpy") as f:
-        meta = dict(f.metadata())
-        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
-    m = json.loads(meta["pyxtts"])
-    if edit_meta:
-        edit_meta(m)
-    if edit_tensors:
-        edit_tensors(tensors)
-    m.pop("checksums", None)
-    pyxtts.checkpoint.write_file(dst, m, tensors)
+    """Copies a checkpoint with its metadata/tensors edited, its checksums made to match
+    again (so what is tested is the check after them)."""
+    edit_checkpoint(src, dst, edit_meta, edit_tensors)
 
 
 @pytest.fixture

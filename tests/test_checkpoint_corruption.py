@@ -16,7 +16,7 @@ from safetensors import safe_open
 
 import pyxtts
 import pyxtts.checkpoint
-from helpers import make_rng, random_batch
+from helpers import edit_checkpoint, make_rng, random_batch
 
 CFG = pyxtts.ModelConfig(n_layers=1, d_model=16, n_heads=2, text_vocab_size=11, audio_vocab_size=9,
                          max_text_tokens=6, max_audio_tokens=8, n_cond_latents=0)
@@ -129,25 +129,7 @@ def test_truncations_are_refused(good, tmp_path):
         t.refuse(bad, f"truncated to {length} bytes")
 
 
-def edited(src, dst, edit_meta=None, edit_tensors=None, seal=True):
-    """A copy with its metadata/tensors edited; seal: with checksums that match again (a
-    file whose content is wrong but whose bytes are as written)."""
-    with safe_open(str(src), framework="numpy") as f:
-        meta = dict(f.metadata())
-        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
-    m = json.loads(meta["pyxtts"])
-    if edit_meta:
-        edit_meta(m)
-    if edit_tensors:
-        edit_tensors(tensors)
-    if seal:
-        m.pop("checksums", None)
-        pyxtts.checkpoint.write_file(dst, m, tensors)
-    else:
-        from safetensors.numpy import save_file
-
-        meta["pyxtts"] = json.dumps(m)
-        save_file(tensors, str(dst), metadata=meta)
+edited = edit_checkpoint
 
 
 def swap_mv(t):
