@@ -393,3 +393,31 @@ def test_non_finite_parameters_are_not_saved(tmp_path):
     with pytest.raises(ValueError, match="NaN or infinity"):
         pyxtts.save_checkpoint(tmp_path / "c.safetensors", m)
     assert not list(tmp_path.iterdir())
+
+
+def test_trainer_save_and_load_make_no_allocator_request(tmp_path):
+    """Trainer.save and Trainer.load read and write host copies only, so an out-of-memory
+    error injected at any allocation index cannot fire inside them: the counters of the
+    allocator do not move, and the state round-trips exactly."""
+    cfg = pyxtts.XTTSConfig()
+    cfg.model = CFG
+    cfg.training.device = "cpu"
+    cfg.training.checkpoint_dir = str(tmp_path / "run")
+    tr = pyxtts.Trainer(cfg, progress=False)
+    tr.model.forward_backward(random_batch(make_rng("failure_state.trainer"), CFG, 2, 6, 9))
+    tr.optimizer.step()
+    want = full_state(tr.model, tr.optimizer)
+    stats = pyxtts.memory_stats("cpu")
+    pyxtts.testing.inject_oom(0, "cpu")
+    try:
+        path = tr.save()
+        tr.model.zero_grad()
+        tr.load(path)
+    finally:
+        pyxtts.testing.inject_oom(None, "cpu")
+    after = pyxtts.memory_stats("cpu")
+    assert (after["num_allocs"], after["allocated_bytes"]) == (stats["num_allocs"], stats["allocated_bytes"])
+    got = full_state(tr.model, tr.optimizer)
+    for k in want:
+        if not k.startswith("g."):
+            assert_same({k: got[k]}, {k: want[k]}, "save then load")
