@@ -201,11 +201,11 @@ def cases(draw):
 
 
 def main() -> None:
-    count, run_seed = int(sys.argv[1]), int(sys.argv[2])
+    count, SEED = int(sys.argv[1]), int(sys.argv[2])  # the run's seed, from tests/test_fuzz.py
     findings = []
     tried = [0]
 
-    @seed(run_seed)
+    @seed(SEED)
     @settings(max_examples=count, database=None, deadline=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
     @given(st.data())

@@ -22,6 +22,19 @@ CFG = pyxtts.ModelConfig(n_layers=1, d_model=16, n_heads=2, text_vocab_size=11, 
                          max_text_tokens=6, max_audio_tokens=8, n_cond_latents=0)
 FULL = os.environ.get("PYXTTS_FULL_FUZZ") == "1"
 
+pytestmark = pytest.mark.usefixtures("no_limit_no_fault")  # the Trainers here set a memory limit
+
+
+@pytest.fixture(autouse=True)
+def release_cache():
+    """The models made here go, and so do the segments they leave cached in the CPU
+    allocator, so that tests after these start from the allocator they would otherwise."""
+    yield
+    import gc
+
+    gc.collect()
+    pyxtts.empty_cache("cpu")
+
 
 def trained(precision="fp32", seed=0):
     m = pyxtts.XTTSGPT(CFG, precision=precision, seed=seed)
