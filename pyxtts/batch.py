@@ -25,13 +25,14 @@ def _snapshot(model, optimizer) -> tuple:
 
 
 def _restore(model, optimizer, snap: tuple) -> None:
+    """Puts the snapshot back. Nothing here allocates from a device's allocator (the
+    writes copy host arrays into the existing buffers), so an out-of-memory error cannot
+    interrupt it half way."""
     params, grads, opt = snap
     if optimizer is not None:
         optimizer.load_state_dict(opt)
     model.load_state_dict(params)
-    views = model.gradients()
-    for k, a in grads.items():
-        views[k].copy_(a)
+    model._write("gradients", grads)
 
 
 def _budget(device: str, safety_margin: float) -> int:
@@ -129,7 +130,10 @@ def find_optimal_batch_size(model, optimizer=None, text_len: int | None = None,
     foreign = max(0, _C.memory_stats(device)["allocated_bytes"] - resident)
 
     def fits(b: int, avail: int) -> bool:
-        plan = model.estimate_memory(b, text_len, audio_len, cond_len, budget=avail, optimizer=True)
+        try:
+            plan = model.estimate_memory(b, text_len, audio_len, cond_len, budget=avail, optimizer=True)
+        except ValueError:  # past the engine's limit on the rows of one step: does not fit
+            return False
         return plan.total + foreign <= avail
 
     def solve(avail: int, hi_cap: int | None) -> int | None:
@@ -173,11 +177,13 @@ def find_optimal_batch_size(model, optimizer=None, text_len: int | None = None,
             f"step of {text_len} text + {audio_len} audio tokens on {device} within {_MAX_VERIFY_STEPS} "
             "tries")
     finally:
-        _restore(model, optimizer, snap)
-        if optimizer is None:
-            del opt
-        model.release_memory()
-        cleanup_gpu_memory(device)
+        try:
+            _restore(model, optimizer, snap)
+        finally:  # the trial's arena and temporary optimizer go whatever happened
+            if optimizer is None:
+                del opt
+            model.release_memory()
+            cleanup_gpu_memory(device)
 
 
 # ---- accumulation ----------------------------------------------------------------------
@@ -223,9 +229,11 @@ def train_step_with_accumulation(model, optimizer, batch: Mapping[str, Any],
     normalised by the whole batch's valid-target counts and scaled by
     ``optimizer.loss_scale``, so the accumulated gradient is the big batch's. The gradients
     are zeroed first. On ``OutOfMemoryError`` the caches are released, the gradients zeroed,
-    the micro-batch halved and the whole batch redone — the resulting parameters are those of
-    a run that never ran out of memory; the error is raised only when a micro-batch of one
-    sample does not fit. Resets the device's peak-memory statistics."""
+    the micro-batch halved and the whole batch redone: the step is, bit for bit, the step of
+    a call made with the micro-batch that fitted (``micro_batch_size``), and the same
+    mathematical step as one that never ran out of memory — it differs from that one only
+    by the order of the fp32 gradient sums (a few ulp). The error is raised only when a
+    micro-batch of one sample does not fit. Resets the device's peak-memory statistics."""
     steps = _positive_int("accumulation_steps", accumulation_steps)
     _, (n_text, n_audio) = model._prepare(batch)  # validates the whole batch before any work
     first = next(iter(batch.values()))

@@ -11,8 +11,12 @@ A checkpoint is one ``.safetensors`` file:
   bit round-trips;
 - one string metadata entry ``"pyxtts"``: JSON with the format marker and version, the
   pyxtts version, the model config, precision, step, the optimizer's non-array state
-  (learning rate, step count, loss scale, ...), and the caller's ``extra`` (for example
-  ``{"rng": rng.bit_generator.state}``).
+  (learning rate, step count, loss scale, ...), the caller's ``extra`` (for example
+  ``{"rng": rng.bit_generator.state}``) and ``checksums``: for every tensor the CRC-32 of
+  its name, dtype, shape and bytes;
+- one string metadata entry ``"pyxtts.crc32"``: the CRC-32 of the ``"pyxtts"`` entry's
+  text. Loading verifies both and refuses a file whose metadata lacks a field (format
+  version 2). Files of format version 1 (no checksums) load with a ``CheckpointWarning``.
 
 Saving writes ``<path>.tmp-<pid>`` in the same directory, flushes and fsyncs it, renames
 it over ``path`` and fsyncs the directory: a process killed at any moment leaves either
@@ -24,6 +28,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -32,12 +38,16 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "CheckpointError", "load_checkpoint", "read_checkpoint",
-           "save_checkpoint"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "CheckpointError", "CheckpointWarning", "load_checkpoint",
+           "read_checkpoint", "save_checkpoint"]
 
 FORMAT = "pyxtts.checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: checksums of every tensor and of the metadata
 META_KEY = "pyxtts"
+META_CRC_KEY = "pyxtts.crc32"
+# the fields of the metadata, every one present in a file of format version 2
+META_FIELDS = ("format", "format_version", "pyxtts_version", "config", "precision", "step",
+               "optimizer", "dtypes", "extra", "checksums")
 MODEL_PREFIX = "model."
 OPTIM_PREFIX = "optimizer."
 CARRIED_PREFIX = "carried."
@@ -49,6 +59,30 @@ _SCALAR_TYPES = (bool, int, float, str, type(None))
 class CheckpointError(ValueError):
     """A file that is not a usable pyxtts checkpoint for this model/optimizer. Raised
     before anything is written: the model and optimizer are unchanged."""
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint that loads but cannot be fully verified (format version 1: written
+    before checksums; save it again to add them)."""
+
+
+def _crc_text(text: str) -> str:
+    return f"{zlib.crc32(text.encode('utf-8')):08x}"
+
+
+def tensor_checksum(key: str, a: np.ndarray) -> str:
+    """CRC-32 of a stored tensor's name, dtype, shape and bytes (as safetensors holds it:
+    bfloat16 as uint16), 8 hex digits."""
+    head = f"{key}|{np.dtype(a.dtype).str}|{tuple(int(n) for n in a.shape)}".encode()
+    return f"{zlib.crc32(memoryview(np.ascontiguousarray(a)).cast('B'), zlib.crc32(head)):08x}"
+
+
+def write_file(path: Path, meta: dict, tensors: dict[str, np.ndarray]) -> None:
+    """Writes tensors and metadata atomically, the checksums computed here (the one
+    place that seals a checkpoint)."""
+    meta = {**meta, "checksums": {k: tensor_checksum(k, a) for k, a in tensors.items()}}
+    text = json.dumps(meta, allow_nan=True)
+    _write_atomic(path, tensors, {META_KEY: text, META_CRC_KEY: _crc_text(text)})
 
 
 # ---- helpers -----------------------------------------------------------------
@@ -273,6 +307,9 @@ def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
     dtypes: dict[str, str] = {}
     for name, value in model.state_dict().items():
         key = MODEL_PREFIX + name
+        if not np.isfinite(np.asarray(value, dtype=np.float32)).all():  # load_checkpoint would refuse it
+            raise ValueError(f"model: {name} contains NaN or infinity; not saved, so that the last "
+                             "checkpoint stays the last good one")
         tensors[key], note = _tensor_of(key, value)
         if note:
             dtypes[key] = note
@@ -307,7 +344,7 @@ def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
         "dtypes": dtypes,
         "extra": extra,
     }
-    _write_atomic(path, tensors, {META_KEY: json.dumps(meta, allow_nan=True)})
+    write_file(path, meta, tensors)
 
 
 # ---- read and load -----------------------------------------------------------
@@ -329,7 +366,7 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray
             if META_KEY not in raw_meta:
                 raise CheckpointError(f"{path}: a safetensors file but not a pyxtts checkpoint "
                                       f"(no {META_KEY!r} metadata; found {sorted(raw_meta)[:5]})")
-            meta = _parse_meta(path, raw_meta[META_KEY])
+            meta = _parse_meta(path, raw_meta[META_KEY], raw_meta.get(META_CRC_KEY))
             tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open is not iterable
     except CheckpointError:
         raise
@@ -337,6 +374,7 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray
         raise CheckpointError(f"{path}: not a readable safetensors file (truncated, corrupt, or another "
                               f"format such as a pickled .pth; nothing is unpickled): "
                               f"{type(exc).__name__}: {exc}") from exc
+    _verify_checksums(path, meta, tensors)
     dtypes = meta.get("dtypes") or {}
     if not isinstance(dtypes, dict):
         raise CheckpointError(f"{path}: metadata 'dtypes' must be a dict")
@@ -347,7 +385,10 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray
     return meta, tensors
 
 
-def _parse_meta(path: Path, text: str) -> dict:
+def _parse_meta(path: Path, text: str, crc: str | None) -> dict:
+    if crc is not None and crc != _crc_text(text):  # checked before the JSON is trusted at all
+        raise CheckpointError(f"{path}: the metadata's checksum does not match ({META_CRC_KEY} "
+                              f"{crc!r}, computed {_crc_text(text)!r}): the file is corrupt")
     try:
         meta = json.loads(text)
     except ValueError as exc:
@@ -359,10 +400,43 @@ def _parse_meta(path: Path, text: str) -> dict:
     if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
         raise CheckpointError(f"{path}: unknown checkpoint format version {version!r} (this pyxtts "
                               f"{_version()} reads versions 1 to {FORMAT_VERSION}); upgrade pyxtts")
+    if version >= 2:
+        if crc is None:
+            raise CheckpointError(f"{path}: the metadata entry {META_CRC_KEY!r} (its checksum) is missing")
+        missing = [k for k in META_FIELDS if k not in meta]
+        if missing:
+            raise CheckpointError(f"{path}: metadata fields missing: {', '.join(missing)}")
+        unknown = sorted(set(meta) - set(META_FIELDS))
+        if unknown:
+            raise CheckpointError(f"{path}: unknown metadata fields: {', '.join(unknown[:5])}")
+    else:
+        warnings.warn(f"{path}: a checkpoint of format version 1, written before checksums: its "
+                      "bytes cannot be verified; save it again to add them", CheckpointWarning,
+                      stacklevel=4)
     for key, kind in (("config", dict), ("step", int)):
         if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
             raise CheckpointError(f"{path}: metadata {key!r} missing or not a {kind.__name__}")
+    if meta["step"] < 0:
+        raise CheckpointError(f"{path}: metadata 'step' must be >= 0, got {meta['step']}")
     return meta
+
+
+def _verify_checksums(path: Path, meta: dict, tensors: Mapping[str, np.ndarray]) -> None:
+    """Every tensor has its checksum in the metadata and matches it (format version 2)."""
+    if meta["format_version"] < 2:
+        return
+    sums = meta["checksums"]
+    if not isinstance(sums, dict):
+        raise CheckpointError(f"{path}: metadata 'checksums' must be a dict")
+    missing = sorted(set(tensors) - set(sums))
+    absent = sorted(set(sums) - set(tensors))
+    if missing or absent:
+        raise CheckpointError(f"{path}: tensors and checksums differ (tensors without a checksum: "
+                              f"{missing[:3]}, checksums without a tensor: {absent[:3]})")
+    for key, a in tensors.items():
+        if tensor_checksum(key, a) != sums[key]:
+            raise CheckpointError(f"{path}: tensor {key!r} does not match its checksum: the file is "
+                                  "corrupt")
 
 
 def _validate_model(path: Path, meta: dict, tensors: Mapping[str, np.ndarray], model: Any,
@@ -410,6 +484,13 @@ def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None) 
     Everything is validated first (container, marker, format version, config, names,
     shapes, dtypes, finiteness, optimizer state structure); a refusal is a
     ``CheckpointError`` naming the problem, with model and optimizer unchanged."""
+    return load_checkpoint_checked(path, model, optimizer, None)
+
+
+def load_checkpoint_checked(path: str | os.PathLike, model: Any, optimizer: Any,
+                            check: Callable[[dict], None] | None) -> dict:
+    """load_checkpoint, with ``check(meta)`` called once everything else is validated and
+    before anything is written (it raises CheckpointError to refuse the file)."""
     path = Path(path)
     meta, tensors = read_checkpoint(path)
     known = {k for k in tensors if k.startswith((MODEL_PREFIX, OPTIM_PREFIX, CARRIED_PREFIX))}
@@ -430,6 +511,10 @@ def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None) 
         opt_tensors = {k: v for k, v in tensors.items() if k.startswith(OPTIM_PREFIX)}
         opt_state = _unflatten_optimizer(opt_meta["state"], opt_tensors)
         _check_like(opt_state, optimizer.state_dict(), "optimizer state")
+    if opt_state is not None:
+        _check_master(path, model, optimizer, state, opt_state)
+    if check is not None:
+        check(meta)
     # everything checked: write the model, then the optimizer; should the optimizer
     # still refuse, the model is put back as it was
     backup = model.state_dict() if opt_state is not None else None
@@ -444,11 +529,40 @@ def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None) 
             raise
     out = dict(meta)
     out.pop("dtypes", None)
+    out.pop("checksums", None)
     out["carried"] = carried
     if isinstance(out.get("optimizer"), dict):  # the non-array optimizer state, for reading
         out["optimizer"] = {"type": out["optimizer"].get("type"),
                             "state": _strip_tensors(out["optimizer"].get("state"))}
     return out
+
+
+def _check_master(path: Path, model: Any, optimizer: Any, state: Mapping[str, np.ndarray],
+                  opt_state: Any) -> None:
+    """pyxtts.AdamW's fp32 master copy and the model's tensors are one state: the
+    parameters are the master rounded to the model's dtype (for fp32, the master itself).
+    A file where they disagree would load one over the other silently."""
+    from pyxtts import _C
+
+    if not isinstance(optimizer, _C.AdamW) or not isinstance(opt_state, dict):
+        return
+    master = opt_state.get("master")
+    views = model.parameters()
+    if not isinstance(master, np.ndarray) or master.dtype != np.float32 or master.ndim != 1:
+        return  # AdamW.load_state_dict refuses it, naming the problem
+    base = min(v.data_ptr() for v in views.values())
+    dt = model.dtype.numpy
+    for name, v in views.items():
+        lo = (v.data_ptr() - base) // v.itemsize
+        part = master[lo:lo + v.numel()]
+        if part.size != v.numel():
+            return
+        rounded = part.astype(dt).reshape(v.shape)
+        saved = np.asarray(state[name])
+        if saved.dtype != dt or not np.array_equal(rounded.view(np.uint8), np.ascontiguousarray(saved).view(np.uint8)):
+            raise CheckpointError(f"{path}: model.{name} and the optimizer's master copy disagree (the "
+                                  "parameters must be the master rounded to the model's dtype): the file "
+                                  "is inconsistent")
 
 
 def _strip_tensors(skeleton: Any) -> Any:

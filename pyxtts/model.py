@@ -279,6 +279,8 @@ class XTTSGPT:
         chosen: dict[str, tuple[str, np.ndarray]] = {}
         unexpected: list[str] = []
         for key, value in state.items():
+            if not isinstance(key, str):
+                raise TypeError(f"state: keys must be parameter names (str), got {key!r}")
             name = key if key in params else key[4:] if key.startswith("gpt.") and key[4:] in params else None
             if name is None:
                 unexpected.append(key)
@@ -313,9 +315,25 @@ class XTTSGPT:
                 if not finite.all():
                     raise ValueError(f"state[{key!r}]: overflows {self.dtype.name} at {_first_bad(~finite)}")
             arrays[name] = a
-        for name, a in arrays.items():  # all checked: now write
-            params[name].copy_(np.ascontiguousarray(a, dtype=np.float32) if a.dtype.kind == "f" else a)
+        self._write("parameters", arrays)
         return missing, unexpected
+
+    def _write(self, which: str, arrays: Mapping[str, np.ndarray]) -> None:
+        """Writes name -> array into the parameters or the gradients, all or none: the
+        arrays are converted on the host (round to nearest even) before anything is
+        written, and the writes themselves allocate nothing on the device, so neither a
+        conversion error nor an out-of-memory error leaves some tensors written."""
+        want = self.dtype.numpy if which == "parameters" else np.dtype(np.float32)
+        host: list[np.ndarray | None] = []
+        for name in self._names:
+            a = arrays.get(name)
+            if a is not None:
+                if a.dtype != want:  # through float32, as the device's cast rounds
+                    with np.errstate(over="ignore"):
+                        a = np.asarray(a, dtype=np.float32).astype(want)
+                a = np.ascontiguousarray(a, dtype=want)
+            host.append(a)
+        self._core._write(which, host)
 
     # ---- memory ---------------------------------------------------------------
     def estimate_memory(self, batch_size: int, text_len: int, audio_len: int, cond_len: int | None = None,

@@ -44,7 +44,7 @@ import numpy as np
 
 from pyxtts import _C
 from pyxtts.batch import find_optimal_batch_size, train_step_with_accumulation
-from pyxtts.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from pyxtts.checkpoint import CheckpointError, load_checkpoint, load_checkpoint_checked, save_checkpoint
 from pyxtts.config import XTTSConfig
 from pyxtts.coqui_config import coqui_decay
 from pyxtts.data import Sample, TTSDataset, batch_groups, collate
@@ -266,11 +266,21 @@ class Trainer:
     def load(self, path: str | os.PathLike) -> dict:
         """Loads a checkpoint written by ``save`` (model, optimizer, position); returns
         its metadata. A refusal (``CheckpointError``) leaves everything unchanged."""
-        meta = load_checkpoint(path, self.model, self.optimizer)
-        extra = meta.get("extra") or {}
+        position: dict[str, int] = {}
+
+        def check(meta: dict) -> None:  # before anything is written
+            extra = meta.get("extra")
+            for key in ("epoch", "batch_in_epoch"):
+                v = extra.get(key) if isinstance(extra, dict) else None
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise CheckpointError(f"{path}: extra[{key!r}] missing or not an int >= 0 (got {v!r}): "
+                                          "not a checkpoint of Trainer.save, whose position in the data "
+                                          "it needs; load_checkpoint loads the model alone")
+                position[key] = v
+
+        meta = load_checkpoint_checked(path, self.model, self.optimizer, check)
         self.step = int(meta["step"])
-        self.epoch = int(extra.get("epoch", 0))
-        self.batch_in_epoch = int(extra.get("batch_in_epoch", 0))
+        self.epoch, self.batch_in_epoch = position["epoch"], position["batch_in_epoch"]
         return meta
 
     def _say(self, line: str) -> None:

@@ -179,13 +179,13 @@ def test_plan_parameter_and_activation_bytes_halve_in_16_bit():
 def test_fp16_overflow_skips_the_step_and_halves_the_scale(rng):
     batch = random_batch(rng, TINY, B=2, Lt=10, La=20)
     m = pyxtts.XTTSGPT(TINY, precision="fp16", seed=5)
-    opt = pyxtts.AdamW(m, lr=1e-3, loss_scale=2.0 ** 40)
+    opt = pyxtts.AdamW(m, lr=1e-3, loss_scale=2.0 ** 24)
     before = m.state_dict()
     out = m.forward_backward(batch, loss_scale=opt.loss_scale)
     assert np.isfinite(out["loss"])  # the losses are unscaled and finite
     assert not all(np.isfinite(g).all() for g in grads_of(m).values())
     r = opt.step()
-    assert r["skipped"] is True and opt.loss_scale == 2.0 ** 39 and opt.step_count == 0
+    assert r["skipped"] is True and opt.loss_scale == 2.0 ** 23 and opt.step_count == 0
     for k, v in m.state_dict().items():
         assert np.array_equal(v, before[k]), k
     # a sane scale then trains

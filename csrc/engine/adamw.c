@@ -166,7 +166,7 @@ void pxt_adamw_account(pxt_adamw *o, pxt_adamw_result *r) {
     if (r->applied) {
         o->step++;
         if (h->scaling && ++o->good_steps >= h->growth_interval) {
-            h->scale *= 2.0;
+            h->scale = h->scale * 2.0 > PXT_MAX_LOSS_SCALE ? PXT_MAX_LOSS_SCALE : h->scale * 2.0;
             o->good_steps = 0;
         }
     } else if (h->scaling) {

@@ -26,6 +26,11 @@
 
 #include "flat.h"
 
+/* The dynamic loss scale never grows past 2**24: there a gradient of 1 already
+ * overflows float16 256 times over, and without a cap a run of clean (or zero)
+ * gradients doubles it to inf. */
+#define PXT_MAX_LOSS_SCALE 16777216.0
+
 typedef struct {
     double lr, beta1, beta2, eps, weight_decay;
     double grad_clip;          /* 0: off */

@@ -163,6 +163,39 @@ int pxt_gpt_config_check(const pxt_gpt_config *c) {
                              weights[i].name, (double)weights[i].value);
         }
     }
+    /* limits that refuse absurd sizes before anything loops over them: layers, the
+     * elements of one tensor (GEMM operands are indexed with int), and the parameters */
+    if (c->n_layers > PXT_MAX_LAYERS) {
+        return pxt_error(PXT_ERR_VALUE, "ModelConfig.n_layers: must be <= %d, got %d",
+                         PXT_MAX_LAYERS, c->n_layers);
+    }
+    const struct {
+        const char *name;
+        int64_t rows;
+    } tables[] = {{"d_model (its 4*d_model x d_model MLP matrices)", 4 * (int64_t)c->d_model},
+                  {"text_vocab_size", c->text_vocab},
+                  {"audio_vocab_size", c->audio_vocab},
+                  {"max_text_tokens", c->max_text},
+                  {"max_audio_tokens", c->max_audio}};
+    for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
+        if (tables[i].rows * c->d_model > INT32_MAX) {
+            return pxt_error(PXT_ERR_VALUE,
+                             "ModelConfig.%s: a %lld x %d tensor has more than 2**31 - 1 "
+                             "elements, the limit of one tensor",
+                             tables[i].name, (long long)tables[i].rows, c->d_model);
+        }
+    }
+    /* every term below is < 2**31 (checked above), so the sum fits in 64 bits */
+    int64_t d = c->d_model;
+    int64_t per_block = 12 * d * d + 13 * d;
+    int64_t rest = ((int64_t)c->text_vocab + c->audio_vocab) * (2 * d + 1) +
+                   ((int64_t)c->max_text + c->max_audio) * d + 4 * d;
+    if (per_block * c->n_layers + rest > PXT_MAX_PARAMS) {
+        return pxt_error(PXT_ERR_VALUE,
+                         "ModelConfig: %lld parameters (n_layers=%d, d_model=%d), more than the "
+                         "limit of 2**38",
+                         (long long)(per_block * c->n_layers + rest), c->n_layers, c->d_model);
+    }
     /* sizes the kernels index with int: keep every (rows x cols) product in range */
     if ((int64_t)c->d_model * 4 * c->max_seq > INT32_MAX / 4) {
         return pxt_error(PXT_ERR_VALUE,

@@ -10,6 +10,11 @@
 
 #include "pxt.h"
 
+/* Limits of a config (pxt_gpt_config_check): far above any real model, low enough
+ * that nothing sized by a config can loop for minutes or overflow. */
+#define PXT_MAX_LAYERS 4096
+#define PXT_MAX_PARAMS ((int64_t)1 << 38)
+
 typedef struct {
     int n_layers, d_model, n_heads;
     int text_vocab, audio_vocab;

@@ -162,6 +162,13 @@ static int check_shape(const pxt_gpt_config *c, int B, int Lt, int La, int Nc) {
     if (Nc < 0) {
         return pxt_error(PXT_ERR_VALUE, "cond_len: must be >= 0, got %d", Nc);
     }
+    /* the step's rows (B x T) are GEMM dimensions, which are int */
+    if ((int64_t)B * ((int64_t)Nc + Lt + La) > INT32_MAX) {
+        return pxt_error(PXT_ERR_VALUE,
+                         "batch_size: %d samples of %lld positions make %lld rows, more than the "
+                         "limit of 2**31 - 1 per step",
+                         B, (long long)Nc + Lt + La, (long long)B * ((long long)Nc + Lt + La));
+    }
     if ((int64_t)Nc + Lt + La > c->max_seq) {
         return pxt_error(PXT_ERR_VALUE,
                          "sequence length %lld (%d conditioning + %d text + %d audio) exceeds "

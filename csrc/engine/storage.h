@@ -20,6 +20,8 @@ typedef struct pxt_storage {
     pxt_allocator *alloc;
     pxt_block *block; /* NULL when nbytes == 0 */
     atomic_long refs;
+    int busy; /* a step uses it with the GIL released: Python must not write it (set,
+                 cleared and read with the GIL held) */
 } pxt_storage;
 
 /* A new storage of nbytes on dev with one reference. PXT_ERR_OOM (the

@@ -76,8 +76,8 @@ static int parse_clip(PyObject *obj, double *out) {
 static int parse_loss_scale(PyObject *obj, int *on, double *scale) {
     *on = obj != Py_None;
     return !*on ? 0
-                : real_arg(obj, "loss_scale", scale, 0.0, 1, INFINITY, 1,
-                           "None or a finite number > 0");
+                : real_arg(obj, "loss_scale", scale, 0.0, 1, PXT_MAX_LOSS_SCALE, 0,
+                           "None or a number in (0, 2**24]");
 }
 
 static int parse_ema(PyObject *obj, int *on, double *d) {
@@ -92,6 +92,35 @@ static int parse_count(PyObject *obj, const char *name, long long *out, long lon
     }
     *out = n.value;
     return 0;
+}
+
+/* The rules that keep one step's update finite for any finite parameters of a
+ * sane size: lr * weight_decay <= 1 (a decay factor in [0, 1], not an amplifier
+ * that flips the sign), and, for beta1^2 < beta2, lr * U <= half the largest
+ * finite value of the parameters' dtype, where U = 1 / sqrt((1 - b2)(1 - b1^2/b2))
+ * bounds |m^ / (sqrt(v^) + eps)| at every step (Cauchy-Schwarz over the two running
+ * sums, bias corrections included). 0, or -1 with ValueError naming `name`. */
+static int check_update_bound(const pxt_adamw_hparams *h, pxt_dtype dt, const char *name) {
+    char msg[400];
+    double b1 = h->beta1, b2 = h->beta2;
+    double u = b1 * b1 < b2 ? 1.0 / sqrt((1.0 - b2) * (1.0 - b1 * b1 / b2)) : 0.0;
+    double limit = (dt == PXT_FLOAT16 ? 65504.0 : 3.4028234663852886e38) / 2.0;
+    if (h->lr * h->weight_decay > 1.0) {
+        snprintf(msg, sizeof msg,
+                 "%s: lr * weight_decay must be <= 1, got %g * %g: a larger product makes the "
+                 "decay multiply the parameters by a negative factor, and they diverge",
+                 name, h->lr, h->weight_decay);
+    } else if (h->lr * u > limit) {
+        snprintf(msg, sizeof msg,
+                 "%s: lr = %g is too large for %s parameters: one step could move a parameter "
+                 "by up to %g (lr times %g, the bound of Adam's normalised update for betas "
+                 "(%g, %g)), past half of the dtype's largest value",
+                 name, h->lr, pxt_dtype_name(dt), h->lr * u, u, b1, b2);
+    } else {
+        return 0;
+    }
+    PyErr_SetString(PyExc_ValueError, msg);
+    return -1;
 }
 
 /* ---- construction ---------------------------------------------------------------------- */
@@ -247,6 +276,10 @@ static int adamw_init(PyObject *op, PyObject *args, PyObject *kwargs) {
                         "model: a step of this model is running (in another thread)");
         return -1;
     }
+    if (check_update_bound(&h, flat->dt, "lr") < 0) {
+        Py_DECREF(core);
+        return -1;
+    }
     unsigned char *flags = NULL;
     if (parse_decay(decay, &flat->layout, &flags) < 0) {
         Py_DECREF(core);
@@ -279,11 +312,13 @@ static PyObject *adamw_step(PyObject *op, PyObject *unused) {
     }
     pxt_adamw_result r;
     int rc;
-    o->busy = o->opt.flat->busy = 1;
+    o->busy = 1;
+    pxt_py_flat_busy(o->opt.flat, 1);
     Py_BEGIN_ALLOW_THREADS
     rc = pxt_adamw_run(&o->opt, &r);
     Py_END_ALLOW_THREADS
-    o->busy = o->opt.flat->busy = 0;
+    o->busy = 0;
+    pxt_py_flat_busy(o->opt.flat, 0);
     if (rc != PXT_OK) {
         return pxt_raise(rc);
     }
@@ -431,6 +466,34 @@ static PyArrayObject *flat_arg(PyObject *obj, const char *key, size_t n) {
 
 static const void *data_or_null(PyArrayObject *a) { return a ? PyArray_DATA(a) : NULL; }
 
+/* Moments an AdamW can have made: v >= 0 (a mean of squares), and |m| <= c sqrt(v) with
+ * c^2 = (1-b1)^2 / ((1-b2)(1-b1^2/b2)) (Cauchy-Schwarz over the two running sums of
+ * the same gradients; needs b1^2 < b2, else m is left unchecked). 1% and 1e-30 of slack
+ * for rounding. A file with m and v swapped, or a negative v, fails here: its next step
+ * would turn every parameter NaN. */
+static int check_moments(const float *m, const float *v, size_t n, double b1, double b2) {
+    double c = b1 * b1 < b2 ? (1 - b1) / sqrt((1 - b2) * (1 - b1 * b1 / b2)) * 1.01 : INFINITY;
+    char msg[300];
+    for (size_t i = 0; i < n; i++) {
+        if (!(v[i] >= 0.0f)) {
+            snprintf(msg, sizeof msg,
+                     "state['v']: the second moments must be >= 0, got %g at index %zu (m and v "
+                     "swapped?)",
+                     (double)v[i], i);
+        } else if (fabs((double)m[i]) > c * sqrt((double)v[i]) + 1e-30) {
+            snprintf(msg, sizeof msg,
+                     "state['m']: |m| = %g at index %zu exceeds what v = %g allows with betas "
+                     "(%g, %g) (m and v swapped, or not this optimizer's state)",
+                     fabs((double)m[i]), i, (double)v[i], b1, b2);
+        } else {
+            continue;
+        }
+        PyErr_SetString(PyExc_ValueError, msg);
+        return -1;
+    }
+    return 0;
+}
+
 /* load_state_dict(state): everything checked, then everything written. */
 static PyObject *adamw_load_state_dict(PyObject *op, PyObject *state) {
     pxt_py_adamw *o = (pxt_py_adamw *)op;
@@ -492,6 +555,9 @@ static PyObject *adamw_load_state_dict(PyObject *op, PyObject *state) {
         parse_ema(val[K_EMAD], &has_ema, &emad) < 0) {
         goto done;
     }
+    if (check_update_bound(&h, a->flat->dt, "state['lr']") < 0) {
+        goto done;
+    }
     if (scaling != a->h.scaling) {
         PyErr_Format(PyExc_ValueError,
                      "state['loss_scale']: this optimizer %s loss scaling but "
@@ -506,7 +572,8 @@ static PyObject *adamw_load_state_dict(PyObject *op, PyObject *state) {
     }
     if (!(arr[0] = flat_arg(val[K_M], "m", a->n)) || !(arr[1] = flat_arg(val[K_V], "v", a->n)) ||
         !(arr[2] = flat_arg(val[K_MASTER], "master", a->n)) ||
-        (has_ema && !(arr[3] = flat_arg(val[K_EMA], "ema", a->n)))) {
+        (has_ema && !(arr[3] = flat_arg(val[K_EMA], "ema", a->n))) ||
+        check_moments(PyArray_DATA(arr[0]), PyArray_DATA(arr[1]), a->n, h.beta1, h.beta2) < 0) {
         goto done;
     }
     /* all checked: now write */
@@ -557,6 +624,11 @@ static int set_lr(PyObject *op, PyObject *v, void *c) {
         return -1;
     }
     if (o->model && check_idle(o, "lr") < 0) {
+        return -1;
+    }
+    pxt_adamw_hparams h = o->opt.h;
+    h.lr = x;
+    if (o->model && check_update_bound(&h, o->opt.flat->dt, "lr") < 0) {
         return -1;
     }
     o->opt.h.lr = x;

@@ -201,7 +201,7 @@ static pxt_tensor *key_mask_arg(refs *r, PyObject *obj, int64_t B, int64_t Tk, p
 static int options(refs *r, pxt_attn_args *a, pxt_device dev, int causal, PyObject *q_lengths,
                    PyObject *k_lengths, PyObject *key_mask, PyObject *scale) {
     a->causal = causal;
-    pxt_py_real s = PXT_PY_REAL_OPT("scale", -INFINITY, 1, INFINITY, 1, "a finite number or None",
+    pxt_py_real s = PXT_PY_REAL_OPT("scale", 0.0, 1, INFINITY, 1, "None or a finite number > 0",
                                     1.0 / sqrt((double)a->D));
     s.f32 = 1;
     if (!pxt_py_real_converter(scale, &s)) {

@@ -135,6 +135,14 @@ PyObject *pxt_tensor_dlpack(PyObject *self, PyObject *args, PyObject *kwargs) {
         }
     }
     int moves = target.type != t->device.type || target.index != t->device.index;
+    /* the legacy capsule cannot say read-only: a consumer would write through it
+     * (NumPy refuses the same export) */
+    if (t->readonly && !versioned && !moves && copy != Py_True) {
+        return PyErr_Format(PyExc_BufferError,
+                            "__dlpack__: a read-only tensor cannot be exported without "
+                            "max_version >= (1, 0) (the legacy capsule has no read-only flag); "
+                            "pass max_version=(1, 0), or copy=True for a writable copy");
+    }
     if (moves && copy == Py_False) {
         return PyErr_Format(PyExc_BufferError, "dl_device differs from the tensor's device and "
                                                "copy=False forbids the copy that would need");

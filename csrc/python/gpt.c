@@ -170,9 +170,83 @@ static PyObject *gpt_zero_grad(PyObject *op, PyObject *unused) {
     if (!m) {
         return NULL;
     }
+    if (m->flat.busy) {
+        return PyErr_Format(PyExc_RuntimeError,
+                            "zero_grad: a step of this model is running (in "
+                            "another thread); its gradients cannot be zeroed now");
+    }
     int rc = pxt_flat_zero_grad(&m->flat);
     if (rc != PXT_OK) {
         return pxt_raise(rc);
+    }
+    Py_RETURN_NONE;
+}
+
+/* _write(which, arrays): arrays[i] (a C-contiguous NumPy array of tensor i's size in
+ * the buffer's dtype, or None to keep it) into the parameters (which="parameters")
+ * or the gradients. Everything is checked first; then only copies run, and nothing
+ * is allocated from a device's allocator, so an out-of-memory error cannot stop it
+ * half way: load_state_dict and the restores of find_optimal_batch_size write all
+ * tensors or none. */
+static const char *const write_targets[] = {"parameters", "gradients", NULL};
+
+static PyObject *gpt_write(PyObject *op, PyObject *args) {
+    pxt_gpt *m = ready(op);
+    if (!m) {
+        return NULL;
+    }
+    pxt_py_choice which = PXT_PY_CHOICE("which", write_targets);
+    PyObject *arrays;
+    if (!PyArg_ParseTuple(args, "O&O!:_write", pxt_py_choice_converter, &which, &PyList_Type,
+                          &arrays)) {
+        return NULL;
+    }
+    pxt_flat *f = &m->flat;
+    if (f->busy) {
+        return PyErr_Format(PyExc_RuntimeError,
+                            "a step of this model is running (in another "
+                            "thread); its %s cannot be written now",
+                            which.choices[which.index]);
+    }
+    const pxt_param_layout *L = &f->layout;
+    if (PyList_GET_SIZE(arrays) != L->count) {
+        return PyErr_Format(PyExc_ValueError, "_write: expected %d arrays, got %zd", L->count,
+                            PyList_GET_SIZE(arrays));
+    }
+    pxt_dtype dt = which.index == 0 ? f->dt : PXT_FLOAT32;
+    PyObject *descr = pxt_dtype_to_descr(dt);
+    if (!descr) {
+        return NULL;
+    }
+    for (int i = 0; i < L->count; i++) {
+        PyObject *a = PyList_GET_ITEM(arrays, i);
+        if (a == Py_None) {
+            continue;
+        }
+        if (!PyArray_Check(a) ||
+            !PyArray_EquivTypes(PyArray_DESCR((PyArrayObject *)a), (PyArray_Descr *)descr) ||
+            !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)a) ||
+            (size_t)PyArray_SIZE((PyArrayObject *)a) != L->params[i].numel) {
+            Py_DECREF(descr);
+            return PyErr_Format(PyExc_TypeError,
+                                "_write: %s must be a C-contiguous %s array of %zu elements",
+                                L->params[i].name, pxt_dtype_name(dt), L->params[i].numel);
+        }
+    }
+    Py_DECREF(descr);
+    size_t es = pxt_dtype_size(dt);
+    pxt_copy_kind kind = f->device.type == PXT_CPU ? PXT_COPY_D2D : PXT_COPY_H2D;
+    for (int i = 0; i < L->count; i++) {
+        PyObject *a = PyList_GET_ITEM(arrays, i);
+        if (a == Py_None || !L->params[i].numel) {
+            continue;
+        }
+        char *dst = which.index == 0 ? pxt_flat_param(f, i) : (char *)pxt_flat_grad(f, i);
+        int rc = f->be->copy(f->device.index, dst, PyArray_DATA((PyArrayObject *)a),
+                             L->params[i].numel * es, kind);
+        if (rc != PXT_OK) { /* a device error, never an allocation */
+            return pxt_raise(rc);
+        }
     }
     Py_RETURN_NONE;
 }
@@ -458,11 +532,11 @@ static PyObject *gpt_step(PyObject *op, PyObject *args) {
         return pxt_raise(rc);
     }
     pxt_gpt_losses out = {0};
-    m->flat.busy = 1;
+    pxt_py_flat_busy(&m->flat, 1);
     Py_BEGIN_ALLOW_THREADS
     rc = pxt_gpt_step(m, &in, &out);
     Py_END_ALLOW_THREADS
-    m->flat.busy = 0;
+    pxt_py_flat_busy(&m->flat, 0);
     if (rc != PXT_OK) {
         return pxt_raise(rc);
     }
@@ -517,6 +591,11 @@ static int gpt_set_ckpt(PyObject *op, PyObject *v, void *c) {
     if (!pxt_py_choice_converter(v, &ckpt)) {
         return -1;
     }
+    if (m->flat.busy) {
+        PyErr_SetString(PyExc_RuntimeError, "checkpointing: a step of this model is running (in "
+                                            "another thread); set it between steps");
+        return -1;
+    }
     m->ckpt = ckpt.index;
     return 0;
 }
@@ -546,6 +625,8 @@ static PyMethodDef gpt_methods[] = {
     {"parameters", gpt_parameters, METH_NOARGS, "name -> Tensor view of the flat parameters"},
     {"gradients", gpt_gradients, METH_NOARGS, "name -> Tensor view of the flat fp32 gradients"},
     {"zero_grad", gpt_zero_grad, METH_NOARGS, "set every gradient to 0"},
+    {"_write", gpt_write, METH_VARARGS,
+     "_write(which, arrays): write parameters or gradients, all or none (see pyxtts.XTTSGPT)"},
     {"estimate_memory", PXT_PY_KW(gpt_estimate), "the memory plan of a step, by component (bytes)"},
     {"_step", gpt_step, METH_VARARGS, "run a validated step (see pyxtts.XTTSGPT)"},
     {"release_arena", gpt_release_arena, METH_NOARGS, "free the cached step arena; bytes freed"},

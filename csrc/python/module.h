@@ -38,6 +38,11 @@ int pxt_py_gpt_init_type(PyObject *module);
 /* The flat state of an initialised pyxtts._C.GPT (borrowed: obj keeps it),
  * else NULL (no exception set). */
 pxt_flat *pxt_py_gpt_flat(PyObject *obj);
+/* Marks f (and its parameter and gradient buffers, whose Tensor views then refuse
+ * copy_) as used by a step running without the GIL, or no longer. */
+static inline void pxt_py_flat_busy(pxt_flat *f, int busy) {
+    f->busy = f->params->busy = f->grads->busy = busy;
+}
 /* adamw.c: pyxtts._C.AdamW */
 int pxt_py_adamw_init_type(PyObject *module);
 /* block.c: pyxtts.Block */

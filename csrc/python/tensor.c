@@ -491,12 +491,24 @@ static PyObject *tensor_to(PyObject *op, PyObject *args, PyObject *kwargs) {
 
 static PyObject *shape_tuple(pxt_tensor *t);
 
+/* Whether the bytes of a and b (same device) share an address. */
+static int overlaps(const pxt_tensor *a, const pxt_tensor *b) {
+    uintptr_t a0 = (uintptr_t)a->data, b0 = (uintptr_t)b->data;
+    return same_device(a->device, b->device) && a0 < b0 + b->nbytes && b0 < a0 + a->nbytes;
+}
+
 /* copy_(src): this tensor's elements := src's (any device, any dtype, same shape).
  * Writes in place, so views (named parameters) see the new values. */
 static PyObject *tensor_copy_(PyObject *op, PyObject *arg) {
     pxt_tensor *self = (pxt_tensor *)op;
     if (self->readonly) {
         return PyErr_Format(PyExc_ValueError, "copy_: the tensor is read-only");
+    }
+    if (self->storage && self->storage->busy) {
+        return PyErr_Format(PyExc_RuntimeError,
+                            "copy_: this tensor is a view of a model's parameters or gradients, "
+                            "and a step of that model is running (in another thread); write it "
+                            "between steps");
     }
     PyObject *src = pxt_tensor_check(arg) ? Py_NewRef(arg) : pxt_tensor_from_data(arg, NULL, NULL);
     if (!src) {
@@ -526,6 +538,15 @@ static PyObject *tensor_copy_(PyObject *op, PyObject *arg) {
         return NULL;
     }
     pxt_tensor *c = (pxt_tensor *)conv;
+    if (c->nbytes && overlaps(self, c)) { /* two views of one buffer: copy the source first */
+        PyObject *staged = pxt_tensor_convert(c, c->device, c->dtype);
+        Py_DECREF(conv);
+        if (!staged) {
+            return NULL;
+        }
+        conv = staged;
+        c = (pxt_tensor *)conv;
+    }
     int rc = c->nbytes ? run_copy(pxt_backend_for(self->device.type), self->device.index,
                                   self->data, c->data, c->nbytes, PXT_COPY_D2D)
                        : PXT_OK;
