@@ -78,6 +78,7 @@ model: {{n_layers: 1, d_model: 32, n_heads: 2, text_vocab_size: 32, audio_vocab_
         max_text_tokens: 12, max_audio_tokens: 24, n_cond_latents: 0}}
 training:
   learning_rate: {lr}
+  weight_decay: {wd}
   lr_schedule: constant
   max_steps: {steps}
   epochs: null
@@ -92,11 +93,11 @@ data:
 
 
 def tiny_config(folder: Path, name: str = "tiny.yaml", *, lr: float = 1e-3, steps: int = 4,
-                ckpt: str = "ckpt", interval: int = 1000, extra: str = "") -> Path:
+                ckpt: str = "ckpt", interval: int = 1000, extra: str = "", wd: float = 0.01) -> Path:
     """A one-layer model that takes a step in milliseconds; written as a user writes YAML
     (its paths relative to the file's folder)."""
     path = folder / name
-    path.write_text(TINY.format(lr=lr, steps=steps, ckpt=ckpt, interval=interval) + extra)
+    path.write_text(TINY.format(lr=lr, steps=steps, ckpt=ckpt, interval=interval, wd=wd) + extra)
     return path
 
 
@@ -143,9 +144,10 @@ def test_train_is_the_default_command_and_version(tmp_path):
 
 
 def test_divergence_says_what_was_saved(tmp_path):
-    """A learning rate of 1e30 makes the parameters overflow after the first step, so
-    every later step has non-finite gradients and is skipped."""
-    cfg = tiny_config(tmp_path, lr=1e30, steps=30)
+    """A learning rate of 1e30 (without weight decay: AdamW refuses lr * weight_decay > 1)
+    makes the parameters overflow after the first step, so every later step has
+    non-finite gradients and is skipped."""
+    cfg = tiny_config(tmp_path, lr=1e30, steps=30, wd=0.0)
     r = pyxtts_cli(tmp_path, "train", "--config", str(cfg), "--synthetic", "8", "--no-progress")
     assert r.returncode == 1, r.stderr
     assert "training diverged: 10 optimizer steps in a row had non-finite gradients (the last at step 11" \
@@ -153,7 +155,7 @@ def test_divergence_says_what_was_saved(tmp_path):
     assert "the model in memory holds the parameters of step 1" in r.stderr
     assert "no checkpoint of this run was written (the first was due at step 1000)" in r.stderr
     assert not list((tmp_path / "ckpt").glob("*.safetensors"))
-    cfg = tiny_config(tmp_path, lr=1e30, steps=30, ckpt="ckpt2", interval=1)
+    cfg = tiny_config(tmp_path, lr=1e30, steps=30, ckpt="ckpt2", interval=1, wd=0.0)
     r = pyxtts_cli(tmp_path, "train", "--config", str(cfg), "--synthetic", "8", "--no-progress")
     assert r.returncode == 1, r.stderr
     assert f"the newest checkpoint is {tmp_path}/ckpt2/step_00000010.safetensors" in r.stderr
