@@ -10,7 +10,8 @@
 #   cuda        pip install .   (CUDA backend when nvcc is found; torch and the test
 #               extra's packages are installed first, untimed, so that only the build
 #               and pyxtts's own dependencies count)
-#   reinstall   pip install "torch==2.13.0" ".[test]"   (README's test command, right after)
+#   reinstall   pip install "torch==2.13.0" ".[test]"   (README's test command, right after;
+#               the test extra's packages are already there, so this times pyxtts alone)
 #   cpu-after   PYXTTS_CUDA=0 pip install .   (same environment: must give a CPU-only module)
 #   cpu         PYXTTS_CUDA=0 pip install .   (another fresh environment and caches)
 # OUTDIR gets summary.txt and a -v log per scenario (one progress line per compile unit).
@@ -55,7 +56,10 @@ assert sys.argv[1] == 'any' or str(i['cuda']) == sys.argv[1], 'unexpected build'
 }
 
 fresh_env "$work/venv-cuda"
-"$work/venv-cuda/bin/pip" install -q "torch==2.13.0" pytest hypothesis psutil nbclient nbformat ipykernel matplotlib
+# the test extra's packages, read from pyproject.toml, so that "reinstall" times pyxtts alone
+mapfile -t extra < <(python3 -c 'import sys, tomllib
+print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]["test"]))' "$src/pyproject.toml")
+"$work/venv-cuda/bin/pip" install -q "torch==2.13.0" "${extra[@]}"
 timed cuda "$work/venv-cuda/bin/pip" install -v .
 check "$work/venv-cuda" any
 timed reinstall "$work/venv-cuda/bin/pip" install -v "torch==2.13.0" ".[test]"
