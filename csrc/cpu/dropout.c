@@ -6,7 +6,7 @@
  * recomputation as in the forward. */
 #include "cpu.h"
 #include "elem.h"
-#include "engine/dropout.h"
+#include "engine/backend.h" /* pxt_dropout and its generator (engine/dropout.h) */
 
 static int check(const pxt_dropout *d, int N, int C, pxt_dtype dt, const char *op) {
     PXT_TRY(pxt_cpu_check_float(dt, op));
