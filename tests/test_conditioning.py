@@ -1,14 +1,15 @@
 """XTTS v2's conditioning path in the engine (Coqui's conditioning encoder and perceiver
 resampler, trained from batch["cond_mels"]): its 54 tensors, the step against Coqui's own
 GPT (coqui-tts 0.28.0, where installed: `sh tests/install_coqui.sh`) and against the float64
-reference written from Coqui's source (tests/reference.py, always), every checkpointing
+reference written from Coqui's source (helpers/torch_ref.py, always), every checkpointing
 policy, mels of different lengths, 16-bit against fp32, the plan against the measured
 peak, a fault at every allocation, and the optimizer leaving an unused path alone.
 
 Tolerances. pyxtts computes in fp32 with sums in other orders than Coqui's torch fp32
 (tiled attention, fused heads, double-sum norms): losses agree to 1e-5 relative and
-every element of every gradient to 1e-4 of its tensor's largest magnitude (measured:
-~1e-7 on the losses, ~2e-6 on the gradients). Against float64 the same bounds hold.
+every element of every gradient to 1e-4 of its tensor's largest magnitude, floored at 1e-6
+of the model's largest gradient (assert_grads_agree says why) (measured: ~1e-7 on the
+losses, ~2e-6 on the gradients). Against float64 the same bounds hold.
 16-bit models round every stored activation (2^-9 bf16, 2^-12 fp16 relative, a few
 dozen roundings deep): losses to 1e-2 relative, gradients in the same direction
 (cosine > 0.99), as test_precision.py bounds the GPT alone.
@@ -74,11 +75,18 @@ def randomized_state(model, rng, scale=0.05):
 
 
 def assert_grads_agree(got, want, names, msg):
+    """Every element to 1e-4 of its tensor's largest magnitude, that magnitude floored at
+    1e-6 of the largest gradient of the model: a tensor whose whole gradient is a sum that
+    cancels to ~1e-10 of the others (the first perceiver layer's to_q behind attention
+    over 549 keys can be) holds fp32 rounding of the terms, not of the result; a zeroed or
+    wrong gradient of such a tensor still fails (its error is its scale, over the floor)."""
+    scales = {k: float(np.abs(want[k]).max()) for k in names}
+    floor = 1e-6 * max(scales.values())
     for k in names:
-        scale = float(np.abs(want[k]).max())
-        assert scale > 0, f"{k}: a zero reference gradient proves nothing; {msg}"
+        assert scales[k] > 0, f"{k}: a zero reference gradient proves nothing; {msg}"
         err = float(np.abs(got[k] - want[k]).max())
-        assert err <= 1e-4 * scale, f"{k}: max error {err:.3g} vs scale {scale:.3g}; {msg}"
+        tol = 1e-4 * max(scales[k], floor)
+        assert err <= tol, f"{k}: max error {err:.3g} vs scale {scales[k]:.3g} (tolerance {tol:.3g}); {msg}"
 
 
 # ---- the tensors -----------------------------------------------------------------------
