@@ -57,8 +57,10 @@ class ModelConfig:
     # branches); Coqui trains XTTS v2 with 0.1; 0 disables it
     dropout: float = 0.1
     # the conditioning encoder and perceiver (Coqui's conditioning path, trained from
-    # batch["cond_mels"]); False: the GPT alone, conditioned by fixed cond_latents
-    conditioning: bool = True
+    # batch["cond_mels"]); False: the GPT alone, conditioned by fixed cond_latents (or none).
+    # None: the path when there are latents for it to make (n_cond_latents > 0) and the
+    # conditioning is XTTS v2's (use_perceiver_resampler)
+    conditioning: bool | None = None
     # the longest reference mel a batch may carry: Coqui's 132300-sample slices at hop 256
     max_cond_frames: int = 517
 
@@ -72,14 +74,17 @@ class ModelConfig:
                     raise TypeError(f"ModelConfig.{f.name}: expected bool, got {value!r}")
                 continue
             if f.name == "conditioning":
-                if not isinstance(value, (bool, np.bool_)):
-                    raise TypeError(f"ModelConfig.{f.name}: expected bool, got {value!r}")
+                if value is not None and not isinstance(value, (bool, np.bool_)):
+                    raise TypeError(f"ModelConfig.{f.name}: expected bool or None, got {value!r}")
                 continue
             want = (float if f.name in ("layer_norm_eps", "text_loss_weight", "audio_loss_weight", "dropout")
                     else int)
             if isinstance(value, bool) or not isinstance(value, (int, float) if want is float else int):
                 raise TypeError(f"ModelConfig.{f.name}: expected {want.__name__}"
                                 + (" or None" if f.name in TOKEN_FIELDS else "") + f", got {value!r}")
+        if self.conditioning is None:
+            self.conditioning = self.use_perceiver_resampler and self.n_cond_latents > 0
+        self.conditioning = bool(self.conditioning)
         if self.max_attention_sequence_length is None:
             self.max_attention_sequence_length = (self.n_cond_latents + self.max_text_tokens
                                                   + self.max_audio_tokens)

@@ -422,7 +422,13 @@ def test_bad_cond_mels_are_refused_before_any_work(rng):
     with pytest.raises(ValueError, match="conditioning is False"):
         off.estimate_memory(2, 6, 8, cond_frames=10)
     with pytest.raises(ValueError, match="n_cond_latents: must be >= 1 with conditioning"):
-        pyxtts.ModelConfig(n_cond_latents=0)
+        pyxtts.ModelConfig(n_cond_latents=0, conditioning=True)
+    with pytest.raises(ValueError, match="use_perceiver_resampler=False"):
+        pyxtts.ModelConfig(use_perceiver_resampler=False, conditioning=True)
+    # unset, the path is there when it has latents to make and the conditioning is XTTS v2's
+    assert pyxtts.ModelConfig().conditioning is True
+    assert pyxtts.ModelConfig(n_cond_latents=0).conditioning is False
+    assert pyxtts.ModelConfig(use_perceiver_resampler=False).conditioning is False
     with pytest.raises(ValueError, match="GroupNorm needs more than 2 groups"):
         pyxtts.ModelConfig(d_model=6, n_heads=2, n_cond_latents=1)
     with pytest.raises(TypeError, match="ModelConfig.conditioning: expected bool"):
