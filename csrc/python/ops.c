@@ -169,7 +169,8 @@ static int parse_gemm_operands(PyObject *a_obj, PyObject *b_obj, int ta, int tb,
         return -1;
     }
     int64_t N = g->B->shape[tb ? 0 : 1];
-    if (pxt_op_to_int(M, "A", &g->M) < 0 || pxt_op_to_int(K, "A", &g->K) < 0 || pxt_op_to_int(N, "B", &g->N) < 0) {
+    if (pxt_op_to_int(M, "A", &g->M) < 0 || pxt_op_to_int(K, "A", &g->K) < 0 ||
+        pxt_op_to_int(N, "B", &g->N) < 0) {
         return -1;
     }
     if (!isfinite(alpha) || !isfinite(beta) || fabs(alpha) > FLT_MAX || fabs(beta) > FLT_MAX) {
@@ -432,7 +433,8 @@ static PyObject *op_add_bias(PyObject *m, PyObject *args, PyObject *kwargs) {
         goto done;
     }
     int M = 0, N = 0;
-    if (pxt_op_to_int(out->shape[0], "out", &M) < 0 || pxt_op_to_int(out->shape[1], "out", &N) < 0) {
+    if (pxt_op_to_int(out->shape[0], "out", &M) < 0 ||
+        pxt_op_to_int(out->shape[1], "out", &N) < 0) {
         goto done;
     }
     const pxt_backend *be = PXT_BACKEND_OP(out->device, add_bias);
@@ -470,7 +472,8 @@ static PyObject *op_bias_backward(PyObject *m, PyObject *args, PyObject *kwargs)
     int64_t n64 = dout->shape[1];
     dbias = pxt_op_opt_out(db_obj, "dbias", dout, PXT_FLOAT32, 1, &n64, &dbh, &bad);
     int M = 0, N = 0;
-    if (bad || pxt_op_to_int(dout->shape[0], "dout", &M) < 0 || pxt_op_to_int(n64, "dout", &N) < 0) {
+    if (bad || pxt_op_to_int(dout->shape[0], "dout", &M) < 0 ||
+        pxt_op_to_int(n64, "dout", &N) < 0) {
         goto done;
     }
     const pxt_backend *be = PXT_BACKEND_OP(dout->device, bias_backward);
@@ -533,7 +536,8 @@ static PyObject *op_layernorm_forward(PyObject *m, PyObject *args, PyObject *kwa
     }
     int64_t c64 = C;
     w = pxt_op_arg(w_obj, "weight", x, &wh);
-    if (!w || pxt_op_check_like(w, "weight", x) < 0 || pxt_py_check_shape(w, "weight", 1, &c64) < 0) {
+    if (!w || pxt_op_check_like(w, "weight", x) < 0 ||
+        pxt_py_check_shape(w, "weight", 1, &c64) < 0) {
         goto done;
     }
     b = pxt_op_arg(b_obj, "bias", x, &bh);
@@ -587,7 +591,8 @@ static PyObject *op_layernorm_backward(PyObject *m, PyObject *args, PyObject *kw
     int N = 0, C = 0, bad = 0;
     void *wsp;
     pxt_tensor *dout = pxt_op_arg(d_obj, "dout", NULL, &dh), *x, *w, *mean, *rstd, *dinp, *dw, *db;
-    if (!dout || pxt_py_check_float(dout, "dout") < 0 || pxt_op_rows_cols(dout, "dout", &N, &C) < 0) {
+    if (!dout || pxt_py_check_float(dout, "dout") < 0 ||
+        pxt_op_rows_cols(dout, "dout", &N, &C) < 0) {
         goto done;
     }
     int64_t c64 = C;
@@ -597,7 +602,8 @@ static PyObject *op_layernorm_backward(PyObject *m, PyObject *args, PyObject *kw
         goto done;
     }
     w = pxt_op_arg(w_obj, "weight", dout, &wh);
-    if (!w || pxt_op_check_like(w, "weight", dout) < 0 || pxt_py_check_shape(w, "weight", 1, &c64) < 0) {
+    if (!w || pxt_op_check_like(w, "weight", dout) < 0 ||
+        pxt_py_check_shape(w, "weight", 1, &c64) < 0) {
         goto done;
     }
     mean = pxt_op_arg(m_obj, "mean", dout, &mh);
@@ -749,7 +755,8 @@ static PyObject *op_add(PyObject *m, PyObject *args, PyObject *kwargs) {
         goto done;
     }
     b = pxt_op_arg(b_obj, "b", a, &bh);
-    if (!b || pxt_op_check_like(b, "b", a) < 0 || pxt_py_check_shape(b, "b", a->ndim, a->shape) < 0) {
+    if (!b || pxt_op_check_like(b, "b", a) < 0 ||
+        pxt_py_check_shape(b, "b", a->ndim, a->shape) < 0) {
         goto done;
     }
     const pxt_backend *be = PXT_BACKEND_OP(a->device, add);
@@ -800,7 +807,8 @@ static PyObject *op_embedding_forward(PyObject *m, PyObject *args, PyObject *kwa
     if (!table || pxt_py_check_device(table, "table", ids->device) < 0 ||
         pxt_py_check_float(table, "table") < 0 ||
         pxt_py_check_shape(table, "table", 2, (int64_t[]){-1, -1}) < 0 ||
-        pxt_op_to_int(table->shape[0], "table", &V) < 0 || pxt_op_to_int(table->shape[1], "table", &C) < 0) {
+        pxt_op_to_int(table->shape[0], "table", &V) < 0 ||
+        pxt_op_to_int(table->shape[1], "table", &C) < 0) {
         goto done;
     }
     int64_t oshape[PXT_MAX_DIMS]; /* ids.shape + (C,) */
