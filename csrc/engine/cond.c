@@ -120,9 +120,11 @@ int pxt_cond_gemm_shapes(const pxt_cond_ctx *x, int shapes[][3]) {
 int pxt_cond_colsum_shapes(const pxt_cond_ctx *x, int shapes[][2]) {
     const int C = x->C, N = x->B * x->S, Nn = x->B * x->Nl;
     const int all[PXT_COND_COLSUMS_MAX][2] = {
-        {N, C}, {N, 3 * C},            /* the init conv's and the blocks' biases */
-        {Nn, C}, {Nn, 2 * x->ff},      /* the feed-forwards' biases */
-        {x->B, x->Nl * C},             /* the latents, shared by the samples */
+        {N, C},            /* the init conv's and the blocks' proj_out biases */
+        {N, 3 * C},        /* the blocks' qkv biases */
+        {Nn, C},           /* the feed-forwards' output biases */
+        {Nn, 2 * x->ff},   /* the feed-forwards' input biases */
+        {x->B, x->Nl * C}, /* the latents, shared by the samples */
     };
     memcpy(shapes, all, sizeof all);
     return PXT_COND_COLSUMS_MAX;

@@ -282,7 +282,8 @@ static size_t cond_scratch(pxt_cond_plan *q, const pxt_backend *be, size_t scrat
     q->gemm_ws = pxt_plan_take(&cur, q->gemm_ws_bytes);
     int sums[PXT_COND_COLSUMS_MAX][2];
     n = pxt_cond_colsum_shapes(x, sums);
-    q->reduce_ws_bytes = train ? pxt_plan_align(pxt_plan_colsum_ws(be, (const int (*)[2])sums, n)) : 0;
+    q->reduce_ws_bytes =
+        train ? pxt_plan_align(pxt_plan_colsum_ws(be, (const int (*)[2])sums, n)) : 0;
     q->reduce_ws = pxt_plan_take(&cur, q->reduce_ws_bytes); /* backward only */
     size_t phases = cur;
     /* phase 1, the forward: the RMS norm's output; evaluation's streams */
