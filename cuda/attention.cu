@@ -55,6 +55,11 @@ static int check_args(const pxt_attn_args *a) {
                          "attention: expected dtype float32, float16 or bfloat16, got %s",
                          pxt_dtype_name(a->dt));
     }
+    if (a->drop.p > 0.0f) { /* the table says so: attention_dropout is 0 */
+        return pxt_error(PXT_ERR_NOT_IMPLEMENTED,
+                         "attention: the CUDA kernels have no dropout of the attention "
+                         "probabilities yet");
+    }
     return PXT_OK;
 }
 

@@ -21,18 +21,19 @@ def _snapshot(model, optimizer) -> tuple:
     params = model.state_dict()
     grads = {k: v.numpy() for k, v in model.gradients().items()}
     opt = optimizer.state_dict() if optimizer is not None else None
-    return params, grads, opt
+    return params, grads, opt, model.dropout_step
 
 
 def _restore(model, optimizer, snap: tuple) -> None:
     """Puts the snapshot back. Nothing here allocates from a device's allocator (the
     writes copy host arrays into the existing buffers), so an out-of-memory error cannot
     interrupt it half way."""
-    params, grads, opt = snap
+    params, grads, opt, dropout_step = snap
     if optimizer is not None:
         optimizer.load_state_dict(opt)
     model.load_state_dict(params)
     model._write("gradients", grads)
+    model.dropout_step = dropout_step
 
 
 def _budget(device: str, safety_margin: float) -> int:
@@ -41,8 +42,10 @@ def _budget(device: str, safety_margin: float) -> int:
     return int(limit * (1.0 - safety_margin))
 
 
-def _synthetic_batch(config, batch_size: int, text_len: int, audio_len: int, cond_len: int) -> dict:
-    """A full-length batch (every position valid) for the verification step."""
+def _synthetic_batch(config, batch_size: int, text_len: int, audio_len: int, cond_len: int,
+                     cond_frames: int = 0) -> dict:
+    """A full-length batch (every position valid) for the verification step: cond_mels of
+    cond_frames frames when given, else cond_len fixed latents."""
     rng = np.random.default_rng(0)
     B = batch_size
     batch = {
@@ -52,7 +55,9 @@ def _synthetic_batch(config, batch_size: int, text_len: int, audio_len: int, con
         "audio_targets": rng.integers(0, config.audio_vocab_size, (B, audio_len)),
         "text_lengths": np.full(B, text_len), "audio_lengths": np.full(B, audio_len),
     }
-    if cond_len:
+    if cond_frames:
+        batch["cond_mels"] = rng.standard_normal((B, 80, cond_frames)).astype(np.float32)
+    elif cond_len:
         batch["cond_latents"] = rng.standard_normal((B, cond_len, config.d_model)).astype(np.float32)
     return batch
 
@@ -102,7 +107,8 @@ def find_optimal_batch_size(model, optimizer=None, text_len: int | None = None,
     none set, its total memory, less ``safety_margin`` (a fraction) and less whatever else is
     allocated on the device besides the model and the optimizer. The memory plan of a step at
     the longest sequences (``text_len``/``audio_len``, default the config's maxima, with
-    ``n_cond_latents`` conditioning latents; the optimizer's state counted) is solved for the
+    ``n_cond_latents`` conditioning latents made from ``max_cond_frames`` mel frames by the
+    conditioning path when the model has one; the optimizer's state counted) is solved for the
     batch size by bisection — nothing is allocated for that. With ``verify`` one real
     forward, backward and optimizer step runs at the chosen size on a synthetic full-length
     batch; on an out-of-memory error the next smaller size the plan allows (at least one less)
@@ -120,18 +126,19 @@ def find_optimal_batch_size(model, optimizer=None, text_len: int | None = None,
     if isinstance(safety_margin, bool) or not isinstance(safety_margin, (int, float)) \
             or not 0.0 <= safety_margin < 1.0:
         raise ValueError(f"safety_margin: expected a fraction in [0, 1), got {safety_margin!r}")
-    cond_len = c.n_cond_latents
+    cond_len, frames = c.n_cond_latents, c.planned_cond_frames
     device = model.device
     model.release_memory()  # a cached step arena is not part of the budget's "else"
     budget = _budget(device, safety_margin)
-    base = model.estimate_memory(1, text_len, audio_len, cond_len, optimizer=True)
+    base = model.estimate_memory(1, text_len, audio_len, cond_len, optimizer=True, cond_frames=frames)
     # bytes allocated on the device that are neither the model's nor the optimizer's
     resident = base.parameters + base.gradients + base.optimizer
     foreign = max(0, _C.memory_stats(device)["allocated_bytes"] - resident)
 
     def fits(b: int, avail: int) -> bool:
         try:
-            plan = model.estimate_memory(b, text_len, audio_len, cond_len, budget=avail, optimizer=True)
+            plan = model.estimate_memory(b, text_len, audio_len, cond_len, budget=avail, optimizer=True,
+                                         cond_frames=frames)
         except ValueError:  # past the engine's limit on the rows of one step: does not fit
             return False
         return plan.total + foreign <= avail
@@ -141,7 +148,8 @@ def find_optimal_batch_size(model, optimizer=None, text_len: int | None = None,
 
     size = solve(budget, cap)
     if size is None:
-        plan = model.estimate_memory(start, text_len, audio_len, cond_len, budget=budget, optimizer=True)
+        plan = model.estimate_memory(start, text_len, audio_len, cond_len, budget=budget, optimizer=True,
+                                     cond_frames=frames)
         raise ValueError(f"find_optimal_batch_size: a step at batch size {start} x {text_len} text + "
                          f"{audio_len} audio tokens needs {plan.total + foreign} bytes, over the budget of "
                          f"{budget} bytes on {device} (safety margin {safety_margin:.0%}); shorten the "
@@ -156,7 +164,7 @@ def find_optimal_batch_size(model, optimizer=None, text_len: int | None = None,
             deficit = None
             try:
                 opt.zero_grad()
-                model.forward_backward(_synthetic_batch(c, size, text_len, audio_len, cond_len),
+                model.forward_backward(_synthetic_batch(c, size, text_len, audio_len, cond_len, frames),
                                        loss_scale=opt.loss_scale)
                 opt.step()
             except _C.OutOfMemoryError as exc:
@@ -228,12 +236,15 @@ def train_step_with_accumulation(model, optimizer, batch: Mapping[str, Any],
     (no row is dropped: 10 rows in 4 steps run as 3, 3, 2, 2). Each micro-batch is
     normalised by the whole batch's valid-target counts and scaled by
     ``optimizer.loss_scale``, so the accumulated gradient is the big batch's. The gradients
-    are zeroed first. On ``OutOfMemoryError`` the caches are released, the gradients zeroed,
-    the micro-batch halved and the whole batch redone: the step is, bit for bit, the step of
-    a call made with the micro-batch that fitted (``micro_batch_size``), and the same
-    mathematical step as one that never ran out of memory — it differs from that one only
-    by the order of the fp32 gradient sums (a few ulp). The error is raised only when a
-    micro-batch of one sample does not fit. Resets the device's peak-memory statistics."""
+    are zeroed first. Every micro-batch draws its dropout masks at the model's
+    ``dropout_step`` with its rows numbered as in the whole batch, so the masks are the whole
+    batch's, whatever the split; the step counter then advances by one. On
+    ``OutOfMemoryError`` the caches are released, the gradients zeroed, the micro-batch halved
+    and the whole batch redone: the step is, bit for bit, the step of a call made with the
+    micro-batch that fitted (``micro_batch_size``), and the same mathematical step as one
+    that never ran out of memory — it differs from that one only by the order of the fp32
+    gradient sums (a few ulp). The error is raised only when a micro-batch of one sample
+    does not fit. Resets the device's peak-memory statistics."""
     steps = _positive_int("accumulation_steps", accumulation_steps)
     _, (n_text, n_audio) = model._prepare(batch)  # validates the whole batch before any work
     first = next(iter(batch.values()))
@@ -244,6 +255,7 @@ def train_step_with_accumulation(model, optimizer, batch: Mapping[str, Any],
     micro = -(-n // min(steps, n))  # ceil: the largest piece
     pieces = min(steps, n)
     splits = 0
+    dropout_step = model.dropout_step
     while True:
         out = None
         failed = False
@@ -252,7 +264,8 @@ def train_step_with_accumulation(model, optimizer, batch: Mapping[str, Any],
             text = audio = 0.0
             for lo, hi in _splits(n, pieces):
                 r = model.forward_backward(_rows(batch, lo, hi), token_counts=(n_text, n_audio),
-                                           loss_scale=optimizer.loss_scale)
+                                           loss_scale=optimizer.loss_scale, dropout_step=dropout_step,
+                                           sample_offset=lo)
                 text += r["text_loss"]
                 audio += r["audio_loss"]
             out = (text, audio)
@@ -272,6 +285,7 @@ def train_step_with_accumulation(model, optimizer, batch: Mapping[str, Any],
         micro = -(-n // pieces)
         splits += 1
     text, audio = out
+    model.dropout_step = dropout_step + 1
     step = None
     for attempt in range(2):  # the optimizer's state is allocated at its first step
         retry = False

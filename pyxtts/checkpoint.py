@@ -10,7 +10,9 @@ A checkpoint is one ``.safetensors`` file:
   arrays are stored as their uint16 bit patterns and named in the metadata, so every
   bit round-trips;
 - one string metadata entry ``"pyxtts"``: JSON with the format marker and version, the
-  pyxtts version, the model config, precision, step, the optimizer's non-array state
+  pyxtts version, the model config, precision, step, the model's ``dropout_seed`` and
+  ``dropout_step`` (which key its dropout masks; absent in older files: 0), the
+  optimizer's non-array state
   (learning rate, step count, loss scale, ...), the caller's ``extra`` (for example
   ``{"rng": rng.bit_generator.state}``) and ``checksums``: for every tensor the CRC-32 of
   its name, dtype, shape and bytes;
@@ -48,12 +50,16 @@ META_CRC_KEY = "pyxtts.crc32"
 # the fields of the metadata, every one present in a file of format version 2
 META_FIELDS = ("format", "format_version", "pyxtts_version", "config", "precision", "step",
                "optimizer", "dtypes", "extra", "checksums")
+# written since the model has dropout; absent in earlier version-2 files (read as 0)
+OPTIONAL_META_FIELDS = ("dropout_seed", "dropout_step")
 MODEL_PREFIX = "model."
 OPTIM_PREFIX = "optimizer."
 CARRIED_PREFIX = "carried."
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _TMP_RE = re.compile(r"\.tmp-(\d+)$")
 _SCALAR_TYPES = (bool, int, float, str, type(None))
+# config fields that are no part of the architecture: a checkpoint loads whatever they are
+_TRAINING_FIELDS = ("dropout", "max_cond_frames")
 
 
 class CheckpointError(ValueError):
@@ -340,6 +346,8 @@ def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
         "config": asdict(model.config),
         "precision": getattr(model, "precision", None),
         "step": int(step),
+        "dropout_seed": int(getattr(model, "dropout_seed", 0)),
+        "dropout_step": int(getattr(model, "dropout_step", 0)),
         "optimizer": opt_meta,
         "dtypes": dtypes,
         "extra": extra,
@@ -406,7 +414,7 @@ def _parse_meta(path: Path, text: str, crc: str | None) -> dict:
         missing = [k for k in META_FIELDS if k not in meta]
         if missing:
             raise CheckpointError(f"{path}: metadata fields missing: {', '.join(missing)}")
-        unknown = sorted(set(meta) - set(META_FIELDS))
+        unknown = sorted(set(meta) - set(META_FIELDS) - set(OPTIONAL_META_FIELDS))
         if unknown:
             raise CheckpointError(f"{path}: unknown metadata fields: {', '.join(unknown[:5])}")
     else:
@@ -418,6 +426,10 @@ def _parse_meta(path: Path, text: str, crc: str | None) -> dict:
             raise CheckpointError(f"{path}: metadata {key!r} missing or not a {kind.__name__}")
     if meta["step"] < 0:
         raise CheckpointError(f"{path}: metadata 'step' must be >= 0, got {meta['step']}")
+    for key in ("dropout_seed", "dropout_step"):  # absent in checkpoints older than dropout
+        v = meta.get(key, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 64:
+            raise CheckpointError(f"{path}: metadata {key!r} must be an int in [0, 2**64), got {v!r}")
     return meta
 
 
@@ -442,10 +454,13 @@ def _verify_checksums(path: Path, meta: dict, tensors: Mapping[str, np.ndarray])
 def _validate_model(path: Path, meta: dict, tensors: Mapping[str, np.ndarray], model: Any,
                     has_optimizer: bool) -> tuple[dict[str, np.ndarray], list[str]]:
     """(the model's tensors, the carried names it does not take)."""
-    want = asdict(model.config)
-    # fields added after a file was written have their defaults there
-    got = {**{f.name: f.default for f in fields(model.config) if f.name not in meta["config"]},
+    names = {k.split(".", 1)[1] for k in tensors if k.startswith((MODEL_PREFIX, CARRIED_PREFIX))}
+    # fields added after a file was written: what their absence meant, else their defaults
+    absent = {"conditioning": "conditioning_perceiver.latents" in names}
+    got = {**{f.name: absent.get(f.name, f.default) for f in fields(model.config) if f.name not in meta["config"]},
            **meta["config"]}
+    got = {k: v for k, v in got.items() if k not in _TRAINING_FIELDS}
+    want = {k: v for k, v in asdict(model.config).items() if k not in _TRAINING_FIELDS}
     diffs = [f"{k}: checkpoint {got.get(k, '<absent>')!r}, model {want.get(k, '<absent>')!r}"
              for k in list(want) + [k for k in got if k not in want] if got.get(k, "<absent>") != want.get(k, "<absent>")]
     if diffs:
@@ -527,6 +542,10 @@ def load_checkpoint_checked(path: str | os.PathLike, model: Any, optimizer: Any,
             if isinstance(exc, (ValueError, TypeError, KeyError)):
                 raise CheckpointError(f"{path}: the optimizer refused its state: {exc}") from exc
             raise
+    if hasattr(model, "dropout_step"):  # the masks go on where the saved run stood
+        if "dropout_seed" in meta:
+            model.dropout_seed = meta["dropout_seed"]
+        model.dropout_step = meta.get("dropout_step", 0)
     out = dict(meta)
     out.pop("dtypes", None)
     out.pop("checksums", None)

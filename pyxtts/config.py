@@ -341,6 +341,7 @@ class XTTSConfig:
         t = self.training
         return estimate_memory(self.model, self.data.batch_size, self.data.max_text_tokens,
                                self.data.max_audio_tokens, cond_len=self.model.n_cond_latents,
+                               cond_frames=self.model.planned_cond_frames,
                                checkpointing=t.checkpointing, train=True,
                                device=device or t.resolved_device(), optimizer=True,
                                precision=t.precision)
@@ -582,7 +583,8 @@ def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, 
         key = (prec, policy, micro)
         if key not in plans:
             plans[key] = estimate_memory(config.model, micro, d.max_text_tokens, d.max_audio_tokens,
-                                         cond_len=config.model.n_cond_latents, checkpointing=policy,
+                                         cond_len=config.model.n_cond_latents,
+                                         cond_frames=config.model.planned_cond_frames, checkpointing=policy,
                                          train=True, device=dev, optimizer=True, precision=prec).total
         return plans[key]
 

@@ -115,11 +115,13 @@ def _infer_config(path: Path, gpt: Mapping[str, TensorRef]) -> Any:
         raise CheckpointError(f"{path}: cannot infer the config: no 'gpt.h.<i>.' keys (is this an XTTS GPT?)")
     text_vocab, d = shape("text_embedding.weight")
     heads = max(h for h in (16, 8, 4, 2, 1) if d % h == 0)
+    perceiver = any(k.startswith("conditioning_perceiver.") for k in gpt)
     return ModelConfig(n_layers=max(layers) + 1, d_model=d, n_heads=heads, text_vocab_size=text_vocab,
                        audio_vocab_size=shape("mel_embedding.weight")[0],
                        max_text_tokens=shape("text_pos_embedding.emb.weight")[0],
                        max_audio_tokens=shape("mel_pos_embedding.emb.weight")[0],
-                       use_perceiver_resampler=any(k.startswith("conditioning_perceiver.") for k in gpt))
+                       use_perceiver_resampler=perceiver, conditioning=perceiver,
+                       n_cond_latents=shape("conditioning_perceiver.latents")[0] if perceiver else 32)
 
 
 def read_xtts_checkpoint(path: str | os.PathLike, config: Any = None) -> XTTSCheckpoint:

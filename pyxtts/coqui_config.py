@@ -166,6 +166,8 @@ def model_config_from_xtts(cfg: Any, vocab: str | os.PathLike | None = None) -> 
         stop_audio_token=_int(args, "gpt_stop_audio_token", where),
         code_stride_len=_int(args, "gpt_code_stride_len", where),
         use_perceiver_resampler=perceiver,
+        # the conditioning path pyxtts trains is XTTS v2's; XTTS v1's is not there
+        conditioning=perceiver,
     )
 
 

@@ -47,7 +47,8 @@ def _largest_batch(config: XTTSConfig, device: str, policy: str, precision: str,
 
     def fits(b: int) -> bool:
         return estimate_memory(config.model, b, d.max_text_tokens, d.max_audio_tokens,
-                               cond_len=config.model.n_cond_latents, checkpointing=policy, train=True,
+                               cond_len=config.model.n_cond_latents,
+                               cond_frames=config.model.planned_cond_frames, checkpointing=policy, train=True,
                                device=device, optimizer=True, precision=precision).total <= limit
 
     return largest_fitting(fits) or 0
@@ -66,7 +67,8 @@ def _synthetic_step(config: XTTSConfig, device: str, batch_size: int) -> tuple[i
     d, m = config.data, config.model
     model = model_from_config(config, device)
     opt = optimizer_from_config(model, config.training)
-    batch = _synthetic_batch(m, batch_size, d.max_text_tokens, d.max_audio_tokens, m.n_cond_latents)
+    batch = _synthetic_batch(m, batch_size, d.max_text_tokens, d.max_audio_tokens, m.n_cond_latents,
+                             m.planned_cond_frames)
     t0 = time.perf_counter()
     r = train_step_with_accumulation(model, opt, batch, 1)
     _C.synchronize(device)

@@ -12,20 +12,23 @@ from pyxtts import _C
 
 BATCH_KEYS = ("text_inputs", "text_targets", "audio_inputs", "audio_targets", "text_lengths",
               "audio_lengths")
-OPTIONAL_BATCH_KEYS = ("cond_latents",)
+OPTIONAL_BATCH_KEYS = ("cond_latents", "cond_mels")
+MEL_CHANNELS = 80  # the conditioning encoder's input: 80-band mel spectrograms
 
 
 # The fields of ModelConfig the C engine takes (the others describe the data's framing
 # and Coqui's conditioning inputs, which Python handles).
 ENGINE_FIELDS = ("n_layers", "d_model", "n_heads", "text_vocab_size", "audio_vocab_size",
                  "max_text_tokens", "max_audio_tokens", "n_cond_latents", "layer_norm_eps",
-                 "text_loss_weight", "audio_loss_weight", "max_attention_sequence_length")
+                 "text_loss_weight", "audio_loss_weight", "max_attention_sequence_length", "dropout",
+                 "conditioning", "max_cond_frames")
 TOKEN_FIELDS = ("start_text_token", "stop_text_token", "start_audio_token", "stop_audio_token")
 
 
 @dataclass
 class ModelConfig:
-    """Sizes of the XTTS GPT. Defaults are XTTS v2's, except the start/stop token ids,
+    """Sizes of the XTTS GPT. Defaults are XTTS v2's as Coqui trains it (the GPT with its
+    conditioning path, 441 M parameters, and dropout 0.1), except the start/stop token ids,
     which are unset: a config with them (``from_xtts_config``, the shipped XTTS v2
     configs) frames its data as Coqui does (``pyxtts.framing``); one without them
     takes batches whose ids the user framed."""
@@ -50,6 +53,16 @@ class ModelConfig:
     stop_audio_token: int | None = None
     code_stride_len: int = 1024  # audio samples per DVAE code (Coqui's gpt_code_stride_len)
     use_perceiver_resampler: bool = True  # XTTS v2 (True) or v1 conditioning
+    # GPT-2's dropout in training (embeddings, attention probabilities, both residual
+    # branches); Coqui trains XTTS v2 with 0.1; 0 disables it
+    dropout: float = 0.1
+    # the conditioning encoder and perceiver (Coqui's conditioning path, trained from
+    # batch["cond_mels"]); False: the GPT alone, conditioned by fixed cond_latents (or none).
+    # None: the path when there are latents for it to make (n_cond_latents > 0) and the
+    # conditioning is XTTS v2's (use_perceiver_resampler)
+    conditioning: bool | None = None
+    # the longest reference mel a batch may carry: Coqui's 132300-sample slices at hop 256
+    max_cond_frames: int = 517
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -60,10 +73,18 @@ class ModelConfig:
                 if not isinstance(value, bool):
                     raise TypeError(f"ModelConfig.{f.name}: expected bool, got {value!r}")
                 continue
-            want = float if f.name in ("layer_norm_eps", "text_loss_weight", "audio_loss_weight") else int
+            if f.name == "conditioning":
+                if value is not None and not isinstance(value, (bool, np.bool_)):
+                    raise TypeError(f"ModelConfig.{f.name}: expected bool or None, got {value!r}")
+                continue
+            want = (float if f.name in ("layer_norm_eps", "text_loss_weight", "audio_loss_weight", "dropout")
+                    else int)
             if isinstance(value, bool) or not isinstance(value, (int, float) if want is float else int):
                 raise TypeError(f"ModelConfig.{f.name}: expected {want.__name__}"
                                 + (" or None" if f.name in TOKEN_FIELDS else "") + f", got {value!r}")
+        if self.conditioning is None:
+            self.conditioning = self.use_perceiver_resampler and self.n_cond_latents > 0
+        self.conditioning = bool(self.conditioning)
         if self.max_attention_sequence_length is None:
             self.max_attention_sequence_length = (self.n_cond_latents + self.max_text_tokens
                                                   + self.max_audio_tokens)
@@ -84,6 +105,10 @@ class ModelConfig:
             if not 0 <= v < vocab:
                 raise ValueError(f"ModelConfig.{name}: must be in [0, {vocab}) "
                                  f"({'text' if 'text' in name else 'audio'}_vocab_size), got {v}")
+        if self.conditioning and not self.use_perceiver_resampler:
+            raise ValueError("ModelConfig.conditioning: pyxtts's conditioning path is XTTS v2's (the perceiver "
+                             "resampler); with use_perceiver_resampler=False (XTTS v1's conditioning) set "
+                             "conditioning=False and train from cond_latents")
 
     @property
     def head_dim(self) -> int:
@@ -111,6 +136,12 @@ class ModelConfig:
         from pyxtts.coqui_config import model_config_from_xtts
 
         return model_config_from_xtts(cfg, vocab)
+
+    @property
+    def planned_cond_frames(self) -> int:
+        """The reference mel the planning helpers assume a batch carries: the longest one
+        (max_cond_frames) with the conditioning path, none without."""
+        return self.max_cond_frames if self.conditioning else 0
 
 
 @dataclass
@@ -144,6 +175,13 @@ class MemoryPlan:
     reduce_workspace: int = 0  # partial sums of the deterministic reductions (in scratch)
     precision: str = "fp32"
     n_layers: int = field(repr=False, default=0)
+    # the conditioning path (a batch with cond_mels of cond_frames frames; 0: none)
+    cond_frames: int = 0
+    conditioning_policy: str | None = None
+    conditioning_inputs: int = 0  # the mels (in inputs)
+    conditioning_saved: int = 0  # its stream, saved activations, the latents' gradient (in saved)
+    conditioning_scratch: int = 0  # its phases' scratch (shares the scratch with the GPT's)
+    parameter_count: int = 0  # the model's parameters (elements, not bytes)
 
     @classmethod
     def _from_native(cls, d: Mapping[str, Any]) -> "MemoryPlan":
@@ -162,15 +200,18 @@ class MemoryPlan:
             ("parameters", self.parameters), ("gradients (fp32)", self.gradients),
             ("optimizer state", self.optimizer), ("inputs", self.inputs),
             ("residual stream", self.residuals), ("saved activations (blocks)", self.saved_activations),
-            ("final norms", self.final_norms), ("block work area", self.work),
+            ("final norms", self.final_norms),
+            ("conditioning path (saved)", self.conditioning_saved), ("block work area", self.work),
             ("attention workspace", self.attention_workspace), ("logits chunk", self.logits),
             ("head casts (16-bit)", self.head_casts),
             ("activation gradients", self.activation_gradients), ("GEMM workspace", self.gemm_workspace),
             ("reduction workspace", self.reduce_workspace),
             ("allocator rounding", self.allocator_rounding),
         ]
+        cond = (f", conditioning path {self.conditioning_policy} over {self.cond_frames} mel frames"
+                if self.cond_frames else "")
         lines = [f"memory plan ({self.precision}): batch {self.batch_size} x {self.sequence_length} tokens, "
-                 + ", ".join(f"{n} blocks {p}" for p, n in pol.items()), "-" * 52]
+                 + ", ".join(f"{n} blocks {p}" for p, n in pol.items()) + cond, "-" * 52]
         lines += [f"{name:34}{fb(v):>18}" for name, v in rows]
         lines += ["-" * 52, f"{'total':34}{fb(self.total):>18}"]
         return "\n".join(lines)
@@ -179,17 +220,19 @@ class MemoryPlan:
 def estimate_memory(config: ModelConfig, batch_size: int, text_len: int, audio_len: int,
                     cond_len: int | None = None, checkpointing: str = "none", train: bool = True,
                     budget: int | None = None, device: str = "cpu", optimizer: bool = False,
-                    precision: str = "fp32") -> MemoryPlan:
+                    precision: str = "fp32", cond_frames: int = 0) -> MemoryPlan:
     """The memory plan of one step of a model of this config, without building the model:
     nothing is allocated, so the plan of the full XTTS v2 size prints on any machine.
     ``optimizer=True`` counts the state of a default ``AdamW`` (moments, no EMA; with a
-    16-bit ``precision`` its fp32 master copy too). ``precision``: "fp32", "bf16", "fp16"."""
+    16-bit ``precision`` its fp32 master copy too). ``precision``: "fp32", "bf16", "fp16".
+    ``cond_frames``: the mel frames of a batch's ``cond_mels`` (0: the batch has none; the
+    conditioning path is then not in the plan)."""
     if not isinstance(config, ModelConfig):
         raise TypeError(f"config: expected a ModelConfig, got {type(config).__name__}")
     return MemoryPlan._from_native(_C.plan_memory(
         **config.engine_args(), batch_size=batch_size, text_len=text_len, audio_len=audio_len,
         cond_len=cond_len, checkpointing=checkpointing, train=train, budget=budget, device=device,
-        optimizer=bool(optimizer), precision=precision))
+        optimizer=bool(optimizer), precision=precision, cond_frames=cond_frames))
 
 
 def _as_array(value: Any, key: str) -> np.ndarray:
@@ -214,6 +257,15 @@ def _first_bad(mask: np.ndarray) -> tuple[int, ...]:
     return tuple(int(i) for i in np.argwhere(mask)[0])
 
 
+def _step_number(name: str, value: Any, limit: int = 1 << 64) -> int:
+    """An int in [0, limit) (a step counter, a sample number)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if not 0 <= int(value) < limit:
+        raise ValueError(f"{name}: expected an int in [0, {limit}), got {value}")
+    return int(value)
+
+
 class XTTSGPT:
     """The GPT of XTTS v2 (weights compatible), trained by a C engine.
 
@@ -229,6 +281,8 @@ class XTTSGPT:
                             checkpointing=checkpointing, seed=seed)
         self.precision = precision
         self._names = list(self._core.parameters())
+        self._dropout_seed = _step_number("seed", seed)
+        self._dropout_step = 0
 
     # ---- attributes -----------------------------------------------------------
     @property
@@ -250,6 +304,27 @@ class XTTSGPT:
     @property
     def num_parameters(self) -> int:
         return self._core.num_parameters
+
+    @property
+    def dropout_seed(self) -> int:
+        """The seed of the dropout masks: the model's ``seed`` unless set. Checkpoints
+        save and restore it with ``dropout_step``."""
+        return self._dropout_seed
+
+    @dropout_seed.setter
+    def dropout_seed(self, value: int) -> None:
+        self._dropout_seed = _step_number("dropout_seed", value)
+
+    @property
+    def dropout_step(self) -> int:
+        """The training step that keys the next dropout masks (with ``dropout_seed``).
+        ``forward_backward`` advances it by one; checkpoints save and restore it, so a
+        resumed run draws the masks the uninterrupted one would have."""
+        return self._dropout_step
+
+    @dropout_step.setter
+    def dropout_step(self, value: int) -> None:
+        self._dropout_step = _step_number("dropout_step", value)
 
     # ---- parameters -----------------------------------------------------------
     def parameters(self) -> dict[str, _C.Tensor]:
@@ -338,13 +413,16 @@ class XTTSGPT:
     # ---- memory ---------------------------------------------------------------
     def estimate_memory(self, batch_size: int, text_len: int, audio_len: int, cond_len: int | None = None,
                         checkpointing: str | None = None, train: bool = True,
-                        budget: int | None = None, optimizer: bool | None = None) -> MemoryPlan:
+                        budget: int | None = None, optimizer: bool | None = None,
+                        cond_frames: int = 0) -> MemoryPlan:
         """The plan of a step at this shape, computed without allocating anything.
         ``budget`` (bytes in all) guides checkpointing='auto'; default: the device's limit.
         ``optimizer``: None counts the state of the AdamW attached to this model (none: 0),
-        True that or else a default AdamW's, False leaves optimizer state out."""
+        True that or else a default AdamW's, False leaves optimizer state out.
+        ``cond_frames``: the mel frames of the batch's ``cond_mels`` (0: none)."""
         return MemoryPlan._from_native(self._core.estimate_memory(
-            batch_size, text_len, audio_len, cond_len, checkpointing, train, budget, optimizer))
+            batch_size, text_len, audio_len, cond_len, checkpointing, train, budget, optimizer,
+            cond_frames))
 
     def release_memory(self) -> int:
         """Frees the cached step arena (it is re-reserved by the next step); bytes freed."""
@@ -361,7 +439,7 @@ class XTTSGPT:
         for k in BATCH_KEYS:
             if k not in batch:
                 raise KeyError(f"batch: missing key {k!r} (a batch holds {', '.join(BATCH_KEYS)} "
-                               "and optionally cond_latents)")
+                               "and optionally cond_latents or cond_mels)")
         c = self.config
         ti, tt = _int_array(batch, "text_inputs", 2), _int_array(batch, "text_targets", 2)
         ai, at = _int_array(batch, "audio_inputs", 2), _int_array(batch, "audio_targets", 2)
@@ -399,6 +477,12 @@ class XTTSGPT:
                 raise ValueError(f"batch[{key!r}]{list(pos)} = {int(ids[pos])}: out of range "
                                  f"[{lo}, {vocab})")
         cond = batch.get("cond_latents")
+        mels = batch.get("cond_mels")
+        if cond is not None and mels is not None:
+            raise ValueError("batch: cond_latents and cond_mels are exclusive (fixed latents, or the mels "
+                             "the conditioning path makes them from)")
+        if mels is not None:
+            mels = self._mels(mels, B)
         if cond is not None:
             cond = _as_array(cond, "cond_latents")
             if cond.dtype.kind not in "fV":
@@ -418,7 +502,7 @@ class XTTSGPT:
                                      f"overflows {self.dtype.name}")
             if cond.shape[1] == 0:
                 cond = None
-        Nc = 0 if cond is None else cond.shape[1]
+        Nc = c.n_cond_latents if mels is not None else 0 if cond is None else cond.shape[1]
         T = Nc + Lt + La
         if T > c.max_attention_sequence_length:
             raise ValueError(f"batch: sequence length {T} ({Nc} conditioning + {Lt} text + {La} audio) "
@@ -435,11 +519,43 @@ class XTTSGPT:
         key_mask = np.concatenate([np.ones((B, Nc), bool), t_valid, a_valid], axis=1).astype(np.uint8)
         counts = (int((text_tgt >= 0).sum()), int((audio_tgt >= 0).sum()))
         return (text_ids, audio_ids, text_tgt, audio_tgt, text_pos, audio_pos, key_mask,
-                tl.astype(i32), al.astype(i32), cond), counts
+                tl.astype(i32), al.astype(i32), cond, mels), counts
+
+    def _mels(self, value: Any, B: int) -> np.ndarray:
+        """batch['cond_mels'] as a C-contiguous (B, 80, S) array of the model's dtype."""
+        c = self.config
+        if not c.conditioning:
+            raise ValueError("batch['cond_mels']: this model has no conditioning path "
+                             "(ModelConfig.conditioning=False); pass cond_latents instead")
+        mels = _as_array(value, "cond_mels")
+        if mels.dtype.kind not in "fV":
+            raise TypeError(f"batch['cond_mels']: expected a float array, got dtype {mels.dtype}")
+        if mels.ndim == 4 and mels.shape[1] == 1:
+            mels = mels[:, 0]
+        if mels.ndim != 3 or mels.shape[0] != B or mels.shape[1] != MEL_CHANNELS or mels.shape[2] < 1:
+            raise ValueError(f"batch['cond_mels']: expected shape ({B}, {MEL_CHANNELS}, S) or "
+                             f"({B}, 1, {MEL_CHANNELS}, S) with S >= 1 mel frames, got {mels.shape}")
+        if mels.shape[2] > c.max_cond_frames:
+            raise ValueError(f"batch['cond_mels']: {mels.shape[2]} mel frames exceed max_cond_frames="
+                             f"{c.max_cond_frames}; pyxtts never truncates: shorten the reference "
+                             "slice or raise the maximum")
+        mels = np.ascontiguousarray(mels, dtype=np.float32)
+        if not np.isfinite(mels).all():
+            raise ValueError(f"batch['cond_mels']{list(_first_bad(~np.isfinite(mels)))}: NaN or infinity")
+        if self.precision != "fp32":  # the model's dtype, rounded to nearest even
+            with np.errstate(over="ignore"):
+                mels = np.ascontiguousarray(mels.astype(self.dtype.numpy))
+            finite = np.isfinite(mels.astype(np.float32))
+            if not finite.all():
+                raise ValueError(f"batch['cond_mels']{list(_first_bad(~finite))}: overflows {self.dtype.name}")
+        return mels
 
     def _run(self, batch: Mapping[str, Any], token_counts: tuple[int, int] | None, train: bool,
-             loss_scale: float | None = None) -> dict:
+             loss_scale: float | None = None, dropout_step: int | None = None,
+             sample_offset: int = 0) -> dict:
         arrays, (n_text, n_audio) = self._prepare(batch)
+        step = self._dropout_step if dropout_step is None else _step_number("dropout_step", dropout_step)
+        offset = _step_number("sample_offset", sample_offset, 1 << 32)
         norm = (n_text, n_audio)
         if token_counts is not None:
             if (not isinstance(token_counts, (tuple, list)) or len(token_counts) != 2
@@ -456,7 +572,10 @@ class XTTSGPT:
             scale = float(loss_scale)
             if not (np.isfinite(scale) and scale > 0):
                 raise ValueError(f"loss_scale: must be None or a finite number > 0, got {loss_scale!r}")
-        text_sum, audio_sum = self._core._step(*arrays, float(norm[0]), float(norm[1]), train, scale)
+        text_sum, audio_sum = self._core._step(*arrays[:10], float(norm[0]), float(norm[1]), train, scale,
+                                               arrays[10], self._dropout_seed, step, offset)
+        if train and dropout_step is None:
+            self._dropout_step = step + 1
         text_loss = text_sum / norm[0] if norm[0] else 0.0
         audio_loss = audio_sum / norm[1] if norm[1] else 0.0
         c = self.config
@@ -465,17 +584,24 @@ class XTTSGPT:
                 "text_tokens": n_text, "audio_tokens": n_audio}
 
     def forward_backward(self, batch: Mapping[str, Any], token_counts: tuple[int, int] | None = None,
-                         loss_scale: float | None = None) -> dict:
+                         loss_scale: float | None = None, dropout_step: int | None = None,
+                         sample_offset: int = 0) -> dict:
         """Loss of the batch, with its gradients added into ``gradients()``.
 
         With ``token_counts=(n_text, n_audio)`` of a whole effective batch, the means use
         those counts, so micro-batches add up to exactly the big batch's gradient.
+        Dropout masks are keyed by (seed, step, site, sample, position): by default the
+        step is ``dropout_step``, which then advances by one. Micro-batches of one
+        effective batch pass the same ``dropout_step=s`` and ``sample_offset`` = the
+        number of their first row in it (``train_step_with_accumulation`` does), and draw
+        exactly the masks of the whole batch; the counter is left to the caller then.
         ``loss_scale`` multiplies the gradients (not the reported losses): fp16 training
         passes its optimizer's dynamic scale explicitly,
         ``model.forward_backward(batch, loss_scale=opt.loss_scale)`` with
         ``AdamW(model, loss_scale=2.0**16)``, which unscales, skips non-finite steps and
         adjusts the scale. Nothing is attached automatically."""
-        return self._run(batch, token_counts, train=True, loss_scale=loss_scale)
+        return self._run(batch, token_counts, train=True, loss_scale=loss_scale, dropout_step=dropout_step,
+                         sample_offset=sample_offset)
 
     def forward(self, batch: Mapping[str, Any], token_counts: tuple[int, int] | None = None) -> dict:
         """Loss of the batch for evaluation: nothing saved, no gradients."""

@@ -10,8 +10,11 @@ import pyxtts.testing
 from helpers import make_rng, random_batch
 from pyxtts.batch import _synthetic_batch
 
+# dropout on: accumulation draws the whole batch's masks. The GPT alone keeps every buffer
+# but the arena in the small pool, so the plans' fresh-segment blocks are what the allocator
+# gives (test_conditioning.py searches with the conditioning path)
 CFG = pyxtts.ModelConfig(n_layers=2, d_model=64, n_heads=4, text_vocab_size=101, audio_vocab_size=53,
-                         max_text_tokens=32, max_audio_tokens=48, n_cond_latents=4)
+                         max_text_tokens=32, max_audio_tokens=48, n_cond_latents=4, conditioning=False)
 
 
 pytestmark = pytest.mark.usefixtures("no_limit_no_fault")

@@ -432,7 +432,7 @@ def synthetic_pth(path, model, rng):
 
     sd = {"gpt." + k: torch.from_numpy(v.copy()) for k, v in model.state_dict().items()}
     randn = lambda *shape: torch.from_numpy(rng.standard_normal(shape).astype(np.float32))  # noqa: E731
-    sd["gpt.conditioning_encoder.init.weight"] = randn(4, 4)
+    sd["gpt.prompt_embedding.weight"] = randn(4, 4)  # XTTS v1's, not this model's
     sd["hifigan_decoder.waveform_decoder.conv_pre.weight"] = randn(8, 3)
     sd["mel_stats"] = torch.from_numpy(rng.standard_normal(80).astype(np.float32))
     torch.save({"config": {"model": "xtts"}, "model": sd}, path)
@@ -445,23 +445,25 @@ def test_import_xtts_pth(tmp_path, seed):
     synthetic_pth(pth, model, rng)
     out = tmp_path / "imported.safetensors"
     meta = pyxtts.import_xtts_checkpoint(pth, out, config=TINY)
-    # a GPT tensor the model lacks is kept aside in the file, not dropped
-    assert meta["extra"]["carried"] == ["conditioning_encoder.init.weight"]
+    # a GPT tensor the model lacks is kept aside in the file, not dropped; the conditioning
+    # path's are the model's own
+    assert meta["extra"]["carried"] == ["prompt_embedding.weight"]
     m2 = pyxtts.XTTSGPT(TINY, seed=seed % 1000 + 1)
-    assert pyxtts.load_checkpoint(out, m2)["carried"] == ["conditioning_encoder.init.weight"]
+    assert pyxtts.load_checkpoint(out, m2)["carried"] == ["prompt_embedding.weight"]
     for k, v in model.state_dict().items():
         assert_bits_equal(m2.state_dict()[k], v, k)
     _, tensors = pyxtts.checkpoint.read_checkpoint(out)
     import torch
-    kept = torch.load(pth, weights_only=True)["model"]["gpt.conditioning_encoder.init.weight"].numpy()
-    assert_bits_equal(tensors["carried.conditioning_encoder.init.weight"], kept)
+    kept = torch.load(pth, weights_only=True)["model"]["gpt.prompt_embedding.weight"].numpy()
+    assert_bits_equal(tensors["carried.prompt_embedding.weight"], kept)
     # without a config the sizes come from the shapes, and n_heads is a guess it says it is
     out2 = tmp_path / "inferred.safetensors"
     with pytest.warns(UserWarning, match="n_heads=16 guessed"):
         meta2 = pyxtts.import_xtts_checkpoint(pth, out2)
     assert meta2["extra"]["n_heads_guessed"] is True
     cfg = pyxtts.ModelConfig(**meta2["config"])
-    for f in ("n_layers", "d_model", "text_vocab_size", "audio_vocab_size", "max_text_tokens", "max_audio_tokens"):
+    for f in ("n_layers", "d_model", "text_vocab_size", "audio_vocab_size", "max_text_tokens", "max_audio_tokens",
+              "conditioning", "n_cond_latents"):
         assert getattr(cfg, f) == getattr(TINY, f), f
     m3 = pyxtts.XTTSGPT(cfg)
     pyxtts.load_checkpoint(out2, m3)

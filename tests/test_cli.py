@@ -17,7 +17,8 @@ from pyxtts.memtest import run_memtest
 pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
 
 SMALL = {"model": {"n_layers": 2, "d_model": 64, "n_heads": 4, "text_vocab_size": 64, "audio_vocab_size": 97,
-                   "max_text_tokens": 24, "max_audio_tokens": 48, "n_cond_latents": 0},
+                   "max_text_tokens": 24, "max_audio_tokens": 48, "n_cond_latents": 0,
+                   "conditioning": False},
          "training": {"learning_rate": 3e-3, "lr_schedule": "constant", "max_steps": 6, "epochs": None,
                       "checkpoint_interval": 3, "eval_interval": 3, "device": "cpu"},
          "data": {"batch_size": 4}}

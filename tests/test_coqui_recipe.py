@@ -49,9 +49,11 @@ def test_decay_set_is_coquis(perceiver):
     model = pyxtts.XTTSGPT(cfg)
     opt = optimizer_from_config(model, TrainingConfig())
     assert sorted(opt.decay) == sorted(k for k in want if k in model.parameters())
-    assert len(opt.decay) == 4 * cfg.n_layers + 2  # c_attn, c_proj, c_fc, mlp c_proj per layer; 2 heads
+    # c_attn, c_proj, c_fc, mlp c_proj per layer; 2 heads; with the conditioning path its 25: the
+    # init conv, 6 x (qkv, proj_out), the latents, 2 x (to_q, to_kv, to_out, 2 linears), gamma
+    assert len(opt.decay) == 4 * cfg.n_layers + 2 + (25 if cfg.conditioning else 0)
     matrices = optimizer_from_config(model, TrainingConfig(weight_decay_on="matrices"))
-    assert sorted(matrices.decay) == sorted(k for k, v in model.parameters().items() if len(v.shape) == 2)
+    assert sorted(matrices.decay) == sorted(k for k, v in model.parameters().items() if len(v.shape) >= 2)
 
 
 def test_adamw_decays_only_the_named_tensors_as_torch_does(rng, seed):
@@ -59,7 +61,7 @@ def test_adamw_decays_only_the_named_tensors_as_torch_does(rng, seed):
     group, 6 steps of random gradients; decay and learning rate large, so a tensor decayed
     by mistake moves far from torch's (fp32 both sides: 1e-6 relative)."""
     cfg = pyxtts.ModelConfig(n_layers=2, d_model=32, n_heads=4, text_vocab_size=37, audio_vocab_size=29,
-                             max_text_tokens=8, max_audio_tokens=8, n_cond_latents=0)
+                             max_text_tokens=8, max_audio_tokens=8, n_cond_latents=0, conditioning=False)
     model = pyxtts.XTTSGPT(cfg, seed=seed % 1000)
     decay = coqui_decay(model.parameters())
     lr, wd = 1e-2, 0.5
@@ -113,7 +115,7 @@ def test_coquis_trainer_clips_nothing_by_default():
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_trainer_starts_from_init_checkpoint(tmp_path, rng, precision):
     cfg = pyxtts.ModelConfig(n_layers=2, d_model=32, n_heads=4, text_vocab_size=300, audio_vocab_size=1026,
-                             max_text_tokens=24, max_audio_tokens=40, n_cond_latents=0, start_text_token=261,
+                             max_text_tokens=24, max_audio_tokens=40, n_cond_latents=0, conditioning=False, start_text_token=261,
                              stop_text_token=0, start_audio_token=1024, stop_audio_token=1025)
     source = pyxtts.XTTSGPT(cfg, seed=int(rng.integers(1 << 30)))
     pyxtts.save_checkpoint(tmp_path / "init.safetensors", source)

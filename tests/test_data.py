@@ -123,7 +123,7 @@ def test_synthetic_dataset_is_seeded_and_a_function_of_the_text():
 LEARN = r"""
 import time, numpy as np, pyxtts
 cfg = pyxtts.ModelConfig(n_layers=2, d_model=64, n_heads=4, text_vocab_size=64, audio_vocab_size=64,
-                         max_text_tokens=16, max_audio_tokens=32, n_cond_latents=0)
+                         max_text_tokens=16, max_audio_tokens=32, n_cond_latents=0, conditioning=False)
 ds = pyxtts.SyntheticDataset(cfg, 256, seed=0)
 m = pyxtts.XTTSGPT(cfg, seed=0)
 opt = pyxtts.AdamW(m, lr=3e-3, weight_decay=0.0)

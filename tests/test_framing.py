@@ -13,7 +13,7 @@ from pyxtts.data import DataError, Sample, TTSDataset, batch_groups, collate
 from pyxtts.framing import code_count, frame_batch, framed_lengths
 
 FRAMED = pyxtts.ModelConfig(n_layers=2, d_model=32, n_heads=4, text_vocab_size=300, audio_vocab_size=1026,
-                            max_text_tokens=24, max_audio_tokens=40, n_cond_latents=0,
+                            max_text_tokens=24, max_audio_tokens=40, n_cond_latents=0, conditioning=False,
                             start_text_token=261, stop_text_token=0, start_audio_token=1024,
                             stop_audio_token=1025)
 PLAIN = dataclasses.replace(FRAMED, start_text_token=None, stop_text_token=None, start_audio_token=None,

@@ -2,15 +2,21 @@
 weight decay, accumulation, loss scaling, EMA, state, memory plan, determinism, leaks."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
+import helpers
 import pyxtts
 from conftest import run_python
-from helpers import TINY, random_batch
+from helpers import random_batch
 from helpers.torch_ref import RefGPT
 
+# AdamW's math against torch's: the GPT without its conditioning path, whose tensors a batch
+# of cond_latents leaves without gradients (test_conditioning.py covers what a step does then)
+TINY = dataclasses.replace(helpers.TINY, conditioning=False)
 
 
 pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
@@ -340,7 +346,7 @@ def test_load_state_dict_refusals_change_nothing(rng):
     with pytest.raises(ValueError, match="shape"):  # another model size
         pyxtts.AdamW(pyxtts.XTTSGPT(pyxtts.ModelConfig(
             n_layers=1, d_model=32, n_heads=4, text_vocab_size=37, audio_vocab_size=29,
-            max_text_tokens=24, max_audio_tokens=40, n_cond_latents=3))).load_state_dict(good)
+            max_text_tokens=24, max_audio_tokens=40, n_cond_latents=3, conditioning=False))).load_state_dict(good)
 
 
 # ---- arguments ------------------------------------------------------------------------
@@ -389,7 +395,7 @@ def test_plan_counts_optimizer_state_and_matches_measured_peak(rng):
     # 3 layers: a plan without allocator rounding, so before the first step the allocator
     # holds the plan's total less the arena, to the byte
     cfg = pyxtts.ModelConfig(n_layers=3, d_model=128, n_heads=4, text_vocab_size=300, audio_vocab_size=200,
-                             max_text_tokens=64, max_audio_tokens=128, n_cond_latents=8)
+                             max_text_tokens=64, max_audio_tokens=128, n_cond_latents=8, dropout=0.0)
     batch = random_batch(rng, cfg, B=4, Lt=40, La=100, full=True)
     for ema in (None, 0.99):
         pyxtts.empty_cache("cpu")

@@ -24,7 +24,7 @@ def device(request):
     pyxtts.set_memory_limit(None, request.param)
 
 MODEL = {"n_layers": 2, "d_model": 64, "n_heads": 4, "text_vocab_size": 64, "audio_vocab_size": 97,
-         "max_text_tokens": 24, "max_audio_tokens": 48, "n_cond_latents": 0}
+         "max_text_tokens": 24, "max_audio_tokens": 48, "n_cond_latents": 0, "conditioning": False}
 
 
 def make_config(tmp_path: Path, num_workers: int = 0, device: str = "cpu", **training) -> XTTSConfig:

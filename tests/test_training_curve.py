@@ -10,7 +10,8 @@ from helpers import random_batch
 from helpers.torch_ref import RefGPT
 
 CFG = pyxtts.ModelConfig(n_layers=2, d_model=32, n_heads=4, text_vocab_size=41, audio_vocab_size=23,
-                         max_text_tokens=16, max_audio_tokens=24, n_cond_latents=2)
+                         max_text_tokens=16, max_audio_tokens=24, n_cond_latents=2, conditioning=False,
+                         dropout=0.0)
 
 
 def sgd_step(model: pyxtts.XTTSGPT, lr: float) -> None:

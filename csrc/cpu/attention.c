@@ -24,7 +24,12 @@
  *
  * The tile code (micro-GEMM, exp, softmax rows) lives in attention_tile.h and is
  * compiled for AVX-512, AVX2+FMA and a generic baseline; the best one the CPU has
- * is picked at the first call (pxt_cpu_attention_set_isa overrides it, for tests). */
+ * is picked at the first call (pxt_cpu_attention_set_isa overrides it, for tests).
+ *
+ * Dropout of the probabilities (args->drop.p > 0): the forward scales P by the
+ * mask after the row sums (the lse is the undropped softmax's) and before
+ * O += P V; the backward regenerates the mask tile by tile and uses P Z for dV
+ * and dP Z in dS = P (dP Z - Di), Di = rowsum(dO * O) as without dropout. */
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -108,6 +113,30 @@ static inline void store_row(char *restrict dst, const float *restrict src, int 
         uint16_t *o = (uint16_t *)dst;
         for (int d = 0; d < D; d++) {
             o[d] = pxt_f32_to_f16(src[d] * mul);
+        }
+    }
+}
+
+/* ---- dropout of the probabilities ---------------------------------------------------
+ * The mask of (b, h, query i, key j) comes from dropout.h (its positions, its
+ * sample), drawn four keys per Philox call. A tile holds queries i0 .. i0+nq-1
+ * against keys j0 .. j0+nk-1; element (i, j) sits at t[i * qs + j * ks], so the
+ * forward's (keys, queries) tiles and the backward's (queries, keys) ones share
+ * this code. assign: t = mask factor (0 or 1 / (1 - p)); else t *= it. */
+static void dropout_tile(const pxt_attn_args *a, float *t, int qs, int ks, int b, int h, int i0,
+                         int nq, int j0, int nk, int assign) {
+    const pxt_dropout *d = &a->drop;
+    for (int i = 0; i < nq; i++) {
+        uint32_t qpos = pxt_dropout_pos(d, i0 + i), w[4] = {0, 0, 0, 0}, group = 0;
+        for (int j = 0; j < nk; j++) {
+            uint32_t kpos = pxt_dropout_pos(d, j0 + j);
+            if (j == 0 || kpos >> 2 != group) { /* a new group of four keys */
+                group = kpos >> 2;
+                pxt_dropout_attn_words(d, b, h, qpos, kpos, w);
+            }
+            float z = pxt_dropout_factor(d, w[kpos & 3]);
+            float *e = t + (size_t)i * qs + (size_t)j * ks;
+            *e = assign ? z : *e * z;
         }
     }
 }
@@ -265,13 +294,15 @@ static size_t slab_floats_raw(const pxt_attn_args *a, size_t Dp, int backward) {
     if (!backward) { /* QT, K, V rows, P^T, O, m, l, alpha */
         return Dp * BR + 2 * BC * Dp + BC * BR + BR * Dp + 3 * BR;
     }
-    /* K^T, V^T, K rows, dK, dV, q and dout rows, P, dS, -lse, Di, key masks */
-    size_t pair = 2 * Dp * BC + 3 * BC * Dp + 2 * BR * Dp + 2 * BR * BC + 2 * BR + BC;
+    /* with dropout, both passes hold a tile of mask factors */
+    size_t z = a->drop.p > 0.0f ? (size_t)BR * BC : 0;
+    /* K^T, V^T, K rows, dK, dV, q and dout rows, P, dS, -lse, Di, key masks, mask */
+    size_t pair = 2 * Dp * BC + 3 * BC * Dp + 2 * BR * Dp + 2 * BR * BC + 2 * BR + BC + z;
     if (one_pass(a, 1)) { /* plus dQ of the whole head */
         pair += (size_t)round_up(a->Tq, PAD) * Dp;
     }
-    /* q^T, dout^T, dQ, K, V rows, S^T, dS^T, -lse, Di */
-    size_t q = 2 * Dp * BR + BR * Dp + 2 * BC * Dp + 2 * BC * BR + 2 * BR;
+    /* q^T, dout^T, dQ, K, V rows, S^T, dS^T, -lse, Di, mask */
+    size_t q = 2 * Dp * BR + BR * Dp + 2 * BC * Dp + 2 * BC * BR + 2 * BR + z;
     return pair > q ? pair : q;
 }
 
@@ -324,6 +355,10 @@ static int check_args(const pxt_attn_args *a, const void *workspace) {
     }
     if (!workspace) {
         return pxt_error(PXT_ERR_VALUE, "attention: no workspace (attention_workspace bytes)");
+    }
+    if (!(a->drop.p >= 0.0f && a->drop.p < 1.0f)) {
+        return pxt_error(PXT_ERR_VALUE, "attention: dropout probability must be in [0, 1), got %g",
+                         (double)a->drop.p);
     }
     return PXT_OK;
 }

@@ -317,6 +317,9 @@ static void TILE(fwd_item)(const attn_ctx *c, float *ws, int b, int h, int qb) {
                     }
                 }
             }
+            if (a->drop.p > 0.0f) { /* O += (P Z) V; l keeps the undropped sum */
+                dropout_tile(a, PT, 1, BR, b, h, i0, nq, j0, nk, 0);
+            }
             TILE(gemm_at)(Mr, Dp, nk, PT, BR, Vr, Dp, O, Dp, 1); /* O += P V */
         }
         for (int i = 0; i < nq; i++) {
@@ -350,7 +353,7 @@ typedef struct {
     float *Kr;      /* (BC, Dp) */
     float *dK, *dV; /* (BC, Dp) */
     VI *keep;       /* (BC / VW) all-ones where the key is valid */
-    int j0, nk, Mk, Nc;
+    int b, h, j0, nk, Mk, Nc;
 } TILE(kblock);
 
 /* A query tile: rows of q * scale and dout, -lse and Di per row. */
@@ -358,6 +361,7 @@ typedef struct {
     float *Qs, *dOr; /* (BR, Dp) */
     float *S, *dS;   /* (BR, BC) P, then dS, per (query, key) */
     float *nl, *Di;  /* (BR) -lse (-inf for a row with none), rowsum(dO * O) */
+    float *Z;        /* (BR, BC) dropout's mask factors (with dropout only) */
 } TILE(qtile);
 
 /* One pair, query rows i0 .. i0+nq-1 against the key block; dQ (rows from i0,
@@ -366,16 +370,27 @@ static void TILE(bwd_pair)(const attn_ctx *c, const TILE(kblock) * kb, const TIL
                            int i0, int nq, float *dQ) {
     const pxt_attn_args *a = c->a;
     const int D = a->D, Dp = c->Dp, Mr = round_up(nq, MR), Nc = kb->Nc;
+    const int drop = a->drop.p > 0.0f;
     TILE(gemm)(Mr, Nc, D, qt->Qs, Dp, kb->KT, BC, qt->S, BC, 0);   /* S = Qs K^T */
     TILE(gemm)(Mr, Nc, D, qt->dOr, Dp, kb->VT, BC, qt->dS, BC, 0); /* dP = dO V^T */
+    if (drop) { /* the forward's mask of these (query, key) pairs */
+        dropout_tile(a, qt->Z, BC, 1, kb->b, kb->h, i0, Mr, kb->j0, Nc, 1);
+    }
     for (int i = 0; i < Mr; i++) {
         float *p = qt->S + (size_t)i * BC, *ds = qt->dS + (size_t)i * BC;
+        const float *z = drop ? qt->Z + (size_t)i * BC : NULL;
         VF nl = VSET1(qt->nl[i]), di = VSET1(qt->Di[i]);
         for (int j = 0; j < Nc; j += VW) {
             VF pv = TILE(vexp)(TILE(vload)(p + j) + nl);
-            VF dsv = pv * (TILE(vload)(ds + j) - di);
+            VF dp = TILE(vload)(ds + j), pz = pv; /* with dropout: dP Z and P Z */
+            if (drop) {
+                VF zv = TILE(vload)(z + j);
+                dp = dp * zv;
+                pz = pv * zv;
+            }
+            VF dsv = pv * (dp - di);
             VI keep = kb->keep[j / VW];
-            TILE(vstore)(p + j, (VF)((VI)pv & keep));
+            TILE(vstore)(p + j, (VF)((VI)pz & keep));
             TILE(vstore)(ds + j, (VF)((VI)dsv & keep));
         }
         if (a->causal) { /* keys j0+j > i0+i are not seen */
@@ -397,6 +412,7 @@ static int TILE(kblock_pack)(const attn_ctx *c, TILE(kblock) * kb, int b, int h,
     const pxt_attn_args *a = c->a;
     const int D = a->D, Dp = c->Dp;
     const int j0 = kbi * BC, nk = iclamp(k_len(a, b) - j0, 0, imin(BC, a->Tk - j0));
+    kb->b = b, kb->h = h;
     kb->j0 = j0, kb->nk = nk, kb->Mk = round_up(nk, MR), kb->Nc = round_up(nk, PAD);
     if (nk <= 0 || !key_valid(a, b, j0, nk, valid)) {
         return 0;
@@ -470,7 +486,8 @@ static float *TILE(pair_slab)(const attn_ctx *c, float *ws, TILE(kblock) * kb, T
     qt->nl = qt->dS + (size_t)BR * BC;
     qt->Di = qt->nl + BR;
     kb->keep = (VI *)(void *)(qt->Di + BR); /* BC floats, 64-byte aligned */
-    return (float *)(void *)kb->keep + BC;
+    qt->Z = (float *)(void *)kb->keep + BC;
+    return qt->Z + (c->a->drop.p > 0.0f ? (size_t)BR * BC : 0);
 }
 
 /* Pass 1 of the two-pass backward: one (b, h, key block) -> its dK, dV. */
@@ -541,6 +558,8 @@ static void TILE(bwd_q_item)(const attn_ctx *c, float *ws, int b, int h, int qb)
     float *dST = PT + (size_t)BC * BR; /* (BC, BR) dP^T, then dS^T */
     float *nl = dST + (size_t)BC * BR; /* (BR) -lse or -inf */
     float *Di = nl + BR;               /* (BR) */
+    float *ZT = Di + BR;               /* (BC, BR) dropout's mask factors (with dropout) */
+    const int drop = a->drop.p > 0.0f;
     uint8_t valid[BC];
 
     if (nq > 0) {
@@ -572,15 +591,23 @@ static void TILE(bwd_q_item)(const attn_ctx *c, float *ws, int b, int h, int qb)
                             a->dt, 1.0f);
             TILE(gemm)(Mk, Nq, D, Kr, Dp, QT, BR, PT, BR, 0);   /* S^T = K Qs^T */
             TILE(gemm)(Mk, Nq, D, Vr, Dp, dOT, BR, dST, BR, 0); /* dP^T = V dO^T */
+            if (drop) { /* the forward's mask, transposed like the scores */
+                dropout_tile(a, ZT, 1, BR, b, h, i0, Nq, j0, Mk, 1);
+            }
             for (int j = 0; j < Mk; j++) {
                 float *p = PT + (size_t)j * BR, *ds = dST + (size_t)j * BR;
+                const float *z = ZT + (size_t)j * BR;
                 if (j >= nk || !valid[j]) {
                     memset(ds, 0, (size_t)Nq * sizeof *ds);
                     continue;
                 }
                 for (int i = 0; i < Nq; i += VW) {
                     VF pv = TILE(vexp)(TILE(vload)(p + i) + TILE(vload)(nl + i));
-                    TILE(vstore)(ds + i, pv * (TILE(vload)(ds + i) - TILE(vload)(Di + i)));
+                    VF dp = TILE(vload)(ds + i); /* with dropout: dP Z */
+                    if (drop) {
+                        dp = dp * TILE(vload)(z + i);
+                    }
+                    TILE(vstore)(ds + i, pv * (dp - TILE(vload)(Di + i)));
                 }
                 if (a->causal) { /* queries i0+i < j0+j do not see this key */
                     memset(ds, 0, (size_t)iclamp(j0 + j - i0, 0, Nq) * sizeof *ds);

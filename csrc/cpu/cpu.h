@@ -58,6 +58,31 @@ size_t pxt_cpu_attention_workspace(const struct pxt_attn_args *args, int backwar
 int pxt_cpu_attention_set_isa(const char *name);
 const char *pxt_cpu_attention_isa(void);
 
+/* dropout.c */
+struct pxt_dropout;
+int pxt_cpu_dropout_forward(int index, void *x, const void *resid, int N, int C,
+                            const struct pxt_dropout *d, pxt_dtype dt);
+int pxt_cpu_dropout_backward(int index, void *dx, const void *dy, int N, int C,
+                             const struct pxt_dropout *d, pxt_dtype dt);
+/* groupnorm.c */
+int pxt_cpu_groupnorm_forward(int index, void *out, float *mean, float *rstd, const void *inp,
+                              const void *weight, const void *bias, int B, int S, int C, int G,
+                              float eps, pxt_dtype dt);
+int pxt_cpu_groupnorm_backward(int index, void *dinp, float *dweight, float *dbias,
+                               const void *dout, const void *inp, const void *weight,
+                               const float *mean, const float *rstd, int B, int S, int C, int G,
+                               pxt_dtype dt);
+/* rmsnorm.c */
+int pxt_cpu_rmsnorm_forward(int index, void *out, float *norm, const void *inp, const void *gamma,
+                            int N, int C, float scale, float eps, pxt_dtype dt);
+int pxt_cpu_rmsnorm_backward(int index, void *dinp, float *dgamma, const void *dout,
+                             const void *inp, const void *gamma, const float *norm, int N, int C,
+                             float scale, float eps, pxt_dtype dt);
+/* geglu.c */
+int pxt_cpu_geglu_forward(int index, void *out, const void *inp, int N, int F, pxt_dtype dt);
+int pxt_cpu_geglu_backward(int index, void *dinp, const void *inp, const void *dout, int N, int F,
+                           pxt_dtype dt);
+
 /* optim.c */
 struct pxt_adamw_args;
 int pxt_cpu_grad_sumsq(int index, double *sumsq, int *nonfinite, const float *g, size_t n,

@@ -142,7 +142,8 @@ int pxt_adamw_run(pxt_adamw *o, pxt_adamw_result *r) {
     double bc1 = 1.0 - pow(h->beta1, t), bc2 = 1.0 - pow(h->beta2, t);
     pxt_adamw_args args = {
         .segments = (const pxt_adamw_segment *)o->segments->data,
-        .n_segments = o->n_segments,
+        /* the conditioning tensors (the layout's tail) only when they got gradients */
+        .n_segments = o->flat->cond_grads ? o->n_segments : o->flat->layout.cond0,
         .grad_scale = (float)(inv_scale * coef),
         .decay_factor = (float)(1.0 - h->lr * h->weight_decay),
         .one_minus_beta1 = (float)(1.0 - h->beta1),

@@ -20,7 +20,8 @@
  * compute-precision parameters); the scalars of the update are computed here,
  * on the host in double, rounded to float once. With non-finite gradients the
  * step is skipped before anything changes (and with loss scaling the scale
- * halves). */
+ * halves). The conditioning path's tensors are left alone by a step whose
+ * gradients never reached them (pxt_flat.cond_grads). */
 #ifndef PXT_ADAMW_H
 #define PXT_ADAMW_H
 

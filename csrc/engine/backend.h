@@ -8,6 +8,7 @@
 #ifndef PXT_BACKEND_H
 #define PXT_BACKEND_H
 
+#include "dropout.h"
 #include "pxt.h"
 
 #ifdef __cplusplus
@@ -42,6 +43,12 @@ typedef struct pxt_attn_args {
     const uint8_t *key_mask;  /* (B, Tk) or NULL: 0 masks the key */
     pxt_strides q, k, v, o;   /* layouts of q, k, v and out (dout shares o's) */
     pxt_dtype dt;
+    /* dropout of the attention probabilities (drop.p = 0: none), only where the
+     * backend's attention_dropout is 1: query i and key j of sample b are
+     * positions pxt_dropout_pos(&drop, i) and (j) of sample drop.sample0 + b; the
+     * log-sum-exp stays the undropped softmax's, the backward regenerates the
+     * forward's mask (see dropout.h) */
+    pxt_dropout drop;
 } pxt_attn_args;
 
 /* Fixed number of parts of grad_sumsq's deterministic reduction. */
@@ -296,6 +303,44 @@ typedef struct pxt_backend {
                               void *dv, const void *dout, const void *q, const void *k,
                               const void *v, const void *out, const float *lse, void *workspace);
     size_t (*attention_workspace)(const struct pxt_attn_args *args, int backward);
+    /* 1 when attention_forward/backward apply pxt_attn_args.drop; 0: they refuse
+     * a call with drop.p > 0 (PXT_ERR_NOT_IMPLEMENTED) */
+    int attention_dropout;
+
+    /* ---- dropout of rows (masks of dropout.h; rows as pxt_dropout lays them out) ---- */
+    /* x (N, C) = resid + x * mask, or x * mask when resid is NULL (mask: 0 or d->scale). */
+    int (*dropout_forward)(int index, void *x, const void *resid, int N, int C,
+                           const pxt_dropout *d, pxt_dtype dt);
+    /* dx (N, C) = dy * mask; dx may alias dy. */
+    int (*dropout_backward)(int index, void *dx, const void *dy, int N, int C, const pxt_dropout *d,
+                            pxt_dtype dt);
+
+    /* ---- the conditioning path's own ops (engine/cond.h) ------------------------ */
+    /* GroupNorm of inp (B, S, C), sample by sample, over G groups of C / G
+     * channels: each (sample, group) normalised by the mean and variance of its
+     * S x C/G elements (sums in double, statistics fp32, as torch's GroupNorm on
+     * a (B, C, S) input); out = norm * weight + bias; mean, rstd (B, G) saved. */
+    int (*groupnorm_forward)(int index, void *out, float *mean, float *rstd, const void *inp,
+                             const void *weight, const void *bias, int B, int S, int C, int G,
+                             float eps, pxt_dtype dt);
+    /* dinp (B, S, C) +=, dweight (C) +=, dbias (C) +=. Deterministic. */
+    int (*groupnorm_backward)(int index, void *dinp, float *dweight, float *dbias, const void *dout,
+                              const void *inp, const void *weight, const float *mean,
+                              const float *rstd, int B, int S, int C, int G, pxt_dtype dt);
+    /* out (N, C) = inp / max(|inp|, eps) * scale * gamma, row by row (F.normalize,
+     * then a gain); norm (N) fp32 = |inp| saved. */
+    int (*rmsnorm_forward)(int index, void *out, float *norm, const void *inp, const void *gamma,
+                           int N, int C, float scale, float eps, pxt_dtype dt);
+    /* dinp (N, C) +=, dgamma (C) +=. Deterministic. */
+    int (*rmsnorm_backward)(int index, void *dinp, float *dgamma, const void *dout, const void *inp,
+                            const void *gamma, const float *norm, int N, int C, float scale,
+                            float eps, pxt_dtype dt);
+    /* GEGLU: out (N, F) = a * gelu(g) for rows inp (N, 2F) = [a | g], gelu the
+     * exact one (x Phi(x), erf). */
+    int (*geglu_forward)(int index, void *out, const void *inp, int N, int F, pxt_dtype dt);
+    /* dinp (N, 2F) = [dout gelu(g) | dout a gelu'(g)] (written). */
+    int (*geglu_backward)(int index, void *dinp, const void *inp, const void *dout, int N, int F,
+                          pxt_dtype dt);
 
     /* ---- optimizer (single passes over the flat buffers, see engine/adamw.h) ---- */
     /* *sumsq = sum of g[i]^2 over g (n) fp32, accumulated in double over

@@ -1,5 +1,6 @@
 /* block.c: the GPT-2 block's forward and backward (see block.h). */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "block.h"
@@ -40,6 +41,45 @@ int pxt_ctx_check_ops(const pxt_backend *be, const char *dev) {
     return PXT_OK;
 }
 
+int pxt_ctx_check_extra_ops(const pxt_backend *be, const char *dev, int dropout, int conditioning) {
+    static const char *why[2] = {
+        "training with dropout cannot run on %s in this version of pyxtts; set "
+        "ModelConfig.dropout=0, or train on the CPU",
+        "the conditioning path (batch['cond_mels']) cannot run on %s in this version of "
+        "pyxtts; pass fixed cond_latents instead, or train on the CPU",
+    };
+    struct {
+        const void *fn;
+        const char *name;
+        int cond; /* 0: a dropout op, 1: a conditioning op */
+    } ops[] = {
+        {(const void *)be->dropout_forward, "dropout_forward", 0},
+        {(const void *)be->dropout_backward, "dropout_backward", 0},
+        {(const void *)be->groupnorm_forward, "groupnorm_forward", 1},
+        {(const void *)be->groupnorm_backward, "groupnorm_backward", 1},
+        {(const void *)be->rmsnorm_forward, "rmsnorm_forward", 1},
+        {(const void *)be->rmsnorm_backward, "rmsnorm_backward", 1},
+        {(const void *)be->geglu_forward, "geglu_forward", 1},
+        {(const void *)be->geglu_backward, "geglu_backward", 1},
+    };
+    char reason[256];
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+        if ((ops[i].cond ? conditioning : dropout) && !ops[i].fn) {
+            snprintf(reason, sizeof reason, why[ops[i].cond], dev);
+            return pxt_error(PXT_ERR_NOT_IMPLEMENTED, "the %s backend has no '%s' kernel yet: %s",
+                             be->name, ops[i].name, reason);
+        }
+    }
+    if (dropout && !be->attention_dropout) {
+        snprintf(reason, sizeof reason, why[0], dev);
+        return pxt_error(PXT_ERR_NOT_IMPLEMENTED,
+                         "the %s backend's attention kernels have no dropout of the attention "
+                         "probabilities yet: %s",
+                         be->name, reason);
+    }
+    return PXT_OK;
+}
+
 /* q, k, v are thirds of the (B, T, 3C) qkv rows; the output is (B, T, C). */
 pxt_attn_args pxt_block_self_attn_args(const pxt_ctx *x) {
     int64_t C = x->C, T = x->T, D = x->C / x->H;
@@ -57,6 +97,7 @@ pxt_attn_args pxt_block_self_attn_args(const pxt_ctx *x) {
         .v = {T * 3 * C, D, 3 * C},
         .o = {T * C, D, C},
         .dt = x->dt,
+        .drop = x->drop_attn,
     };
     return a;
 }
@@ -250,8 +291,12 @@ int pxt_block_forward(const pxt_ctx *x, const pxt_block_params *p, const pxt_blo
     pxt_attn_args args = pxt_block_self_attn_args(x);
     PXT_TRY(be->attention_forward(d, &args, a->att, a->lse, a->qkv, at(a->qkv, (size_t)C, dt),
                                   at(a->qkv, 2 * (size_t)C, dt), x->attn_ws));
-    /* the projection's epilogue adds the residual (beta = 1): no (N, C) temporary */
-    PXT_TRY(linear(x, N, C, C, a->att, p->w[PXT_PROJ_W], p->w[PXT_PROJ_B], inp, a->x2));
+    if (x->drop_attn_out.p > 0.0f) { /* x2 = x + drop(att W + b): the mask before the sum */
+        PXT_TRY(linear(x, N, C, C, a->att, p->w[PXT_PROJ_W], p->w[PXT_PROJ_B], NULL, a->x2));
+        PXT_TRY(be->dropout_forward(d, a->x2, inp, N, C, &x->drop_attn_out, dt));
+    } else { /* the projection's epilogue adds the residual (beta = 1): no (N, C) temporary */
+        PXT_TRY(linear(x, N, C, C, a->att, p->w[PXT_PROJ_W], p->w[PXT_PROJ_B], inp, a->x2));
+    }
     /* cross-attention half (with a context): x3 = x2 + cross-attention */
     const void *r = a->x2; /* the residual entering the MLP */
     if (x->context) {
@@ -281,6 +326,10 @@ int pxt_block_forward(const pxt_ctx *x, const pxt_block_params *p, const pxt_blo
     }
     if (!out) {
         return PXT_OK;
+    }
+    if (x->drop_mlp_out.p > 0.0f) { /* y = r + drop(gelu W + b) */
+        PXT_TRY(linear(x, N, C, 4 * C, a->gelu, p->w[PXT_FCP_W], p->w[PXT_FCP_B], NULL, out));
+        return be->dropout_forward(d, out, r, N, C, &x->drop_mlp_out, dt);
     }
     return linear(x, N, C, 4 * C, a->gelu, p->w[PXT_FCP_W], p->w[PXT_FCP_B], r, out);
 }
@@ -358,6 +407,12 @@ int pxt_block_backward(const pxt_ctx *x, const pxt_block_params *p, const pxt_bl
     pxt_dtype dt = x->dt;
     pxt_block_acts a;
     PXT_TRY(recompute(x, p, saved, work, policy, inp, &a));
+    /* the MLP branch's gradient: dy, or with dropout dy * mask (in dB, free until dln2) */
+    const void *dy = dres;
+    if (x->drop_mlp_out.p > 0.0f) {
+        PXT_TRY(be->dropout_backward(d, dB, dres, N, C, &x->drop_mlp_out, dt));
+        dy = dB;
+    }
     /* MLP out: dfc (N, 4C) = (dy W_fcp^T) * gelu'(fc) and db_fc += sum dfc, one
      * product; dW_fcp (4C, C) += gelu^T dy and db_fcp += sum dy, another */
     pxt_gemm_args gd = {.trans_b = 1,
@@ -365,7 +420,7 @@ int pxt_block_backward(const pxt_ctx *x, const pxt_block_params *p, const pxt_bl
                         .N = 4 * C,
                         .K = C,
                         .alpha = 1.0f,
-                        .A = dres,
+                        .A = dy,
                         .B = p->w[PXT_FCP_W],
                         .D = dA,
                         .dt_ab = dt,
@@ -374,7 +429,7 @@ int pxt_block_backward(const pxt_ctx *x, const pxt_block_params *p, const pxt_bl
                         .pre = a.fc,
                         .dbias = g->g[PXT_FC_B]};
     PXT_TRY(be->gemm_fused(d, &gd, x->gemm_ws));
-    PXT_TRY(linear_dweight(x, N, C, 4 * C, a.gelu, dres, g->g[PXT_FCP_W], g->g[PXT_FCP_B]));
+    PXT_TRY(linear_dweight(x, N, C, 4 * C, a.gelu, dy, g->g[PXT_FCP_W], g->g[PXT_FCP_B]));
     /* MLP in: dln2 (N, C) = dfc W_fc^T; dW_fc (C, 4C) += ln2^T dfc (its bias is done) */
     PXT_TRY(be->gemm(d, 0, 1, N, C, 4 * C, 1.0f, dA, p->w[PXT_FC_W], 0.0f, dB, dt, dt, x->gemm_ws));
     PXT_TRY(linear_dweight(x, N, 4 * C, C, a.ln2, dA, g->g[PXT_FC_W], NULL));
@@ -386,9 +441,16 @@ int pxt_block_backward(const pxt_ctx *x, const pxt_block_params *p, const pxt_bl
     if (x->context) {
         PXT_TRY(cross_backward(x, p, g, &a, dres, dA, dB));
     }
+    /* the attention branch's gradient: dx2, or with dropout dx2 * mask (in dA, free
+     * until the attention's backward fills it) */
+    const void *dx2 = dres;
+    if (x->drop_attn_out.p > 0.0f) {
+        PXT_TRY(be->dropout_backward(d, dA, dres, N, C, &x->drop_attn_out, dt));
+        dx2 = dA;
+    }
     /* attention out: datt (N, C) = dx2 W_proj^T; dW_proj (C, C) += att^T dx2, db += sum dx2 */
-    PXT_TRY(be->gemm(d, 0, 1, N, C, C, 1.0f, dres, p->w[PXT_PROJ_W], 0.0f, dB, dt, dt, x->gemm_ws));
-    PXT_TRY(linear_dweight(x, N, C, C, a.att, dres, g->g[PXT_PROJ_W], g->g[PXT_PROJ_B]));
+    PXT_TRY(be->gemm(d, 0, 1, N, C, C, 1.0f, dx2, p->w[PXT_PROJ_W], 0.0f, dB, dt, dt, x->gemm_ws));
+    PXT_TRY(linear_dweight(x, N, C, C, a.att, dx2, g->g[PXT_PROJ_W], g->g[PXT_PROJ_B]));
     /* attention: dqkv (N, 3C) into dA, laid out like qkv */
     pxt_attn_args args = pxt_block_self_attn_args(x);
     PXT_TRY(be->attention_backward(d, &args, dA, at(dA, (size_t)C, dt), at(dA, 2 * (size_t)C, dt),

@@ -7,6 +7,12 @@
  *   r = x3 with cross-attention, else x2
  *   ln2 = LN(r); fc = ln2 W_fc + b; gelu = GELU(fc); y = r + gelu W_fcp + b
  *
+ * Dropout in training, where GPT-2 has it (x->drop_*.p > 0): on the attention
+ * probabilities (inside the attention kernels) and on both residual branches,
+ * x2 = x + drop(att W_proj + b) and y = r + drop(gelu W_fcp + b). The masks are
+ * drawn from the sites' keys (dropout.h), so recomputation reproduces them. The
+ * cross-attention branch has none.
+ *
  * The plain block and the block with cross-attention are the same functions:
  * x->context == NULL means "no cross-attention", and then no cross-attention
  * parameter, gradient or activation pointer is ever read (they may be NULL).
@@ -56,6 +62,10 @@ typedef struct {
     int Tc;                      /* context rows per sample (>= 1 with a context) */
     void *dcontext;              /* (B, Tc, C) dt, += in backward */
     void *dkv;                   /* (B, Tc, 2C) dt: backward scratch (dk | dv) */
+    /* dropout (zero-initialised: none): the block's three sites, rows of T per sample */
+    pxt_dropout drop_attn;     /* the attention probabilities */
+    pxt_dropout drop_attn_out; /* the attention's residual branch */
+    pxt_dropout drop_mlp_out;  /* the MLP's residual branch */
 } pxt_ctx;
 
 /* Parameter tensor j of a block (gpt.h's enum); the PXT_X* entries only with a context. */
@@ -126,6 +136,11 @@ void pxt_block_acts_set(pxt_block_acts *a, int act, void *ptr);
 
 /* Every op a step needs; PXT_ERR_NOT_IMPLEMENTED naming the first one missing. */
 int pxt_ctx_check_ops(const pxt_backend *be, const char *device_name);
+/* The ops of dropout (dropout != 0) and of the conditioning path (conditioning
+ * != 0) a training step needs; PXT_ERR_NOT_IMPLEMENTED naming the first one
+ * missing, what needs it and how to do without. */
+int pxt_ctx_check_extra_ops(const pxt_backend *be, const char *device_name, int dropout,
+                            int conditioning);
 
 /* The attention calls of a block (for workspace sizes): self-attention, and
  * the cross-attention (meaningful when x->Tc > 0). */

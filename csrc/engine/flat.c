@@ -1,27 +1,34 @@
 /* flat.c: flat parameters and gradients, GPT-2 initialisation (see flat.h). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "flat.h"
 #include "rng.h"
 
-/* Draws every tensor of l into host (l->numel floats, zeroed by the caller). */
-static void gpt2_init(const pxt_param_layout *l, float *host, uint64_t seed, float resid_std) {
+/* Draws every tensor of l into host (l->numel floats, zeroed by the caller),
+ * one stream in layout order (the GPT's draws do not depend on what follows it). */
+static void init_params(const pxt_param_layout *l, float *host, uint64_t seed, float resid_std) {
     pxt_rng rng;
     pxt_rng_seed(&rng, seed);
     for (int i = 0; i < l->count; i++) {
         const pxt_param_info *p = &l->params[i];
         float *dst = host + p->offset;
-        size_t len = strlen(p->name);
-        if (p->ndim == 2) {
-            int resid =
-                strstr(p->name, "attn.c_proj.weight") || strstr(p->name, "mlp.c_proj.weight");
-            pxt_rng_normal(&rng, dst, p->numel, resid ? resid_std : 0.02f);
-        } else if (len > 7 && !strcmp(p->name + len - 7, ".weight")) {
+        switch (p->init) {
+        case PXT_INIT_NORMAL: pxt_rng_normal(&rng, dst, p->numel, 0.02f); break;
+        case PXT_INIT_RESID: pxt_rng_normal(&rng, dst, p->numel, resid_std); break;
+        case PXT_INIT_ONES:
             for (size_t k = 0; k < p->numel; k++) {
-                dst[k] = 1.0f; /* layernorm gains */
+                dst[k] = 1.0f;
             }
-        } /* biases stay 0 */
+            break;
+        case PXT_INIT_FANIN: {
+            float bound = (float)(1.0 / sqrt((double)(p->fan_in > 0 ? p->fan_in : 1)));
+            pxt_rng_uniform(&rng, dst, p->numel, -bound, bound);
+            break;
+        }
+        default: break; /* zeros */
+        }
     }
 }
 
@@ -74,7 +81,7 @@ int pxt_flat_init(pxt_flat *f, pxt_param_layout *layout, pxt_device dev, pxt_dty
         rc = pxt_error(PXT_ERR_OOM, "out of host memory for the initial parameters");
     }
     if (rc == PXT_OK) {
-        gpt2_init(&f->layout, host, seed, resid_std);
+        init_params(&f->layout, host, seed, resid_std);
         rc = upload(f, host, n);
     }
     free(host);
@@ -91,7 +98,9 @@ void pxt_flat_free(pxt_flat *f) {
 }
 
 int pxt_flat_zero_grad(pxt_flat *f) {
-    return f->be->memset_zero(f->device.index, f->grads->data, f->grads->nbytes);
+    PXT_TRY(f->be->memset_zero(f->device.index, f->grads->data, f->grads->nbytes));
+    f->cond_grads = 0;
+    return PXT_OK;
 }
 
 char *pxt_flat_param(const pxt_flat *f, int i) {

@@ -20,15 +20,20 @@ typedef struct {
     pxt_storage *grads;     /* (layout.numel) fp32 */
     int busy;               /* a step of the owner (or of its optimizer) runs */
     size_t optimizer_bytes; /* allocator bytes of optimizer state over these buffers */
+    /* tensors [layout.cond0, count) (the conditioning path) got gradients since the
+     * last zero_grad: an optimizer step skips them otherwise, as torch's optimizers
+     * skip parameters whose .grad is None (no decay of weights nothing used) */
+    int cond_grads;
 } pxt_flat;
 
 /* Takes over *layout (freed with the state, on failure too), reserves both
- * buffers on dev, zeroes the gradients and initialises the parameters as GPT-2
- * does: N(0, 0.02) for matrices and embeddings, N(0, resid_std) for the
- * residual projections (attn.c_proj, mlp.c_proj), biases 0, layernorm weights
- * 1; drawn in fp32 on the host in layout order from one seeded stream, and for
- * 16-bit parameters rounded to nearest even on the host, so only their bytes
- * travel. On failure *f is left empty (pxt_flat_free is harmless). */
+ * buffers on dev, zeroes the gradients and initialises the parameters by their
+ * PXT_INIT_* kind: GPT-2's N(0, 0.02) for matrices and embeddings, N(0,
+ * resid_std) for the residual projections (attn.c_proj, mlp.c_proj), biases 0,
+ * layernorm weights 1; torch's defaults for the conditioning path's convs and
+ * linears. Drawn in fp32 on the host in layout order from one seeded stream, and
+ * for 16-bit parameters rounded to nearest even on the host, so only their
+ * bytes travel. On failure *f is left empty (pxt_flat_free is harmless). */
 int pxt_flat_init(pxt_flat *f, pxt_param_layout *layout, pxt_device dev, pxt_dtype dt,
                   uint64_t seed, float resid_std);
 void pxt_flat_free(pxt_flat *f);

@@ -33,30 +33,32 @@ void pxt_gpt_free(pxt_gpt *m) {
 /* ---- the plan --------------------------------------------------------------------- */
 
 int pxt_gpt_plan(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, pxt_dtype dt, int B,
-                 int Lt, int La, int Nc, int ckpt, int train, size_t budget) {
-    int L = c->n_layers;
-    memset(p, 0, sizeof *p); /* the auto loop frees the previous try */
-    pxt_ckpt *pol = malloc(sizeof *pol * (size_t)L);
+                 int Lt, int La, int Nc, int S, int ckpt, int train, size_t budget) {
+    int L = c->n_layers, n = L + (S > 0); /* units: the blocks, then the conditioning path */
+    memset(p, 0, sizeof *p);              /* the auto loop frees the previous try */
+    pxt_ckpt *pol = malloc(sizeof *pol * (size_t)n);
     if (!pol) {
         return pxt_error(PXT_ERR_OOM, "out of host memory for the memory plan");
     }
     int rc;
     if (ckpt != PXT_CKPT_AUTO || !train) {
-        for (int l = 0; l < L; l++) {
-            pol[l] = ckpt == PXT_CKPT_AUTO ? PXT_CKPT_NONE : (pxt_ckpt)ckpt;
+        for (int u = 0; u < n; u++) {
+            pol[u] = ckpt == PXT_CKPT_AUTO ? PXT_CKPT_NONE : (pxt_ckpt)ckpt;
         }
-        rc = pxt_plan_make(p, c, be, B, Lt, La, Nc, dt, pol, train);
+        rc = pxt_plan_make(p, c, be, B, Lt, La, Nc, S, dt, pol, train);
     } else {
         rc = PXT_OK;
-        for (int step = 0; step <= 2 * L; step++) {
-            /* step k: the first min(k, L) blocks selective, the first k - L full */
-            for (int l = 0; l < L; l++) {
-                pol[l] = l < step - L ? PXT_CKPT_FULL
-                         : l < step   ? PXT_CKPT_SELECTIVE
+        for (int step = 0; step <= 2 * n; step++) {
+            /* step k: the first min(k, n) units selective, the first k - n full, the
+             * conditioning path (unit L, stored last) counted first */
+            for (int i = 0; i < n; i++) {
+                int u = S > 0 ? (i == 0 ? L : i - 1) : i;
+                pol[u] = i < step - n ? PXT_CKPT_FULL
+                         : i < step   ? PXT_CKPT_SELECTIVE
                                       : PXT_CKPT_NONE;
             }
             pxt_plan_free(p);
-            rc = pxt_plan_make(p, c, be, B, Lt, La, Nc, dt, pol, train);
+            rc = pxt_plan_make(p, c, be, B, Lt, La, Nc, S, dt, pol, train);
             if (rc != PXT_OK || p->arena_bytes <= budget) {
                 break;
             }
@@ -87,8 +89,14 @@ size_t pxt_gpt_arena_budget(const pxt_gpt *m) {
 
 /* ---- before the step -------------------------------------------------------------- */
 
-int pxt_gpt_check_batch(const pxt_gpt *m, const pxt_gpt_batch *in) {
+int pxt_gpt_check_batch(const pxt_gpt *m, const pxt_gpt_batch *in, int train) {
     const pxt_gpt_config *c = &m->cfg;
+    char dname[32];
+    PXT_TRY(pxt_ctx_check_extra_ops(m->flat.be, pxt_device_str(m->flat.device, dname, sizeof dname),
+                                    train && c->dropout > 0.0f, in->S > 0));
+    if (in->S > 0 && (!in->mels || in->cond)) {
+        return pxt_error(PXT_ERR_VALUE, "_step: mels and cond are exclusive");
+    }
     for (int b = 0; b < in->B; b++) {
         if (in->text_len[b] < 0 || in->text_len[b] > in->Lt || in->audio_len[b] < 0 ||
             in->audio_len[b] > in->La) {
@@ -163,6 +171,159 @@ static pxt_block_acts block_acts(char *base, const pxt_plan *p, int l) {
     return pxt_plan_block_acts(base, &p->blocks[l], &p->work, p->policy[l], 0);
 }
 
+/* ---- dropout -------------------------------------------------------------------------- */
+
+enum { SITE_EMBED = 0, SITE_ATTN = 1, SITE_ATTN_OUT = 2, SITE_MLP_OUT = 3 }; /* + 3 l */
+
+/* The masks of one site of this step over the sequence's rows: p = 0 in
+ * evaluation; positions count from 0 in each segment (cond | text | audio). */
+static pxt_dropout site_dropout(const pxt_gpt *m, const pxt_plan *p, const pxt_gpt_batch *in,
+                                uint32_t site) {
+    float prob = p->train ? m->cfg.dropout : 0.0f;
+    return pxt_dropout_make(prob, pxt_dropout_key(in->dropout_seed, in->dropout_step, site), p->T,
+                            p->Nc, p->Nc + p->Lt, in->sample0);
+}
+
+/* The step's context for block l: its three dropout sites. */
+static pxt_ctx layer_ctx(const pxt_gpt *m, const pxt_plan *p, const pxt_gpt_batch *in,
+                         const pxt_ctx *x, int l) {
+    pxt_ctx xl = *x;
+    if (p->train && m->cfg.dropout > 0.0f) {
+        uint32_t site = 3 * (uint32_t)l;
+        xl.drop_attn = site_dropout(m, p, in, site + SITE_ATTN);
+        xl.drop_attn_out = site_dropout(m, p, in, site + SITE_ATTN_OUT);
+        xl.drop_mlp_out = site_dropout(m, p, in, site + SITE_MLP_OUT);
+    }
+    return xl;
+}
+
+/* ---- the conditioning path inside the step --------------------------------------------- */
+
+static pxt_cond_ctx cond_ctx(const pxt_gpt *m, const pxt_plan *p, char *base) {
+    pxt_cond_ctx x = p->cond.shape;
+    x.be = m->flat.be;
+    x.dev = m->flat.device.index;
+    x.attn_ws = base + p->cond.attn_ws;
+    x.gemm_ws = base + p->cond.gemm_ws;
+    x.reduce_ws = base + p->cond.reduce_ws;
+    return x;
+}
+
+static pxt_enc_acts enc_acts(char *base, const pxt_cond_plan *q, int k) {
+    pxt_enc_acts a;
+    for (int i = 0; i < PXT_ENC_ACTS; i++) {
+        int saved = k >= 0 && pxt_enc_saves(q->policy, i);
+        a.a[i] = base + (saved ? q->enc[k][i] : q->enc_work[i]);
+    }
+    return a;
+}
+
+static pxt_perc_acts perc_acts(char *base, const pxt_cond_plan *q, int l) {
+    pxt_perc_acts a;
+    for (int i = 0; i < PXT_PERC_ACTS; i++) {
+        int saved = l >= 0 && pxt_perc_saves(q->policy, i);
+        a.a[i] = base + (saved ? q->perc[l][i] : q->perc_work[i]);
+    }
+    return a;
+}
+
+/* Slot i of a stream of (rows, C) buffers: every slot in training, two that
+ * take turns in evaluation. */
+static char *slot(const pxt_plan *p, char *first, int i, size_t rows) {
+    size_t bytes = rows * (size_t)p->C * pxt_dtype_size(p->dt);
+    return first + (size_t)(p->train ? i : i % 2) * bytes;
+}
+
+/* x0's conditioning rows (B, Nl of T, C) from the mels: encoder, perceiver, RMS norm. */
+static int cond_forward(const pxt_gpt *m, const pxt_plan *p, char *base, char *x0) {
+    const pxt_cond_plan *q = &p->cond;
+    const pxt_backend *be = m->flat.be;
+    pxt_cond_ctx x = cond_ctx(m, p, base);
+    pxt_cond_params w;
+    pxt_cond_grads g;
+    pxt_cond_views(&m->flat, &w, &g);
+    int d = x.dev, C = p->C, Nl = x.Nl;
+    size_t NS = (size_t)p->B * x.S, Nn = (size_t)p->B * Nl, row = (size_t)C * pxt_dtype_size(p->dt);
+    char *hs = base + q->hs, *lats = base + q->lats;
+    PXT_TRY(pxt_cond_init_forward(&x, &w, base + q->mel, slot(p, hs, 0, NS)));
+    for (int k = 0; k < PXT_COND_BLOCKS; k++) {
+        pxt_enc_acts a = enc_acts(base, q, p->train ? k : -1);
+        PXT_TRY(pxt_enc_forward(&x, &w, k, &a, slot(p, hs, k, NS), slot(p, hs, k + 1, NS)));
+    }
+    const char *context = slot(p, hs, PXT_COND_BLOCKS, NS); /* (B*S, C) */
+    for (int b = 0; b < p->B; b++) { /* every sample starts from the same latents */
+        PXT_TRY(be->copy(d, lats + (size_t)b * Nl * row, w.w[PXT_CE_LATENTS], (size_t)Nl * row,
+                         PXT_COPY_D2D));
+    }
+    for (int l = 0; l < PXT_PERC_LAYERS; l++) {
+        pxt_perc_acts a = perc_acts(base, q, p->train ? l : -1);
+        PXT_TRY(pxt_perc_forward(&x, &w, l, &a, slot(p, lats, l, Nn), context,
+                                 slot(p, lats, l + 1, Nn)));
+    }
+    char *out = base + q->out; /* (B*Nl, C) */
+    PXT_TRY(be->rmsnorm_forward(d, out, (float *)(base + q->rnorm),
+                                slot(p, lats, PXT_PERC_LAYERS, Nn), w.w[PXT_CP_GAMMA], (int)Nn, C,
+                                sqrtf((float)C), PXT_RMSNORM_EPS, p->dt));
+    for (int b = 0; b < p->B; b++) {
+        PXT_TRY(be->copy(d, x0 + (size_t)b * p->T * row, out + (size_t)b * Nl * row,
+                         (size_t)Nl * row, PXT_COPY_D2D));
+    }
+    return PXT_OK;
+}
+
+/* The conditioning path's gradients from dx0's conditioning rows (in dres). */
+static int cond_backward(pxt_gpt *m, const pxt_plan *p, char *base, const char *dx0) {
+    const pxt_cond_plan *q = &p->cond;
+    const pxt_backend *be = m->flat.be;
+    pxt_cond_ctx x = cond_ctx(m, p, base);
+    pxt_cond_params w;
+    pxt_cond_grads g;
+    pxt_cond_views(&m->flat, &w, &g);
+    int d = x.dev, C = p->C, Nl = x.Nl;
+    size_t es = pxt_dtype_size(p->dt), NS = (size_t)p->B * x.S, Nn = (size_t)p->B * Nl;
+    size_t row = (size_t)C * es;
+    char *hs = base + q->hs, *lats = base + q->lats, *dcond = base + q->dcond;
+    for (int b = 0; b < p->B; b++) { /* dcond (B*Nl, C): the rows the perceiver wrote */
+        PXT_TRY(be->copy(d, dcond + (size_t)b * Nl * row, dx0 + (size_t)b * p->T * row,
+                         (size_t)Nl * row, PXT_COPY_D2D));
+    }
+    /* RMS norm, then the perceiver's layers top-down; d1 gathers the context's gradient */
+    char *dl = base + q->dl, *d1 = base + q->d1, *d2 = base + q->d2;
+    PXT_TRY(be->memset_zero(d, dl, Nn * row));
+    PXT_TRY(be->rmsnorm_backward(
+        d, dl, g.g[PXT_CP_GAMMA], dcond, slot(p, lats, PXT_PERC_LAYERS, Nn), w.w[PXT_CP_GAMMA],
+        (const float *)(base + q->rnorm), (int)Nn, C, sqrtf((float)C), PXT_RMSNORM_EPS, p->dt));
+    PXT_TRY(be->memset_zero(d, d1, NS * row));
+    const char *context = slot(p, hs, PXT_COND_BLOCKS, NS);
+    pxt_perc_acts pwork = perc_acts(base, q, -1);
+    pxt_perc_scratch ps = {base + q->dg, base + q->du, base + q->pdatt, base + q->dq,
+                           base + q->dkv};
+    for (int l = PXT_PERC_LAYERS - 1; l >= 0; l--) {
+        pxt_perc_acts saved = perc_acts(base, q, l);
+        PXT_TRY(pxt_perc_backward(&x, &w, &g, l, &saved, &pwork, q->policy, slot(p, lats, l, Nn),
+                                  context, dl, d1, &ps));
+    }
+    /* the latents, shared by every sample: dlatents (Nl, C) += sum over samples */
+    PXT_TRY(be->bias_backward(d, g.g[PXT_CE_LATENTS], dl, p->B, Nl * C, p->dt, x.reduce_ws));
+    /* the encoder's blocks top-down: dy is overwritten, dh gathers the input's gradient */
+    pxt_enc_acts ework = enc_acts(base, q, -1);
+    char *dy = d1, *dh = d2;
+    for (int k = PXT_COND_BLOCKS - 1; k >= 0; k--) {
+        pxt_enc_acts saved = enc_acts(base, q, k);
+        PXT_TRY(be->memset_zero(d, dh, NS * row));
+        PXT_TRY(pxt_enc_backward(&x, &w, &g, k, &saved, &ework, q->policy, slot(p, hs, k, NS), dy,
+                                 dh, base + q->datt, base + q->dqkv));
+        char *t = dy;
+        dy = dh;
+        dh = t;
+    }
+    PXT_TRY(pxt_cond_init_backward(&x, &w, &g, base + q->mel, dy));
+    m->flat.cond_grads = 1;
+    return PXT_OK;
+}
+
+/* ---- upload, embeddings, heads ------------------------------------------------------ */
+
 /* Copies the batch into the arena's input region. */
 static int upload(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt_gpt_batch *in) {
     const pxt_backend *be = m->flat.be;
@@ -176,10 +337,16 @@ static int upload(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt_gpt
     PXT_TRY(be->copy(d, base + p->text_pos, in->text_pos, bt, k));
     PXT_TRY(be->copy(d, base + p->audio_pos, in->audio_pos, ba, k));
     PXT_TRY(be->copy(d, base + p->key_mask, in->key_mask, (size_t)p->N, k));
+    if (p->cond.S) {
+        PXT_TRY(be->copy(d, base + p->cond.mel, in->mels,
+                         (size_t)p->B * PXT_MEL_CHANNELS * p->cond.S * pxt_dtype_size(p->dt), k));
+    }
     return be->memset_zero(d, base + p->losses, (size_t)p->B * (p->Lt + p->La) * sizeof(float));
 }
 
-/* x0 (N, C) = [cond | text emb + text pos | audio emb + audio pos] per sample. */
+/* x0 (N, C) = [cond | text emb + text pos | audio emb + audio pos] per sample;
+ * the conditioning rows are the fixed latents, or left as the conditioning path
+ * wrote them. */
 static int embed_forward(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt_gpt_batch *in,
                          char *x0) {
     const pxt_backend *be = m->flat.be;
@@ -188,7 +355,7 @@ static int embed_forward(const pxt_gpt *m, const pxt_plan *p, char *base, const 
     size_t row = (size_t)C * pxt_dtype_size(p->dt);
     for (int b = 0; b < p->B; b++) {
         char *xb = x0 + (size_t)b * T * row;
-        if (p->Nc) {
+        if (p->Nc && in->cond) {
             PXT_TRY(be->copy(d, xb, in->cond + (size_t)b * p->Nc * row, (size_t)p->Nc * row,
                              host_copy(m)));
         }
@@ -381,7 +548,8 @@ static int losses_sum(const pxt_gpt *m, const pxt_plan *p, char *base, pxt_gpt_l
 }
 
 /* forward: block l reads resid[l], writes resid[l + 1] (evaluation ping-pongs
- * two); then ln_f and final_norm. *top gets the stack's output. */
+ * two); then ln_f and final_norm. x0 = resid[0] holds the embeddings (and the
+ * conditioning rows) on entry. *top gets the stack's output. */
 static int gpt_forward(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt_ctx *x,
                        const pxt_gpt_batch *in, char **top) {
     const pxt_backend *be = m->flat.be;
@@ -390,6 +558,10 @@ static int gpt_forward(const pxt_gpt *m, const pxt_plan *p, char *base, const px
     size_t NC = (size_t)N * C * pxt_dtype_size(p->dt);
     char *resid = base + p->resid; /* (L + 1, N, C), or (2, N, C) in evaluation */
     PXT_TRY(embed_forward(m, p, base, in, resid));
+    pxt_dropout embd = site_dropout(m, p, in, SITE_EMBED);
+    if (embd.p > 0.0f) {
+        PXT_TRY(be->dropout_forward(d, resid, NULL, N, C, &embd, p->dt));
+    }
     for (int i = 0; i < L; i++) {
         pxt_block_params bp;
         pxt_block_grads bg;
@@ -397,9 +569,9 @@ static int gpt_forward(const pxt_gpt *m, const pxt_plan *p, char *base, const px
         pxt_block_acts a = block_acts(base, p, i);
         size_t in_slot = p->train ? (size_t)i : (size_t)(i % 2);
         size_t out_slot = p->train ? (size_t)i + 1 : (size_t)((i + 1) % 2);
-        pxt_ctx xi = *x; /* GELU as this block's backward would recompute it */
-        xi.gelu_apart = p->train && p->policy[i] == PXT_CKPT_SELECTIVE;
-        PXT_TRY(pxt_block_forward(&xi, &bp, &a, resid + in_slot * NC, resid + out_slot * NC));
+        pxt_ctx xl = layer_ctx(m, p, in, x, i);
+        xl.gelu_apart = p->train && p->policy[i] == PXT_CKPT_SELECTIVE; /* as backward recomputes */
+        PXT_TRY(pxt_block_forward(&xl, &bp, &a, resid + in_slot * NC, resid + out_slot * NC));
     }
     *top = resid + (p->train ? (size_t)L : (size_t)(L % 2)) * NC;
     PXT_TRY(be->layernorm_forward(d, base + p->hf, (float *)(base + p->hf_mean),
@@ -413,9 +585,10 @@ static int gpt_forward(const pxt_gpt *m, const pxt_plan *p, char *base, const px
 }
 
 /* backward from dh2 (in dB, from the heads): final_norm, ln_f, then the blocks
- * top-down with dres carrying dx, then the embeddings. */
+ * top-down with dres carrying dx, then the embeddings' dropout and tables; dres
+ * holds dx0 at the end. */
 static int gpt_backward(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt_ctx *x,
-                        const char *top) {
+                        const pxt_gpt_batch *in, const char *top) {
     const pxt_backend *be = m->flat.be;
     const pxt_param_layout *l = &m->flat.layout;
     int d = m->flat.device.index, L = p->L, N = p->N, C = p->C;
@@ -438,10 +611,14 @@ static int gpt_backward(const pxt_gpt *m, const pxt_plan *p, char *base, const p
         pxt_block_grads bg;
         block_views(m, i, &bp, &bg);
         pxt_block_acts saved = block_acts(base, p, i);
-        pxt_ctx xi = *x; /* "full" recomputes the forward, fused as it ran */
-        xi.gelu_apart = p->policy[i] == PXT_CKPT_SELECTIVE;
-        PXT_TRY(pxt_block_backward(&xi, &bp, &bg, &saved, &work, p->policy[i],
+        pxt_ctx xl = layer_ctx(m, p, in, x, i);
+        xl.gelu_apart = p->policy[i] == PXT_CKPT_SELECTIVE; /* "full": fused as it ran */
+        PXT_TRY(pxt_block_backward(&xl, &bp, &bg, &saved, &work, p->policy[i],
                                    resid + (size_t)i * NC, dres, dA, dB));
+    }
+    pxt_dropout embd = site_dropout(m, p, in, SITE_EMBED);
+    if (embd.p > 0.0f) {
+        PXT_TRY(be->dropout_backward(d, dres, dres, N, C, &embd, p->dt));
     }
     return embed_backward(m, p, base, dres);
 }
@@ -489,10 +666,16 @@ int pxt_gpt_step(pxt_gpt *m, const pxt_gpt_batch *in, pxt_gpt_losses *out) {
     };
     char *top = NULL;
     PXT_TRY(upload(m, p, base, in));
+    if (p->cond.S) { /* the latents the GPT sees first, into x0's conditioning rows */
+        PXT_TRY(cond_forward(m, p, base, base + p->resid));
+    }
     PXT_TRY(gpt_forward(m, p, base, &x, in, &top));
     PXT_TRY(heads(m, p, base, &x, in));
     if (p->train) {
-        PXT_TRY(gpt_backward(m, p, base, &x, top));
+        PXT_TRY(gpt_backward(m, p, base, &x, in, top));
+        if (p->cond.S) {
+            PXT_TRY(cond_backward(m, p, base, base + p->dres));
+        }
     }
     return losses_sum(m, p, base, out); /* last: nothing before it waits for the device */
 }

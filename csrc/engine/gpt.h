@@ -1,11 +1,19 @@
 /* gpt.h: the XTTS GPT: its flat state, its step arena and the step itself.
  *
  * llm.c's gpt2_forward / gpt2_backward over the backend table: a step uploads
- * the batch into the arena, embeds it, runs the blocks, the final norms, the
- * fused heads + cross-entropy (logits chunk by chunk, never all of them) and,
- * when training, the backward down to the embeddings, adding into the flat
- * gradients. The arena is planned (plan.h) and reserved before the step runs,
- * so the step itself allocates nothing and cannot run out of memory. */
+ * the batch into the arena, runs the conditioning path (cond.h) when the batch
+ * carries mels, embeds, runs the blocks, the final norms, the fused heads +
+ * cross-entropy (logits chunk by chunk, never all of them) and, when training,
+ * the backward down to the embeddings and through the conditioning path,
+ * adding into the flat gradients. The arena is planned (plan.h) and reserved
+ * before the step runs, so the step itself allocates nothing and cannot run
+ * out of memory.
+ *
+ * Dropout (training, cfg.dropout > 0) where GPT-2 applies it: the summed input
+ * embeddings (the conditioning latents' rows included, as GPT2Model's drop
+ * sees them), the attention probabilities, both residual branches. Site 0 is
+ * the embeddings, block l's are 1 + 3l (probabilities), 2 + 3l (attention
+ * branch), 3 + 3l (MLP branch); keys come from (dropout_seed, dropout_step, site). */
 #ifndef PXT_GPT_H
 #define PXT_GPT_H
 
@@ -25,16 +33,20 @@ typedef struct {
 } pxt_gpt;
 
 /* A batch on the host, validated by the caller's shapes: B samples of Lt text
- * and La audio positions after Nc conditioning latents. */
+ * and La audio positions after Nc conditioning latents, which come from cond
+ * (fixed latents), from mels through the conditioning path (S > 0), or neither. */
 typedef struct {
-    int B, Lt, La, Nc;
+    int B, Lt, La, Nc, S;
     const int32_t *text_ids, *text_tgt, *text_pos;    /* (B, Lt) */
     const int32_t *audio_ids, *audio_tgt, *audio_pos; /* (B, La) */
     const uint8_t *key_mask;                          /* (B, T): 0 = padding */
     const char *cond;                                 /* (B, Nc, C) model dtype, or NULL */
+    const char *mels;                                 /* (B, 80, S) model dtype, or NULL */
     const int32_t *text_len, *audio_len;              /* (B) */
     double n_text, n_audio;                           /* normalisers of the mean losses */
     double loss_scale;                                /* multiplies the loss gradient (1: none) */
+    uint64_t dropout_seed, dropout_step;              /* key the dropout masks */
+    uint32_t sample0;                                 /* number of the first sample (masks) */
 } pxt_gpt_batch;
 
 typedef struct {
@@ -47,12 +59,13 @@ int pxt_gpt_init(pxt_gpt *m, const pxt_gpt_config *c, pxt_device dev, pxt_dtype 
                  uint64_t seed);
 void pxt_gpt_free(pxt_gpt *m);
 
-/* Plans a step with a fixed policy, or for auto the fewest recomputed blocks
- * that fit budget: blocks turn selective one by one, then full one by one
- * (when nothing fits the all-full plan stands, and the step reports the
- * shortfall). */
+/* Plans a step (S mel frames, 0 without the conditioning path) with a fixed
+ * policy, or for auto the fewest recomputed units that fit budget: the
+ * conditioning path (with mels) and then the blocks turn selective one by one,
+ * then full one by one (when nothing fits the all-full plan stands, and the
+ * step reports the shortfall). */
 int pxt_gpt_plan(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, pxt_dtype dt, int B,
-                 int Lt, int La, int Nc, int ckpt, int train, size_t budget);
+                 int Lt, int La, int Nc, int S, int ckpt, int train, size_t budget);
 /* Bytes outside the arena a step needs: parameters, gradients when training,
  * and optimizer state. */
 size_t pxt_gpt_fixed_bytes(size_t numel, pxt_dtype dt, int train, size_t optimizer_bytes);
@@ -64,8 +77,9 @@ size_t pxt_gpt_total_bytes(size_t numel, pxt_dtype dt, const pxt_plan *p, size_t
 size_t pxt_gpt_arena_budget(const pxt_gpt *m);
 
 /* The last line of defence before the kernels: lengths, ids, targets and
- * positions in range (PXT_ERR_VALUE naming what is not). */
-int pxt_gpt_check_batch(const pxt_gpt *m, const pxt_gpt_batch *in);
+ * positions in range (PXT_ERR_VALUE naming what is not), and the backend has
+ * the ops the step needs (PXT_ERR_NOT_IMPLEMENTED). */
+int pxt_gpt_check_batch(const pxt_gpt *m, const pxt_gpt_batch *in, int train);
 /* Makes the arena match p (takes p over on success; freed on failure). On
  * failure the previous arena is gone (it is a cache) and nothing else changed. */
 int pxt_gpt_reserve(pxt_gpt *m, pxt_plan *p);

@@ -14,21 +14,41 @@ static const char *block_suffix[PXT_BLOCK_TENSORS] = {
     "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias",
 };
 
-static int add(pxt_param_layout *l, int cap, const char *name, int ndim, int64_t d0, int64_t d1,
-               int decay) {
+/* Appends a tensor of shape (d0), (d0, d1) or (d0, d1, d2); returns its index. */
+static int add_nd(pxt_param_layout *l, int cap, const char *name, int ndim, const int64_t *shape,
+                  int decay, int init) {
     if (l->count >= cap) {
         return -1;
     }
     pxt_param_info *p = &l->params[l->count];
     snprintf(p->name, sizeof p->name, "%s", name);
     p->ndim = ndim;
-    p->shape[0] = d0;
-    p->shape[1] = ndim == 2 ? d1 : 1;
-    p->numel = (size_t)d0 * (size_t)(ndim == 2 ? d1 : 1);
+    p->numel = 1;
+    for (int i = 0; i < PXT_PARAM_DIMS; i++) {
+        p->shape[i] = i < ndim ? shape[i] : 1;
+        p->numel *= (size_t)p->shape[i];
+    }
     p->offset = l->numel;
     p->decay = decay;
+    p->init = init;
+    p->fan_in = ndim > 1 ? (int)(p->numel / (size_t)shape[0]) : 0;
     l->numel += (p->numel + ALIGN_ELEMS - 1) / ALIGN_ELEMS * ALIGN_ELEMS;
     return l->count++;
+}
+
+/* A GPT-2 tensor of 1 or 2 dims: matrices N(0, 0.02) (resid: the residual
+ * projections' std), 1-d weights ones, biases zeros. */
+static int add(pxt_param_layout *l, int cap, const char *name, int ndim, int64_t d0, int64_t d1,
+               int decay) {
+    const int64_t shape[2] = {d0, d1};
+    size_t len = strlen(name);
+    int init = ndim == 2                                       ? PXT_INIT_NORMAL
+               : len > 7 && !strcmp(name + len - 7, ".weight") ? PXT_INIT_ONES
+                                                               : PXT_INIT_ZEROS;
+    if (ndim == 2 && (strstr(name, "attn.c_proj.weight") || strstr(name, "mlp.c_proj.weight"))) {
+        init = PXT_INIT_RESID;
+    }
+    return add_nd(l, cap, name, ndim, shape, decay, init);
 }
 
 /* The 12 tensors of a block, named prefix + suffix; returns the first index. */
@@ -54,9 +74,71 @@ static int add_block(pxt_param_layout *l, int cap, const char *prefix, int64_t C
     return first;
 }
 
+/* The conditioning path's 54 tensors (see layout.h), torch's initialisation:
+ * Linear and Conv1d weights and biases U(+-1/sqrt(fan_in)), the blocks' proj_out
+ * zeros, GroupNorm and RMS norm gains ones, the latents N(0, 0.02). */
+static int add_conditioning(pxt_param_layout *l, int cap, const pxt_gpt_config *c) {
+    char name[PXT_NAME_LEN];
+    const int64_t C = c->d_model, I = pxt_cond_ff_inner(c->d_model);
+    const int64_t inner = PXT_PERC_HEADS * PXT_PERC_HEAD_DIM;
+    const int64_t init_w[3] = {C, PXT_MEL_CHANNELS, 1}, vec_c[1] = {C};
+    const int Wd = 1, No = 0; /* decay: conv and linear weights (2+ dims) only */
+    l->cond0 = add_nd(l, cap, "conditioning_encoder.init.weight", 3, init_w, Wd, PXT_INIT_FANIN);
+    int last = add_nd(l, cap, "conditioning_encoder.init.bias", 1, vec_c, No, PXT_INIT_FANIN);
+    if (last >= 0) {
+        l->params[last].fan_in = PXT_MEL_CHANNELS; /* a bias draws with its weight's fan-in */
+    }
+    for (int k = 0; k < PXT_COND_BLOCKS; k++) {
+        const struct {
+            const char *suffix;
+            int ndim;
+            int64_t shape[3];
+            int decay, init;
+        } t[PXT_CB_TENSORS] = {
+            {"norm.weight", 1, {C}, No, PXT_INIT_ONES},
+            {"norm.bias", 1, {C}, No, PXT_INIT_ZEROS},
+            {"qkv.weight", 3, {3 * C, C, 1}, Wd, PXT_INIT_FANIN},
+            {"qkv.bias", 1, {3 * C}, No, PXT_INIT_FANIN},
+            {"proj_out.weight", 3, {C, C, 1}, Wd, PXT_INIT_ZEROS},
+            {"proj_out.bias", 1, {C}, No, PXT_INIT_ZEROS},
+        };
+        for (int j = 0; j < PXT_CB_TENSORS; j++) {
+            snprintf(name, sizeof name, "conditioning_encoder.attn.%d.%s", k, t[j].suffix);
+            last = add_nd(l, cap, name, t[j].ndim, t[j].shape, t[j].decay, t[j].init);
+            if (last >= 0 && j == PXT_CB_QKV_B) {
+                l->params[last].fan_in = (int)C;
+            }
+        }
+    }
+    const int64_t lat[2] = {c->n_cond, C};
+    add_nd(l, cap, "conditioning_perceiver.latents", 2, lat, Wd, PXT_INIT_NORMAL);
+    for (int k = 0; k < PXT_PERC_LAYERS; k++) {
+        const struct {
+            const char *suffix;
+            int ndim;
+            int64_t shape[2];
+            int decay, fan_in;
+        } t[PXT_PL_TENSORS] = {
+            {"0.to_q.weight", 2, {inner, C}, Wd, 0},   {"0.to_kv.weight", 2, {2 * inner, C}, Wd, 0},
+            {"0.to_out.weight", 2, {C, inner}, Wd, 0}, {"1.0.weight", 2, {2 * I, C}, Wd, 0},
+            {"1.0.bias", 1, {2 * I}, No, (int)C},      {"1.2.weight", 2, {C, I}, Wd, 0},
+            {"1.2.bias", 1, {C}, No, (int)I},
+        };
+        for (int j = 0; j < PXT_PL_TENSORS; j++) {
+            snprintf(name, sizeof name, "conditioning_perceiver.layers.%d.%s", k, t[j].suffix);
+            last = add_nd(l, cap, name, t[j].ndim, t[j].shape, t[j].decay, PXT_INIT_FANIN);
+            if (last >= 0 && t[j].fan_in) {
+                l->params[last].fan_in = t[j].fan_in;
+            }
+        }
+    }
+    last = add_nd(l, cap, "conditioning_perceiver.norm.gamma", 1, vec_c, No, PXT_INIT_ONES);
+    return last < 0 ? -1 : 0;
+}
+
 int pxt_param_layout_init(pxt_param_layout *l, const pxt_gpt_config *c) {
     memset(l, 0, sizeof *l);
-    int cap = 16 + PXT_BLOCK_TENSORS * c->n_layers;
+    int cap = 16 + PXT_BLOCK_TENSORS * c->n_layers + (c->conditioning ? PXT_COND_TENSORS : 0);
     l->params = calloc((size_t)cap, sizeof *l->params);
     if (!l->params) {
         return pxt_error(PXT_ERR_OOM, "out of host memory for the parameter table");
@@ -82,6 +164,11 @@ int pxt_param_layout_init(pxt_param_layout *l, const pxt_gpt_config *c) {
     l->text_head_b = add(l, cap, "text_head.bias", 1, c->text_vocab, 0, 0);
     l->mel_head_w = add(l, cap, "mel_head.weight", 2, c->audio_vocab, C, 1);
     l->mel_head_b = add(l, cap, "mel_head.bias", 1, c->audio_vocab, 0, 0);
+    l->cond0 = l->count;
+    if (c->conditioning && add_conditioning(l, cap, c) < 0) {
+        pxt_param_layout_free(l);
+        return pxt_error(PXT_ERR_VALUE, "the parameter table overflowed (a bug)");
+    }
     return PXT_OK;
 }
 
@@ -110,6 +197,7 @@ int pxt_block_layout_init(pxt_param_layout *l, int d_model, int cross) {
     l->text_emb = l->mel_emb = l->text_pos = l->mel_pos = -1;
     l->ln_f_w = l->ln_f_b = l->fnorm_w = l->fnorm_b = -1;
     l->text_head_w = l->text_head_b = l->mel_head_w = l->mel_head_b = -1;
+    l->cond0 = l->count;
     return PXT_OK;
 }
 
@@ -203,7 +291,48 @@ int pxt_gpt_config_check(const pxt_gpt_config *c) {
                          "large",
                          c->d_model, c->max_seq);
     }
+    if (!(c->dropout >= 0.0f && c->dropout < 1.0f)) {
+        return pxt_error(PXT_ERR_VALUE, "ModelConfig.dropout: must be in [0, 1), got %g",
+                         (double)c->dropout);
+    }
+    if (c->conditioning) {
+        if (c->n_cond < 1) {
+            return pxt_error(PXT_ERR_VALUE,
+                             "ModelConfig.n_cond_latents: must be >= 1 with conditioning (the "
+                             "perceiver's latents), got %d",
+                             c->n_cond);
+        }
+        if (pxt_cond_groups(c->d_model) <= 2) {
+            return pxt_error(PXT_ERR_VALUE,
+                             "ModelConfig.d_model: the conditioning encoder's GroupNorm needs more "
+                             "than 2 groups of channels (as Coqui's normalization()); %d channels "
+                             "give %d; use conditioning=False or another d_model",
+                             c->d_model, pxt_cond_groups(c->d_model));
+        }
+        if (c->max_cond_frames < 1) {
+            return pxt_error(PXT_ERR_VALUE, "ModelConfig.max_cond_frames: must be >= 1, got %d",
+                             c->max_cond_frames);
+        }
+        /* rows of the encoder (frames) and of the perceiver's keys (latents + frames) */
+        if ((int64_t)c->d_model * 4 * ((int64_t)c->max_cond_frames + c->n_cond) > INT32_MAX / 4 ||
+            (int64_t)pxt_cond_ff_inner(c->d_model) * 2 * c->n_cond > INT32_MAX / 4) {
+            return pxt_error(PXT_ERR_VALUE,
+                             "ModelConfig: d_model x (max_cond_frames + n_cond_latents) (%d x %d) "
+                             "is too large",
+                             c->d_model, c->max_cond_frames + c->n_cond);
+        }
+    }
     return PXT_OK;
 }
+
+int pxt_cond_groups(int C) {
+    int g = C <= 16 ? 8 : C <= 64 ? 16 : 32;
+    while (g > 1 && C % g) {
+        g /= 2;
+    }
+    return g;
+}
+
+int pxt_cond_ff_inner(int C) { return (int)((int64_t)C * 8 / 3); }
 
 #undef ALIGN_ELEMS

@@ -147,7 +147,7 @@ static size_t gpt_reduce_ws(const pxt_plan *p, const pxt_ctx *x, const pxt_backe
     return m;
 }
 
-static int check_shape(const pxt_gpt_config *c, int B, int Lt, int La, int Nc) {
+static int check_shape(const pxt_gpt_config *c, int B, int Lt, int La, int Nc, int S) {
     if (B < 1) {
         return pxt_error(PXT_ERR_VALUE, "batch_size: must be >= 1, got %d", B);
     }
@@ -169,6 +169,34 @@ static int check_shape(const pxt_gpt_config *c, int B, int Lt, int La, int Nc) {
                          "limit of 2**31 - 1 per step",
                          B, (long long)Nc + Lt + La, (long long)B * ((long long)Nc + Lt + La));
     }
+    if (S < 0) {
+        return pxt_error(PXT_ERR_VALUE, "cond_frames: must be >= 0, got %d", S);
+    }
+    if (S > 0 && !c->conditioning) {
+        return pxt_error(PXT_ERR_VALUE,
+                         "cond_frames: %d mel frames, but this model has no conditioning path "
+                         "(ModelConfig.conditioning is False); pass cond_latents instead",
+                         S);
+    }
+    if (S > c->max_cond_frames) {
+        return pxt_error(PXT_ERR_VALUE,
+                         "cond_frames: %d mel frames exceed ModelConfig.max_cond_frames=%d; "
+                         "pyxtts never truncates: shorten the reference or raise the maximum",
+                         S, c->max_cond_frames);
+    }
+    /* the encoder's rows (B x S) and the perceiver's keys (B x (Nl + S)) are GEMM dimensions */
+    if (S > 0 && (int64_t)B * ((int64_t)S + c->n_cond) > INT32_MAX) {
+        return pxt_error(PXT_ERR_VALUE,
+                         "batch_size: %d samples of %d mel frames make more rows than the limit of "
+                         "2**31 - 1 per step",
+                         B, S);
+    }
+    if (S > 0 && Nc != c->n_cond) {
+        return pxt_error(PXT_ERR_VALUE,
+                         "cond_len: the conditioning path gives n_cond_latents=%d latents, got "
+                         "cond_len=%d",
+                         c->n_cond, Nc);
+    }
     if ((int64_t)Nc + Lt + La > c->max_seq) {
         return pxt_error(PXT_ERR_VALUE,
                          "sequence length %lld (%d conditioning + %d text + %d audio) exceeds "
@@ -179,10 +207,118 @@ static int check_shape(const pxt_gpt_config *c, int B, int Lt, int La, int Nc) {
     return PXT_OK;
 }
 
+/* ---- the conditioning path inside the GPT step ---------------------------------------- */
+
+static size_t enc_bytes(const pxt_cond_plan *q, int act) {
+    return pxt_enc_act_bytes(&q->shape, act);
+}
+static size_t perc_bytes(const pxt_cond_plan *q, int act) {
+    return pxt_perc_act_bytes(&q->shape, act);
+}
+
+/* Its input: the mel (B, 80, S) in the model's dtype. */
+static void cond_inputs(pxt_cond_plan *q, size_t *cur) {
+    const pxt_cond_ctx *x = &q->shape;
+    size_t start = *cur;
+    q->mel = pxt_plan_take(cur, (size_t)x->B * PXT_MEL_CHANNELS * x->S * pxt_dtype_size(x->dt));
+    q->inputs_bytes = *cur - start;
+}
+
+/* What training keeps from its forward to its backward (nothing in evaluation). */
+static void cond_saved(pxt_cond_plan *q, size_t *cur) {
+    const pxt_cond_ctx *x = &q->shape;
+    size_t es = pxt_dtype_size(x->dt), start = *cur;
+    size_t NS = (size_t)x->B * x->S, Nn = (size_t)x->B * x->Nl, C = (size_t)x->C;
+    q->hs = pxt_plan_take(cur, (PXT_COND_BLOCKS + 1) * NS * C * es);
+    q->lats = pxt_plan_take(cur, (PXT_PERC_LAYERS + 1) * Nn * C * es);
+    q->rnorm = pxt_plan_take(cur, Nn * sizeof(float));
+    for (int k = 0; k < PXT_COND_BLOCKS; k++) {
+        for (int a = 0; a < PXT_ENC_ACTS; a++) {
+            if (pxt_enc_saves(q->policy, a)) {
+                q->enc[k][a] = pxt_plan_take(cur, enc_bytes(q, a));
+            }
+        }
+    }
+    for (int l = 0; l < PXT_PERC_LAYERS; l++) {
+        for (int a = 0; a < PXT_PERC_ACTS; a++) {
+            if (pxt_perc_saves(q->policy, a)) {
+                q->perc[l][a] = pxt_plan_take(cur, perc_bytes(q, a));
+            }
+        }
+    }
+    q->dcond = pxt_plan_take(cur, Nn * C * es);
+    q->saved_bytes = *cur - start;
+}
+
+/* Its scratch from `scratch` (see plan.h); returns where it ends. */
+static size_t cond_scratch(pxt_cond_plan *q, const pxt_backend *be, size_t scratch, int train) {
+    const pxt_cond_ctx *x = &q->shape;
+    size_t es = pxt_dtype_size(x->dt), cur = scratch;
+    size_t NS = (size_t)x->B * x->S, Nn = (size_t)x->B * x->Nl, C = (size_t)x->C;
+    size_t F = (size_t)x->ff, inner = PXT_PERC_HEADS * PXT_PERC_HEAD_DIM;
+    for (int a = 0; a < PXT_ENC_ACTS; a++) {
+        if (!pxt_enc_saves(q->policy, a)) {
+            q->enc_work[a] = pxt_plan_take(&cur, enc_bytes(q, a));
+        }
+    }
+    for (int a = 0; a < PXT_PERC_ACTS; a++) {
+        if (!pxt_perc_saves(q->policy, a)) {
+            q->perc_work[a] = pxt_plan_take(&cur, perc_bytes(q, a));
+        }
+    }
+    pxt_attn_args ea = pxt_enc_attn_args(x), pa = pxt_perc_attn_args(x);
+    size_t ws = 0;
+    if (be->attention_workspace) {
+        for (int bwd = 0; bwd <= train; bwd++) {
+            ws = max_sz(
+                ws, max_sz(be->attention_workspace(&ea, bwd), be->attention_workspace(&pa, bwd)));
+        }
+    }
+    q->attn_ws_bytes = pxt_plan_align(ws);
+    q->attn_ws = pxt_plan_take(&cur, q->attn_ws_bytes);
+    int shapes[PXT_COND_GEMMS_MAX][3];
+    int n = pxt_cond_gemm_shapes(x, shapes);
+    q->gemm_ws_bytes = pxt_plan_align(pxt_plan_gemm_ws(be, (const int (*)[3])shapes, n, x->dt));
+    q->gemm_ws = pxt_plan_take(&cur, q->gemm_ws_bytes);
+    int sums[PXT_COND_COLSUMS_MAX][2];
+    n = pxt_cond_colsum_shapes(x, sums);
+    q->reduce_ws_bytes =
+        train ? pxt_plan_align(pxt_plan_colsum_ws(be, (const int (*)[2])sums, n)) : 0;
+    q->reduce_ws = pxt_plan_take(&cur, q->reduce_ws_bytes); /* backward only */
+    size_t phases = cur;
+    /* phase 1, the forward: the RMS norm's output; evaluation's streams */
+    q->out = pxt_plan_take(&cur, Nn * C * es);
+    if (!train) {
+        q->hs = pxt_plan_take(&cur, 2 * NS * C * es);
+        q->lats = pxt_plan_take(&cur, 2 * Nn * C * es);
+        q->rnorm = pxt_plan_take(&cur, Nn * sizeof(float));
+    }
+    size_t end = cur;
+    if (train) { /* phase 2, the backward */
+        cur = phases;
+        q->d1 = pxt_plan_take(&cur, NS * C * es);
+        size_t d2 = cur;
+        q->d2 = pxt_plan_take(&cur, NS * C * es);
+        q->datt = pxt_plan_take(&cur, NS * C * es);
+        q->dqkv = pxt_plan_take(&cur, NS * 3 * C * es);
+        end = max_sz(end, cur);
+        cur = d2; /* the perceiver's, while d1 gathers the context's gradient */
+        q->dl = pxt_plan_take(&cur, Nn * C * es);
+        q->dg = pxt_plan_take(&cur, Nn * F * es);
+        q->du = pxt_plan_take(&cur, Nn * 2 * F * es);
+        q->pdatt = pxt_plan_take(&cur, Nn * inner * es);
+        q->dq = pxt_plan_take(&cur, Nn * inner * es);
+        q->dkv = pxt_plan_take(&cur, (size_t)x->B * ((size_t)x->Nl + x->S) * 2 * inner * es);
+        end = max_sz(end, cur);
+    }
+    q->scratch_bytes = end - scratch;
+    return end;
+}
+
 int pxt_plan_make(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, int B, int Lt,
-                  int La, int Nc, pxt_dtype dt, const pxt_ckpt *policy, int train) {
+                  int La, int Nc, int S, pxt_dtype dt, const pxt_ckpt *policy, int train) {
     memset(p, 0, sizeof *p);
-    PXT_TRY(check_shape(c, B, Lt, La, Nc));
+    PXT_TRY(check_shape(c, B, Lt, La, Nc, S));
     p->B = B, p->Lt = Lt, p->La = La, p->Nc = Nc, p->T = Nc + Lt + La, p->N = B * p->T;
     p->C = c->d_model, p->H = c->n_heads, p->L = c->n_layers;
     p->text_vocab = c->text_vocab, p->audio_vocab = c->audio_vocab;
@@ -202,7 +338,13 @@ int pxt_plan_make(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, i
         p->policy[l] = train ? policy[l] : PXT_CKPT_FULL; /* evaluation saves nothing */
     }
     /* a GPT block: causal self-attention, no context */
-    const pxt_ctx shape = {.B = B, .T = p->T, .C = p->C, .H = p->H, .dt = dt};
+    /* with dropout the attention's workspace holds mask tiles: its probability counts */
+    const pxt_ctx shape = {.B = B,
+                           .T = p->T,
+                           .C = p->C,
+                           .H = p->H,
+                           .dt = dt,
+                           .drop_attn = {.p = train ? c->dropout : 0.0f}};
     size_t N = (size_t)p->N, C = (size_t)p->C, es = pxt_dtype_size(dt);
     size_t cur = 0;
 
@@ -215,6 +357,20 @@ int pxt_plan_make(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, i
     p->audio_pos = pxt_plan_take(&cur, (size_t)B * La * 4);
     p->key_mask = pxt_plan_take(&cur, N);
     p->losses = pxt_plan_take(&cur, (size_t)B * (Lt + La) * sizeof(float));
+    pxt_cond_plan *q = &p->cond;
+    if (S > 0) {
+        q->S = S;
+        q->policy = train ? policy[L] : PXT_CKPT_FULL;
+        q->shape = (pxt_cond_ctx){.dt = dt,
+                                  .B = B,
+                                  .S = S,
+                                  .C = c->d_model,
+                                  .H = c->n_heads,
+                                  .G = pxt_cond_groups(c->d_model),
+                                  .Nl = c->n_cond,
+                                  .ff = pxt_cond_ff_inner(c->d_model)};
+        cond_inputs(q, &cur);
+    }
     p->inputs_bytes = cur;
 
     /* saved: residual stream (every block input, then the stack's output) */
@@ -236,6 +392,9 @@ int pxt_plan_make(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, i
     p->h2_mean = pxt_plan_take(&cur, N * 4);
     p->h2_rstd = pxt_plan_take(&cur, N * 4);
     p->final_bytes = cur - final_start;
+    if (S > 0 && train) {
+        cond_saved(q, &cur);
+    }
     p->saved_bytes = cur - p->resid;
 
     /* scratch */
@@ -278,6 +437,9 @@ int pxt_plan_make(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, i
     p->gemm_ws = pxt_plan_take(&cur, p->gemm_ws_bytes);
     p->reduce_ws_bytes = train ? gpt_reduce_ws(p, &shape, be, c) : 0; /* backward only */
     p->reduce_ws = pxt_plan_take(&cur, p->reduce_ws_bytes);
+    if (S > 0) { /* the conditioning path's phases share the region */
+        cur = max_sz(cur, cond_scratch(q, be, p->scratch, train));
+    }
     p->scratch_bytes = cur - p->scratch;
     p->arena_bytes = cur;
     return PXT_OK;
@@ -295,7 +457,8 @@ void pxt_plan_free(pxt_plan *p) {
 int pxt_plan_same(const pxt_plan *a, const pxt_plan *b) {
     if (a->B != b->B || a->Lt != b->Lt || a->La != b->La || a->Nc != b->Nc ||
         a->train != b->train || a->L != b->L || !a->policy || !b->policy ||
-        a->arena_bytes != b->arena_bytes) {
+        a->arena_bytes != b->arena_bytes || a->cond.S != b->cond.S ||
+        a->cond.policy != b->cond.policy) {
         return 0;
     }
     for (int l = 0; l < a->L; l++) {

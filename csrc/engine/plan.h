@@ -9,13 +9,14 @@
  *
  * A model part lays out its regions with the helpers below: a cursor that
  * hands out 256-byte aligned offsets, the saved and work areas of its blocks,
- * and the GEMM and attention workspaces they need. Two recipes use them today,
- * the GPT step (pxt_plan_make) and a standalone block (pxt_block_plan_make); a
- * further part (the conditioning encoder) adds its recipe beside them. */
+ * and the GEMM and attention workspaces they need. Two recipes use them: the
+ * GPT step (pxt_plan_make), the conditioning path inside it included, and a
+ * standalone block (pxt_block_plan_make). */
 #ifndef PXT_PLAN_H
 #define PXT_PLAN_H
 
 #include "block.h"
+#include "cond.h"
 
 /* ---- helpers every recipe shares ------------------------------------------- */
 
@@ -52,6 +53,36 @@ size_t pxt_plan_gemm_ws(const pxt_backend *be, const int (*shapes)[3], int n, px
 size_t pxt_plan_colsum_ws(const pxt_backend *be, const int (*shapes)[2], int n);
 
 /* ---- the GPT step ------------------------------------------------------------- */
+
+/* The conditioning path of a step whose batch carries cond_mels (S > 0). Offsets
+ * from the arena's start. In training its inputs, saved activations and dcond
+ * sit before the GPT's scratch; its scratch starts at the GPT's (the path runs
+ * before the GPT's forward and after its backward):
+ *   scratch = work (the acts the policy recomputes) | attention ws | gemm ws |
+ *             column sums' ws (training) |
+ *             forward: out | eval: hs, lats, rnorm   (phase 1)
+ *             backward: d1 | d2 | datt | dqkv, with the perceiver's
+ *             dl | dg | du | pdatt | dq | dkv over d2 onwards          (phase 2)
+ * The encoder's stream hs holds h0 and every block's output (the perceiver's
+ * context last), lats the latents per sample and each layer's output. */
+typedef struct {
+    int S;           /* mel frames; 0: the step has no conditioning path */
+    pxt_ckpt policy; /* of every encoder block and perceiver layer */
+    pxt_cond_ctx shape;
+    size_t mel, inputs_bytes; /* (B, 80, S) dt */
+    size_t hs, lats, rnorm;   /* (7, B*S, C), (3, B*Nl, C), (B*Nl) fp32; eval: 2, 2, 1 */
+    size_t enc[PXT_COND_BLOCKS][PXT_ENC_ACTS];   /* saved, by the policy */
+    size_t perc[PXT_PERC_LAYERS][PXT_PERC_ACTS]; /* saved, by the policy */
+    size_t dcond;                                /* (B*Nl, C): the latents' gradient from the GPT */
+    size_t saved_bytes;                          /* hs, lats, rnorm, saved acts, dcond (training) */
+    size_t enc_work[PXT_ENC_ACTS], perc_work[PXT_PERC_ACTS];
+    size_t attn_ws, attn_ws_bytes, gemm_ws, gemm_ws_bytes, reduce_ws, reduce_ws_bytes;
+    size_t out;                        /* (B*Nl, C) the RMS norm's output */
+    size_t d1, d2, datt, dqkv;         /* (B*S, C) x 3, (B*S, 3C) */
+    size_t dl, dg, du, pdatt, dq, dkv; /* (B*Nl, C), (B*Nl, F), (B*Nl, 2F), 2 x (B*Nl, 512),
+                                          (B, Nl + S, 1024) */
+    size_t scratch_bytes;              /* from the GPT's scratch start */
+} pxt_cond_plan;
 
 typedef struct {
     /* shape */
@@ -94,12 +125,14 @@ typedef struct {
     size_t grad_bytes;                 /* dres + dA + dB */
     size_t scratch_bytes;              /* max over phases */
     size_t arena_bytes;                /* inputs + saved + scratch */
+    pxt_cond_plan cond;                /* the conditioning path (cond.S = 0: none) */
 } pxt_plan;
 
-/* Plans a GPT step. policy: L entries (copied). backend gives workspace sizes.
- * Returns PXT_ERR_VALUE for shapes the config refuses (named). */
+/* Plans a GPT step. policy: L entries (copied), then with S > 0 mel frames (a
+ * batch with cond_mels) one more for the conditioning path. backend gives
+ * workspace sizes. Returns PXT_ERR_VALUE for shapes the config refuses (named). */
 int pxt_plan_make(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, int B, int Lt,
-                  int La, int Nc, pxt_dtype dt, const pxt_ckpt *policy, int train);
+                  int La, int Nc, int S, pxt_dtype dt, const pxt_ckpt *policy, int train);
 void pxt_plan_free(pxt_plan *p);
 /* Same shape and policies (an arena of one fits the other). */
 int pxt_plan_same(const pxt_plan *a, const pxt_plan *b);

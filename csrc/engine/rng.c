@@ -45,3 +45,10 @@ void pxt_rng_normal(pxt_rng *r, float *out, size_t n, float std) {
         }
     }
 }
+
+void pxt_rng_uniform(pxt_rng *r, float *out, size_t n, float lo, float hi) {
+    for (size_t i = 0; i < n; i++) {
+        double u = (double)(pxt_rng_next(r) >> 11) * 0x1.0p-53; /* [0, 1) */
+        out[i] = (float)(lo + (hi - (double)lo) * u);
+    }
+}

@@ -14,5 +14,7 @@ void pxt_rng_seed(pxt_rng *r, uint64_t seed);
 uint64_t pxt_rng_next(pxt_rng *r);
 /* n samples of N(0, std^2) (Box-Muller in double, rounded to float). */
 void pxt_rng_normal(pxt_rng *r, float *out, size_t n, float std);
+/* n samples of U(lo, hi) (53 random bits each, rounded to float). */
+void pxt_rng_uniform(pxt_rng *r, float *out, size_t n, float lo, float hi);
 
 #endif

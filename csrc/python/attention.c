@@ -316,17 +316,28 @@ static const pxt_backend *attention_backend(pxt_device dev, int backward) {
     return be;
 }
 
+/* Dropout of the probabilities: p in [0, 1) and the Philox key (dropout.h); the
+ * positions are the query and key indices, the samples numbered from 0. */
+#define DROPOUT_P() PXT_PY_REAL_OPT("dropout_p", 0.0, 0, 1.0, 1, "a number in [0, 1)", 0.0)
+#define DROPOUT_KEY() PXT_PY_U64_OPT("dropout_key", 0)
+static pxt_dropout dropout_of(const pxt_attn_args *a, const pxt_py_real *p, const pxt_py_u64 *key) {
+    return pxt_dropout_make((float)p->value, key->value, a->Tq, a->Tq, a->Tq, 0);
+}
+
 /* Both public forwards; want_lse picks (out, lse) or out. */
 static PyObject *forward(PyObject *args, PyObject *kwargs, const char *fmt, int want_lse) {
-    static char *kw[] = {"q",        "k",         "v",
-                         "causal",   "q_lengths", "k_lengths",
-                         "key_mask", "scale",     "max_sequence_length",
-                         NULL};
+    static char *kw[] = {"q",         "k",           "v",
+                         "causal",    "q_lengths",   "k_lengths",
+                         "key_mask",  "scale",       "max_sequence_length",
+                         "dropout_p", "dropout_key", NULL};
     PyObject *qo, *ko, *vo, *ql = Py_None, *kl = Py_None, *km = Py_None, *sc = Py_None,
                             *maxlen = Py_None;
+    pxt_py_real drop_p = DROPOUT_P();
+    pxt_py_u64 drop_key = DROPOUT_KEY();
     int causal = 1;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, fmt, kw, &qo, &ko, &vo, &causal, &ql, &kl, &km,
-                                     &sc, &maxlen)) {
+                                     &sc, &maxlen, pxt_py_real_converter, &drop_p,
+                                     pxt_py_u64_converter, &drop_key)) {
         return NULL;
     }
     refs r = {.n = 0};
@@ -351,6 +362,7 @@ static PyObject *forward(PyObject *args, PyObject *kwargs, const char *fmt, int 
     if (options(&r, &a, q->device, causal, ql, kl, km, sc) < 0) {
         goto done;
     }
+    a.drop = dropout_of(&a, &drop_p, &drop_key);
     const pxt_backend *be = attention_backend(q->device, 0);
     if (!be) {
         goto done;
@@ -370,12 +382,12 @@ done:
 
 static PyObject *py_attention_forward(PyObject *m, PyObject *args, PyObject *kwargs) {
     (void)m;
-    return forward(args, kwargs, "OOO|pOOOOO:attention_forward", 1);
+    return forward(args, kwargs, "OOO|pOOOOOO&O&:attention_forward", 1);
 }
 
 static PyObject *py_attention(PyObject *m, PyObject *args, PyObject *kwargs) {
     (void)m;
-    return forward(args, kwargs, "OOO|pOOOOO:attention", 0);
+    return forward(args, kwargs, "OOO|pOOOOOO&O&:attention", 0);
 }
 
 /* ---- backward ---------------------------------------------------------------- */
@@ -410,13 +422,18 @@ static int check_lse(const pxt_tensor *lse, const pxt_attn_args *a, pxt_device d
 
 static PyObject *py_attention_backward(PyObject *m, PyObject *args, PyObject *kwargs) {
     (void)m;
-    static char *kw[] = {"dout",   "q",         "k",         "v",        "out",   "lse",
-                         "causal", "q_lengths", "k_lengths", "key_mask", "scale", NULL};
+    static char *kw[] = {"dout",  "q",         "k",           "v",         "out",
+                         "lse",   "causal",    "q_lengths",   "k_lengths", "key_mask",
+                         "scale", "dropout_p", "dropout_key", NULL};
     PyObject *doo, *qo, *ko, *vo, *oo, *lo, *ql = Py_None, *kl = Py_None, *km = Py_None,
                                             *sc = Py_None;
+    pxt_py_real drop_p = DROPOUT_P();
+    pxt_py_u64 drop_key = DROPOUT_KEY();
     int causal = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO|pOOOO:attention_backward", kw, &doo, &qo,
-                                     &ko, &vo, &oo, &lo, &causal, &ql, &kl, &km, &sc)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO|pOOOOO&O&:attention_backward", kw, &doo,
+                                     &qo, &ko, &vo, &oo, &lo, &causal, &ql, &kl, &km, &sc,
+                                     pxt_py_real_converter, &drop_p, pxt_py_u64_converter,
+                                     &drop_key)) {
         return NULL;
     }
     refs r = {.n = 0};
@@ -446,6 +463,7 @@ static PyObject *py_attention_backward(PyObject *m, PyObject *args, PyObject *kw
         options(&r, &a, q->device, causal, ql, kl, km, sc) < 0) {
         goto done;
     }
+    a.drop = dropout_of(&a, &drop_p, &drop_key);
     const pxt_backend *be = attention_backend(q->device, 1);
     if (!be) {
         goto done;
@@ -626,3 +644,6 @@ PyMethodDef pxt_py_attention_methods[] = {
      "('generic', 'avx2', 'avx512'); name sets it ('auto': the best available)."},
     {NULL, NULL, 0, NULL},
 };
+
+#undef DROPOUT_P
+#undef DROPOUT_KEY

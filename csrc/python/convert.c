@@ -37,6 +37,20 @@ static int integer_out_of_range(const char *name, const char *want, PyObject *v)
     return 0;
 }
 
+int pxt_py_bool_converter(PyObject *obj, void *arg) {
+    pxt_py_bool *p = arg;
+    if (none_for(&p->a, obj)) {
+        return 1;
+    }
+    if (!PyBool_Check(obj) && !PyArray_IsScalar(obj, Bool)) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a bool, got %.100s", p->a.name,
+                     Py_TYPE(obj)->tp_name);
+        return 0;
+    }
+    p->value = PyObject_IsTrue(obj);
+    return p->value >= 0;
+}
+
 int pxt_py_int_converter(PyObject *obj, void *arg) {
     pxt_py_int *p = arg;
     if (none_for(&p->a, obj)) {

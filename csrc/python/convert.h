@@ -39,6 +39,14 @@ typedef struct {
 #define PXT_PY_INT_OPT(name, lo, hi, dflt) {{(name), 1, 0}, (lo), (hi), (dflt)}
 int pxt_py_int_converter(PyObject *obj, void *arg);
 
+/* A bool (True or False; NumPy's bool too), not an int. */
+typedef struct {
+    pxt_py_arg a;
+    int value;
+} pxt_py_bool;
+#define PXT_PY_BOOL(name) {{(name), 0, 0}, 0}
+int pxt_py_bool_converter(PyObject *obj, void *arg);
+
 /* An integer in [0, 2**64) (seeds). */
 typedef struct {
     pxt_py_arg a;

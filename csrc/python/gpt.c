@@ -33,8 +33,9 @@ static PyTypeObject gpt_type;
 #define CONFIG_KW                                                                                  \
     "n_layers", "d_model", "n_heads", "text_vocab_size", "audio_vocab_size", "max_text_tokens",    \
         "max_audio_tokens", "n_cond_latents", "layer_norm_eps", "text_loss_weight",                \
-        "audio_loss_weight", "max_attention_sequence_length"
-#define CONFIG_FMT "O&O&O&O&O&O&O&O&O&O&O&O&"
+        "audio_loss_weight", "max_attention_sequence_length", "dropout", "conditioning",           \
+        "max_cond_frames"
+#define CONFIG_FMT "O&O&O&O&O&O&O&O&O&O&O&O&O&O&O&"
 #define CONFIG_INT(name) PXT_PY_INT("ModelConfig." name, INT_MIN, INT_MAX)
 #define CONFIG_ARGS(c)                                                                             \
     pxt_py_int_converter, &(c).ints[0], pxt_py_int_converter, &(c).ints[1], pxt_py_int_converter,  \
@@ -42,11 +43,13 @@ static PyTypeObject gpt_type;
         pxt_py_int_converter, &(c).ints[5], pxt_py_int_converter, &(c).ints[6],                    \
         pxt_py_int_converter, &(c).ints[7], pxt_py_real_converter, &(c).reals[0],                  \
         pxt_py_real_converter, &(c).reals[1], pxt_py_real_converter, &(c).reals[2],                \
-        pxt_py_int_converter, &(c).ints[8]
+        pxt_py_int_converter, &(c).ints[8], pxt_py_real_converter, &(c).reals[3],                  \
+        pxt_py_bool_converter, &(c).conditioning, pxt_py_int_converter, &(c).ints[9]
 
 typedef struct {
-    pxt_py_int ints[9];   /* the int fields in CONFIG_KW order, max_seq last */
-    pxt_py_real reals[3]; /* layer_norm_eps, text_loss_weight, audio_loss_weight */
+    pxt_py_int ints[10];  /* the int fields in CONFIG_KW order: ..., max_seq, max_cond_frames */
+    pxt_py_real reals[4]; /* layer_norm_eps, text_loss_weight, audio_loss_weight, dropout */
+    pxt_py_bool conditioning;
 } config_args;
 
 static config_args config_args_make(void) {
@@ -54,10 +57,13 @@ static config_args config_args_make(void) {
         .ints = {CONFIG_INT("n_layers"), CONFIG_INT("d_model"), CONFIG_INT("n_heads"),
                  CONFIG_INT("text_vocab_size"), CONFIG_INT("audio_vocab_size"),
                  CONFIG_INT("max_text_tokens"), CONFIG_INT("max_audio_tokens"),
-                 CONFIG_INT("n_cond_latents"), CONFIG_INT("max_attention_sequence_length")},
+                 CONFIG_INT("n_cond_latents"), CONFIG_INT("max_attention_sequence_length"),
+                 CONFIG_INT("max_cond_frames")},
         .reals = {PXT_PY_NUMBER("ModelConfig.layer_norm_eps", 0.0),
                   PXT_PY_NUMBER("ModelConfig.text_loss_weight", 0.0),
-                  PXT_PY_NUMBER("ModelConfig.audio_loss_weight", 0.0)},
+                  PXT_PY_NUMBER("ModelConfig.audio_loss_weight", 0.0),
+                  PXT_PY_NUMBER("ModelConfig.dropout", 0.0)},
+        .conditioning = PXT_PY_BOOL("ModelConfig.conditioning"),
     };
     return c;
 }
@@ -76,6 +82,9 @@ static pxt_gpt_config config_of(const config_args *a) {
         .text_w = (float)a->reals[1].value,
         .audio_w = (float)a->reals[2].value,
         .max_seq = (int)a->ints[8].value,
+        .dropout = (float)a->reals[3].value,
+        .conditioning = a->conditioning.value,
+        .max_cond_frames = (int)a->ints[9].value,
     };
     return c;
 }
@@ -253,7 +262,9 @@ static PyObject *gpt_write(PyObject *op, PyObject *args) {
 
 /* ---- plans --------------------------------------------------------------------------- */
 
-static PyObject *plan_dict(size_t n_params, pxt_dtype dt, const pxt_plan *p, size_t opt_bytes) {
+/* n_params: elements of the flat buffers (padding included); count: the parameters. */
+static PyObject *plan_dict(size_t n_params, size_t count, pxt_dtype dt, const pxt_plan *p,
+                           size_t opt_bytes) {
     size_t param_bytes = n_params * pxt_dtype_size(dt);
     size_t grad_bytes = p->train ? n_params * sizeof(float) : 0;
     size_t total = pxt_gpt_total_bytes(n_params, dt, p, opt_bytes);
@@ -276,9 +287,10 @@ static PyObject *plan_dict(size_t n_params, pxt_dtype dt, const pxt_plan *p, siz
         PyList_SET_ITEM(blocks, l, b);
         PyList_SET_ITEM(policies, l, s);
     }
+    const pxt_cond_plan *q = &p->cond;
     return Py_BuildValue(
         "{s:n,s:n,s:n,s:n,s:n,s:n,s:N,s:N,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:i,s:i,s:i,"
-        "s:i,s:n,s:n,s:s}",
+        "s:i,s:n,s:n,s:s,s:i,s:z,s:n,s:n,s:n,s:n}",
         "parameters", (Py_ssize_t)param_bytes, "gradients", (Py_ssize_t)grad_bytes, "optimizer",
         (Py_ssize_t)opt_bytes, "inputs", (Py_ssize_t)p->inputs_bytes, "residuals",
         (Py_ssize_t)p->resid_bytes, "final_norms", (Py_ssize_t)p->final_bytes, "saved_per_block",
@@ -290,7 +302,11 @@ static PyObject *plan_dict(size_t n_params, pxt_dtype dt, const pxt_plan *p, siz
         (Py_ssize_t)(total - param_bytes - grad_bytes - p->arena_bytes - opt_bytes),
         "sequence_length", (Py_ssize_t)p->T, "batch_size", p->B, "logits_rows", p->logits_rows,
         "train", p->train, "n_layers", p->L, "head_casts", (Py_ssize_t)p->head_cast_bytes,
-        "reduce_workspace", (Py_ssize_t)p->reduce_ws_bytes, "precision", pxt_py_precision_name(dt));
+        "reduce_workspace", (Py_ssize_t)p->reduce_ws_bytes, "precision", pxt_py_precision_name(dt),
+        "cond_frames", q->S, "conditioning_policy", q->S ? pxt_py_ckpt_names[q->policy] : NULL,
+        "conditioning_inputs", (Py_ssize_t)q->inputs_bytes, "conditioning_saved",
+        (Py_ssize_t)q->saved_bytes, "conditioning_scratch", (Py_ssize_t)q->scratch_bytes,
+        "parameter_count", (Py_ssize_t)count);
 }
 
 /* The arena's budget from a budget argument: what is left of it once the
@@ -300,12 +316,12 @@ static size_t budget_left(long long budget, size_t fixed) {
 }
 
 /* estimate_memory(batch_size, text_len, audio_len, cond_len=None, checkpointing=None,
- *                 train=True, budget=None, optimizer=None) -> dict
+ *                 train=True, budget=None, optimizer=None, cond_frames=0) -> dict
  * optimizer: None counts the optimizer state attached to this model (0 without
  * one), True that or else a default AdamW's, False none. */
 static PyObject *gpt_estimate(PyObject *op, PyObject *args, PyObject *kwargs) {
-    static char *kw[] = {"batch_size", "text_len", "audio_len", "cond_len", "checkpointing",
-                         "train",      "budget",   "optimizer", NULL};
+    static char *kw[] = {"batch_size", "text_len", "audio_len", "cond_len",    "checkpointing",
+                         "train",      "budget",   "optimizer", "cond_frames", NULL};
     pxt_gpt *m = ready(op);
     if (!m) {
         return NULL;
@@ -316,12 +332,14 @@ static PyObject *gpt_estimate(PyObject *op, PyObject *args, PyObject *kwargs) {
     pxt_py_int Nc = PXT_PY_INT_OPT("cond_len", INT_MIN, INT_MAX, m->cfg.n_cond);
     pxt_py_choice ckpt = PXT_PY_CHOICE_OPT("checkpointing", pxt_py_ckpt_names, m->ckpt);
     pxt_py_int budget = PXT_PY_INT_OPT("budget", LLONG_MIN, LLONG_MAX, 0);
+    pxt_py_int S = PXT_PY_INT_OPT("cond_frames", INT_MIN, INT_MAX, 0);
     PyObject *opt_arg = Py_None;
     int train = 1;
-    if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, "O&O&O&|O&O&pO&O:estimate_memory", kw, pxt_py_int_converter, &B,
-            pxt_py_int_converter, &Lt, pxt_py_int_converter, &La, pxt_py_int_converter, &Nc,
-            pxt_py_choice_converter, &ckpt, &train, pxt_py_int_converter, &budget, &opt_arg)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O&O&|O&O&pO&OO&:estimate_memory", kw,
+                                     pxt_py_int_converter, &B, pxt_py_int_converter, &Lt,
+                                     pxt_py_int_converter, &La, pxt_py_int_converter, &Nc,
+                                     pxt_py_choice_converter, &ckpt, &train, pxt_py_int_converter,
+                                     &budget, &opt_arg, pxt_py_int_converter, &S)) {
         return NULL;
     }
     const pxt_flat *f = &m->flat;
@@ -346,24 +364,24 @@ static PyObject *gpt_estimate(PyObject *op, PyObject *args, PyObject *kwargs) {
             : pxt_gpt_arena_budget(m);
     pxt_plan p;
     int rc = pxt_gpt_plan(&p, &m->cfg, f->be, f->dt, (int)B.value, (int)Lt.value, (int)La.value,
-                          (int)Nc.value, ckpt.index, train, avail);
+                          (int)Nc.value, (int)S.value, ckpt.index, train, avail);
     if (rc != PXT_OK) {
         return pxt_raise(rc);
     }
-    PyObject *d = plan_dict(f->layout.numel, f->dt, &p, opt_bytes);
+    PyObject *d = plan_dict(f->layout.numel, pxt_flat_num_parameters(f), f->dt, &p, opt_bytes);
     pxt_plan_free(&p);
     return d;
 }
 
 /* plan_memory(n_layers, ..., max_attention_sequence_length, batch_size, text_len,
  *             audio_len, cond_len=None, checkpointing="none", train=True, budget=None,
- *             device="cpu", optimizer=False, precision="fp32") -> dict: a plan
+ *             device="cpu", optimizer=False, precision="fp32", cond_frames=0) -> dict: a plan
  * without a model (nothing is allocated). */
 static PyObject *py_plan_memory(PyObject *mod, PyObject *args, PyObject *kwargs) {
     (void)mod;
-    static char *kw[] = {CONFIG_KW,  "batch_size",    "text_len",  "audio_len",
-                         "cond_len", "checkpointing", "train",     "budget",
-                         "device",   "optimizer",     "precision", NULL};
+    static char *kw[] = {CONFIG_KW,       "batch_size",  "text_len", "audio_len", "cond_len",
+                         "checkpointing", "train",       "budget",   "device",    "optimizer",
+                         "precision",     "cond_frames", NULL};
     config_args ca = config_args_make();
     pxt_py_int B = PXT_PY_INT("batch_size", INT_MIN, INT_MAX);
     pxt_py_int Lt = PXT_PY_INT("text_len", INT_MIN, INT_MAX);
@@ -373,12 +391,14 @@ static PyObject *py_plan_memory(PyObject *mod, PyObject *args, PyObject *kwargs)
     pxt_py_int budget = PXT_PY_INT_OPT("budget", LLONG_MIN, LLONG_MAX, 0);
     pxt_py_device dev = PXT_PY_DEVICE_OPT("device", 0);
     pxt_py_choice prec = PXT_PY_CHOICE("precision", pxt_py_precision_names);
+    pxt_py_int S = PXT_PY_INT_OPT("cond_frames", INT_MIN, INT_MAX, 0);
     int train = 1, optimizer = 0;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, CONFIG_FMT "O&O&O&|O&O&pO&O&pO&:plan_memory", kw, CONFIG_ARGS(ca),
+            args, kwargs, CONFIG_FMT "O&O&O&|O&O&pO&O&pO&O&:plan_memory", kw, CONFIG_ARGS(ca),
             pxt_py_int_converter, &B, pxt_py_int_converter, &Lt, pxt_py_int_converter, &La,
             pxt_py_int_converter, &Nc, pxt_py_choice_converter, &ckpt, &train, pxt_py_int_converter,
-            &budget, pxt_py_device_converter, &dev, &optimizer, pxt_py_choice_converter, &prec)) {
+            &budget, pxt_py_device_converter, &dev, &optimizer, pxt_py_choice_converter, &prec,
+            pxt_py_int_converter, &S)) {
         return NULL;
     }
     pxt_dtype dt = pxt_py_precision_dtype(prec.index);
@@ -396,7 +416,10 @@ static PyObject *py_plan_memory(PyObject *mod, PyObject *args, PyObject *kwargs)
     if ((rc = pxt_param_layout_init(&layout, &c)) != PXT_OK) {
         return pxt_raise(rc);
     }
-    size_t n_params = layout.numel;
+    size_t n_params = layout.numel, count = 0;
+    for (int i = 0; i < layout.count; i++) {
+        count += layout.params[i].numel;
+    }
     size_t opt_bytes =
         optimizer && train ? pxt_adamw_state_bytes(n_params, layout.count, dt, 0) : 0;
     pxt_param_layout_free(&layout);
@@ -404,12 +427,13 @@ static PyObject *py_plan_memory(PyObject *mod, PyObject *args, PyObject *kwargs)
                                                 pxt_gpt_fixed_bytes(n_params, dt, train, opt_bytes))
                                   : (size_t)-1;
     pxt_plan p;
-    rc = pxt_gpt_plan(&p, &c, be, dt, (int)B.value, (int)Lt.value, (int)La.value,
-                      Nc.a.given ? (int)Nc.value : c.n_cond, ckpt.index, train, avail);
+    rc =
+        pxt_gpt_plan(&p, &c, be, dt, (int)B.value, (int)Lt.value, (int)La.value,
+                     Nc.a.given ? (int)Nc.value : c.n_cond, (int)S.value, ckpt.index, train, avail);
     if (rc != PXT_OK) {
         return pxt_raise(rc);
     }
-    PyObject *d = plan_dict(n_params, dt, &p, opt_bytes);
+    PyObject *d = plan_dict(n_params, count, dt, &p, opt_bytes);
     pxt_plan_free(&p);
     return d;
 }
@@ -459,24 +483,55 @@ static const void *cond_data(PyObject *obj, pxt_dtype dt, npy_intp count) {
     return PyArray_DATA((PyArrayObject *)obj);
 }
 
+/* Borrowed data of mels: None (NULL, *S = 0), or C-contiguous (B, 80, S) of the
+ * model's dtype. */
+static int mels_data(PyObject *obj, pxt_dtype dt, npy_intp B, const void **data, npy_intp *S) {
+    *data = NULL;
+    *S = 0;
+    if (obj == Py_None) {
+        return 0;
+    }
+    if (!PyArray_Check(obj) || PyArray_NDIM((PyArrayObject *)obj) != 3 ||
+        PyArray_DIM((PyArrayObject *)obj, 0) != B ||
+        PyArray_DIM((PyArrayObject *)obj, 1) != PXT_MEL_CHANNELS ||
+        PyArray_DIM((PyArrayObject *)obj, 2) < 1 ||
+        PyArray_DIM((PyArrayObject *)obj, 2) > INT_MAX) {
+        PyErr_Format(PyExc_TypeError, "_step: mels must be None or a (%zd, %d, S >= 1) array",
+                     (Py_ssize_t)B, PXT_MEL_CHANNELS);
+        return -1;
+    }
+    npy_intp s = PyArray_DIM((PyArrayObject *)obj, 2);
+    if (!(*data = cond_data(obj, dt, B * PXT_MEL_CHANNELS * s))) {
+        return -1;
+    }
+    *S = s;
+    return 0;
+}
+
 /* _step(text_ids, audio_ids, text_tgt, audio_tgt, text_pos, audio_pos, key_mask,
- *       text_len, audio_len, cond, n_text, n_audio, train, loss_scale=1.0)
- *       -> (text_sum, audio_sum)
- * Arrays come validated from pyxtts.XTTSGPT (int32, uint8 mask, cond in the
- * model's dtype). Losses are sums of -log p over valid targets. */
+ *       text_len, audio_len, cond, n_text, n_audio, train, loss_scale=1.0, mels=None,
+ *       dropout_seed=0, dropout_step=0, sample0=0) -> (text_sum, audio_sum)
+ * Arrays come validated from pyxtts.XTTSGPT (int32, uint8 mask, cond and mels
+ * in the model's dtype). Losses are sums of -log p over valid targets. The
+ * dropout masks of a training step are keyed by (dropout_seed, dropout_step)
+ * and the samples numbered from sample0. */
 static PyObject *gpt_step(PyObject *op, PyObject *args) {
     pxt_gpt *m = ready(op);
     if (!m) {
         return NULL;
     }
-    PyObject *a[10];
+    PyObject *a[10], *mels = Py_None;
     pxt_py_real n_text = PXT_PY_NUMBER("n_text", 0.0), n_audio = PXT_PY_NUMBER("n_audio", 0.0);
     pxt_py_real loss_scale = PXT_PY_NUMBER("loss_scale", 1.0);
+    pxt_py_u64 dropout_seed = PXT_PY_U64_OPT("dropout_seed", 0);
+    pxt_py_u64 dropout_step = PXT_PY_U64_OPT("dropout_step", 0);
+    pxt_py_int sample0 = PXT_PY_INT_OPT("sample_offset", 0, UINT32_MAX, 0);
     int train;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOO&O&p|O&:_step", &a[0], &a[1], &a[2], &a[3], &a[4],
-                          &a[5], &a[6], &a[7], &a[8], &a[9], pxt_py_real_converter, &n_text,
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOO&O&p|O&OO&O&O&:_step", &a[0], &a[1], &a[2], &a[3],
+                          &a[4], &a[5], &a[6], &a[7], &a[8], &a[9], pxt_py_real_converter, &n_text,
                           pxt_py_real_converter, &n_audio, &train, pxt_py_real_converter,
-                          &loss_scale)) {
+                          &loss_scale, &mels, pxt_py_u64_converter, &dropout_seed,
+                          pxt_py_u64_converter, &dropout_step, pxt_py_int_converter, &sample0)) {
         return NULL;
     }
     if (m->flat.busy) {
@@ -498,6 +553,12 @@ static PyObject *gpt_step(PyObject *op, PyObject *args) {
     if (Nc < 0) {
         return PyErr_Format(PyExc_TypeError, "_step: cond must be None or a 3-d array");
     }
+    if (mels != Py_None) { /* the conditioning path makes the latents */
+        if (a[9] != Py_None) {
+            return PyErr_Format(PyExc_TypeError, "_step: cond and mels are exclusive");
+        }
+        Nc = m->cfg.n_cond;
+    }
     if (B > INT_MAX || Lt > INT_MAX || La > INT_MAX || Nc > INT_MAX) {
         return PyErr_Format(PyExc_ValueError, "_step: the batch is too large");
     }
@@ -512,18 +573,29 @@ static PyObject *gpt_step(PyObject *op, PyObject *args) {
         !(in.key_mask = arr_data(a[6], "key_mask", NPY_UINT8, B * T)) ||
         !(in.text_len = arr_data(a[7], "text_len", NPY_INT32, B)) ||
         !(in.audio_len = arr_data(a[8], "audio_len", NPY_INT32, B)) ||
-        (Nc && !(in.cond = cond_data(a[9], m->flat.dt, B * Nc * m->cfg.d_model)))) {
+        (a[9] != Py_None && Nc &&
+         !(in.cond = cond_data(a[9], m->flat.dt, B * Nc * m->cfg.d_model)))) {
         return NULL;
     }
+    const void *mel_data = NULL;
+    npy_intp S = 0;
+    if (mels_data(mels, m->flat.dt, B, &mel_data, &S) < 0) {
+        return NULL;
+    }
+    in.mels = mel_data;
+    in.S = (int)S;
     in.n_text = n_text.value;
     in.n_audio = n_audio.value;
     in.loss_scale = loss_scale.value;
-    int rc = pxt_gpt_check_batch(m, &in);
+    in.dropout_seed = dropout_seed.value;
+    in.dropout_step = dropout_step.value;
+    in.sample0 = (uint32_t)sample0.value;
+    int rc = pxt_gpt_check_batch(m, &in, train);
     if (rc != PXT_OK) {
         return pxt_raise(rc);
     }
     pxt_plan p;
-    rc = pxt_gpt_plan(&p, &m->cfg, m->flat.be, m->flat.dt, in.B, in.Lt, in.La, in.Nc, m->ckpt,
+    rc = pxt_gpt_plan(&p, &m->cfg, m->flat.be, m->flat.dt, in.B, in.Lt, in.La, in.Nc, in.S, m->ckpt,
                       train, pxt_gpt_arena_budget(m));
     if (rc == PXT_OK) {
         rc = pxt_gpt_reserve(m, &p);

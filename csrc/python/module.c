@@ -153,6 +153,7 @@ PyMODINIT_FUNC PyInit__C(void) {
     if (pxt_dtype_init(m) < 0 || pxt_tensor_init_type(m) < 0 || pxt_py_gpt_init_type(m) < 0 ||
         pxt_py_block_init_type(m) < 0 || pxt_py_adamw_init_type(m) < 0 ||
         PyModule_AddFunctions(m, pxt_py_ops_methods) < 0 ||
+        PyModule_AddFunctions(m, pxt_py_ops_cond_methods) < 0 ||
         PyModule_AddFunctions(m, pxt_py_attention_methods) < 0 ||
         PyModule_AddFunctions(m, pxt_py_gpt_methods) < 0) {
         goto fail;

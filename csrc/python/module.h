@@ -30,6 +30,7 @@ PyObject *pxt_py_bench_alloc(PyObject *m, PyObject *args, PyObject *kwargs);
 
 /* Method tables of the files that add Python functions (NULL-terminated). */
 extern PyMethodDef pxt_py_ops_methods[];       /* ops.c: _op_* kernel bindings for tests */
+extern PyMethodDef pxt_py_ops_cond_methods[];  /* ops_cond.c: the conditioning path's, dropout */
 extern PyMethodDef pxt_py_attention_methods[]; /* attention.c: attention_forward/backward */
 extern PyMethodDef pxt_py_gpt_methods[];       /* gpt.c: plan_memory, check_model_config */
 

@@ -7,7 +7,7 @@
  * (NotImplementedError when it has none), then allocates outputs and runs the
  * kernel with the GIL released. Every path ends at `done`, which drops each
  * reference taken, so error paths leak nothing. */
-#include "module.h" /* Python.h first */
+#include "ops.h" /* Python.h first */
 
 #include <float.h>
 #include <limits.h>
@@ -16,13 +16,13 @@
 /* ---- helpers --------------------------------------------------------------- */
 
 /* The tensor of argument `name` (a new reference parked in *hold), or NULL. */
-static pxt_tensor *arg(PyObject *obj, const char *name, const pxt_tensor *like, PyObject **hold) {
+pxt_tensor *pxt_op_arg(PyObject *obj, const char *name, const pxt_tensor *like, PyObject **hold) {
     *hold = pxt_py_tensor_arg(obj, name, like);
     return (pxt_tensor *)*hold;
 }
 
 /* Same dtype and device as `ref` (the op's first tensor). */
-static int check_like(const pxt_tensor *t, const char *name, const pxt_tensor *ref) {
+int pxt_op_check_like(const pxt_tensor *t, const char *name, const pxt_tensor *ref) {
     return pxt_py_check_device(t, name, ref->device) < 0 ||
                    pxt_py_check_dtype(t, name, ref->dtype) < 0
                ? -1
@@ -30,7 +30,7 @@ static int check_like(const pxt_tensor *t, const char *name, const pxt_tensor *r
 }
 
 /* At least `min_ndim` dimensions, at most `max_ndim`. */
-static int check_ndim(const pxt_tensor *t, const char *name, int min_ndim, int max_ndim) {
+int pxt_op_check_ndim(const pxt_tensor *t, const char *name, int min_ndim, int max_ndim) {
     if (t->ndim >= min_ndim && t->ndim <= max_ndim) {
         return 0;
     }
@@ -40,7 +40,7 @@ static int check_ndim(const pxt_tensor *t, const char *name, int min_ndim, int m
 }
 
 /* A size the kernels take as int. */
-static int to_int(int64_t v, const char *name, int *out) {
+int pxt_op_to_int(int64_t v, const char *name, int *out) {
     if (v > INT_MAX) {
         PyErr_Format(PyExc_ValueError, "%s: size %lld is too large for the kernels (at most %d)",
                      name, (long long)v, INT_MAX);
@@ -77,7 +77,7 @@ static int check_ids(pxt_tensor *ids, const char *name, int lo, int hi) {
 }
 
 /* A new tensor of zeros (new reference) or NULL. */
-static PyObject *new_zeros(pxt_device dev, pxt_dtype dt, int ndim, const int64_t *shape) {
+PyObject *pxt_op_new_zeros(pxt_device dev, pxt_dtype dt, int ndim, const int64_t *shape) {
     PyObject *o = pxt_tensor_empty(dev, dt, ndim, shape);
     pxt_tensor *t = (pxt_tensor *)o;
     if (o && t->nbytes) {
@@ -92,13 +92,13 @@ static PyObject *new_zeros(pxt_device dev, pxt_dtype dt, int ndim, const int64_t
 
 /* A given output/accumulator argument, or NULL when absent (None): checked
  * against dtype, shape and device, and writable. *bad is set on failure. */
-static pxt_tensor *opt_out(PyObject *obj, const char *name, const pxt_tensor *like, pxt_dtype dt,
+pxt_tensor *pxt_op_opt_out(PyObject *obj, const char *name, const pxt_tensor *like, pxt_dtype dt,
                            int ndim, const int64_t *shape, PyObject **hold, int *bad) {
     *hold = NULL;
     if (obj == Py_None) {
         return NULL;
     }
-    pxt_tensor *t = arg(obj, name, like, hold);
+    pxt_tensor *t = pxt_op_arg(obj, name, like, hold);
     if (!t || pxt_py_check_device(t, name, like->device) < 0 ||
         pxt_py_check_dtype(t, name, dt) < 0 || pxt_py_check_shape(t, name, ndim, shape) < 0 ||
         pxt_py_check_writable(t, name) < 0) {
@@ -125,21 +125,13 @@ static int scratch(pxt_device dev, size_t nbytes, PyObject **hold, void **data) 
 }
 
 /* Kernel status to an exception: 0 or -1. */
-static int status(int rc) {
+int pxt_op_status(int rc) {
     if (rc == PXT_OK) {
         return 0;
     }
     pxt_raise(rc);
     return -1;
 }
-
-/* Runs a kernel call with the GIL released; its status lands in rc. */
-#define RUN_NOGIL(rc, call)                                                                        \
-    do {                                                                                           \
-        Py_BEGIN_ALLOW_THREADS(rc)                                                                 \
-        = (call);                                                                                  \
-        Py_END_ALLOW_THREADS                                                                       \
-    } while (0)
 
 static int overlaps(const pxt_tensor *a, const pxt_tensor *b) {
     if (!a->nbytes || !b->nbytes || a->device.type != b->device.type) {
@@ -163,13 +155,13 @@ typedef struct {
 static int parse_gemm_operands(PyObject *a_obj, PyObject *b_obj, int ta, int tb, double alpha,
                                double beta, const pxt_py_dtype *dt_arg, PyObject **ah,
                                PyObject **bh, gemm_operands *g) {
-    g->A = arg(a_obj, "A", NULL, ah);
+    g->A = pxt_op_arg(a_obj, "A", NULL, ah);
     if (!g->A || pxt_py_check_float(g->A, "A") < 0 ||
         pxt_py_check_shape(g->A, "A", 2, (int64_t[]){-1, -1}) < 0) {
         return -1;
     }
-    g->B = arg(b_obj, "B", g->A, bh);
-    if (!g->B || check_like(g->B, "B", g->A) < 0) {
+    g->B = pxt_op_arg(b_obj, "B", g->A, bh);
+    if (!g->B || pxt_op_check_like(g->B, "B", g->A) < 0) {
         return -1;
     }
     int64_t M = g->A->shape[ta ? 1 : 0], K = g->A->shape[ta ? 0 : 1];
@@ -177,7 +169,8 @@ static int parse_gemm_operands(PyObject *a_obj, PyObject *b_obj, int ta, int tb,
         return -1;
     }
     int64_t N = g->B->shape[tb ? 0 : 1];
-    if (to_int(M, "A", &g->M) < 0 || to_int(K, "A", &g->K) < 0 || to_int(N, "B", &g->N) < 0) {
+    if (pxt_op_to_int(M, "A", &g->M) < 0 || pxt_op_to_int(K, "A", &g->K) < 0 ||
+        pxt_op_to_int(N, "B", &g->N) < 0) {
         return -1;
     }
     if (!isfinite(alpha) || !isfinite(beta) || fabs(alpha) > FLT_MAX || fabs(beta) > FLT_MAX) {
@@ -219,7 +212,7 @@ static PyObject *op_gemm(PyObject *m, PyObject *args, PyObject *kwargs) {
     int64_t M = m_, N = n_;
     pxt_dtype dt_c = g.dt_c;
     if (c_obj != Py_None) {
-        C = arg(c_obj, "C", A, &ch);
+        C = pxt_op_arg(c_obj, "C", A, &ch);
         if (!C) {
             goto done;
         }
@@ -258,7 +251,7 @@ static PyObject *op_gemm(PyObject *m, PyObject *args, PyObject *kwargs) {
     int rc;
     RUN_NOGIL(rc, be->gemm(A->device.index, ta, tb, m_, n_, k_, (float)alpha, A->data, B->data,
                            (float)beta, C->data, A->dtype, dt_c, wsp));
-    if (status(rc) < 0) {
+    if (pxt_op_status(rc) < 0) {
         goto done;
     }
     result = ch;
@@ -283,7 +276,7 @@ static pxt_tensor *opt_in(PyObject *obj, const char *name, const pxt_tensor *lik
     if (obj == Py_None) {
         return NULL;
     }
-    pxt_tensor *t = arg(obj, name, like, hold);
+    pxt_tensor *t = pxt_op_arg(obj, name, like, hold);
     if (!t || pxt_py_check_device(t, name, like->device) < 0 ||
         pxt_py_check_dtype(t, name, dt) < 0 || pxt_py_check_shape(t, name, ndim, shape) < 0) {
         *bad = 1;
@@ -339,10 +332,10 @@ static PyObject *op_gemm_fused(PyObject *m, PyObject *args, PyObject *kwargs) {
     }
     int64_t N = g.N, mn[2] = {g.M, g.N};
     C = opt_in(c_obj, "C", g.A, g.dt_c, 2, mn, &ch, &bad);
-    D = bad ? NULL : opt_out(d_obj, "D", g.A, g.dt_c, 2, mn, &dh, &bad);
+    D = bad ? NULL : pxt_op_opt_out(d_obj, "D", g.A, g.dt_c, 2, mn, &dh, &bad);
     bias = bad ? NULL : opt_in(bias_obj, "bias", g.A, g.dt_c, 1, &N, &biash, &bad);
-    pre = bad ? NULL : opt_out(pre_obj, "pre", g.A, g.dt_c, 2, mn, &preh, &bad);
-    dbias = bad ? NULL : opt_out(db_obj, "dbias", g.A, PXT_FLOAT32, 1, &N, &dbh, &bad);
+    pre = bad ? NULL : pxt_op_opt_out(pre_obj, "pre", g.A, g.dt_c, 2, mn, &preh, &bad);
+    dbias = bad ? NULL : pxt_op_opt_out(db_obj, "dbias", g.A, PXT_FLOAT32, 1, &N, &dbh, &bad);
     if (bad) {
         goto done;
     }
@@ -375,7 +368,7 @@ static PyObject *op_gemm_fused(PyObject *m, PyObject *args, PyObject *kwargs) {
         pre = (pxt_tensor *)preh;
     }
     if ((epi == PXT_EPI_DGELU_BGRAD || epi == PXT_EPI_BGRAD_B) && !dbias) {
-        if (!(dbh = new_zeros(g.A->device, PXT_FLOAT32, 1, &N))) {
+        if (!(dbh = pxt_op_new_zeros(g.A->device, PXT_FLOAT32, 1, &N))) {
             goto done;
         }
         dbias = (pxt_tensor *)dbh;
@@ -403,7 +396,7 @@ static PyObject *op_gemm_fused(PyObject *m, PyObject *args, PyObject *kwargs) {
     }
     int rc;
     RUN_NOGIL(rc, be->gemm_fused(g.A->device.index, &ga, wsp));
-    if (status(rc) < 0) {
+    if (pxt_op_status(rc) < 0) {
         goto done;
     }
     result = PyTuple_Pack(3, (PyObject *)D, pre ? (PyObject *)pre : Py_None,
@@ -428,19 +421,20 @@ static PyObject *op_add_bias(PyObject *m, PyObject *args, PyObject *kwargs) {
         return NULL;
     }
     PyObject *oh = NULL, *bh = NULL, *result = NULL;
-    pxt_tensor *out = arg(o_obj, "out", NULL, &oh), *bias;
+    pxt_tensor *out = pxt_op_arg(o_obj, "out", NULL, &oh), *bias;
     if (!out || pxt_py_check_float(out, "out") < 0 ||
         pxt_py_check_shape(out, "out", 2, (int64_t[]){-1, -1}) < 0 ||
         pxt_py_check_writable(out, "out") < 0) {
         goto done;
     }
-    bias = arg(b_obj, "bias", out, &bh);
-    if (!bias || check_like(bias, "bias", out) < 0 ||
+    bias = pxt_op_arg(b_obj, "bias", out, &bh);
+    if (!bias || pxt_op_check_like(bias, "bias", out) < 0 ||
         pxt_py_check_shape(bias, "bias", 1, (int64_t[]){out->shape[1]}) < 0) {
         goto done;
     }
     int M = 0, N = 0;
-    if (to_int(out->shape[0], "out", &M) < 0 || to_int(out->shape[1], "out", &N) < 0) {
+    if (pxt_op_to_int(out->shape[0], "out", &M) < 0 ||
+        pxt_op_to_int(out->shape[1], "out", &N) < 0) {
         goto done;
     }
     const pxt_backend *be = PXT_BACKEND_OP(out->device, add_bias);
@@ -449,7 +443,7 @@ static PyObject *op_add_bias(PyObject *m, PyObject *args, PyObject *kwargs) {
     }
     int rc;
     RUN_NOGIL(rc, be->add_bias(out->device.index, out->data, bias->data, M, N, out->dtype));
-    if (status(rc) < 0) {
+    if (pxt_op_status(rc) < 0) {
         goto done;
     }
     Py_INCREF(Py_None);
@@ -470,15 +464,16 @@ static PyObject *op_bias_backward(PyObject *m, PyObject *args, PyObject *kwargs)
     PyObject *dh = NULL, *dbh = NULL, *ws = NULL, *result = NULL;
     int bad = 0;
     void *wsp;
-    pxt_tensor *dout = arg(d_obj, "dout", NULL, &dh), *dbias;
+    pxt_tensor *dout = pxt_op_arg(d_obj, "dout", NULL, &dh), *dbias;
     if (!dout || pxt_py_check_float(dout, "dout") < 0 ||
         pxt_py_check_shape(dout, "dout", 2, (int64_t[]){-1, -1}) < 0) {
         goto done;
     }
     int64_t n64 = dout->shape[1];
-    dbias = opt_out(db_obj, "dbias", dout, PXT_FLOAT32, 1, &n64, &dbh, &bad);
+    dbias = pxt_op_opt_out(db_obj, "dbias", dout, PXT_FLOAT32, 1, &n64, &dbh, &bad);
     int M = 0, N = 0;
-    if (bad || to_int(dout->shape[0], "dout", &M) < 0 || to_int(n64, "dout", &N) < 0) {
+    if (bad || pxt_op_to_int(dout->shape[0], "dout", &M) < 0 ||
+        pxt_op_to_int(n64, "dout", &N) < 0) {
         goto done;
     }
     const pxt_backend *be = PXT_BACKEND_OP(dout->device, bias_backward);
@@ -486,7 +481,7 @@ static PyObject *op_bias_backward(PyObject *m, PyObject *args, PyObject *kwargs)
         goto done;
     }
     if (!dbias) {
-        if (!(dbh = new_zeros(dout->device, PXT_FLOAT32, 1, &n64))) {
+        if (!(dbh = pxt_op_new_zeros(dout->device, PXT_FLOAT32, 1, &n64))) {
             goto done;
         }
         dbias = (pxt_tensor *)dbh;
@@ -494,7 +489,7 @@ static PyObject *op_bias_backward(PyObject *m, PyObject *args, PyObject *kwargs)
     int rc;
     RUN_NOGIL(rc, be->bias_backward(dout->device.index, (float *)dbias->data, dout->data, M, N,
                                     dout->dtype, wsp));
-    if (status(rc) < 0) {
+    if (pxt_op_status(rc) < 0) {
         goto done;
     }
     result = dbh;
@@ -509,8 +504,8 @@ done:
 /* ---- layernorm ------------------------------------------------------------- */
 
 /* x (..., C): N rows of C > 0 as ints. */
-static int rows_cols(const pxt_tensor *x, const char *name, int *N, int *C) {
-    if (check_ndim(x, name, 1, PXT_MAX_DIMS) < 0) {
+int pxt_op_rows_cols(const pxt_tensor *x, const char *name, int *N, int *C) {
+    if (pxt_op_check_ndim(x, name, 1, PXT_MAX_DIMS) < 0) {
         return -1;
     }
     int64_t c = x->shape[x->ndim - 1];
@@ -519,7 +514,7 @@ static int rows_cols(const pxt_tensor *x, const char *name, int *N, int *C) {
                      (long long)c);
         return -1;
     }
-    return to_int(x->numel / c, name, N) < 0 || to_int(c, name, C) < 0 ? -1 : 0;
+    return pxt_op_to_int(x->numel / c, name, N) < 0 || pxt_op_to_int(c, name, C) < 0 ? -1 : 0;
 }
 
 static PyObject *op_layernorm_forward(PyObject *m, PyObject *args, PyObject *kwargs) {
@@ -535,17 +530,18 @@ static PyObject *op_layernorm_forward(PyObject *m, PyObject *args, PyObject *kwa
     PyObject *xh = NULL, *wh = NULL, *bh = NULL, *oh = NULL, *mh = NULL, *rh = NULL;
     PyObject *result = NULL;
     int N = 0, C = 0;
-    pxt_tensor *x = arg(x_obj, "x", NULL, &xh), *w, *b;
-    if (!x || pxt_py_check_float(x, "x") < 0 || rows_cols(x, "x", &N, &C) < 0) {
+    pxt_tensor *x = pxt_op_arg(x_obj, "x", NULL, &xh), *w, *b;
+    if (!x || pxt_py_check_float(x, "x") < 0 || pxt_op_rows_cols(x, "x", &N, &C) < 0) {
         goto done;
     }
     int64_t c64 = C;
-    w = arg(w_obj, "weight", x, &wh);
-    if (!w || check_like(w, "weight", x) < 0 || pxt_py_check_shape(w, "weight", 1, &c64) < 0) {
+    w = pxt_op_arg(w_obj, "weight", x, &wh);
+    if (!w || pxt_op_check_like(w, "weight", x) < 0 ||
+        pxt_py_check_shape(w, "weight", 1, &c64) < 0) {
         goto done;
     }
-    b = arg(b_obj, "bias", x, &bh);
-    if (!b || check_like(b, "bias", x) < 0 || pxt_py_check_shape(b, "bias", 1, &c64) < 0) {
+    b = pxt_op_arg(b_obj, "bias", x, &bh);
+    if (!b || pxt_op_check_like(b, "bias", x) < 0 || pxt_py_check_shape(b, "bias", 1, &c64) < 0) {
         goto done;
     }
     if (!(eps >= 0.0 && eps <= FLT_MAX)) {
@@ -567,7 +563,7 @@ static PyObject *op_layernorm_forward(PyObject *m, PyObject *args, PyObject *kwa
                                         (float *)((pxt_tensor *)mh)->data,
                                         (float *)((pxt_tensor *)rh)->data, x->data, w->data,
                                         b->data, N, C, (float)eps, x->dtype));
-    if (status(rc) < 0) {
+    if (pxt_op_status(rc) < 0) {
         goto done;
     }
     result = PyTuple_Pack(3, oh, mh, rh);
@@ -594,41 +590,43 @@ static PyObject *op_layernorm_backward(PyObject *m, PyObject *args, PyObject *kw
     PyObject *dih = NULL, *dwh = NULL, *dbh = NULL, *ws = NULL, *result = NULL;
     int N = 0, C = 0, bad = 0;
     void *wsp;
-    pxt_tensor *dout = arg(d_obj, "dout", NULL, &dh), *x, *w, *mean, *rstd, *dinp, *dw, *db;
-    if (!dout || pxt_py_check_float(dout, "dout") < 0 || rows_cols(dout, "dout", &N, &C) < 0) {
+    pxt_tensor *dout = pxt_op_arg(d_obj, "dout", NULL, &dh), *x, *w, *mean, *rstd, *dinp, *dw, *db;
+    if (!dout || pxt_py_check_float(dout, "dout") < 0 ||
+        pxt_op_rows_cols(dout, "dout", &N, &C) < 0) {
         goto done;
     }
     int64_t c64 = C;
-    x = arg(x_obj, "x", dout, &xh);
-    if (!x || check_like(x, "x", dout) < 0 ||
+    x = pxt_op_arg(x_obj, "x", dout, &xh);
+    if (!x || pxt_op_check_like(x, "x", dout) < 0 ||
         pxt_py_check_shape(x, "x", dout->ndim, dout->shape) < 0) {
         goto done;
     }
-    w = arg(w_obj, "weight", dout, &wh);
-    if (!w || check_like(w, "weight", dout) < 0 || pxt_py_check_shape(w, "weight", 1, &c64) < 0) {
+    w = pxt_op_arg(w_obj, "weight", dout, &wh);
+    if (!w || pxt_op_check_like(w, "weight", dout) < 0 ||
+        pxt_py_check_shape(w, "weight", 1, &c64) < 0) {
         goto done;
     }
-    mean = arg(m_obj, "mean", dout, &mh);
+    mean = pxt_op_arg(m_obj, "mean", dout, &mh);
     if (!mean || pxt_py_check_device(mean, "mean", dout->device) < 0 ||
         pxt_py_check_dtype(mean, "mean", PXT_FLOAT32) < 0 ||
         pxt_py_check_shape(mean, "mean", dout->ndim - 1, dout->shape) < 0) {
         goto done;
     }
-    rstd = arg(r_obj, "rstd", dout, &rh);
+    rstd = pxt_op_arg(r_obj, "rstd", dout, &rh);
     if (!rstd || pxt_py_check_device(rstd, "rstd", dout->device) < 0 ||
         pxt_py_check_dtype(rstd, "rstd", PXT_FLOAT32) < 0 ||
         pxt_py_check_shape(rstd, "rstd", dout->ndim - 1, dout->shape) < 0) {
         goto done;
     }
-    dinp = opt_out(di_obj, "dinp", dout, dout->dtype, dout->ndim, dout->shape, &dih, &bad);
+    dinp = pxt_op_opt_out(di_obj, "dinp", dout, dout->dtype, dout->ndim, dout->shape, &dih, &bad);
     if (bad) {
         goto done;
     }
-    dw = opt_out(dw_obj, "dweight", dout, PXT_FLOAT32, 1, &c64, &dwh, &bad);
+    dw = pxt_op_opt_out(dw_obj, "dweight", dout, PXT_FLOAT32, 1, &c64, &dwh, &bad);
     if (bad) {
         goto done;
     }
-    db = opt_out(db_obj, "dbias", dout, PXT_FLOAT32, 1, &c64, &dbh, &bad);
+    db = pxt_op_opt_out(db_obj, "dbias", dout, PXT_FLOAT32, 1, &c64, &dbh, &bad);
     if (bad) {
         goto done;
     }
@@ -637,19 +635,19 @@ static PyObject *op_layernorm_backward(PyObject *m, PyObject *args, PyObject *kw
         goto done;
     }
     if (!dinp) {
-        if (!(dih = new_zeros(dout->device, dout->dtype, dout->ndim, dout->shape))) {
+        if (!(dih = pxt_op_new_zeros(dout->device, dout->dtype, dout->ndim, dout->shape))) {
             goto done;
         }
         dinp = (pxt_tensor *)dih;
     }
     if (!dw) {
-        if (!(dwh = new_zeros(dout->device, PXT_FLOAT32, 1, &c64))) {
+        if (!(dwh = pxt_op_new_zeros(dout->device, PXT_FLOAT32, 1, &c64))) {
             goto done;
         }
         dw = (pxt_tensor *)dwh;
     }
     if (!db) {
-        if (!(dbh = new_zeros(dout->device, PXT_FLOAT32, 1, &c64))) {
+        if (!(dbh = pxt_op_new_zeros(dout->device, PXT_FLOAT32, 1, &c64))) {
             goto done;
         }
         db = (pxt_tensor *)dbh;
@@ -659,7 +657,7 @@ static PyObject *op_layernorm_backward(PyObject *m, PyObject *args, PyObject *kw
                                          (float *)db->data, dout->data, x->data, w->data,
                                          (const float *)mean->data, (const float *)rstd->data, N, C,
                                          dout->dtype, wsp));
-    if (status(rc) < 0) {
+    if (pxt_op_status(rc) < 0) {
         goto done;
     }
     result = PyTuple_Pack(3, dih, dwh, dbh);
@@ -686,7 +684,7 @@ static PyObject *op_gelu_forward(PyObject *m, PyObject *args, PyObject *kwargs) 
         return NULL;
     }
     PyObject *xh = NULL, *oh = NULL, *result = NULL;
-    pxt_tensor *x = arg(x_obj, "x", NULL, &xh);
+    pxt_tensor *x = pxt_op_arg(x_obj, "x", NULL, &xh);
     if (!x || pxt_py_check_float(x, "x") < 0) {
         goto done;
     }
@@ -697,7 +695,7 @@ static PyObject *op_gelu_forward(PyObject *m, PyObject *args, PyObject *kwargs) 
     int rc;
     RUN_NOGIL(rc, be->gelu_forward(x->device.index, ((pxt_tensor *)oh)->data, x->data,
                                    (size_t)x->numel, x->dtype));
-    if (status(rc) < 0) {
+    if (pxt_op_status(rc) < 0) {
         goto done;
     }
     result = oh;
@@ -716,12 +714,12 @@ static PyObject *op_gelu_backward(PyObject *m, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     PyObject *xh = NULL, *dh = NULL, *oh = NULL, *result = NULL;
-    pxt_tensor *x = arg(x_obj, "x", NULL, &xh), *dout;
+    pxt_tensor *x = pxt_op_arg(x_obj, "x", NULL, &xh), *dout;
     if (!x || pxt_py_check_float(x, "x") < 0) {
         goto done;
     }
-    dout = arg(d_obj, "dout", x, &dh);
-    if (!dout || check_like(dout, "dout", x) < 0 ||
+    dout = pxt_op_arg(d_obj, "dout", x, &dh);
+    if (!dout || pxt_op_check_like(dout, "dout", x) < 0 ||
         pxt_py_check_shape(dout, "dout", x->ndim, x->shape) < 0) {
         goto done;
     }
@@ -732,7 +730,7 @@ static PyObject *op_gelu_backward(PyObject *m, PyObject *args, PyObject *kwargs)
     int rc;
     RUN_NOGIL(rc, be->gelu_backward(x->device.index, ((pxt_tensor *)oh)->data, x->data, dout->data,
                                     (size_t)x->numel, x->dtype));
-    if (status(rc) < 0) {
+    if (pxt_op_status(rc) < 0) {
         goto done;
     }
     result = oh;
@@ -752,12 +750,13 @@ static PyObject *op_add(PyObject *m, PyObject *args, PyObject *kwargs) {
         return NULL;
     }
     PyObject *ah = NULL, *bh = NULL, *oh = NULL, *result = NULL;
-    pxt_tensor *a = arg(a_obj, "a", NULL, &ah), *b;
+    pxt_tensor *a = pxt_op_arg(a_obj, "a", NULL, &ah), *b;
     if (!a || pxt_py_check_float(a, "a") < 0) {
         goto done;
     }
-    b = arg(b_obj, "b", a, &bh);
-    if (!b || check_like(b, "b", a) < 0 || pxt_py_check_shape(b, "b", a->ndim, a->shape) < 0) {
+    b = pxt_op_arg(b_obj, "b", a, &bh);
+    if (!b || pxt_op_check_like(b, "b", a) < 0 ||
+        pxt_py_check_shape(b, "b", a->ndim, a->shape) < 0) {
         goto done;
     }
     const pxt_backend *be = PXT_BACKEND_OP(a->device, add);
@@ -767,7 +766,7 @@ static PyObject *op_add(PyObject *m, PyObject *args, PyObject *kwargs) {
     int rc;
     RUN_NOGIL(rc, be->add(a->device.index, ((pxt_tensor *)oh)->data, a->data, b->data,
                           (size_t)a->numel, a->dtype));
-    if (status(rc) < 0) {
+    if (pxt_op_status(rc) < 0) {
         goto done;
     }
     result = oh;
@@ -784,10 +783,10 @@ done:
 /* ids int32 of at most PXT_MAX_DIMS - 1 dims (the output adds C); N as int. */
 static int check_id_tensor(const pxt_tensor *ids, const char *name, int *N) {
     if (pxt_py_check_dtype(ids, name, PXT_INT32) < 0 ||
-        check_ndim(ids, name, 0, PXT_MAX_DIMS - 1) < 0) {
+        pxt_op_check_ndim(ids, name, 0, PXT_MAX_DIMS - 1) < 0) {
         return -1;
     }
-    return to_int(ids->numel, name, N);
+    return pxt_op_to_int(ids->numel, name, N);
 }
 
 static PyObject *op_embedding_forward(PyObject *m, PyObject *args, PyObject *kwargs) {
@@ -800,15 +799,16 @@ static PyObject *op_embedding_forward(PyObject *m, PyObject *args, PyObject *kwa
     }
     PyObject *ih = NULL, *th = NULL, *oh = NULL, *result = NULL;
     int N = 0, V = 0, C = 0, bad = 0;
-    pxt_tensor *ids = arg(i_obj, "ids", NULL, &ih), *table, *out;
+    pxt_tensor *ids = pxt_op_arg(i_obj, "ids", NULL, &ih), *table, *out;
     if (!ids || check_id_tensor(ids, "ids", &N) < 0) {
         goto done;
     }
-    table = arg(t_obj, "table", ids, &th);
+    table = pxt_op_arg(t_obj, "table", ids, &th);
     if (!table || pxt_py_check_device(table, "table", ids->device) < 0 ||
         pxt_py_check_float(table, "table") < 0 ||
         pxt_py_check_shape(table, "table", 2, (int64_t[]){-1, -1}) < 0 ||
-        to_int(table->shape[0], "table", &V) < 0 || to_int(table->shape[1], "table", &C) < 0) {
+        pxt_op_to_int(table->shape[0], "table", &V) < 0 ||
+        pxt_op_to_int(table->shape[1], "table", &C) < 0) {
         goto done;
     }
     int64_t oshape[PXT_MAX_DIMS]; /* ids.shape + (C,) */
@@ -816,7 +816,7 @@ static PyObject *op_embedding_forward(PyObject *m, PyObject *args, PyObject *kwa
         oshape[d] = ids->shape[d];
     }
     oshape[ids->ndim] = C;
-    out = opt_out(o_obj, "out", table, table->dtype, ids->ndim + 1, oshape, &oh, &bad);
+    out = pxt_op_opt_out(o_obj, "out", table, table->dtype, ids->ndim + 1, oshape, &oh, &bad);
     if (bad) {
         goto done;
     }
@@ -838,7 +838,7 @@ static PyObject *op_embedding_forward(PyObject *m, PyObject *args, PyObject *kwa
     int rc;
     RUN_NOGIL(rc, be->embedding_forward(ids->device.index, out->data, (const int32_t *)ids->data,
                                         table->data, N, C, accumulate, table->dtype));
-    if (status(rc) < 0) {
+    if (pxt_op_status(rc) < 0) {
         goto done;
     }
     result = oh;
@@ -863,11 +863,11 @@ static PyObject *op_embedding_backward(PyObject *m, PyObject *args, PyObject *kw
     PyObject *ih = NULL, *dh = NULL, *dth = NULL, *ws = NULL, *result = NULL;
     int N = 0, C = 0, v_ = 0, bad = 0;
     void *wsp;
-    pxt_tensor *ids = arg(i_obj, "ids", NULL, &ih), *dout, *dtable;
+    pxt_tensor *ids = pxt_op_arg(i_obj, "ids", NULL, &ih), *dout, *dtable;
     if (!ids || check_id_tensor(ids, "ids", &N) < 0) {
         goto done;
     }
-    dout = arg(d_obj, "dout", ids, &dh);
+    dout = pxt_op_arg(d_obj, "dout", ids, &dh);
     int64_t dshape[PXT_MAX_DIMS]; /* ids.shape + (C,) */
     for (int d = 0; d < ids->ndim; d++) {
         dshape[d] = ids->shape[d];
@@ -876,7 +876,7 @@ static PyObject *op_embedding_backward(PyObject *m, PyObject *args, PyObject *kw
     if (!dout || pxt_py_check_device(dout, "dout", ids->device) < 0 ||
         pxt_py_check_float(dout, "dout") < 0 ||
         pxt_py_check_shape(dout, "dout", ids->ndim + 1, dshape) < 0 ||
-        to_int(dout->shape[ids->ndim], "dout", &C) < 0) {
+        pxt_op_to_int(dout->shape[ids->ndim], "dout", &C) < 0) {
         goto done;
     }
     if (V <= 0 || V > INT_MAX) {
@@ -885,7 +885,7 @@ static PyObject *op_embedding_backward(PyObject *m, PyObject *args, PyObject *kw
     }
     v_ = (int)V;
     int64_t tshape[2] = {V, C};
-    dtable = opt_out(dt_obj, "dtable", ids, PXT_FLOAT32, 2, tshape, &dth, &bad);
+    dtable = pxt_op_opt_out(dt_obj, "dtable", ids, PXT_FLOAT32, 2, tshape, &dth, &bad);
     if (bad) {
         goto done;
     }
@@ -899,7 +899,7 @@ static PyObject *op_embedding_backward(PyObject *m, PyObject *args, PyObject *kw
         goto done;
     }
     if (!dtable) {
-        if (!(dth = new_zeros(ids->device, PXT_FLOAT32, 2, tshape))) {
+        if (!(dth = pxt_op_new_zeros(ids->device, PXT_FLOAT32, 2, tshape))) {
             goto done;
         }
         dtable = (pxt_tensor *)dth;
@@ -907,7 +907,7 @@ static PyObject *op_embedding_backward(PyObject *m, PyObject *args, PyObject *kw
     int rc;
     RUN_NOGIL(rc, be->embedding_backward(ids->device.index, (float *)dtable->data, dout->data,
                                          (const int32_t *)ids->data, N, C, v_, dout->dtype, wsp));
-    if (status(rc) < 0) {
+    if (pxt_op_status(rc) < 0) {
         goto done;
     }
     result = dth;
@@ -935,12 +935,12 @@ static PyObject *op_softmax_xent(PyObject *m, PyObject *args, PyObject *kwargs) 
     double scale = scale_arg.value;
     PyObject *lh = NULL, *th = NULL, *gh = NULL, *losses = NULL, *result = NULL;
     int N = 0, V = 0;
-    pxt_tensor *logits = arg(l_obj, "logits", NULL, &lh), *targets;
+    pxt_tensor *logits = pxt_op_arg(l_obj, "logits", NULL, &lh), *targets;
     if (!logits || pxt_py_check_dtype(logits, "logits", PXT_FLOAT32) < 0 ||
-        rows_cols(logits, "logits", &N, &V) < 0) {
+        pxt_op_rows_cols(logits, "logits", &N, &V) < 0) {
         goto done;
     }
-    targets = arg(t_obj, "targets", logits, &th);
+    targets = pxt_op_arg(t_obj, "targets", logits, &th);
     if (!targets || pxt_py_check_device(targets, "targets", logits->device) < 0 ||
         pxt_py_check_dtype(targets, "targets", PXT_INT32) < 0 ||
         pxt_py_check_shape(targets, "targets", logits->ndim - 1, logits->shape) < 0) {
@@ -969,7 +969,7 @@ static PyObject *op_softmax_xent(PyObject *m, PyObject *args, PyObject *kwargs) 
     RUN_NOGIL(rc, be->softmax_xent(logits->device.index, (float *)work->data,
                                    (float *)((pxt_tensor *)losses)->data,
                                    (const int32_t *)targets->data, N, V, (float)scale, backward));
-    if (status(rc) < 0) {
+    if (pxt_op_status(rc) < 0) {
         goto done;
     }
     result = PyTuple_Pack(2, losses, gh ? gh : Py_None);
@@ -989,7 +989,7 @@ static PyObject *op_sum(PyObject *m, PyObject *args, PyObject *kwargs) {
         return NULL;
     }
     PyObject *xh = NULL, *result = NULL;
-    pxt_tensor *x = arg(x_obj, "x", NULL, &xh);
+    pxt_tensor *x = pxt_op_arg(x_obj, "x", NULL, &xh);
     if (!x || pxt_py_check_dtype(x, "x", PXT_FLOAT32) < 0) {
         goto done;
     }
@@ -1000,7 +1000,7 @@ static PyObject *op_sum(PyObject *m, PyObject *args, PyObject *kwargs) {
     double total = 0.0;
     int rc;
     RUN_NOGIL(rc, be->sum(x->device.index, &total, (const float *)x->data, (size_t)x->numel));
-    if (status(rc) < 0) {
+    if (pxt_op_status(rc) < 0) {
         goto done;
     }
     result = PyFloat_FromDouble(total);

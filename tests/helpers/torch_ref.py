@@ -1,6 +1,9 @@
 """The PyTorch references the engine is tested against, written from DESIGN.md alone (plain
 torch, no transformers): one pre-LN GPT-2 block (``ref_block``, optionally with
-cross-attention) and the XTTS GPT built from it (``RefGPT``). float64 by default."""
+cross-attention) and the XTTS GPT built from it (``RefGPT``). float64 by default. The
+GPT's conditioning path is written from Coqui's source (TTS/tts/layers/tortoise/
+{autoregressive,arch_utils}.py, TTS/tts/layers/xtts/perceiver_encoder.py), its dropout
+applies the engine's masks from tests/philox.py."""
 from __future__ import annotations
 
 import math
@@ -31,23 +34,34 @@ def block_shapes(C, cross=False):
     return s
 
 
-def attend(q, k, v, allowed):
+def cond_groups(C: int) -> int:
+    """Coqui's normalization(): 32 groups (8 up to 16 channels, 16 up to 64), halved until they divide C."""
+    g = 8 if C <= 16 else 16 if C <= 64 else 32
+    while C % g:
+        g //= 2
+    return g
+
+
+def attend(q, k, v, allowed, keep=None):
     """q (B, H, Tq, D), k/v (B, H, Tk, D), allowed (B, Tq, Tk): explicit masked softmax;
-    a query row that sees no key gets zeros (the engine's convention)."""
+    a query row that sees no key gets zeros (the engine's convention). keep (B, H, Tq, Tk):
+    the dropout mask (0 or 1 / (1 - p)) on the probabilities."""
     s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     allowed = allowed[:, None]
     any_key = allowed.any(-1, keepdim=True)
     s = torch.where(allowed, s, torch.tensor(float("-inf"), dtype=s.dtype))
     s = torch.where(any_key, s, torch.zeros((), dtype=s.dtype))
     p = torch.softmax(s, dim=-1) * allowed * any_key
-    return p @ v
+    return (p if keep is None else p * keep) @ v
 
 
 def ref_block(params, x, H, key_mask=None, causal=True, context=None, context_mask=None, eps=1e-5,
-              sdpa=False):
+              sdpa=False, drop=None):
     """y (B, T, C) of one block on x (B, T, C); params maps BLOCK_PARAMS (and crossattn.*
     with a context (B, Tc, C)) to tensors. sdpa: torch's fused attention (the benchmark
-    baseline) instead of the explicit softmax; with no key mask and causal, its flash kernel."""
+    baseline) instead of the explicit softmax; with no key mask and causal, its flash kernel.
+    drop: GPT-2's dropout masks, (attention probabilities (B, H, T, T), attention branch
+    (B, T, C or 1), MLP branch (B, T, C or 1)), or None."""
     B, T, C = x.shape
     D = C // H
     w = params
@@ -63,12 +77,13 @@ def ref_block(params, x, H, key_mask=None, causal=True, context=None, context_ma
     qkv = a @ w["attn.c_attn.weight"] + w["attn.c_attn.bias"]
     q, k, v = (heads(t, T) for t in qkv.split(C, dim=2))
     if not sdpa:
-        o = attend(q, k, v, allowed)
+        o = attend(q, k, v, allowed, None if drop is None else drop[0])
     elif key_mask is None and causal:
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     else:
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])
-    x = x + o.transpose(1, 2).reshape(B, T, C) @ w["attn.c_proj.weight"] + w["attn.c_proj.bias"]
+    branch = o.transpose(1, 2).reshape(B, T, C) @ w["attn.c_proj.weight"] + w["attn.c_proj.bias"]
+    x = x + (branch if drop is None else branch * drop[1])
     if context is not None:
         Tc = context.shape[1]
         cv = (torch.ones(B, Tc, dtype=torch.bool) if context_mask is None
@@ -81,18 +96,23 @@ def ref_block(params, x, H, key_mask=None, causal=True, context=None, context_ma
         x = x + o @ w["crossattn.c_proj.weight"] + w["crossattn.c_proj.bias"]
     a = F.layer_norm(x, (C,), w["ln_2.weight"], w["ln_2.bias"], eps)
     f = F.gelu(a @ w["mlp.c_fc.weight"] + w["mlp.c_fc.bias"], approximate="tanh")
-    return x + f @ w["mlp.c_proj.weight"] + w["mlp.c_proj.bias"]
+    branch = f @ w["mlp.c_proj.weight"] + w["mlp.c_proj.bias"]
+    return x + (branch if drop is None else branch * drop[2])
 
 
 class RefGPT(torch.nn.Module):
     """The XTTS GPT: embeddings, cfg.n_layers ref_blocks, the two final LayerNorms, the
     heads and the weighted cross-entropies. Parameters by DESIGN.md's names; load() takes
-    a pyxtts state_dict."""
+    a pyxtts state_dict. With cfg.conditioning, Coqui's conditioning encoder and perceiver
+    (their names and shapes), which make the latents from batch["cond_mels"].
+    dropout: None (none applied), or (seed, step, sample0): the masks the engine draws for
+    that step, from tests/philox.py, at probability cfg.dropout."""
 
-    def __init__(self, cfg, dtype=torch.float64, sdpa=False):
+    def __init__(self, cfg, dtype=torch.float64, sdpa=False, dropout=None):
         super().__init__()
         self.cfg = cfg
         self.sdpa = sdpa
+        self.dropout = dropout
         d, L = cfg.d_model, cfg.n_layers
         self.p = torch.nn.ParameterDict()
         self.names = []
@@ -113,6 +133,22 @@ class RefGPT(torch.nn.Module):
         add("final_norm.weight", d); add("final_norm.bias", d)  # noqa: E702
         add("text_head.weight", cfg.text_vocab_size, d); add("text_head.bias", cfg.text_vocab_size)  # noqa: E702
         add("mel_head.weight", cfg.audio_vocab_size, d); add("mel_head.bias", cfg.audio_vocab_size)  # noqa: E702
+        if getattr(cfg, "conditioning", False):  # Coqui's names and shapes
+            F_ = int(d * 4 * 2 / 3)
+            add("conditioning_encoder.init.weight", d, 80, 1); add("conditioning_encoder.init.bias", d)  # noqa: E702
+            for k in range(6):
+                a = f"conditioning_encoder.attn.{k}."
+                add(a + "norm.weight", d); add(a + "norm.bias", d)  # noqa: E702
+                add(a + "qkv.weight", 3 * d, d, 1); add(a + "qkv.bias", 3 * d)  # noqa: E702
+                add(a + "proj_out.weight", d, d, 1); add(a + "proj_out.bias", d)  # noqa: E702
+            add("conditioning_perceiver.latents", cfg.n_cond_latents, d)
+            for k in range(2):
+                a = f"conditioning_perceiver.layers.{k}."
+                add(a + "0.to_q.weight", 512, d); add(a + "0.to_kv.weight", 1024, d)  # noqa: E702
+                add(a + "0.to_out.weight", d, 512)
+                add(a + "1.0.weight", 2 * F_, d); add(a + "1.0.bias", 2 * F_)  # noqa: E702
+                add(a + "1.2.weight", d, F_); add(a + "1.2.bias", d)  # noqa: E702
+            add("conditioning_perceiver.norm.gamma", d)
 
     def w(self, name):
         return self.p[name.replace(".", "__")]
@@ -123,7 +159,51 @@ class RefGPT(torch.nn.Module):
                 self.w(n).copy_(torch.from_numpy(np.asarray(state[n], dtype=np.float64)))
 
     def grads(self):
-        return {n: self.w(n).grad.detach().numpy().copy() for n in self.names}
+        """name -> gradient (zeros for a tensor the step did not reach)."""
+        return {n: (self.w(n).grad.detach().numpy().copy() if self.w(n).grad is not None
+                    else np.zeros(tuple(self.w(n).shape))) for n in self.names}
+
+    def conditioning(self, mels):
+        """Coqui's get_style_emb with the perceiver resampler: (B, 80, S) -> (B, Nl, d)."""
+        cfg, w = self.cfg, self.w
+        d, H = cfg.d_model, cfg.n_heads
+        h = F.conv1d(mels, w("conditioning_encoder.init.weight"), w("conditioning_encoder.init.bias"))
+        B, _, S = h.shape
+        for k in range(6):  # AttentionBlock: the residual goes onto the normed input
+            a = f"conditioning_encoder.attn.{k}."
+            xn = F.group_norm(h, cond_groups(d), w(a + "norm.weight"), w(a + "norm.bias"), 1e-5)
+            qkv = F.conv1d(xn, w(a + "qkv.weight"), w(a + "qkv.bias"))
+            ch = d // H  # QKVAttentionLegacy: heads split before q, k, v
+            q, kk, v = qkv.reshape(B * H, 3 * ch, S).split(ch, dim=1)
+            scale = 1 / math.sqrt(math.sqrt(ch))
+            att = torch.softmax(torch.einsum("bct,bcs->bts", q * scale, kk * scale), dim=-1)
+            o = torch.einsum("bts,bcs->bct", att, v).reshape(B, d, S)
+            h = xn + F.conv1d(o, w(a + "proj_out.weight"), w(a + "proj_out.bias"))
+        context = h.transpose(1, 2)
+        lat = w("conditioning_perceiver.latents")[None].expand(B, -1, -1)
+        for k in range(2):  # Attention over cat(latents, context), then GEGLU feed-forward
+            a = f"conditioning_perceiver.layers.{k}."
+            kv = torch.cat([lat, context], 1) @ w(a + "0.to_kv.weight").T
+            heads = lambda t: t.reshape(B, t.shape[1], 8, 64).transpose(1, 2)  # noqa: E731
+            q, kk, v = heads(lat @ w(a + "0.to_q.weight").T), heads(kv[..., :512]), heads(kv[..., 512:])
+            o = torch.softmax(q @ kk.transpose(-1, -2) * 64**-0.5, dim=-1) @ v
+            lat = o.transpose(1, 2).reshape(B, -1, 512) @ w(a + "0.to_out.weight").T + lat
+            u = lat @ w(a + "1.0.weight").T + w(a + "1.0.bias")
+            x, gate = u.chunk(2, dim=-1)
+            lat = (x * F.gelu(gate)) @ w(a + "1.2.weight").T + w(a + "1.2.bias") + lat
+        return F.normalize(lat, dim=-1) * math.sqrt(d) * w("conditioning_perceiver.norm.gamma")
+
+    def _mask(self, site, kind, B, T, Nc, Lt):
+        """The engine's mask of a site as float64: rows (B, T, d) or attention (B, H, T, T)."""
+        import philox
+
+        seed, step, sample0 = self.dropout
+        p, key = self.cfg.dropout, philox.dropout_key(seed, step, site)
+        if kind == "rows":
+            m = philox.row_mask(p, key, B * T, self.cfg.d_model, T, Nc, Nc + Lt, sample0)
+            return torch.from_numpy(m.astype(np.float64).reshape(B, T, -1))
+        m = philox.attention_mask(p, key, B, self.cfg.n_heads, T, T, Nc, Nc + Lt, sample0)
+        return torch.from_numpy(m.astype(np.float64))
 
     def forward(self, batch, token_counts=None):
         cfg, w = self.cfg, self.w
@@ -143,20 +223,32 @@ class RefGPT(torch.nn.Module):
         xt = w("text_embedding.weight")[ti] + w("text_pos_embedding.emb.weight")[:Lt][None]
         xa = w("mel_embedding.weight")[ai] + w("mel_pos_embedding.emb.weight")[:La][None]
         parts, valid = [xt, xa], [tv, av]
+        cond = None
         if batch.get("cond_latents") is not None:
             cond = torch.as_tensor(np.asarray(batch["cond_latents"], dtype=np.float64)).to(dt)
+        elif batch.get("cond_mels") is not None:
+            mels = np.asarray(batch["cond_mels"], dtype=np.float64)
+            cond = self.conditioning(torch.from_numpy(mels.reshape(B, 80, -1)).to(dt))
+        if cond is not None:
             parts.insert(0, cond)
             valid.insert(0, torch.ones(B, cond.shape[1], dtype=torch.bool))
         x = torch.cat(parts, 1)
         key_valid = torch.cat(valid, 1)  # (B, T)
         key_mask = None if bool(key_valid.all()) else key_valid
+        T, Nc = x.shape[1], x.shape[1] - Lt - La
+        drop = self.dropout is not None and getattr(cfg, "dropout", 0.0) > 0
+        if drop:  # GPT-2's embedding dropout, over every row the stack sees
+            x = x * self._mask(0, "rows", B, T, Nc, Lt)
         for i in range(cfg.n_layers):
             params = {name: w(f"gpt.h.{i}.{name}") for name in BLOCK_PARAMS}
+            masks = None
+            if drop:  # sites 1 + 3i (probabilities), 2 + 3i and 3 + 3i (the branches)
+                masks = (self._mask(1 + 3 * i, "attention", B, T, Nc, Lt), self._mask(2 + 3 * i, "rows", B, T, Nc, Lt),
+                         self._mask(3 + 3 * i, "rows", B, T, Nc, Lt))
             x = ref_block(params, x, cfg.n_heads, key_mask=key_mask, causal=True, eps=cfg.layer_norm_eps,
-                          sdpa=self.sdpa)
+                          sdpa=self.sdpa, drop=masks)
         x = F.layer_norm(x, (cfg.d_model,), w("gpt.ln_f.weight"), w("gpt.ln_f.bias"), cfg.layer_norm_eps)
         x = F.layer_norm(x, (cfg.d_model,), w("final_norm.weight"), w("final_norm.bias"), cfg.layer_norm_eps)
-        Nc = x.shape[1] - Lt - La
         text_logits = x[:, Nc:Nc + Lt] @ w("text_head.weight").T + w("text_head.bias")
         audio_logits = x[:, Nc + Lt:] @ w("mel_head.weight").T + w("mel_head.bias")
         t_sum = F.cross_entropy(text_logits.reshape(-1, text_logits.shape[-1]), tt.reshape(-1),
