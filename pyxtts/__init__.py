@@ -84,6 +84,7 @@ from pyxtts.data import (
     batch_groups,
     bucketed_batches,
     collate,
+    collate_references,
     write_shards,
 )
 from pyxtts.memory import cleanup_gpu_memory, memory_summary
@@ -128,6 +129,7 @@ __all__ = [
     "build_info",
     "cleanup_gpu_memory",
     "collate",
+    "collate_references",
     "cuda_available",
     "device_count",
     "device_info",

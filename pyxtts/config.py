@@ -282,7 +282,10 @@ class DataConfig:
     bucketing: bool = True  # batch samples of similar length together
     bucket_size_multiplier: int = 10  # a bucket holds this many batches before it is split
     shuffle: bool = True
-    shuffle_seed: int = 0
+    shuffle_seed: int = 0  # the data order's seed, and the reference slices' (pyxtts.references)
+    # with the conditioning path and samples cut from their own clip: the codes a step's
+    # reference slice covers are not targets (Coqui's gpt_use_masking_gt_prompt_approach)
+    mask_reference_targets: bool = True
     num_workers: int = 2  # threads collating the next batches while a step runs; 0: in the loop
     train_metadata: str | None = None  # e.g. LJSpeech-style "metadata.csv"
     eval_metadata: str | None = None

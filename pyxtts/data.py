@@ -7,7 +7,10 @@ samples has, for i in 0..n-1, the integer arrays ``text_<i>`` (Lt,) and ``audio_
 ``pyxtts prepare`` stores: ``ref_audio_<i>`` (N,) float32 at 22,050 Hz, the recording the
 trainer draws each step's reference slice from, and ``ref_is_clip_<i>`` () bool, true when
 that recording is the sample's own clip (so its slice's codes can be masked as targets).
-``write_shards`` writes ``shard-00000.npz``, ``shard-00001.npz``, ...
+``write_shards`` writes ``shard-00000.npz``, ``shard-00001.npz``, ... Beside the shards,
+``pyxtts prepare`` writes ``mel_stats.npy`` (80,): the mel normalisation of the XTTS
+checkpoint the data was prepared for, with which the trainer computes the reference
+slices' mels (``TTSDataset.mel_stats``; ``pyxtts.references``).
 
 Manifest format: a text file, one JSON object per line, ``{"text": ..., "audio": ...,
 "cond": ...}`` (``cond`` optional); each value is either a list (of ids, or of rows for
@@ -38,7 +41,7 @@ import numpy as np
 from pyxtts.framing import AUDIO_OVERHEAD, TEXT_OVERHEAD, frame_batch
 
 __all__ = ["DataError", "Sample", "TTSDataset", "SyntheticDataset", "shard_arrays", "write_shards", "collate",
-           "batch_groups", "bucketed_batches"]
+           "collate_references", "batch_groups", "bucketed_batches"]
 
 
 class DataError(ValueError):
@@ -150,10 +153,12 @@ def json_lines(path: Path, error: type[ValueError] = DataError) -> Iterator[tupl
 class TTSDataset(Sequence):
     """Pre-tokenised samples in memory. ``TTSDataset.from_shards(folder)``,
     ``TTSDataset.from_manifest(path)`` or ``TTSDataset.load(path)`` (either); with a
-    ``config`` every sample is validated on load."""
+    ``config`` every sample is validated on load. ``mel_stats``: the (80,) mel normalisation
+    for the reference slices (``from_shards`` reads the folder's ``mel_stats.npy``)."""
 
-    def __init__(self, samples: Sequence[Sample], config=None) -> None:
+    def __init__(self, samples: Sequence[Sample], config=None, mel_stats: np.ndarray | None = None) -> None:
         self.samples = list(samples)
+        self.mel_stats = None if mel_stats is None else np.asarray(mel_stats, dtype=np.float64)
         if config is not None:
             self.validate(config)
 
@@ -189,7 +194,16 @@ class TTSDataset(Sequence):
                                 for p in ("text", "audio", "cond", "ref_audio", "ref_is_clip")}
                 if extra:
                     raise DataError(f"{f}: unexpected arrays {sorted(extra)[:3]}")
-        return cls(samples, config)
+        stats = None
+        if (folder / "mel_stats.npy").is_file():
+            try:
+                stats = np.load(folder / "mel_stats.npy", allow_pickle=False)
+            except (OSError, ValueError) as exc:
+                raise DataError(f"{folder / 'mel_stats.npy'}: cannot read it: {exc}") from exc
+            if stats.shape != (80,) or stats.dtype.kind != "f" or not np.isfinite(stats).all() or (stats == 0).any():
+                raise DataError(f"{folder / 'mel_stats.npy'}: expected 80 finite non-zero floats, got dtype "
+                                f"{stats.dtype} shape {stats.shape}")
+        return cls(samples, config, stats)
 
     @classmethod
     def from_manifest(cls, path: str | os.PathLike, config=None) -> "TTSDataset":
@@ -232,12 +246,13 @@ class TTSDataset(Sequence):
     def validate(self, config) -> None:
         """Every id within the vocabularies, lengths within the maxima (with a framing
         config, the framed lengths: ``len(text) + 1`` and ``len(audio) + 4``), conditioning
-        latents of shape (n_cond_latents, d_model), all or none of the samples conditioned;
+        latents of shape (n_cond_latents, d_model), all or none of the samples conditioned
+        (latents, and reference recordings, each all or none);
         raises DataError naming the sample's file (and line)."""
         c = config
         framed = bool(getattr(c, "frames_data", False))
         extra_t, extra_a = (TEXT_OVERHEAD, AUDIO_OVERHEAD) if framed else (0, 0)
-        has_cond = None
+        has_cond = has_ref = None
         for j, s in enumerate(self.samples):
             where = s.source or f"sample {j}"
             for what, ids, vocab, cap in (("text", s.text, c.text_vocab_size, c.max_text_tokens - extra_t),
@@ -251,9 +266,11 @@ class TTSDataset(Sequence):
                                     + ("(its positions less the start/stop tokens the framing adds) " if framed
                                        else "") + "(pyxtts never truncates)")
             if has_cond is None:
-                has_cond = s.cond is not None
+                has_cond, has_ref = s.cond is not None, s.ref_audio is not None
             elif has_cond != (s.cond is not None):
                 raise DataError(f"{where}: conditioning latents on some samples only (all or none)")
+            elif has_ref != (s.ref_audio is not None):
+                raise DataError(f"{where}: a reference recording (ref_audio) on some samples only (all or none)")
             nc = 0
             if s.cond is not None:
                 nc = s.cond.shape[0]
@@ -279,7 +296,7 @@ class TTSDataset(Sequence):
         held = set(order[:n_eval].tolist())
         train = [s for i, s in enumerate(self.samples) if i not in held]
         held_out = [self.samples[i] for i in sorted(held)]
-        return TTSDataset(train), TTSDataset(held_out)
+        return TTSDataset(train, mel_stats=self.mel_stats), TTSDataset(held_out, mel_stats=self.mel_stats)
 
     def batches(self, batch_size: int, shuffle: bool = True, seed: int = 0, **kw) -> Iterator[dict]:
         """``bucketed_batches(self, batch_size, shuffle=shuffle, seed=seed, ...)``."""
@@ -328,6 +345,19 @@ def collate(samples: Sequence[Sample], text_stop_token: int | None = None,
         if any(c is None for c in conds) or len({c.shape for c in conds}) != 1:
             raise ValueError("collate: conditioning latents must be present on all samples, all of one shape")
         out["cond_latents"] = np.stack(conds).astype(np.float32)
+    return out
+
+
+def collate_references(samples: Sequence[Sample], indices: Sequence[int], config, references, epoch: int,
+                       evaluation: bool = False) -> dict:
+    """``collate(samples, config=config)`` with each sample's reference slice: ``cond_mels``
+    (B, 80, S) drawn by ``references`` (a ``pyxtts.references.References``) for the dataset's
+    ``indices`` at ``epoch``, and the targets its slice covers masked (``ignore_code_ranges``);
+    fixed ``cond_latents`` the samples may also carry are left out (the two are exclusive)."""
+    mels, ranges = references.batch(samples, indices, epoch, evaluation)
+    out = collate(samples, config=config, ignore_code_ranges=ranges)
+    out.pop("cond_latents", None)
+    out["cond_mels"] = mels
     return out
 
 

@@ -23,7 +23,6 @@ redoes the step instead of ending the run. Around it:
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import itertools
 import json
@@ -47,7 +46,7 @@ from pyxtts.batch import find_optimal_batch_size, train_step_with_accumulation
 from pyxtts.checkpoint import CheckpointError, load_checkpoint, load_checkpoint_checked, save_checkpoint
 from pyxtts.config import XTTSConfig
 from pyxtts.coqui_config import coqui_decay
-from pyxtts.data import Sample, TTSDataset, batch_groups, collate
+from pyxtts.data import DataError, Sample, TTSDataset, batch_groups, collate, collate_references
 from pyxtts.memory import cleanup_gpu_memory, format_bytes
 from pyxtts.model import XTTSGPT
 from pyxtts.monitor import _rss_bytes
@@ -228,8 +227,12 @@ class Trainer:
         c = self.config
         text = audio = 0.0
         n_text = n_audio = 0
+        refs = self._reference_draw(dataset)
         for g in batch_groups(dataset, c.data.batch_size, shuffle=False, bucket_factor=1):
-            r = self.model.forward(collate([dataset[int(i)] for i in g], config=c.model))
+            samples = [dataset[int(i)] for i in g]
+            batch = (collate(samples, config=c.model) if refs is None else
+                     collate_references(samples, g, c.model, refs, epoch=0, evaluation=True))
+            r = self.model.forward(batch)
             text += r["text_loss"] * r["text_tokens"]
             audio += r["audio_loss"] * r["audio_tokens"]
             n_text += r["text_tokens"]
@@ -359,6 +362,23 @@ class Trainer:
                 "reserved_bytes": _C.memory_reserved(self.device), "rss_bytes": _rss_bytes(),
                 "time": time.time()}
 
+    def _reference_draw(self, dataset: Sequence[Sample]) -> Any:
+        """How each step draws the reference slices (``pyxtts.references.References``) when
+        the model trains its conditioning path and the samples carry their recordings
+        (``pyxtts prepare``'s shards); None otherwise (fixed ``cond_latents``, or none)."""
+        m = self.config.model
+        if not m.conditioning or len(dataset) == 0 or dataset[0].ref_audio is None:
+            return None
+        stats = getattr(dataset, "mel_stats", None)
+        if stats is None:
+            raise DataError(f"{dataset[0].source or 'dataset'}: the samples carry reference recordings for the "
+                            "conditioning path but the dataset has no mel_stats (the mel_stats.npy pyxtts prepare "
+                            "writes beside its shards, or TTSDataset(..., mel_stats=...))")
+        from pyxtts.references import References  # pyxtts.prepare: imported only for such data
+
+        d = self.config.data
+        return References.for_model(m, stats, seed=d.shuffle_seed, mask_targets=d.mask_reference_targets)
+
     # ---- the loop --------------------------------------------------------------------------
     def fit(self, dataset: Sequence[Sample], eval_dataset: Sequence[Sample] | None = None, *,
             resume: bool | str | os.PathLike = False, overwrite: bool = False) -> FitResult:
@@ -383,6 +403,10 @@ class Trainer:
             checked.append(ds if isinstance(ds, TTSDataset) else TTSDataset(list(ds)))
             checked[-1].validate(_data_limits(c))
         fingerprint = _data_fingerprint(checked[0].samples, c)
+        refs = self._reference_draw(checked[0])
+        if refs is None and c.model.conditioning and checked[0][0].cond is None:
+            self._say("note: the samples carry no reference recordings (ref_audio) or conditioning latents, so the "
+                      "conditioning encoder and perceiver are not trained; pyxtts prepare's shards carry them")
         say = self._say
         resumed = None
         if resume is not False:
@@ -439,7 +463,8 @@ class Trainer:
                     raise Terminated(signals[0])
                 groups = batch_groups(dataset, effective, shuffle=d.shuffle, seed=d.shuffle_seed + self.epoch,
                                       bucket_factor=bucket)
-                ahead = _collated(dataset, groups[self.batch_in_epoch:], d.num_workers, c.model)
+                ahead = _collated(checked[0], groups[self.batch_in_epoch:], d.num_workers, c.model, refs,
+                                  self.epoch)
                 for g, batch in ahead:
                     if self.step >= total:
                         break
@@ -520,26 +545,33 @@ class Trainer:
                          elapsed_s=elapsed, history=history, evals=evals)
 
 
-def _collated(dataset: Sequence[Sample], groups: list, workers: int, model_config: Any) -> Iterator[tuple[Any, dict]]:
+def _collated(dataset: Sequence[Sample], groups: list, workers: int, model_config: Any, references: Any = None,
+              epoch: int = 0) -> Iterator[tuple[Any, dict]]:
     """(indices, batch) for each group in order, framed as ``model_config`` says
-    (``collate``); with ``workers`` > 0 that many threads collate the next batches while a
-    step runs (the engine releases the GIL)."""
-    collate_batch = functools.partial(collate, config=model_config)
+    (``collate``), with the reference slices ``references`` draws at ``epoch`` when given
+    (``collate_references``); with ``workers`` > 0 that many threads collate the next
+    batches while a step runs (the engine releases the GIL)."""
+    def collate_batch(g: np.ndarray) -> dict:
+        samples = [dataset[int(i)] for i in g]
+        if references is None:
+            return collate(samples, config=model_config)
+        return collate_references(samples, g, model_config, references, epoch)
+
     if workers == 0:
         for g in groups:
-            yield g, collate_batch([dataset[int(i)] for i in g])
+            yield g, collate_batch(g)
         return
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pyxtts-collate") as pool:
         todo = iter(groups)
         pending: deque = deque()
         try:
             for g in itertools.islice(todo, workers):
-                pending.append((g, pool.submit(collate_batch, [dataset[int(i)] for i in g])))
+                pending.append((g, pool.submit(collate_batch, g)))
             while pending:
                 g, future = pending.popleft()
                 nxt = next(todo, None)
                 if nxt is not None:
-                    pending.append((nxt, pool.submit(collate_batch, [dataset[int(i)] for i in nxt])))
+                    pending.append((nxt, pool.submit(collate_batch, nxt)))
                 yield g, future.result()
         finally:
             for _, f in pending:

@@ -87,6 +87,10 @@ def test_shards_hold_ids_codes_and_the_clip(small, prepared):
     assert sm["audio_codes_per_second"] == pytest.approx(sum(len(s.audio) for s in samples) / seconds, rel=1e-6)
     assert sm["text_tokens_per_second"] == pytest.approx(sum(len(s.text) for s in samples) / seconds, rel=1e-6)
     assert json.loads((out / "summary.json").read_text())["kept"] == 12
+    # the normalisation the trainer computes the reference slices' mels with
+    stats = read_tensors(small["xtts"] / "mel_stats.pth")
+    for ds in (train, held):
+        np.testing.assert_array_equal(ds.mel_stats, stats)
     assert "prepared 12 of 12 samples" in result.format_summary()
 
 
@@ -133,7 +137,8 @@ def test_same_bytes_for_any_worker_count_and_run(small, prepared, tmp_path):
                     seed=SEED, workers=2, progress=False)
     assert again.summary["workers"] == 2 and again.summary["shards_resumed"] == 0
     assert files(tmp_path / "w2") == files(out)
-    assert len(files(out)) == 2 * 4 + 1  # 3 + 1 shards (9 + 3 samples by 4) with their listings, the report
+    # 3 + 1 shards (9 + 3 samples by 4) with their listings, each split's mel_stats.npy, the report
+    assert len(files(out)) == 2 * 4 + 2 + 1
 
 
 def test_resume_keeps_finished_shards(small, prepared, tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ Output folder::
 
     OUT/prepare.json          the inputs' and settings' fingerprint (a rerun must match it)
     OUT/train/shard-NNNNN.npz the training samples; shard-NNNNN.json lists its samples
+    OUT/train/mel_stats.npy   the checkpoint's mel normalisation, for the reference slices' mels
     OUT/eval/shard-NNNNN.npz  the held-out samples (eval_fraction > 0)
     OUT/report.tsv            every sample: kept, or the reason it was dropped
     OUT/summary.json          counts, hours, tokens per second of speech, throughput
@@ -401,6 +402,8 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
                 shutil.rmtree(sub)
             continue
         sub.mkdir(exist_ok=True)
+        # the trainer computes each step's reference-slice mels with the checkpoint's normalisation
+        np.save(sub / "mel_stats.npy", np.asarray(assets.mel_stats, dtype=np.float64))
         n = math.ceil(len(split_items) / samples_per_shard)
         shards += [_Shard(split, j, split_items[j * samples_per_shard:(j + 1) * samples_per_shard], sub)
                    for j in range(n)]
