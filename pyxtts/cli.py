@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+from typing import Any
 
 import pyxtts
 from pyxtts.memory import format_bytes
@@ -76,6 +78,27 @@ def _dataset(path: str, where: str):
         raise DataError(f"{where}: {exc}") from exc
 
 
+def _init_from_xtts(config: Any, source: str) -> None:
+    """``--init``: the run starts from a Coqui XTTS checkpoint (the released folder, its
+    ``model.pth``, or a GPTTrainer checkpoint), imported into
+    ``<checkpoint_dir>/init_xtts.safetensors``; the checkpoint's own model config (sizes,
+    token ids, XTTS v2's conditioning path and dropout) replaces the config's model section."""
+    from pyxtts.checkpoint import CheckpointError
+    from pyxtts.coqui_checkpoint import import_xtts_checkpoint
+    from pyxtts.model import ModelConfig
+
+    out = Path(config.training.checkpoint_dir) / "init_xtts.safetensors"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        meta = import_xtts_checkpoint(source, out)
+    except CheckpointError as exc:
+        raise CheckpointError(f"--init {source}: {exc}") from exc
+    except OSError as exc:
+        raise type(exc)(f"--init {source}: {exc.strerror or exc}") from exc
+    config.model = ModelConfig(**meta["config"])
+    config.training.init_checkpoint = str(out)
+
+
 def _train(args: argparse.Namespace) -> int:
     from pyxtts.checkpoint import CheckpointError
     from pyxtts.config import XTTSConfig
@@ -94,6 +117,8 @@ def _train(args: argparse.Namespace) -> int:
             config.data.__post_init__()
         if args.checkpoint_dir is not None:
             config.training.checkpoint_dir = args.checkpoint_dir
+        if args.init is not None:
+            _init_from_xtts(config, args.init)
         if args.data is not None:
             train, held = _dataset(args.data, "--data"), None
         elif config.data.train_metadata is not None:
@@ -194,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="YAML config or a shipped one's name (default: cpu_demo on a synthetic set)")
     tr.add_argument("--data", default=None, help="training samples: a folder of .npz shards or a JSONL manifest")
     tr.add_argument("--eval-data", default=None, help="evaluation samples (same formats)")
+    tr.add_argument("--init", default=None, metavar="XTTS_DIR",
+                    help="start from a Coqui XTTS checkpoint (the released folder or a model.pth); its model "
+                         "config replaces the config's model section")
     tr.add_argument("--synthetic", type=int, default=None, metavar="N",
                     help="train on N synthetic samples (64 more held out for evaluation)")
     tr.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CHECKPOINT",
