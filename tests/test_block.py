@@ -371,6 +371,7 @@ def test_constructor_rejects_bad_arguments():
         (dict(d_model=32, n_heads=4, checkpointing=None), TypeError, "checkpointing"),
         (dict(d_model=32, n_heads=4, layer_norm_eps=0.0), ValueError, "layer_norm_eps"),
         (dict(d_model=32, n_heads=4, layer_norm_eps=float("nan")), ValueError, "layer_norm_eps"),
+        (dict(d_model=32, n_heads=4, layer_norm_eps=1e-46), ValueError, r"float32\), got 1e-46$"),  # 0 in float32
         (dict(d_model=32, n_heads=4, seed=-1), ValueError, "seed"),
         (dict(d_model=32, n_heads=4, seed=1.5), TypeError, "seed"),
         (dict(d_model=32, n_heads=4, device="tpu"), ValueError, "device"),

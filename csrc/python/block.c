@@ -13,6 +13,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #define NO_IMPORT_ARRAY
@@ -64,10 +65,10 @@ static int block_init(PyObject *op, PyObject *args, PyObject *kwargs) {
         return -1;
     }
     if (!((float)eps.value > 0.0f)) {
-        PyErr_Format(PyExc_ValueError,
-                     "layer_norm_eps: expected a finite number > 0 (in float32), "
-                     "got %g",
-                     eps.value);
+        char msg[96]; /* PyErr_Format has no %g */
+        snprintf(msg, sizeof msg,
+                 "layer_norm_eps: expected a finite number > 0 (in float32), got %g", eps.value);
+        PyErr_SetString(PyExc_ValueError, msg);
         return -1;
     }
     int rc = pxt_block_model_init(&o->m, (int)C.value, (int)H.value, cross, (float)eps.value,

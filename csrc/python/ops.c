@@ -12,6 +12,7 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 
 /* ---- helpers --------------------------------------------------------------- */
 
@@ -174,8 +175,10 @@ static int parse_gemm_operands(PyObject *a_obj, PyObject *b_obj, int ta, int tb,
         return -1;
     }
     if (!isfinite(alpha) || !isfinite(beta) || fabs(alpha) > FLT_MAX || fabs(beta) > FLT_MAX) {
-        PyErr_Format(PyExc_ValueError, "alpha, beta: expected finite float32 values, got %g, %g",
-                     alpha, beta);
+        char msg[128]; /* PyErr_Format has no %g */
+        snprintf(msg, sizeof msg, "alpha, beta: expected finite float32 values, got %g, %g", alpha,
+                 beta);
+        PyErr_SetString(PyExc_ValueError, msg);
         return -1;
     }
     g->given = dt_arg->a.given;
@@ -230,7 +233,9 @@ static PyObject *op_gemm(PyObject *m, PyObject *args, PyObject *kwargs) {
             goto done;
         }
     } else if (beta != 0.0) {
-        PyErr_Format(PyExc_ValueError, "beta: must be 0 when C is not given, got %g", beta);
+        char msg[96];
+        snprintf(msg, sizeof msg, "beta: must be 0 when C is not given, got %g", beta);
+        PyErr_SetString(PyExc_ValueError, msg);
         goto done;
     }
     const pxt_backend *be = PXT_BACKEND_OP(A->device, gemm);
@@ -340,8 +345,9 @@ static PyObject *op_gemm_fused(PyObject *m, PyObject *args, PyObject *kwargs) {
         goto done;
     }
     if (beta != 0.0 && !C && !D) {
-        PyErr_Format(PyExc_ValueError, "beta: must be 0 when neither C nor D is given, got %g",
-                     beta);
+        char msg[96];
+        snprintf(msg, sizeof msg, "beta: must be 0 when neither C nor D is given, got %g", beta);
+        PyErr_SetString(PyExc_ValueError, msg);
         goto done;
     }
     if (epi == PXT_EPI_DGELU_BGRAD && !pre) {
@@ -545,7 +551,9 @@ static PyObject *op_layernorm_forward(PyObject *m, PyObject *args, PyObject *kwa
         goto done;
     }
     if (!(eps >= 0.0 && eps <= FLT_MAX)) {
-        PyErr_Format(PyExc_ValueError, "eps: expected a finite value >= 0, got %g", eps);
+        char msg[96];
+        snprintf(msg, sizeof msg, "eps: expected a finite value >= 0, got %g", eps);
+        PyErr_SetString(PyExc_ValueError, msg);
         goto done;
     }
     const pxt_backend *be = PXT_BACKEND_OP(x->device, layernorm_forward);
@@ -947,7 +955,9 @@ static PyObject *op_softmax_xent(PyObject *m, PyObject *args, PyObject *kwargs) 
         goto done;
     }
     if (!(fabs(scale) <= FLT_MAX)) {
-        PyErr_Format(PyExc_ValueError, "scale: expected a finite float32 value, got %g", scale);
+        char msg[96];
+        snprintf(msg, sizeof msg, "scale: expected a finite float32 value, got %g", scale);
+        PyErr_SetString(PyExc_ValueError, msg);
         goto done;
     }
     const pxt_backend *be = PXT_BACKEND_OP(logits->device, softmax_xent);
