@@ -428,17 +428,11 @@ class XTTSConfig:
         A relative path in the file (``PATH_FIELDS``) is relative to the file's folder and
         becomes one relative to the working directory (or absolute); the shipped configs'
         paths are relative to the working directory. An unreadable file is an ``OSError``
-        naming it."""
-        p = Path(path)
-        if not p.exists() and p.suffix == "" and (CONFIGS_DIR / f"{p.name}.yaml").exists():
-            p = CONFIGS_DIR / f"{p.name}.yaml"
-        config = cls.from_yaml(p.read_text(encoding="utf-8"))
-        if p.resolve().parent != CONFIGS_DIR:
-            for section, name in PATH_FIELDS:
-                v = getattr(getattr(config, section), name)
-                if v is not None and not os.path.isabs(v):
-                    setattr(getattr(config, section), name, os.path.normpath(os.path.join(p.parent, v)))
-        return config
+        naming it. A file may start from another: ``base: NAME_OR_PATH`` (a shipped config's
+        name, or a path relative to the file's folder) takes that file's sections, and this
+        file's keys replace theirs one by one (the shipped tiers are ``base:
+        xtts_v2_finetune`` plus their batch, precision and checkpointing)."""
+        return cls.from_dict(_load_raw(Path(path), ()))
 
     def replace(self, **sections: Any) -> "XTTSConfig":
         """A copy with whole sections replaced (``cfg.replace(data=...)``)."""
@@ -478,6 +472,55 @@ def _yaml_text(d: dict[str, Any]) -> str:
     import yaml
 
     return yaml.dump(d, Dumper=_yaml_dumper(), sort_keys=False, default_flow_style=False)
+
+
+def _config_path(path: Path) -> Path:
+    """``path``, or the shipped config of that name ("standard") when there is no such file."""
+    if not path.exists() and path.suffix == "" and (CONFIGS_DIR / f"{path.name}.yaml").exists():
+        return CONFIGS_DIR / f"{path.name}.yaml"
+    return path
+
+
+def _load_raw(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    """The sections of a YAML config file as a dict, its ``base`` merged in (key by key,
+    this file's winning) and its relative paths made relative to the working directory."""
+    import yaml
+
+    p = _config_path(path)
+    text = p.read_text(encoding="utf-8")
+    try:
+        d = yaml.load(text, Loader=_yaml_loader())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"config: not valid YAML: {exc}") from exc
+    if d is None:
+        d = {}
+    if not isinstance(d, Mapping):
+        raise TypeError(f"config: expected a mapping with sections model, training, data; got {d!r}")
+    d = dict(d)
+    if p.resolve().parent != CONFIGS_DIR:
+        for section, name in PATH_FIELDS:
+            sec = d.get(section)
+            v = sec.get(name) if isinstance(sec, Mapping) else None
+            if isinstance(v, str) and not os.path.isabs(v):
+                d[section] = {**sec, name: os.path.normpath(os.path.join(p.parent, v))}
+    if "base" not in d:
+        return d
+    base = d.pop("base")
+    if not isinstance(base, str) or not base:
+        raise TypeError(f"{p}: base: expected the name of a shipped config or a path, got {base!r}")
+    here = p.resolve()
+    if here in chain:
+        raise ValueError(f"{p}: base: configs inherit in a circle: " + " -> ".join(str(c) for c in (*chain, here)))
+    bp = Path(base)
+    if not bp.is_absolute() and (p.parent / bp).exists():
+        bp = p.parent / bp
+    merged = _load_raw(bp, (*chain, here))
+    for key, value in d.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged
 
 
 def shipped_configs() -> dict[str, Path]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import yaml
 
 import pyxtts
 import pyxtts.cli
@@ -14,7 +15,7 @@ from pyxtts.config import (CONFIGS_DIR, DataConfig, TrainingConfig, XTTSConfig, 
 GB, GiB = 10**9, 2**30
 
 # tier -> (lower bound of the device memory it is for, in bytes)
-TIERS = {"standard": 20 * GB, "memory_optimized": 12 * GB, "extreme_memory_optimized": 8 * GB}
+TIERS = {"large_gpu": 80 * GB, "standard": 20 * GB, "memory_optimized": 12 * GB, "extreme_memory_optimized": 8 * GB}
 MARGIN = 0.10
 # The tiers are for GPUs: their fits are checked on the plan for "cuda:0" where this build
 # has the CUDA backend (CI builds it; no GPU is needed, a plan allocates nothing), and on
@@ -184,10 +185,12 @@ def test_yaml_reads_exponent_floats_without_a_dot():
 # ---- shipped configs ------------------------------------------------------------
 
 def test_shipped_configs_present():
-    assert set(shipped_configs()) == {"standard", "memory_optimized", "extreme_memory_optimized", "cpu_demo"}
+    assert set(shipped_configs()) == {"xtts_v2_finetune", "large_gpu", "standard", "memory_optimized",
+                                      "extreme_memory_optimized", "cpu_demo"}
 
 
-@pytest.mark.parametrize("name", ["standard", "memory_optimized", "extreme_memory_optimized", "cpu_demo"])
+@pytest.mark.parametrize("name", ["xtts_v2_finetune", "large_gpu", "standard", "memory_optimized",
+                                  "extreme_memory_optimized", "cpu_demo"])
 def test_shipped_config_loads_and_round_trips(name, tmp_path):
     cfg = XTTSConfig.load(CONFIGS_DIR / f"{name}.yaml")
     assert XTTSConfig.load(name) == cfg  # by its stem
@@ -255,10 +258,51 @@ def test_tier_is_xtts_v2_and_fits_its_lower_bound(name, plan_device):
     assert direct.total == total
 
 
+RECIPE = ("learning_rate", "betas", "eps", "weight_decay", "weight_decay_on", "grad_clip", "lr_schedule",
+          "lr_milestones", "lr_gamma", "warmup_steps", "epochs", "seed")
+
+
+@pytest.mark.parametrize("name", list(TIERS))
+def test_tiers_inherit_coquis_recipe(name, tmp_path):
+    """Each tier is xtts_v2_finetune.yaml plus batch, precision, recomputation and memory
+    settings: the optimizer recipe, schedule, model and data limits come from the base."""
+    base, tier = XTTSConfig.load("xtts_v2_finetune"), XTTSConfig.load(name)
+    assert yaml.safe_load(shipped_configs()[name].read_text())["base"] == "xtts_v2_finetune"
+    for field in RECIPE:
+        assert getattr(tier.training, field) == getattr(base.training, field), field
+    assert (base.training.learning_rate, base.training.betas, base.training.weight_decay) == (5e-6, (0.9, 0.96), 1e-2)
+    assert tier.model == dataclasses.replace(base.model, conditioning=tier.model.conditioning)
+    assert (tier.data.max_text_tokens, tier.data.max_audio_tokens) == (404, 608)
+    # an edit of the base reaches the tier: a copy of both, the base's learning rate changed
+    (tmp_path / "xtts_v2_finetune.yaml").write_text(
+        shipped_configs()["xtts_v2_finetune"].read_text().replace("learning_rate: 5.0e-06", "learning_rate: 1.0e-05"))
+    (tmp_path / "tier.yaml").write_text(shipped_configs()[name].read_text().replace(
+        "base: xtts_v2_finetune", "base: xtts_v2_finetune.yaml"))
+    assert XTTSConfig.load(tmp_path / "tier.yaml").training.learning_rate == 1e-5
+
+
+def test_base_errors_name_the_file(tmp_path):
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ValueError, match="inherit in a circle"):
+        XTTSConfig.load(tmp_path / "a.yaml")
+    (tmp_path / "c.yaml").write_text("base: [1]\n")
+    with pytest.raises(TypeError, match="base: expected"):
+        XTTSConfig.load(tmp_path / "c.yaml")
+    (tmp_path / "d.yaml").write_text("base: missing.yaml\n")
+    with pytest.raises(OSError, match="missing.yaml"):
+        XTTSConfig.load(tmp_path / "d.yaml")
+    # a relative path in a tier of another folder stays relative to that file
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "e.yaml").write_text("training:\n  checkpoint_dir: runs\n")
+    (tmp_path / "f.yaml").write_text("base: sub/e.yaml\n")
+    assert XTTSConfig.load(tmp_path / "f.yaml").training.checkpoint_dir == str(tmp_path / "sub" / "runs")
+
+
 @pytest.mark.parametrize("plan_device", PLAN_DEVICES)
 def test_tiers_trade_memory_for_recomputation(plan_device):
     totals = {n: plan_total(XTTSConfig.load(n), plan_device) for n in TIERS}
-    assert totals["standard"] > totals["memory_optimized"] > totals["extreme_memory_optimized"]
+    assert totals["large_gpu"] > totals["standard"] > totals["memory_optimized"] > totals["extreme_memory_optimized"]
     order = ["none", "selective", "full"]
     ranks = [order.index(XTTSConfig.load(n).training.checkpointing) for n in TIERS]
     assert ranks == sorted(ranks)
