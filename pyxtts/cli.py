@@ -78,11 +78,12 @@ def _dataset(path: str, where: str):
         raise DataError(f"{where}: {exc}") from exc
 
 
-def _init_from_xtts(config: Any, source: str) -> None:
+def _init_from_xtts(config: Any, source: str) -> Any:
     """``--init``: the run starts from a Coqui XTTS checkpoint (the released folder, its
     ``model.pth``, or a GPTTrainer checkpoint), imported into
     ``<checkpoint_dir>/init_xtts.safetensors``; the checkpoint's own model config (sizes,
-    token ids, XTTS v2's conditioning path and dropout) replaces the config's model section."""
+    token ids, XTTS v2's conditioning path and dropout) replaces the config's model section
+    (``XTTSConfig.with_model``); returns the config to train."""
     from pyxtts.checkpoint import CheckpointError
     from pyxtts.coqui_checkpoint import import_xtts_checkpoint
     from pyxtts.model import ModelConfig
@@ -95,8 +96,9 @@ def _init_from_xtts(config: Any, source: str) -> None:
         raise CheckpointError(f"--init {source}: {exc}") from exc
     except OSError as exc:
         raise type(exc)(f"--init {source}: {exc.strerror or exc}") from exc
-    config.model = ModelConfig(**meta["config"])
+    config = config.with_model(ModelConfig(**meta["config"]))
     config.training.init_checkpoint = str(out)
+    return config
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -118,7 +120,7 @@ def _train(args: argparse.Namespace) -> int:
         if args.checkpoint_dir is not None:
             config.training.checkpoint_dir = args.checkpoint_dir
         if args.init is not None:
-            _init_from_xtts(config, args.init)
+            config = _init_from_xtts(config, args.init)
         if args.data is not None:
             train, held = _dataset(args.data, "--data"), None
         elif config.data.train_metadata is not None:

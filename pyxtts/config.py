@@ -438,6 +438,16 @@ class XTTSConfig:
         """A copy with whole sections replaced (``cfg.replace(data=...)``)."""
         return dataclasses.replace(self, **sections)
 
+    def with_model(self, model: ModelConfig) -> "XTTSConfig":
+        """A copy training ``model`` (e.g. a checkpoint's own config) with this config's
+        training and data settings; the data's longest sequences are capped at the
+        model's (a tier written for XTTS v2's 404 text positions, say, given a smaller GPT)."""
+        d = self.data
+        data = dataclasses.replace(
+            d, max_text_tokens=None if d.max_text_tokens is None else min(d.max_text_tokens, model.max_text_tokens),
+            max_audio_tokens=None if d.max_audio_tokens is None else min(d.max_audio_tokens, model.max_audio_tokens))
+        return dataclasses.replace(self, model=model, data=data)
+
 
 # YAML 1.2 floats: PyYAML follows YAML 1.1, where a float needs a dot, so "2e-3" and
 # "1e-8" (how learning rates are written) would be strings.

@@ -432,3 +432,17 @@ def test_cli_optimize_config_subprocess(tmp_path):
     new = XTTSConfig.load(out)
     assert new.effective_batch_size == 32
     assert plan_total(new) <= 10 * GB * 0.9 * 0.9
+
+
+def test_with_model_caps_the_datas_longest_sequences():
+    """A tier written for XTTS v2's 404 + 608 positions, given a smaller checkpoint's GPT
+    (``pyxtts train --init``, the notebook's XTTS_DIR), plans and validates that GPT's."""
+    tier = XTTSConfig.load("memory_optimized")
+    small = pyxtts.ModelConfig(n_layers=2, d_model=64, n_heads=4, text_vocab_size=300, audio_vocab_size=66,
+                               max_text_tokens=82, max_audio_tokens=204, start_text_token=1, stop_text_token=0,
+                               start_audio_token=64, stop_audio_token=65)
+    cfg = tier.with_model(small)
+    assert cfg.model == small and (cfg.data.max_text_tokens, cfg.data.max_audio_tokens) == (82, 204)
+    assert cfg.training == tier.training and cfg.data.batch_size == tier.data.batch_size
+    assert tier.model != small and tier.data.max_text_tokens == 404  # the original is untouched
+    assert cfg.memory_plan("cpu").total < tier.memory_plan("cpu").total

@@ -22,16 +22,10 @@ from pyxtts.checkpoint import load_checkpoint
 from pyxtts.prepare import load_audio
 
 fx = pytest.importorskip("fixtures_prepare")
+from fixtures_speech import write_xtts_folder  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("no_limit_no_fault"),
               pytest.mark.skipif(fx.ESPEAK is None, reason="espeak-ng is not installed")]
-
-# the GPT of the test's XTTS folder: XTTS v2's layout, narrow; the text ids of the trained
-# vocabulary (600 ids, [START] = 20, [STOP] = 0), the tiny DVAE's 64 codes + start/stop
-GPT_ARGS = {"gpt_layers": 2, "gpt_n_model_channels": 64, "gpt_n_heads": 4, "gpt_number_text_tokens": 600,
-            "gpt_start_text_token": None, "gpt_stop_text_token": None, "gpt_num_audio_tokens": 66,
-            "gpt_start_audio_token": 64, "gpt_stop_audio_token": 65, "gpt_max_text_tokens": 80,
-            "gpt_max_audio_tokens": 200, "gpt_max_prompt_tokens": 70}
 
 TRAIN_YAML = """\
 training:
@@ -51,26 +45,6 @@ data:
   batch_size: 4
   num_workers: 1
 """
-
-
-def write_xtts_folder(folder: Path, wavs: list[Path]) -> Path:
-    """The released layout: model.pth (Coqui's Xtts, pickled XttsConfig) and config.json
-    from Coqui's classes, then vocab.json, dvae.pth and mel_stats.pth."""
-    from coqui import require_coqui
-    from fixtures_xtts import _legacy_class_paths, randomize, xtts_config
-
-    c = require_coqui()
-    folder.mkdir(parents=True)
-    config = xtts_config(**GPT_ARGS)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"Xtts.init_from_config")
-        model = c.Xtts.init_from_config(config)
-    randomize(model, SEED % 2**31)
-    with _legacy_class_paths():
-        c.torch.save({"config": config, "model": model.state_dict()}, folder / "model.pth")
-    (folder / "config.json").write_text(json.dumps(config.to_dict(), indent=2), encoding="utf-8")
-    fx.write_assets(folder, wavs, SEED, fx.training_texts(), dvae=fx.TINY_DVAE)  # keeps config.json
-    return folder
 
 
 def coqui_model(folder: Path):

@@ -78,3 +78,45 @@ def test_notebook_refuses_xtts_data_without_the_xtts_folder(tmp_path, monkeypatc
                                      resources={"metadata": {"path": str(tmp_path)}})
     with pytest.raises(nbclient.exceptions.CellExecutionError, match="set XTTS_DIR to the XTTS v2 folder"):
         client.execute()
+
+
+@pytest.mark.slow
+def test_notebook_runs_the_xtts_workflow_from_recordings(tmp_path, monkeypatch):
+    """The real workflow: with XTTS_DIR (a small released-style folder) and METADATA (espeak
+    recordings in the LJSpeech layout) the notebook prepares the data, plans, finds the
+    batch, fine-tunes from the folder's weights (the conditioning path trained from each
+    step's reference slice) and exports the folder Coqui loads."""
+    fx = pytest.importorskip("fixtures_prepare")
+    if fx.ESPEAK is None:
+        pytest.skip("espeak-ng is not installed")
+    from coqui import require_coqui
+    from fixtures_speech import write_xtts_folder
+
+    require_coqui()
+    meta = fx.make_ljspeech(tmp_path / "corpus", fx.SENTENCES_EN[:12])
+    xtts = write_xtts_folder(tmp_path / "XTTS-v2", sorted((tmp_path / "corpus" / "wavs").glob("*.wav"))[:4])
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    cells = [c for c in nb.cells if c.cell_type == "code"]
+    config_cell = cells[1]
+    for old, new in (("XTTS_DIR = None ", f"XTTS_DIR = {str(xtts)!r} "), ("METADATA = None ", f"METADATA = {str(meta)!r} "),
+                     ("MAX_STEPS = None ", "MAX_STEPS = 3 ")):
+        assert old in config_cell.source, old
+        config_cell.source = config_cell.source.replace(old, new, 1)
+    # the batch search at its cap of 256 takes minutes on a CPU at these sequence lengths
+    cells[3].source = cells[3].source.replace("CAP = 256 ", "CAP = 8 ", 1)
+    root = str(Path(pyxtts.__file__).resolve().parent.parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p))
+    monkeypatch.delenv("MPLBACKEND", raising=False)
+    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    text = outputs(nb)
+    assert "prepared 12 of 12 samples" in text  # prepare's summary
+    assert "tier extreme_memory_optimized: 2 layers x d 64" in text  # the folder's GPT, the CPU's tier
+    assert "FitResult(step=3" in text
+    assert "exported" in text
+    exported = tmp_path / "runs" / "notebook" / "xtts_finetuned"
+    assert (exported / "model.pth").is_file() and (exported / "vocab.json").is_file()
+    # the run trained the conditioning path from the recordings' slices
+    log = (tmp_path / "runs" / "notebook" / "train_log.jsonl").read_text().splitlines()
+    assert sum('"type": "train"' in line for line in log) == 3
