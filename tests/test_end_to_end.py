@@ -125,3 +125,15 @@ def test_recordings_to_a_voice_coqui_speaks_with(tmp_path, capsys):
     assert int(codes.max()) <= 65 and int(codes.min()) >= 0
     capsys.readouterr()
     print(f"end to end: {time.perf_counter() - t0:.1f} s")
+
+
+def test_init_names_a_missing_or_bad_folder(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "model.pth").write_bytes(b"not a checkpoint")
+    for folder in ("missing", "empty", "bad"):
+        rc = pyxtts.cli.main(["train", "--init", str(tmp_path / folder), "--synthetic", "8", "--checkpoint-dir",
+                              str(tmp_path / "run"), "--no-progress"])
+        err = capsys.readouterr().err
+        assert rc == 2 and f"--init {tmp_path / folder}" in err, (folder, err)
+        assert not (tmp_path / "run" / "init_xtts.safetensors").exists()
