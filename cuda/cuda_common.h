@@ -165,6 +165,11 @@ int pxt_cuda_layernorm_backward(int index, void *dinp, float *dweight, float *db
 int pxt_cuda_gelu_forward(int index, void *out, const void *inp, size_t n, pxt_dtype dt);
 int pxt_cuda_gelu_backward(int index, void *dinp, const void *inp, const void *dout, size_t n,
                            pxt_dtype dt);
+/* dropout.cu */
+int pxt_cuda_dropout_forward(int index, void *x, const void *resid, int N, int C,
+                             const pxt_dropout *d, pxt_dtype dt);
+int pxt_cuda_dropout_backward(int index, void *dx, const void *dy, int N, int C,
+                              const pxt_dropout *d, pxt_dtype dt);
 /* elementwise.cu */
 int pxt_cuda_add(int index, void *out, const void *a, const void *b, size_t n, pxt_dtype dt);
 /* embedding.cu */

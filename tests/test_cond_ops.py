@@ -18,7 +18,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import assert_bits_equal, run_python
+from conftest import assert_bits_equal, requires_cuda, run_python
 from test_attention import ISAS
 from test_ops import HALF, U, T, assert_within, check_fd, f64, fd, poison_cache, r16, rand
 
@@ -363,6 +363,31 @@ def test_row_dropout_16bit(rng, seed, dtype):
     got = _C._op_dropout_forward(T(x, dtype), 0.2, key, resid=T(resid, dtype)).numpy()
     want = _C._op_dropout_forward(T(x), 0.2, key, resid=T(resid)).numpy()
     assert_bits_equal(got, r16(want, dtype), f"seed={seed}")
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", ["float32", *HALF])
+@pytest.mark.parametrize("N,C,T_,seg1,seg2", [(1, 1, 1, 1, 1), (3 * 80, 1026, 80, 32, 50),
+                                            (8 * 490, 1024, 490, 32, 182)], ids=str)
+def test_row_dropout_on_the_gpu_is_the_cpus_bits(rng, seed, dtype, N, C, T_, seg1, seg2):
+    """The CUDA kernels draw the same Philox words and round as the CPU: the same bits, every
+    element (the last shape is a batch of XTTS v2: 8 samples of 32 + 150 + 308 rows)."""
+    key = int(rng.integers(0, 2**63)) * 2 + 1
+    kw = dict(rows_per_sample=T_, seg1=seg1, seg2=seg2, sample0=int(rng.integers(0, 2**32 - 8)))
+    x, resid = rand(rng, (N, C), dtype=dtype), rand(rng, (N, C), dtype=dtype)
+    msg = f"seed={seed} key={key} {kw}"
+
+    def on(a, device):
+        return pyxtts.tensor(a, dtype=getattr(pyxtts, dtype), device=device)
+
+    for r in (None, resid):
+        want = _C._op_dropout_forward(on(x, "cpu"), 0.1, key, resid=None if r is None else on(r, "cpu"), **kw)
+        got = _C._op_dropout_forward(on(x, "cuda:0"), 0.1, key, resid=None if r is None else on(r, "cuda:0"),
+                                     **kw)
+        assert_bits_equal(got.numpy(), want.numpy(), msg + f" forward resid={r is not None}")
+    want = _C._op_dropout_backward(on(x, "cpu"), 0.1, key, **kw)
+    assert_bits_equal(_C._op_dropout_backward(on(x, "cuda:0"), 0.1, key, **kw).numpy(), want.numpy(),
+                      msg + " backward")
 
 
 def test_dropout_errors():
