@@ -40,12 +40,12 @@ set -uo pipefail
 
 PY=${PYTHON:-python3}
 # a test module whose optional imports the machine lacks (nbformat, ...) must not stop the rest
-PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rfE --continue-on-collection-errors)
+PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rfEs --continue-on-collection-errors)
 KERNEL_FILES=(tests/test_cuda.py tests/test_cuda_kernels.py tests/test_reductions.py tests/test_gemm_fused.py)
 # the GPU cases of the kernel files (their CPU cases ran in CI)
 KERNEL_SELECTION=("${KERNEL_FILES[@]}" -k "cuda or gpu")
 # the new kernels at small sizes (the file imports no torch: quick to start under the sanitizer)
-MEMCHECK_SELECTION=(tests/test_reductions.py -k "cuda and not 3920 and not 6681")
+MEMCHECK_SELECTION=(tests/test_reductions.py tests/test_cond_ops.py -k "(cuda or gpu) and not 3920 and not 6681")
 
 # step NAME LIMIT_S CMD...: runs CMD (a program or one of the functions below) under
 # timeout, logs it and appends its exit status and seconds to $SUMMARY
@@ -176,32 +176,41 @@ run_b() {
 }
 
 # ONE: A's essentials and B's headline in one call, for a lease of 15 minutes all told
-# (start included): the build, the kernel tests, the XTTS v2 step against torch eager,
-# attention against SDPA, the device tests, the per-op timings, memcheck; in that order
-# of value, each under a limit, the whole under ~540 s. Its files stay at 8 or fewer
-# (the log, the summary, three JSON, the extension).
+# (start included; the first such run, on an H200, took 232 s with no largest-batch search):
+# the build, the kernel tests, the device tests, the XTTS v2 step against torch eager with
+# the largest batch, where the step's GPU time goes (the GPT core, and Coqui's recipe:
+# dropout and the conditioning path), torch.compile, attention against SDPA, memcheck; in
+# that order of value, each under a limit, the whole meant to end inside ~540 s. Its files
+# stay at 8 or fewer (the log, the summary, four JSON, the extension).
 run_one() {
     local R=tests/bench/results run device=(tests --ignore=tests/test_cuda_emu.py -k cuda) f
     for f in "${KERNEL_FILES[@]}"; do device+=(--ignore="$f"); done
     mkdir -p $R
     # gpu_build.sh's own files stay out of OUTDIR (their text is in this log)
-    step build 200 env PYXTTS_GPU_BUILD_TIMEOUT=170 PYXTTS_WHEEL_SITE="$SITE" \
+    step build 150 env PYXTTS_GPU_BUILD_TIMEOUT=120 PYXTTS_WHEEL_SITE="$SITE" \
         bash tests/bench/gpu_build.sh /tmp/pyxtts-gpu-build 90
     # the import checks may fail (two cuBLAS copies, say) with a usable extension
     ls pyxtts/_C*.so > /dev/null 2>&1 || return
     cp pyxtts/_C*.so "$OUTDIR"/
-    step kernel-tests 70 env CUDA_LAUNCH_BLOCKING=1 "${PYTEST[@]}" "${KERNEL_SELECTION[@]}"
-    for run in torch_eager:60 pyxtts_none:50 pyxtts_full:40; do
-        step "xtts-${run%%:*}" "${run##*:}" "$PY" tests/bench/bench_xtts_gpu.py --batch 8 --steps 5 \
-            --no-search --only "${run%%:*}" --json $R/xtts_gpu.json
+    step kernel-tests 80 env CUDA_LAUNCH_BLOCKING=1 "${PYTEST[@]}" -n 4 "${KERNEL_SELECTION[@]}"
+    step device-tests 60 "${PYTEST[@]}" -n 8 "${device[@]}"
+    for run in torch_eager:75:search pyxtts_full:75:search pyxtts_none:30:no; do
+        IFS=: read -r name limit search <<< "$run"
+        step "xtts-$name" "$limit" "$PY" tests/bench/bench_xtts_gpu.py --batch 8 --steps 5 \
+            $([ "$search" = search ] && echo "--search $name" || echo --no-search) --only "$name" \
+            --json $R/xtts_gpu.json
     done
-    step attention 45 "$PY" tests/bench/bench_attention_gpu.py --T 490 1024 2048 4096 \
+    cp $R/xtts_gpu.json "$OUTDIR"/ 2> /dev/null
+    step profile-core 40 "$PY" tests/bench/profile_xtts_gpu.py --json $R/profile_xtts_gpu.json
+    step profile-recipe 45 "$PY" tests/bench/profile_xtts_gpu.py --recipe --json $R/profile_xtts_gpu.json
+    cp $R/profile_xtts_gpu.json "$OUTDIR"/ 2> /dev/null
+    step attention 30 "$PY" tests/bench/bench_attention_gpu.py --T 490 1024 2048 4096 \
         --paths tc torch --repeats 5 --json $R/attention_gpu.json
-    cp $R/xtts_gpu.json $R/attention_gpu.json "$OUTDIR"/ 2> /dev/null
-    step device-tests 90 "${PYTEST[@]}" -n 8 "${device[@]}"
-    step ops 40 "$PY" tests/bench/bench_ops_gpu.py --repeats 20 --json $R/ops_gpu.json
-    cp $R/ops_gpu.json "$OUTDIR"/ 2> /dev/null
-    step memcheck 40 compute-sanitizer --tool memcheck --error-exitcode 9 "${PYTEST[@]}" \
+    cp $R/attention_gpu.json "$OUTDIR"/ 2> /dev/null
+    step xtts-torch_compile 100 "$PY" tests/bench/bench_xtts_gpu.py --batch 8 --steps 5 --no-search \
+        --only torch_compile --json $R/xtts_gpu.json
+    cp $R/xtts_gpu.json "$OUTDIR"/ 2> /dev/null
+    step memcheck 30 compute-sanitizer --tool memcheck --error-exitcode 9 "${PYTEST[@]}" \
         "${MEMCHECK_SELECTION[@]}"
 }
 
