@@ -395,6 +395,38 @@ def test_extreme_scores_stay_finite(rng):
     check_close(lse.numpy(), r[1], 1e-5, "lse")
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_overflow_and_nan_are_nan_never_zeros(rng, seed, causal):
+    """Scores past float's range (scale 3e38, or q and k ~ 1e20) and NaN inputs make the
+    rows that see a key NaN, as torch does, so a training step sees a non-finite loss
+    and skips; only a row that sees no key (past its length) is zeros with lse -inf.
+    The backward carries the NaN on (a NaN lse is not a row without keys). (The CPU
+    kernels; the GPU's still return zeros here, see README's GPU section.)"""
+    B, H, T, D = 2, 2, 37, 16
+    q, k, v = (rng.standard_normal((B, H, T, D)).astype(np.float32) for _ in range(3))
+    lengths = [T, 20]
+    for name, args, kw in [("scale 3e38", (q, k, v), dict(scale=3e38)),
+                           ("|q|, |k| ~ 1e20", (q * 1e20, k * 1e20, v), {}),
+                           ("NaN in q", (np.where(np.arange(T)[:, None] == 5, np.nan, q), k, v), {})]:
+        out, lse = pyxtts.attention_forward(*args, causal=causal, q_lengths=lengths, **kw)
+        o, s = out.numpy(), lse.numpy()
+        msg = f"seed={seed} {name} causal={causal}"
+        assert np.all(o[1, :, 20:] == 0) and np.all(s[1, :, 20:] == -np.inf), msg + ": rows past the length"
+        rows = np.zeros((B, H, T), bool)
+        rows[0] = True
+        rows[1, :, :20] = True
+        if name == "NaN in q":  # only query 5 is NaN; the others are exact
+            bad = rows & (np.arange(T) == 5)
+            r = reference(q, k, v, v, allowed_mask(B, T, T, causal, lengths, None, None), 1 / np.sqrt(D))
+            check_close(o[rows & ~bad].reshape(-1, D), r[0][rows & ~bad].reshape(-1, D), 1e-5, msg)
+        else:
+            bad = rows & ~np.isfinite(s)
+            assert bad.sum() > rows.sum() // 2, msg + ": most scores overflow"
+        assert np.isnan(o[bad]).all() and np.isnan(s[bad]).all(), msg + ": overflowed rows are NaN"
+        dq, dk, dv = pyxtts.attention_backward(v, *args, out, lse, causal=causal, q_lengths=lengths, **kw)
+        assert np.isnan(dq.numpy()[bad]).all(), msg + ": the backward carries the NaN"
+
+
 # ---- workspace and memory --------------------------------------------------------
 
 

@@ -258,6 +258,7 @@ static void TILE(fwd_item)(const attn_ctx *c, float *ws, int b, int h, int qb) {
     float *l = m + BR;                /* (BR) running sum */
     float *alpha = l + BR;            /* (BR) rescale of this tile */
     uint8_t valid[BC];
+    uint8_t seen[BR]; /* query i has an unmasked key: no l > 0 then means overflow or NaN */
     float *lse = c->lse_out + ((size_t)b * a->H + h) * a->Tq;
 
     if (nq > 0) {
@@ -271,10 +272,18 @@ static void TILE(fwd_item)(const attn_ctx *c, float *ws, int b, int h, int qb) {
         TILE(fill)(m, Nq, -INFINITY);
         TILE(fill)(l, Nq, 0.0f);
         memset(O, 0, (size_t)Mr * Dp * sizeof *O);
+        memset(seen, 0, sizeof seen);
         for (int j0 = 0; j0 < kend; j0 += BC) {
             const int nk = imin(BC, kend - j0), Mk = round_up(nk, MR);
             if (!key_valid(a, b, j0, nk, valid)) {
                 continue;
+            }
+            int jv = 0; /* the tile's first unmasked key: query i sees it unless causal hides it */
+            while (jv < nk && !valid[jv]) {
+                jv++;
+            }
+            for (int i = 0; i < nq && jv < nk; i++) {
+                seen[i] |= !a->causal || j0 + jv <= i0 + i;
             }
             TILE(pack_rows)(Kr, Dp, Mk, row_ptr(c, c->k, &a->k, b, h, j0), kst, nk, valid, D, Dp,
                             a->dt, 1.0f);
@@ -327,6 +336,10 @@ static void TILE(fwd_item)(const attn_ctx *c, float *ws, int b, int h, int qb) {
             if (l[i] > 0.0f) {
                 store_row(dst, O + (size_t)i * Dp, D, a->dt, 1.0f / l[i]);
                 lse[i0 + i] = m[i] + logf(l[i]);
+            } else if (seen[i]) { /* scores that overflowed float, or NaN: NaN, never zeros */
+                TILE(fill)(O + (size_t)i * Dp, D, NAN);
+                store_row(dst, O + (size_t)i * Dp, D, a->dt, 1.0f);
+                lse[i0 + i] = NAN;
             } else { /* no valid key: zeros, lse -inf */
                 memset(dst, 0, (size_t)D * c->esz);
                 lse[i0 + i] = -INFINITY;
@@ -448,7 +461,7 @@ static void TILE(qtile_pack)(const attn_ctx *c, TILE(qtile) * qt, int b, int h, 
     TILE(pack_rows)(qt->dOr, Dp, Mr, row_ptr(c, c->dout, &a->o, b, h, i0), ost, nq, NULL, D, Dp,
                     a->dt, 1.0f);
     for (int i = 0; i < Mr; i++) {
-        qt->nl[i] = (i < nq && isfinite(lse[i])) ? -lse[i] : -INFINITY;
+        qt->nl[i] = (i < nq && lse[i] != -INFINITY) ? -lse[i] : -INFINITY;
         qt->Di[i] = i < nq ? Di[i] : 0.0f;
     }
 }
@@ -575,7 +588,7 @@ static void TILE(bwd_q_item)(const attn_ctx *c, float *ws, int b, int h, int qb)
         TILE(pack_cols)(QT, BR, Nq, qp, a->q.t * (int64_t)esz, nq, NULL, D, a->dt, a->scale);
         TILE(pack_cols)(dOT, BR, Nq, op, a->o.t * (int64_t)esz, nq, NULL, D, a->dt, 1.0f);
         for (int i = 0; i < Nq; i++) {
-            nl[i] = (i < nq && isfinite(lse[i])) ? -lse[i] : -INFINITY;
+            nl[i] = (i < nq && lse[i] != -INFINITY) ? -lse[i] : -INFINITY;
             Di[i] = i < nq ? Dg[i] : 0.0f;
         }
         memset(dQ, 0, (size_t)Mr * Dp * sizeof *dQ);
