@@ -11,7 +11,8 @@ its own subprocess: PYXTTS_CUDA_ATTENTION (read once per process) is "tc" or
 "simple" there; with "tc" a call the tensor-core path cannot take fails instead
 of silently timing the fallback. Times are the median (and best) of `repeats`
 forward+backward steps after two warm-up steps, each step ended by a device
-synchronize. TFLOP/s counts 4 B H Tq Tk D for the forward (half of it when
+synchronize, and of `repeats` forwards alone (printed first, "forward_median_s" in the
+JSON: the backward's time is the difference). TFLOP/s counts 4 B H Tq Tk D for the forward (half of it when
 causal) and 2.5x that for the backward; the last column is the step time of
 torch over that of pyxtts's path (1.0 = as fast as torch).
 """
@@ -69,6 +70,12 @@ def child(path: str, args) -> dict:
                 o.backward(d)
                 if tdev == "cuda":
                     torch.cuda.synchronize()
+
+            def fwd(q=q, k=k, v=v):
+                with torch.no_grad(), ctx() if tdev == "cuda" else contextlib.nullcontext():
+                    F.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
+                if tdev == "cuda":
+                    torch.cuda.synchronize()
         else:
             q, k, v, d = (pyxtts.tensor(a.astype(npdt), device=args.device) for a in x)
 
@@ -77,18 +84,29 @@ def child(path: str, args) -> dict:
                 g = pyxtts.attention_backward(d, q, k, v, o, lse, causal=args.causal)
                 pyxtts.synchronize(args.device)
                 del o, lse, g
+
+            def fwd(q=q, k=k, v=v):
+                o, lse = pyxtts.attention_forward(q, k, v, causal=args.causal)
+                pyxtts.synchronize(args.device)
+                del o, lse
         try:
             step()
             step()
         except Exception as exc:  # noqa: BLE001 - reported, the other sizes still run
             out[T] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
-        times = []
+        times, ftimes = [], []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
             step()
             times.append(time.perf_counter() - t0)
-        out[T] = {"B": B, "median_s": statistics.median(times), "best_s": min(times)}
+        fwd()
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            fwd()
+            ftimes.append(time.perf_counter() - t0)
+        out[T] = {"B": B, "median_s": statistics.median(times), "best_s": min(times),
+                  "forward_median_s": statistics.median(ftimes)}
     return out
 
 
@@ -128,6 +146,10 @@ def main() -> None:
             if isinstance(v, dict) and "error" in v:
                 print(f"{path} T={t}: {v['error']}", file=sys.stderr)
     print(f"{args.dtype} D={args.D} H={args.H} causal={args.causal} tokens={args.tokens}")
+    print("forward alone (ms): " + "; ".join(
+        f"T={T} " + ", ".join(f"{p} {results[p][T]['forward_median_s'] * 1e3:.3f}" for p in args.paths
+                              if isinstance(results.get(p), dict) and "forward_median_s" in results[p].get(T, {}))
+        for T in args.T))
     print(f"{'T':>6} {'B':>4} " + " ".join(f"{p + ' ms':>12} {'TFLOP/s':>8}" for p in args.paths)
           + "".join(f" {'torch/' + p:>12}" for p in args.paths if p != "torch"))
     for T in args.T:
