@@ -1,5 +1,6 @@
 /* colsum.cu: the deterministic column sums on the GPU (kernels in colsum.cuh):
- * bias_backward, and layernorm's dweight and dbias for layernorm.cu. The
+ * bias_backward, layernorm's dweight and dbias for layernorm.cu, GroupNorm's
+ * dweight and dbias for groupnorm.cu, the RMS norm's dgamma for rmsnorm.cu. The
  * chunking is backend.h's, so the results are the CPU's bits (csrc/cpu/bias.c,
  * layernorm.c), while (chunks x columns) threads share the rows: about 2^17
  * partial sums per call, against one thread per column walking every row. */
@@ -74,6 +75,33 @@ int pxt_cuda_layernorm_dparams(int index, float *dweight, float *dbias, const vo
         pxt_colsum_ln<T> f = {(const T *)dout, (const T *)inp, mean, rstd, C};
         rc = colsum_run(index, f, dweight, dbias, N, C, workspace,
                         "layernorm_backward (dweight, dbias)");
+    }));
+    return rc;
+}
+
+int pxt_cuda_groupnorm_dparams(int index, float *dweight, float *dbias, const void *dout,
+                               const void *inp, const float *mean, const float *rstd, int B, int S,
+                               int C, int G, pxt_dtype dt, void *workspace) {
+    PXT_CUDA_ENTER(index);
+    int rc = PXT_OK;
+    PXT_TRY(pxt_cuda_dispatch(dt, "groupnorm_backward", [&](auto tag) {
+        using T = decltype(tag);
+        pxt_colsum_gn<T> f = {(const T *)dout, (const T *)inp, mean, rstd, C, S, G, C / G};
+        rc = colsum_run(index, f, dweight, dbias, B * S, C, workspace,
+                        "groupnorm_backward (dweight, dbias)");
+    }));
+    return rc;
+}
+
+int pxt_cuda_rmsnorm_dgamma(int index, float *dgamma, const void *dout, const void *inp,
+                            const float *norm, int N, int C, float scale, float eps, pxt_dtype dt,
+                            void *workspace) {
+    PXT_CUDA_ENTER(index);
+    int rc = PXT_OK;
+    PXT_TRY(pxt_cuda_dispatch(dt, "rmsnorm_backward", [&](auto tag) {
+        using T = decltype(tag);
+        pxt_colsum_rms<T> f = {(const T *)dout, (const T *)inp, norm, C, scale, eps};
+        rc = colsum_run(index, f, dgamma, NULL, N, C, workspace, "rmsnorm_backward (dgamma)");
     }));
     return rc;
 }

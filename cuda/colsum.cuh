@@ -7,7 +7,7 @@
  * 16-bit storage types (elem.cuh on the GPU, the host emulator of
  * tests/cuda_emu on the CPU, which runs this very source). A functor F gives
  * NV terms of element (i, j) as doubles: F::NV sums are taken at once (NV = 2
- * for layernorm's dweight and dbias, which read the same rows). */
+ * for layernorm's and GroupNorm's dweight and dbias, which read the same rows). */
 #ifndef PXT_CUDA_COLSUM_CUH
 #define PXT_CUDA_COLSUM_CUH
 
@@ -36,6 +36,39 @@ template <typename T> struct pxt_colsum_ln {
         float n = (ldf(inp[k]) - mean[i]) * rstd[i];
         v[0] = (double)n * g;
         v[1] = g;
+    }
+};
+
+/* The terms of GroupNorm's dweight and dbias over the B x S rows of (B, S, C):
+ * n * dout and dout, n = (inp - mean) * rstd of the row's sample and the
+ * column's group, rounded to float as the forward formed it. */
+template <typename T> struct pxt_colsum_gn {
+    static constexpr int NV = 2;
+    const T *dout, *inp;      /* (B * S, C) */
+    const float *mean, *rstd; /* (B, G) */
+    int cols, S, G, cg;       /* C, frames, groups, C / G */
+    __device__ void operator()(int i, int j, double *v) const {
+        size_t k = (size_t)i * cols + j;
+        int bg = i / S * G + j / cg;
+        float g = ldf(dout[k]);
+        float n = (ldf(inp[k]) - mean[bg]) * rstd[bg];
+        v[0] = (double)n * g;
+        v[1] = g;
+    }
+};
+
+/* The terms of the RMS norm's dgamma: dout * (inp * inv * scale), inv =
+ * 1 / max(norm, eps) rounded to float as the forward formed it. */
+template <typename T> struct pxt_colsum_rms {
+    static constexpr int NV = 1;
+    const T *dout, *inp; /* (rows, cols) */
+    const float *norm;   /* (rows) */
+    int cols;
+    float scale, eps;
+    __device__ void operator()(int i, int j, double *v) const {
+        size_t k = (size_t)i * cols + j;
+        float inv = 1.0f / (norm[i] > eps ? norm[i] : eps);
+        v[0] = (double)ldf(dout[k]) * (ldf(inp[k]) * inv * scale);
     }
 };
 

@@ -153,6 +153,15 @@ int pxt_cuda_bias_backward(int index, float *dbias, const void *dout, int M, int
 int pxt_cuda_layernorm_dparams(int index, float *dweight, float *dbias, const void *dout,
                                const void *inp, const float *mean, const float *rstd, int N, int C,
                                pxt_dtype dt, void *workspace);
+/* dweight (C) += sum n * dout, dbias (C) += sum dout over the B x S rows of
+ * GroupNorm's (B, S, C); n from the (sample, group)'s mean and rstd (B, G) */
+int pxt_cuda_groupnorm_dparams(int index, float *dweight, float *dbias, const void *dout,
+                               const void *inp, const float *mean, const float *rstd, int B, int S,
+                               int C, int G, pxt_dtype dt, void *workspace);
+/* dgamma (C) += sum_i dout * inp / max(norm, eps) * scale */
+int pxt_cuda_rmsnorm_dgamma(int index, float *dgamma, const void *dout, const void *inp,
+                            const float *norm, int N, int C, float scale, float eps, pxt_dtype dt,
+                            void *workspace);
 /* layernorm.cu */
 int pxt_cuda_layernorm_forward(int index, void *out, float *mean, float *rstd, const void *inp,
                                const void *weight, const void *bias, int N, int C, float eps,
@@ -170,6 +179,22 @@ int pxt_cuda_dropout_forward(int index, void *x, const void *resid, int N, int C
                              const pxt_dropout *d, pxt_dtype dt);
 int pxt_cuda_dropout_backward(int index, void *dx, const void *dy, int N, int C,
                               const pxt_dropout *d, pxt_dtype dt);
+/* groupnorm.cu, rmsnorm.cu, geglu.cu: the conditioning path's ops */
+int pxt_cuda_groupnorm_forward(int index, void *out, float *mean, float *rstd, const void *inp,
+                               const void *weight, const void *bias, int B, int S, int C, int G,
+                               float eps, pxt_dtype dt);
+int pxt_cuda_groupnorm_backward(int index, void *dinp, float *dweight, float *dbias,
+                                const void *dout, const void *inp, const void *weight,
+                                const float *mean, const float *rstd, int B, int S, int C, int G,
+                                pxt_dtype dt, void *workspace);
+int pxt_cuda_rmsnorm_forward(int index, void *out, float *norm, const void *inp, const void *gamma,
+                             int N, int C, float scale, float eps, pxt_dtype dt);
+int pxt_cuda_rmsnorm_backward(int index, void *dinp, float *dgamma, const void *dout,
+                              const void *inp, const void *gamma, const float *norm, int N, int C,
+                              float scale, float eps, pxt_dtype dt, void *workspace);
+int pxt_cuda_geglu_forward(int index, void *out, const void *inp, int N, int F, pxt_dtype dt);
+int pxt_cuda_geglu_backward(int index, void *dinp, const void *inp, const void *dout, int N, int F,
+                            pxt_dtype dt);
 /* elementwise.cu */
 int pxt_cuda_add(int index, void *out, const void *a, const void *b, size_t n, pxt_dtype dt);
 /* embedding.cu */

@@ -1,6 +1,8 @@
 """The conditioning path's kernels (GroupNorm, RMS norm, GEGLU) and dropout (rows and
 attention probabilities) against float64 NumPy / torch, finite differences and an
-independent Philox (tests/philox.py).
+independent Philox (tests/philox.py). The norms and GEGLU run on every device of DEVICES
+(cuda:0 skips without a GPU) against the same float64 references and bounds, and the GPU
+against the CPU backend (test_cuda_matches_the_cpu_*).
 
 Tolerances follow test_ops.py: a kernel's float32 error is bounded by a few units of
 float32 rounding (u = 2^-24) times the magnitude of the terms it adds, 2^-20 (16 u) of
@@ -8,6 +10,7 @@ them for the backwards, whose terms pass through a dozen roundings; the NumPy gr
 are checked by central differences in float64 (h = 1e-6, 1e-6 relative) and the kernels'
 own fp32 forwards by central differences (h = 1e-2, 1e-2 relative). 16-bit kernels load
 exactly and compute in float32, so they equal the fp32 kernel's results rounded once.
+On the GPU, erff and expf are CUDA's (2 ulp at most): inside the same bounds.
 Dropout masks must equal the NumPy Philox's bit for bit; their statistics are checked
 against binomial bounds of 6 standard deviations (a false alarm below 1e-8 per check).
 """
@@ -20,9 +23,10 @@ import pytest
 import torch
 from conftest import assert_bits_equal, requires_cuda, run_python
 from test_attention import ISAS
-from test_ops import HALF, U, T, assert_within, check_fd, f64, fd, poison_cache, r16, rand
+from test_ops import HALF, U, T, assert_within, check_fd, f64, fd, r16, rand
 
 import philox
+import pyxtts
 from pyxtts import _C
 
 pytestmark = pytest.mark.usefixtures("check_memory")
@@ -31,6 +35,17 @@ pytestmark = pytest.mark.usefixtures("check_memory")
 GN_CASES = [(1, 1, 16, 8), (2, 5, 48, 16), (3, 17, 64, 16), (8, 517, 1024, 32)]
 RMS_SHAPES = [(1, 1), (3, 7), (2, 5, 33), (8 * 32, 1024)]
 GEGLU_SHAPES = [(1, 2), (3, 10), (2, 5, 66), (8 * 32, 2 * 2730)]
+
+
+def Td(a, dtype="float32", device="cpu"):
+    """A tensor of `a` in a pyxtts dtype on `device` (rounding to nearest even)."""
+    return pyxtts.tensor(np.asarray(a), dtype=getattr(pyxtts, dtype), device=device)
+
+
+def poison(device, *specs):
+    """poison_cache on `device`: NaN blocks the op's fresh outputs get next."""
+    held = [Td(np.full(shape, np.nan, np.float32), dtype, device) for shape, dtype in specs]
+    del held
 
 
 # ---- float64 references ----------------------------------------------------------------
@@ -99,12 +114,12 @@ def geglu_grad_ref(x, dout):
 # ---- GroupNorm ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("B,S,C,G", GN_CASES, ids=str)
-def test_groupnorm_forward(rng, seed, B, S, C, G):
+def test_groupnorm_forward(rng, seed, B, S, C, G, device):
     x = rand(rng, (B, S, C), scale=2.0, offset=3.0)
     w, b = rand(rng, C), rand(rng, C, scale=0.5)
-    msg = f"seed={seed} B,S,C,G={B},{S},{C},{G}"
-    xt, wt, bt = T(x), T(w), T(b)
-    poison_cache(((B, S, C), "float32"), ((B, G), "float32"), ((B, G), "float32"))
+    msg = f"seed={seed} B,S,C,G={B},{S},{C},{G} {device}"
+    xt, wt, bt = Td(x, device=device), Td(w, device=device), Td(b, device=device)
+    poison(device, ((B, S, C), "float32"), ((B, G), "float32"), ((B, G), "float32"))
     out, mean, rstd = _C._op_groupnorm_forward(xt, wt, bt, G)
     assert out.shape == (B, S, C) and mean.shape == (B, G) and rstd.shape == (B, G), msg
     x64 = x.astype(np.float64)
@@ -124,10 +139,11 @@ def test_groupnorm_forward(rng, seed, B, S, C, G):
 
 
 @pytest.mark.parametrize("B,S,C,G", GN_CASES, ids=str)
-def test_groupnorm_backward(rng, seed, B, S, C, G):
+def test_groupnorm_backward(rng, seed, B, S, C, G, device):
     x = rand(rng, (B, S, C), scale=2.0, offset=3.0)
     w, dout = rand(rng, C), rand(rng, (B, S, C))
-    msg = f"seed={seed} B,S,C,G={B},{S},{C},{G}"
+    msg = f"seed={seed} B,S,C,G={B},{S},{C},{G} {device}"
+    T = lambda a: Td(a, device=device)  # noqa: E731, N806
     _, mean, rstd = _C._op_groupnorm_forward(T(x), T(w), T(np.zeros(C)), G)
     x64, w64, d64 = (a.astype(np.float64) for a in (x, w, dout))
     dinp, dw, db, terms, dw_terms = gn_grad_ref(d64, x64, w64, G)
@@ -147,11 +163,12 @@ def test_groupnorm_backward(rng, seed, B, S, C, G):
             np.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-10, atol=1e-10, err_msg=msg)
 
 
-def test_groupnorm_finite_differences(rng, seed):
+def test_groupnorm_finite_differences(rng, seed, device):
     B, S, C, G = 2, 3, 8, 4
     x, w, b, dout = rand(rng, (B, S, C), 1.5, 0.5), rand(rng, C), rand(rng, C), rand(rng, (B, S, C))
     x64, w64, b64, d64 = (a.astype(np.float64) for a in (x, w, b, dout))
-    msg = f"seed={seed}"
+    msg = f"seed={seed} {device}"
+    T = lambda a: Td(a, device=device)  # noqa: E731, N806
     dinp, dw, db, _, _ = gn_grad_ref(d64, x64, w64, G)
     ref_loss = {"x": lambda a: (gn_ref(a, w64, b64, G)[0] * d64).sum(),
                 "weight": lambda a: (gn_ref(x64, a, b64, G)[0] * d64).sum(),
@@ -171,11 +188,14 @@ def test_groupnorm_finite_differences(rng, seed):
 
 
 @pytest.mark.parametrize("dtype", HALF)
-def test_groupnorm_16bit(rng, seed, dtype):
+def test_groupnorm_16bit(rng, seed, dtype, device):
+    # 3 channels per group: on the GPU every dtype reads one element per vector, so the
+    # 16-bit and fp32 kernels add the same floats in the same tree
     B, S, C, G = 3, 40, 96, 32
     x, w, b = rand(rng, (B, S, C), 2.0, 1.0, dtype), rand(rng, C, dtype=dtype), rand(rng, C, dtype=dtype)
     dout, di0 = rand(rng, (B, S, C), dtype=dtype), rand(rng, (B, S, C), dtype=dtype)
-    msg = f"seed={seed} {dtype}"
+    msg = f"seed={seed} {dtype} {device}"
+    T = lambda a, dt="float32": Td(a, dt, device)  # noqa: E731, N806
     o16, m16, r16_ = _C._op_groupnorm_forward(T(x, dtype), T(w, dtype), T(b, dtype), G)
     o32, m32, r32 = _C._op_groupnorm_forward(T(x), T(w), T(b), G)
     assert_bits_equal(o16.numpy(), r16(o32.numpy(), dtype), msg + " out")
@@ -206,13 +226,14 @@ def test_groupnorm_errors():
 # ---- RMS norm --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape", RMS_SHAPES, ids=str)
-def test_rmsnorm_forward_and_backward(rng, seed, shape):
+def test_rmsnorm_forward_and_backward(rng, seed, shape, device):
     C = shape[-1]
     x, g, dout = rand(rng, shape, 1.5, 0.5), rand(rng, C), rand(rng, shape)
     scale = math.sqrt(C)
-    msg = f"seed={seed} shape={shape}"
+    msg = f"seed={seed} shape={shape} {device}"
+    T = lambda a: Td(a, device=device)  # noqa: E731, N806
     xt, gt = T(x), T(g)
-    poison_cache((shape, "float32"), (shape[:-1], "float32"))
+    poison(device, (shape, "float32"), (shape[:-1], "float32"))
     out, norm = _C._op_rmsnorm_forward(xt, gt, scale)
     x64, g64, d64 = (a.astype(np.float64) for a in (x, g, dout))
     ref, n = rms_ref(x64, g64, scale)
@@ -234,8 +255,9 @@ def test_rmsnorm_forward_and_backward(rng, seed, shape):
         np.testing.assert_allclose(dgam, tg.grad.numpy(), rtol=1e-10, atol=1e-10, err_msg=msg)
 
 
-def test_rmsnorm_zero_row_and_finite_differences(rng, seed):
+def test_rmsnorm_zero_row_and_finite_differences(rng, seed, device):
     # a row of zeros takes F.normalize's eps branch: out 0, gradient dout * gamma * scale / eps
+    T = lambda a: Td(a, device=device)  # noqa: E731, N806
     x = rand(rng, (3, 6))
     x[1] = 0.0
     g, dout = rand(rng, 6), rand(rng, (3, 6))
@@ -244,7 +266,7 @@ def test_rmsnorm_zero_row_and_finite_differences(rng, seed):
     di, _ = _C._op_rmsnorm_backward(T(dout), T(x), T(g), norm, 2.0, eps=1e-3)
     assert_within(f64(di)[1], dout[1].astype(np.float64) * g * 2.0 / 1e-3, 1e-4 * np.abs(dout[1] * g) / 1e-3, "eps")
     x[1] = rand(rng, 6)
-    msg = f"seed={seed}"
+    msg = f"seed={seed} {device}"
     x64, g64, d64 = (a.astype(np.float64) for a in (x, g, dout))
     dinp, dgam, _, _ = rms_grad_ref(d64, x64, g64, 2.0)
     _, norm = _C._op_rmsnorm_forward(T(x), T(g), 2.0)
@@ -265,13 +287,14 @@ def test_rmsnorm_zero_row_and_finite_differences(rng, seed):
 # ---- GEGLU -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape", GEGLU_SHAPES, ids=str)
-def test_geglu_forward_and_backward(rng, seed, shape):
+def test_geglu_forward_and_backward(rng, seed, shape, device):
     x = rand(rng, shape, scale=2.0)
     F = shape[-1] // 2
     dout = rand(rng, shape[:-1] + (F,))
-    msg = f"seed={seed} shape={shape}"
+    msg = f"seed={seed} shape={shape} {device}"
+    T = lambda a: Td(a, device=device)  # noqa: E731, N806
     xt = T(x)
-    poison_cache((shape[:-1] + (F,), "float32"), (shape, "float32"))
+    poison(device, (shape[:-1] + (F,), "float32"), (shape, "float32"))
     out = _C._op_geglu_forward(xt)
     x64, d64 = x.astype(np.float64), dout.astype(np.float64)
     ref = geglu_ref(x64)
@@ -292,9 +315,10 @@ def test_geglu_forward_and_backward(rng, seed, shape):
 
 
 @pytest.mark.parametrize("dtype", HALF)
-def test_geglu_16bit(rng, seed, dtype):
+def test_geglu_16bit(rng, seed, dtype, device):
     x, dout = rand(rng, (40, 66), 2.0, dtype=dtype), rand(rng, (40, 33), dtype=dtype)
-    msg = f"seed={seed} {dtype}"
+    msg = f"seed={seed} {dtype} {device}"
+    T = lambda a, dt="float32": Td(a, dt, device)  # noqa: E731, N806
     assert_bits_equal(_C._op_geglu_forward(T(x, dtype)).numpy(), r16(_C._op_geglu_forward(T(x)).numpy(), dtype), msg)
     assert_bits_equal(_C._op_geglu_backward(T(x, dtype), T(dout, dtype)).numpy(),
                       r16(_C._op_geglu_backward(T(x), T(dout)).numpy(), dtype), msg)
@@ -305,6 +329,113 @@ def test_geglu_errors():
         _C._op_geglu_forward(T(np.ones((2, 5))))
     with pytest.raises(ValueError, match=r"^dout: expected shape \(2, 3\), got \(2, 6\)"):
         _C._op_geglu_backward(T(np.ones((2, 6))), T(np.ones((2, 6))))
+
+
+# ---- the GPU against the CPU backend ------------------------------------------------------------
+# The same inputs on both. Weight gradients (backend.h's chunked column sums of the same
+# float terms, from the same statistics) are the CPU's bits. The rest adds its double sums
+# in a tree, not in order: a statistic may differ by one float32 rounding (2 u of itself),
+# an fp32 output by 8 u of the magnitude of its terms, a 16-bit output by that and one step
+# of its grid (2 x U16 of itself: the same float, rounded the other way). GEGLU's erff and
+# expf are CUDA's: 8 u of its terms too. A second GPU run gives the same bits.
+
+GPU = "cuda:0"
+FLOATS = ["float32", "float16", "bfloat16"]
+U16 = {"float32": 0.0, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+
+
+def both(a, dtype):
+    return Td(a, dtype), Td(a, dtype, GPU)
+
+
+def assert_close_16(got, want, terms, dtype, msg):
+    want = f64(want)
+    assert_within(f64(got), want, 8 * U * terms + 2 * U16[dtype] * np.abs(want) + 1e-30, msg)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("B,S,C,G", [(2, 5, 48, 16), (3, 17, 64, 16), (2, 9, 256, 2), (8, 517, 1024, 32)], ids=str)
+def test_cuda_matches_the_cpu_groupnorm(rng, seed, B, S, C, G, dtype):
+    msg = f"seed={seed} B,S,C,G={B},{S},{C},{G} {dtype}"
+    x0 = rand(rng, (B, S, C), 2.0, 1.0, dtype)
+    (x, xg), (w, wg), (b, bg) = both(x0, dtype), both(rand(rng, C, dtype=dtype), dtype), both(
+        rand(rng, C, 0.5, dtype=dtype), dtype)
+    poison(GPU, ((B, S, C), dtype), ((B, G), "float32"), ((B, G), "float32"))
+    out, mean, rstd = _C._op_groupnorm_forward(x, w, b, G)
+    outg, meang, rstdg = _C._op_groupnorm_forward(xg, wg, bg, G)
+    assert_within(f64(meang), f64(mean), 2 * U * np.abs(f64(mean)) + 1e-30, msg + " mean")
+    assert_within(f64(rstdg), f64(rstd), 2 * U * f64(rstd), msg + " rstd")
+    k = np.repeat(np.arange(G), C // G)
+    m, r = f64(mean)[:, None, k], f64(rstd)[:, None, k]  # (B, 1, C)
+    w64, b64 = f64(w), f64(b)
+    n = (x0 - m) * r
+    assert_close_16(outg, out, np.abs(n * w64) + np.abs(b64) + (np.abs(x0) + np.abs(m)) * r * np.abs(w64),
+                    dtype, msg + " out")
+    # the backward from the CPU's statistics on both
+    dout0, di0 = rand(rng, (B, S, C), dtype=dtype), rand(rng, (B, S, C), dtype=dtype)
+    (d, dg), (mc, mg), (rc, rg) = both(dout0, dtype), both(mean.numpy(), "float32"), both(rstd.numpy(), "float32")
+    dw0, db0 = rand(rng, C), rand(rng, C)
+    runs = []
+    for _ in range(2):
+        (di, dig), (dw, dwg), (dbb, dbg) = both(di0, dtype), both(dw0, "float32"), both(db0, "float32")
+        _C._op_groupnorm_backward(dg, xg, wg, mg, rg, G, dinp=dig, dweight=dwg, dbias=dbg)
+        runs.append((dig.numpy(), dwg.numpy(), dbg.numpy()))
+    _C._op_groupnorm_backward(d, x, w, mc, rc, G, dinp=di, dweight=dw, dbias=dbb)
+    for got, want, what in [(runs[1][0], runs[0][0], "dinp twice"), (runs[1][1], runs[0][1], "dweight twice"),
+                            (runs[0][1], dw.numpy(), "dweight"), (runs[0][2], dbb.numpy(), "dbias")]:
+        assert_bits_equal(got, want, f"{msg} {what}")
+    g = np.abs(dout0 * w64)
+    gs = g.reshape(B, S, G, C // G)
+    ng = np.abs(n).reshape(B, S, G, C // G)
+    mg_ = np.repeat(gs.mean((1, 3)), C // G, 1)[:, None]
+    mgn = np.repeat((gs * ng).mean((1, 3)), C // G, 1)[:, None]
+    assert_close_16(dig, di, r * (g + mg_ + np.abs(n) * mgn) + np.abs(di0), dtype, msg + " dinp")
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("N,C", [(1, 1), (3, 7), (10, 33), (8 * 32, 1024)], ids=str)
+def test_cuda_matches_the_cpu_rmsnorm(rng, seed, N, C, dtype):
+    msg = f"seed={seed} N,C={N},{C} {dtype}"
+    scale = math.sqrt(C)
+    x0, g0 = rand(rng, (N, C), 1.5, 0.5, dtype), rand(rng, C, dtype=dtype)
+    (x, xg), (g, gg) = both(x0, dtype), both(g0, dtype)
+    poison(GPU, ((N, C), dtype), ((N,), "float32"))
+    out, norm = _C._op_rmsnorm_forward(x, g, scale)
+    outg, normg = _C._op_rmsnorm_forward(xg, gg, scale)
+    assert_within(f64(normg), f64(norm), 2 * U * f64(norm), msg + " norm")
+    assert_close_16(outg, out, np.abs(f64(out)), dtype, msg + " out")
+    dout0, di0, dg0 = rand(rng, (N, C), dtype=dtype), rand(rng, (N, C), dtype=dtype), rand(rng, C)
+    (d, dg), (nc, ng) = both(dout0, dtype), both(norm.numpy(), "float32")
+    runs = []
+    for _ in range(2):
+        (di, dig), (dgm, dgmg) = both(di0, dtype), both(dg0, "float32")
+        _C._op_rmsnorm_backward(dg, xg, gg, ng, scale, dinp=dig, dgamma=dgmg)
+        runs.append((dig.numpy(), dgmg.numpy()))
+    _C._op_rmsnorm_backward(d, x, g, nc, scale, dinp=di, dgamma=dgm)
+    assert_bits_equal(runs[1][0], runs[0][0], msg + " dinp twice")
+    assert_bits_equal(runs[0][1], dgm.numpy(), msg + " dgamma")
+    nn = f64(norm)[:, None]
+    gm = np.abs(dout0 * g0) * scale
+    xh = np.abs(x0) / nn
+    assert_close_16(dig, di, (gm + xh * (xh * gm).sum(-1, keepdims=True)) / nn + np.abs(di0), dtype, msg + " dinp")
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("N,F", [(1, 1), (3, 5), (40, 33), (8 * 32, 2730)], ids=str)
+def test_cuda_matches_the_cpu_geglu(rng, seed, N, F, dtype):
+    msg = f"seed={seed} N,F={N},{F} {dtype}"
+    x0, dout0 = rand(rng, (N, 2 * F), 2.0, dtype=dtype), rand(rng, (N, F), dtype=dtype)
+    (x, xg), (d, dg) = both(x0, dtype), both(dout0, dtype)
+    poison(GPU, ((N, F), dtype), ((N, 2 * F), dtype))
+    a, g = np.abs(x0[:, :F]), np.abs(x0[:, F:])
+    assert_close_16(_C._op_geglu_forward(xg), _C._op_geglu_forward(x), a * g, dtype, msg + " out")
+    got = _C._op_geglu_backward(xg, dg)
+    assert_bits_equal(got.numpy(), _C._op_geglu_backward(xg, dg).numpy(), msg + " twice")
+    mag = np.concatenate([np.abs(dout0) * g, np.abs(dout0) * a * (1 + g * g)], -1)
+    assert_close_16(got, _C._op_geglu_backward(x, d), mag, dtype, msg + " dinp")
 
 
 # ---- dropout of rows ---------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import pyxtts
+from conftest import requires_cuda
 from coqui import coqui_installed, require_coqui
 from helpers import random_batch
 from helpers.torch_ref import RefGPT
@@ -235,6 +236,40 @@ def test_step_matches_the_float64_reference(policy, S, rng, seed):
         assert r[k] == pytest.approx(float(want.detach()), rel=1e-5), msg + " " + k
     want = ref.grads()
     assert_grads_agree({k: v.numpy() for k, v in m.gradients().items()}, want, want, msg)
+
+
+@requires_cuda
+@pytest.mark.parametrize("policy", ["none", "selective"])
+@pytest.mark.parametrize("prec", ["fp32", "bf16"])
+def test_step_on_cuda_matches_the_cpu(policy, prec, rng, seed):
+    """The whole path on the GPU (GroupNorm, RMS norm and GEGLU kernels, the encoder's and
+    the perceiver's attention, their GEMMs) against the CPU backend, one step from the same
+    weights: fp32 to this module's bounds; bf16, whose activations both round, to its
+    16-bit bounds."""
+    cfg = dataclasses.replace(SMALL, n_cond_latents=6)
+    state = randomized_state(pyxtts.XTTSGPT(cfg), rng, 0.1)
+    batch = mel_batch(rng, cfg, 2, 10, 16, 64)
+    res = {}
+    for dev in ("cpu", "cuda:0"):
+        m = pyxtts.XTTSGPT(cfg, device=dev, precision=prec, checkpointing=policy)
+        m.load_state_dict(state)
+        r = m.forward_backward(batch)
+        res[dev] = (r, {k: v.numpy().astype(np.float32) for k, v in m.gradients().items()})
+    (rc, gc_), (rg, gg) = res["cpu"], res["cuda:0"]
+    msg = f"seed={seed} policy={policy} {prec}"
+    names = [k for k in gc_ if k.startswith(PREFIXES)]
+    assert len(names) == 54, msg
+    for k in ("loss", "text_loss", "audio_loss"):
+        assert rg[k] == pytest.approx(rc[k], rel=1e-5 if prec == "fp32" else 1e-2), f"{k}; {msg}"
+    if prec == "fp32":
+        assert_grads_agree(gg, gc_, list(gc_), msg)
+    else:
+        for k in names:
+            g, gr = gg[k], gc_[k]
+            assert np.isfinite(g).all(), k
+            if np.linalg.norm(gr) > 0:
+                cos = float(g.ravel() @ gr.ravel() / (np.linalg.norm(g) * np.linalg.norm(gr)))
+                assert cos > 0.99, (k, cos, msg)
 
 
 def test_mels_and_latents_paths_of_one_model(rng):

@@ -71,13 +71,13 @@ int pxt_cpu_groupnorm_forward(int index, void *out, float *mean, float *rstd, co
 int pxt_cpu_groupnorm_backward(int index, void *dinp, float *dweight, float *dbias,
                                const void *dout, const void *inp, const void *weight,
                                const float *mean, const float *rstd, int B, int S, int C, int G,
-                               pxt_dtype dt);
+                               pxt_dtype dt, void *workspace);
 /* rmsnorm.c */
 int pxt_cpu_rmsnorm_forward(int index, void *out, float *norm, const void *inp, const void *gamma,
                             int N, int C, float scale, float eps, pxt_dtype dt);
 int pxt_cpu_rmsnorm_backward(int index, void *dinp, float *dgamma, const void *dout,
                              const void *inp, const void *gamma, const float *norm, int N, int C,
-                             float scale, float eps, pxt_dtype dt);
+                             float scale, float eps, pxt_dtype dt, void *workspace);
 /* geglu.c */
 int pxt_cpu_geglu_forward(int index, void *out, const void *inp, int N, int F, pxt_dtype dt);
 int pxt_cpu_geglu_backward(int index, void *dinp, const void *inp, const void *dout, int N, int F,

@@ -5,10 +5,12 @@
  * Statistics are reduced in double over the group's S x C/G elements (two
  * passes) and saved as fp32 mean and rstd (B, G). The backward splits like
  * layernorm.c: dinp group by group (groups are independent), dweight and dbias
- * by column slices over all B x S rows in order (bit-identical for any thread
- * count). */
+ * by column slices over all B x S rows, each a two-stage column sum chunked as
+ * backend.h says (bit-identical for any thread count, and the CUDA kernels'
+ * bits). */
 #include <math.h>
 
+#include "engine/backend.h"
 #include "cpu.h"
 #include "elem.h"
 
@@ -63,8 +65,8 @@ int pxt_cpu_groupnorm_forward(int index, void *out, float *mean, float *rstd, co
 int pxt_cpu_groupnorm_backward(int index, void *dinp, float *dweight, float *dbias,
                                const void *dout, const void *inp, const void *weight,
                                const float *mean, const float *rstd, int B, int S, int C, int G,
-                               pxt_dtype dt) {
-    (void)index;
+                               pxt_dtype dt, void *workspace) {
+    (void)index, (void)workspace;
     PXT_TRY(check(B, S, C, G, dt, "groupnorm_backward"));
     const int cg = C / G;
     const double M = (double)S * cg;
@@ -98,22 +100,34 @@ int pxt_cpu_groupnorm_backward(int index, void *dinp, float *dweight, float *dbi
         }
     }
 
-    /* pass 2, column slices: dbias += sum dout, dweight += sum n * dout over B x S rows */
+    /* pass 2, column slices: dbias += sum dout, dweight += sum n * dout over the
+     * N = B x S rows, per chunk of R rows (stage 1), then the chunks in order (stage 2) */
+    const int N = B * S, R = pxt_colsum_chunk_rows(N, C);
     int nslices = (C + PXT_COL_SLICE - 1) / PXT_COL_SLICE;
 #pragma omp parallel for schedule(static) if (par)
     for (int s = 0; s < nslices; s++) {
         int c0 = s * PXT_COL_SLICE, w = C - c0 < PXT_COL_SLICE ? C - c0 : PXT_COL_SLICE;
-        double dw[PXT_COL_SLICE] = {0}, db[PXT_COL_SLICE] = {0}; /* (w) */
-        for (int b = 0; b < B; b++) {
-            for (int t = 0; t < S; t++) {
-                size_t row = ((size_t)b * S + t) * C + c0;
+        double dw[PXT_COL_SLICE] = {0}, db[PXT_COL_SLICE] = {0}; /* (w) totals */
+        double pw[PXT_COL_SLICE], pb[PXT_COL_SLICE];             /* (w) one chunk's */
+        for (int i0 = 0; i0 < N; i0 += R) {
+            int i1 = N - i0 < R ? N : i0 + R;
+            for (int j = 0; j < w; j++) {
+                pw[j] = pb[j] = 0.0;
+            }
+            for (int i = i0; i < i1; i++) {
+                size_t row = (size_t)i * C + c0;
+                const int b = i / S;
                 for (int j = 0; j < w; j++) {
                     int bg = b * G + (c0 + j) / cg;
                     float g = pxt_ld(dout, row + j, dt);
                     float n = (pxt_ld(inp, row + j, dt) - mean[bg]) * rstd[bg];
-                    db[j] += g;
-                    dw[j] += (double)n * g;
+                    pb[j] += g;
+                    pw[j] += (double)n * g;
                 }
+            }
+            for (int j = 0; j < w; j++) {
+                dw[j] += pw[j];
+                db[j] += pb[j];
             }
         }
         for (int j = 0; j < w; j++) {

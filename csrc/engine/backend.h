@@ -55,8 +55,8 @@ typedef struct pxt_attn_args {
 #define PXT_SUMSQ_PARTS 256
 
 /* ---- deterministic reductions: the chunking every backend shares -------------
- * Column sums (bias_backward, layernorm's dweight and dbias, and later the
- * conditioning path's norms) run in two stages on every backend: the rows are
+ * Column sums (bias_backward, layernorm's dweight and dbias, the conditioning
+ * path's norms' weight gradients) run in two stages on every backend: the rows are
  * cut into chunks of pxt_colsum_chunk_rows(rows, cols) consecutive rows; stage
  * 1 sums each column of each chunk in double, rows in order, from 0.0; stage 2
  * adds a column's chunk sums in chunk order in double, from 0.0, and adds that
@@ -323,18 +323,23 @@ typedef struct pxt_backend {
     int (*groupnorm_forward)(int index, void *out, float *mean, float *rstd, const void *inp,
                              const void *weight, const void *bias, int B, int S, int C, int G,
                              float eps, pxt_dtype dt);
-    /* dinp (B, S, C) +=, dweight (C) +=, dbias (C) +=. Deterministic. */
+    /* dinp (B, S, C) +=, dweight (C) +=, dbias (C) +=: the two column sums over
+     * the B x S rows chunked as pxt_colsum_chunk_rows(B * S, C) says (the same
+     * bits on every backend). workspace: colsum_workspace(B * S, C). */
     int (*groupnorm_backward)(int index, void *dinp, float *dweight, float *dbias, const void *dout,
                               const void *inp, const void *weight, const float *mean,
-                              const float *rstd, int B, int S, int C, int G, pxt_dtype dt);
+                              const float *rstd, int B, int S, int C, int G, pxt_dtype dt,
+                              void *workspace);
     /* out (N, C) = inp / max(|inp|, eps) * scale * gamma, row by row (F.normalize,
      * then a gain); norm (N) fp32 = |inp| saved. */
     int (*rmsnorm_forward)(int index, void *out, float *norm, const void *inp, const void *gamma,
                            int N, int C, float scale, float eps, pxt_dtype dt);
-    /* dinp (N, C) +=, dgamma (C) +=. Deterministic. */
+    /* dinp (N, C) +=, dgamma (C) +=: dgamma's column sum chunked as
+     * pxt_colsum_chunk_rows(N, C) says (the same bits on every backend).
+     * workspace: colsum_workspace(N, C). */
     int (*rmsnorm_backward)(int index, void *dinp, float *dgamma, const void *dout, const void *inp,
                             const void *gamma, const float *norm, int N, int C, float scale,
-                            float eps, pxt_dtype dt);
+                            float eps, pxt_dtype dt, void *workspace);
     /* GEGLU: out (N, F) = a * gelu(g) for rows inp (N, 2F) = [a | g], gelu the
      * exact one (x Phi(x), erf). */
     int (*geglu_forward)(int index, void *out, const void *inp, int N, int F, pxt_dtype dt);

@@ -244,7 +244,7 @@ int pxt_enc_backward(const pxt_cond_ctx *x, const pxt_cond_params *p, const pxt_
     /* norm: dh += GroupNorm'(dxn) */
     return be->groupnorm_backward(d, dh, gw[PXT_CB_NORM_W], gw[PXT_CB_NORM_B], dy, h,
                                   w[PXT_CB_NORM_W], a.a[PXT_ENC_MEAN], a.a[PXT_ENC_RSTD], x->B,
-                                  x->S, C, x->G, dt);
+                                  x->S, C, x->G, dt, x->reduce_ws);
 }
 
 /* ---- a perceiver layer -------------------------------------------------------------- */

@@ -290,9 +290,10 @@ static int cond_backward(pxt_gpt *m, const pxt_plan *p, char *base, const char *
     /* RMS norm, then the perceiver's layers top-down; d1 gathers the context's gradient */
     char *dl = base + q->dl, *d1 = base + q->d1, *d2 = base + q->d2;
     PXT_TRY(be->memset_zero(d, dl, Nn * row));
-    PXT_TRY(be->rmsnorm_backward(
-        d, dl, g.g[PXT_CP_GAMMA], dcond, slot(p, lats, PXT_PERC_LAYERS, Nn), w.w[PXT_CP_GAMMA],
-        (const float *)(base + q->rnorm), (int)Nn, C, sqrtf((float)C), PXT_RMSNORM_EPS, p->dt));
+    PXT_TRY(be->rmsnorm_backward(d, dl, g.g[PXT_CP_GAMMA], dcond,
+                                 slot(p, lats, PXT_PERC_LAYERS, Nn), w.w[PXT_CP_GAMMA],
+                                 (const float *)(base + q->rnorm), (int)Nn, C, sqrtf((float)C),
+                                 PXT_RMSNORM_EPS, p->dt, x.reduce_ws));
     PXT_TRY(be->memset_zero(d, d1, NS * row));
     const char *context = slot(p, hs, PXT_COND_BLOCKS, NS);
     pxt_perc_acts pwork = perc_acts(base, q, -1);

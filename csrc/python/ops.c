@@ -125,6 +125,10 @@ static int scratch(pxt_device dev, size_t nbytes, PyObject **hold, void **data) 
     return 0;
 }
 
+int pxt_op_scratch(pxt_device dev, size_t nbytes, PyObject **hold, void **data) {
+    return scratch(dev, nbytes, hold, data);
+}
+
 /* Kernel status to an exception: 0 or -1. */
 int pxt_op_status(int rc) {
     if (rc == PXT_OK) {

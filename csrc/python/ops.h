@@ -21,6 +21,10 @@ PyObject *pxt_op_new_zeros(pxt_device dev, pxt_dtype dt, int ndim, const int64_t
  * against dtype, shape and device, and writable. *bad is set on failure. */
 pxt_tensor *pxt_op_opt_out(PyObject *obj, const char *name, const pxt_tensor *like, pxt_dtype dt,
                            int ndim, const int64_t *shape, PyObject **hold, int *bad);
+/* A uint8 scratch tensor of nbytes on dev for a kernel's workspace (a new
+ * reference in *hold; none for 0 bytes): *data is its memory or NULL. -1 on
+ * failure (out of memory raised). */
+int pxt_op_scratch(pxt_device dev, size_t nbytes, PyObject **hold, void **data);
 /* Kernel status to an exception: 0 or -1. */
 int pxt_op_status(int rc);
 

@@ -125,7 +125,7 @@ static PyObject *op_groupnorm_backward(PyObject *m, PyObject *args, PyObject *kw
         return NULL;
     }
     PyObject *dh = NULL, *xh = NULL, *wh = NULL, *mh = NULL, *rh = NULL;
-    PyObject *dih = NULL, *dwh = NULL, *dbh = NULL, *result = NULL;
+    PyObject *dih = NULL, *dwh = NULL, *dbh = NULL, *ws = NULL, *result = NULL;
     int B, S, C, G;
     pxt_tensor *dout = pxt_op_arg(d_obj, "dout", NULL, &dh), *x, *w, *mean, *rstd, *di, *dw, *db;
     if (!dout || groupnorm_shape(dout, groups.value, &B, &S, &C, &G) < 0) {
@@ -143,14 +143,15 @@ static PyObject *op_groupnorm_backward(PyObject *m, PyObject *args, PyObject *kw
         goto done;
     }
     const pxt_backend *be = PXT_BACKEND_OP(dout->device, groupnorm_backward);
-    if (!be) {
+    void *wsp;
+    if (!be || pxt_op_scratch(dout->device, be->colsum_workspace(B * S, C), &ws, &wsp) < 0) {
         goto done;
     }
     int rc;
     RUN_NOGIL(rc, be->groupnorm_backward(dout->device.index, di->data, (float *)dw->data,
                                          (float *)db->data, dout->data, x->data, w->data,
                                          (const float *)mean->data, (const float *)rstd->data, B, S,
-                                         C, G, dout->dtype));
+                                         C, G, dout->dtype, wsp));
     if (pxt_op_status(rc) == 0) {
         result = PyTuple_Pack(3, (PyObject *)di, (PyObject *)dw, (PyObject *)db);
     }
@@ -163,6 +164,7 @@ done:
     Py_XDECREF(dih);
     Py_XDECREF(dwh);
     Py_XDECREF(dbh);
+    Py_XDECREF(ws);
     return result;
 }
 
@@ -218,7 +220,7 @@ static PyObject *op_rmsnorm_backward(PyObject *m, PyObject *args, PyObject *kwar
         return NULL;
     }
     PyObject *dh = NULL, *xh = NULL, *gh = NULL, *nh = NULL, *dih = NULL, *dgh = NULL;
-    PyObject *result = NULL;
+    PyObject *ws = NULL, *result = NULL;
     int N = 0, C = 0;
     pxt_tensor *dout = pxt_op_arg(d_obj, "dout", NULL, &dh), *x, *g, *norm, *di, *dg;
     if (!dout || pxt_py_check_float(dout, "dout") < 0 ||
@@ -235,13 +237,14 @@ static PyObject *op_rmsnorm_backward(PyObject *m, PyObject *args, PyObject *kwar
         goto done;
     }
     const pxt_backend *be = PXT_BACKEND_OP(dout->device, rmsnorm_backward);
-    if (!be) {
+    void *wsp;
+    if (!be || pxt_op_scratch(dout->device, be->colsum_workspace(N, C), &ws, &wsp) < 0) {
         goto done;
     }
     int rc;
     RUN_NOGIL(rc, be->rmsnorm_backward(dout->device.index, di->data, (float *)dg->data, dout->data,
                                        x->data, g->data, (const float *)norm->data, N, C,
-                                       (float)scale.value, (float)eps.value, dout->dtype));
+                                       (float)scale.value, (float)eps.value, dout->dtype, wsp));
     if (pxt_op_status(rc) == 0) {
         result = PyTuple_Pack(2, (PyObject *)di, (PyObject *)dg);
     }
@@ -252,6 +255,7 @@ done:
     Py_XDECREF(nh);
     Py_XDECREF(dih);
     Py_XDECREF(dgh);
+    Py_XDECREF(ws);
     return result;
 }
 

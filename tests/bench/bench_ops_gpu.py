@@ -6,10 +6,12 @@
 Sizes are one XTTS v2 step's (batch 8 x 490 tokens = 3920 rows, d = 1024, bf16): the
 four GEMMs of a block forward and their backward products, plain and fused with their
 epilogues (bias, bias + GELU, GELU' + bias gradient, weight + bias gradients), the bias
-gradient, layernorm forward and backward, GELU, the embedding scatter of one sample, the
-audio head's cross-entropy, AdamW over the 441 M parameters' flat buffers. The torch side
+gradient, layernorm forward and backward, GELU, the conditioning path's GroupNorm, RMS norm
+and GEGLU (forward and backward), the embedding scatter of one sample, the audio head's
+cross-entropy, AdamW over the 441 M parameters' flat buffers. The torch side
 is what a PyTorch step runs for the same work (F.linear, addmm, F.gelu, sum(0),
-F.layer_norm and autograd, index_add_, F.cross_entropy, the fused AdamW).
+F.layer_norm, F.group_norm, F.normalize, F.gelu and autograd, index_add_, F.cross_entropy,
+the fused AdamW).
 
 Timing: each op runs `repeats` times back to back and the device is synchronised once,
 in 5 windows; the median window over `repeats` is the op's time (launch overhead
@@ -126,6 +128,45 @@ def ops(args):
     out["gelu backward"] = (lambda: _C._op_gelu_backward(g, fc),
                             lambda: torch.ops.aten.gelu_backward(fct, gt, approximate="tanh"),
                             es * 3 * M * 4 * C, 0.0)
+    # the conditioning path: GroupNorm over 8 mels of 517 frames (torch on Coqui's
+    # (B, C, S) layout), the perceiver's RMS norm and GEGLU over 8 x 32 latents
+    Bc, S, G, F_ = 8, min(517, M), 32 if C % 32 == 0 else 1, int(C * 4 * 2 / 3)
+    a = rng.standard_normal((Bc, S, C)).astype(np.float32)
+    xc = pyxtts.tensor(a.astype(bf), device=dev)  # (B, S, C)
+    xct = torch.tensor(a.transpose(0, 2, 1).copy(), device=tdev, dtype=torch.bfloat16)  # (B, C, S)
+    gw, gwt = both(C)
+    gb, gbt = both(C)
+    out[f"groupnorm forward ({Bc}x{S}x{C}, {G} groups)"] = (
+        lambda: _C._op_groupnorm_forward(xc, gw, gb, G), lambda: F.group_norm(xct, G, gwt, gbt),
+        es * 2 * Bc * S * C, 0.0)
+    _, gm, gr = _C._op_groupnorm_forward(xc, gw, gb, G)
+    dyc, dyct = both((Bc, C, S))
+    xcg, gwg, gbg = xct.clone().requires_grad_(), gwt.clone().requires_grad_(), gbt.clone().requires_grad_()
+    ygt = F.group_norm(xcg, G, gwg, gbg)
+    out["groupnorm backward"] = (
+        lambda: _C._op_groupnorm_backward(xc, xc, gw, gm, gr, G),
+        lambda: torch.autograd.grad(ygt, (xcg, gwg, gbg), dyct, retain_graph=True), es * 3 * Bc * S * C, 0.0)
+    Nl = 8 * 32
+    xr, xrt = both((Nl, C))
+    gam, gamt = both(C)
+    out[f"rmsnorm forward ({Nl}x{C})"] = (
+        lambda: _C._op_rmsnorm_forward(xr, gam, C**0.5),
+        lambda: F.normalize(xrt, dim=-1) * C**0.5 * gamt, es * 2 * Nl * C, 0.0)
+    _, rn = _C._op_rmsnorm_forward(xr, gam, C**0.5)
+    xrg, gamg = xrt.clone().requires_grad_(), gamt.clone().requires_grad_()
+    yrt = F.normalize(xrg, dim=-1) * C**0.5 * gamg
+    out["rmsnorm backward"] = (
+        lambda: _C._op_rmsnorm_backward(xr, xr, gam, rn, C**0.5),
+        lambda: torch.autograd.grad(yrt, (xrg, gamg), xrt, retain_graph=True), es * 3 * Nl * C, 0.0)
+    u, ut = both((Nl, 2 * F_))
+    gg, ggt = both((Nl, F_))
+    out[f"geglu forward ({Nl}x{2 * F_})"] = (
+        lambda: _C._op_geglu_forward(u), lambda: ut[:, :F_] * F.gelu(ut[:, F_:]), es * 3 * Nl * F_, 0.0)
+    ug = ut.clone().requires_grad_()
+    ygg = ug[:, :F_] * F.gelu(ug[:, F_:])
+    out["geglu backward"] = (
+        lambda: _C._op_geglu_backward(u, gg),
+        lambda: torch.autograd.grad(ygg, ug, ggt, retain_graph=True), es * 5 * Nl * F_, 0.0)
     La = min(308, M)
     ids = rng.integers(0, V, La).astype(np.int32)
     idp = pyxtts.tensor(ids, device=dev)

@@ -139,7 +139,7 @@ run_a() {
     # every other test whose id names cuda: the device-parametrised ones (attention,
     # blocks, trainer, allocator, memory API, DLPack, tensors, casts, config) and
     # test_cuda_attention_tc.py
-    local device=(tests --ignore=tests/test_cuda_emu.py -k cuda) f
+    local device=(tests --ignore=tests/test_cuda_emu.py --ignore=tests/test_cuda_emu_cond.py -k cuda) f
     for f in "${KERNEL_FILES[@]}"; do device+=(--ignore="$f"); done
     if [ -f tests/bench/gpu_build.sh ]; then
         # versions, wheels, the sm_90 build, both import orders, the extension into OUTDIR
@@ -183,7 +183,7 @@ run_b() {
 # that order of value, each under a limit, the whole meant to end inside ~540 s. Its files
 # stay at 8 or fewer (the log, the summary, four JSON, the extension).
 run_one() {
-    local R=tests/bench/results run device=(tests --ignore=tests/test_cuda_emu.py -k cuda) f
+    local R=tests/bench/results run device=(tests --ignore=tests/test_cuda_emu.py --ignore=tests/test_cuda_emu_cond.py -k cuda) f
     for f in "${KERNEL_FILES[@]}"; do device+=(--ignore="$f"); done
     mkdir -p $R
     # gpu_build.sh's own files stay out of OUTDIR (their text is in this log)

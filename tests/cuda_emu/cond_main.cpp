@@ -1,0 +1,354 @@
+/* cond_main.cpp: the CUDA kernels of the conditioning path's ops (cuda/groupnorm.cuh,
+ * cuda/rmsnorm.cuh, cuda/geglu.cuh, and their weight gradients in cuda/colsum.cuh), their
+ * own source run by the emulator, against the CPU backend's functions (csrc/cpu/
+ * groupnorm.c, rmsnorm.c, geglu.c, linked in), at tiny, ragged, misaligned and XTTS v2
+ * sizes, each dtype. Launches are those of the .cu files: the same grids, block sizes and
+ * vector widths (pxt_vec_width), the elementwise grid capped in some cases so that the
+ * grid-stride loops go round.
+ *
+ * What must match how:
+ *  - bit for bit: GEGLU (the CPU's float expressions; the emulator's erff and expf are
+ *    the CPU's glibc), and the weight gradients dweight, dbias, dgamma (backend.h's
+ *    chunked column sums of the same float terms, from the CPU's saved statistics);
+ *  - within a bound: the rest, whose double sums (GroupNorm's statistics and means, the
+ *    RMS norm's |x| and dot) add in a tree rather than in order. The double sums differ
+ *    by ~1e-16 relative, so a float rounded from one may differ by 1 ulp: statistics
+ *    within 2 u (u = 2^-24) of themselves, fp32 outputs within 8 u of the magnitudes of
+ *    the terms that form them (as tests/test_cond_ops.py bounds the CPU against float64),
+ *    16-bit outputs within that before their rounding, so at most one step of the 16-bit
+ *    grid apart.
+ * Outputs start poisoned (NaN), every element is checked, every device buffer has a
+ * guard page after its end and its slack checked.
+ *
+ * Usage: cond_emu SEED [quick]. Prints one line per case and "failures: N". */
+#include "emu.h"
+
+#include "engine/backend.h"
+#include "colsum.cuh"
+#include "geglu.cuh"
+#include "groupnorm.cuh"
+#include "rmsnorm.cuh"
+
+extern "C" {
+#include "cpu/cpu.h" /* the CPU backend's kernels, linked in */
+}
+
+#include <random>
+#include <string>
+
+static std::mt19937_64 rng;
+static int failures;
+static const double U = 1.0 / (1 << 24); /* float32 unit roundoff */
+
+template <typename T> static pxt_dtype dtype_of() {
+    return std::is_same_v<T, float> ? PXT_FLOAT32 : std::is_same_v<T, pxt_bf16> ? PXT_BFLOAT16 : PXT_FLOAT16;
+}
+template <typename T> static const char *name_of() {
+    return std::is_same_v<T, float> ? "f32" : std::is_same_v<T, pxt_bf16> ? "bf16" : "f16";
+}
+
+/* a device buffer of n values of T, filled from f(i) (poisoned 0xFF when f is NULL) */
+template <typename T, typename F> static T *device(size_t n, F f) {
+    T *p = (T *)emu_alloc(n * sizeof(T) + (n == 0));
+    for (size_t i = 0; i < n; i++)
+        p[i] = f(i);
+    return p;
+}
+template <typename T> static T *poisoned(size_t n) { return (T *)emu_alloc(n * sizeof(T) + (n == 0)); }
+
+template <typename T> static T normal(double scale, double offset = 0.0) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    return stf<T>((float)(offset + scale * nd(rng)));
+}
+
+static void report(const std::string &what, bool ok) {
+    printf("%-72s %s\n", what.c_str(), ok ? "OK" : "FAIL");
+    fflush(stdout);
+    failures += !ok;
+}
+
+static bool same_bits(const void *a, const void *b, size_t n) { return memcmp(a, b, n) == 0; }
+
+/* 16-bit values one step of their grid apart (or equal): neighbours in bits, one sign */
+static bool adjacent(uint16_t a, uint16_t b) {
+    if (a == b)
+        return true;
+    if ((a ^ b) & 0x8000u)
+        return (a & 0x7fffu) == 0 && (b & 0x7fffu) == 0; /* +0 and -0 */
+    return (a > b ? a - b : b - a) == 1;
+}
+
+/* got against want (n values of T): fp32 within tol(i); 16-bit equal or adjacent and
+ * within tol(i) plus one step of the grid at want. NaN fails. Prints the worst. */
+template <typename T, typename F>
+static bool close(const T *got, const T *want, size_t n, F tol, const char *what) {
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++) {
+        double g = ldf(got[i]), w = ldf(want[i]), t = tol(i);
+        bool ok = std::fabs(g - w) <= t;
+        if constexpr (!std::is_same_v<T, float>) {
+            uint16_t gb, wb;
+            memcpy(&gb, &got[i], 2), memcpy(&wb, &want[i], 2);
+            ok = adjacent(gb, wb) && (gb == wb || std::fabs(g - w) <= t + std::fabs(w) * (1.0 / 128) + 6e-8);
+        }
+        if (!ok && !bad++)
+            first = i;
+    }
+    if (bad)
+        printf("  %s: %zu of %zu off, first at %zu: %.9g vs %.9g (tol %.3g)\n", what, bad, n, first,
+               (double)ldf(got[first]), (double)ldf(want[first]), tol(first));
+    return bad == 0;
+}
+
+/* ---- GroupNorm ------------------------------------------------------------------------ */
+
+/* B, S, C, G; off shifts every buffer by one element (vectors impossible: V = 1) */
+template <typename T> static void groupnorm_case(int B, int S, int C, int G, int off) {
+    const size_t n = (size_t)B * S * C, bg = (size_t)B * G;
+    const pxt_dtype dt = dtype_of<T>();
+    const int cg = C / G;
+    T *x = device<T>(n + off, [](size_t) { return normal<T>(2.0, 1.0); }) + off;
+    T *w = device<T>(C + off, [](size_t) { return normal<T>(1.0); }) + off;
+    T *b = device<T>(C + off, [](size_t) { return normal<T>(0.5); }) + off;
+    T *dout = device<T>(n + off, [](size_t) { return normal<T>(1.0); }) + off;
+    T *di0 = device<T>(n, [](size_t) { return normal<T>(1.0); });
+    T *want = poisoned<T>(n), *got = poisoned<T>(n + off) + off;
+    float *wm = poisoned<float>(bg), *wr = poisoned<float>(bg), *gm = poisoned<float>(bg), *gr = poisoned<float>(bg);
+    long e0 = emu_errors;
+    /* forward */
+    pxt_cpu_groupnorm_forward(0, want, wm, wr, x, w, b, B, S, C, G, 1e-5f, dt);
+    const void *fptrs[] = {got, x, w, b};
+    const int Vf = pxt_vec_width(sizeof(T), cg, fptrs, 4);
+    emu_dim3 grid, block;
+    grid.x = (unsigned)bg;
+    block.x = PXT_GN_THREADS;
+    pxt_vec_dispatch<T>(Vf, [&](auto v) {
+        if (B)
+            emu_launch(grid, block, 0, [&] {
+                pxt_gn_forward_kernel<T, decltype(v)::value>(got, gm, gr, x, w, b, S, C, G, 1e-5f);
+            });
+    });
+    std::string name = std::string(name_of<T>()) + " B=" + std::to_string(B) + " S=" + std::to_string(S) +
+                       " C=" + std::to_string(C) + " G=" + std::to_string(G) + " V=" + std::to_string(Vf);
+    bool ok = close(gm, wm, bg, [&](size_t i) { return 2 * U * std::fabs(wm[i]) + 1e-30; }, "mean") &&
+              close(gr, wr, bg, [&](size_t i) { return 2 * U * wr[i]; }, "rstd");
+    /* out: (x - m) r w + b; a 1-ulp m or r moves it by u (|x| + |m|) r |w| each */
+    ok = ok && close(got, want, n, [&](size_t i) {
+             size_t k = i / ((size_t)S * C) * G + i % C / cg;
+             int j = (int)(i % C);
+             double xv = ldf(x[i]), nv = (xv - wm[k]) * wr[k], wv = ldf(w[j]);
+             return 8 * U * (std::fabs(nv * wv) + std::fabs(ldf(b[j])) + (std::fabs(xv) + std::fabs(wm[k])) * wr[k] * std::fabs(wv)) + 1e-30;
+         }, "out");
+    report("groupnorm forward " + name + (off ? " misaligned" : ""), ok && emu_errors == e0 && emu_tail_intact(gm) && emu_tail_intact(gr));
+
+    /* backward from the CPU's statistics: dinp += (both from di0), dweight, dbias += */
+    T *dwant = device<T>(n, [&](size_t i) { return di0[i]; });
+    T *dgot = device<T>(n + off, [&](size_t i) { return i < (size_t)off ? stf<T>(0.0f) : di0[i - off]; }) + off;
+    float *wdw = device<float>(C, [](size_t) { return normal<float>(1.0); });
+    float *wdb = device<float>(C, [](size_t) { return normal<float>(1.0); });
+    float *gdw = device<float>(C, [&](size_t j) { return wdw[j]; });
+    float *gdb = device<float>(C, [&](size_t j) { return wdb[j]; });
+    pxt_cpu_groupnorm_backward(0, dwant, wdw, wdb, dout, x, w, wm, wr, B, S, C, G, dt, NULL);
+    const void *bptrs[] = {dgot, dout, x, w};
+    const int Vb = pxt_vec_width(sizeof(T), cg, bptrs, 4);
+    e0 = emu_errors;
+    pxt_vec_dispatch<T>(Vb, [&](auto v) {
+        if (B)
+            emu_launch(grid, block, 0, [&] {
+                pxt_gn_dinp_kernel<T, decltype(v)::value>(dgot, dout, x, w, wm, wr, S, C, G);
+            });
+    });
+    const int rows = B * S, R = pxt_colsum_chunk_rows(rows, C), nchunks = pxt_colsum_chunks(rows, C);
+    double *parts = poisoned<double>(2 * (size_t)nchunks * C);
+    pxt_colsum_gn<T> f = {dout, x, wm, wr, C, S, G, cg};
+    grid.x = (unsigned)((C + PXT_COLSUM_BLOCK - 1) / PXT_COLSUM_BLOCK);
+    block.x = PXT_COLSUM_BLOCK;
+    if (nchunks > 0) {
+        grid.y = (unsigned)(nchunks < 3 ? nchunks : 3); /* blocks stride over the chunks */
+        emu_launch(grid, block, 0, [&] { pxt_colsum_parts_kernel(parts, f, rows, C, R, nchunks); });
+    }
+    grid.y = 2;
+    emu_launch(grid, block, 0, [&] { pxt_colsum_finish_kernel(gdw, gdb, parts, nchunks, C); });
+    /* dinp: rstd (g - mg - n mgn) + di0, a 1-ulp mg or mgn moving it by u r |mg| or u r |n mgn| */
+    std::vector<double> amg(bg, 0.0), amgn(bg, 0.0); /* mean |g|, mean |g n| per group */
+    for (size_t i = 0; i < n; i++) {
+        size_t k = i / ((size_t)S * C) * G + i % C / cg;
+        double g = std::fabs((double)ldf(w[i % C]) * ldf(dout[i])), nv = ((double)ldf(x[i]) - wm[k]) * wr[k];
+        amg[k] += g / ((double)S * cg), amgn[k] += std::fabs(g * nv) / ((double)S * cg);
+    }
+    ok = close(dgot, dwant, n, [&](size_t i) {
+             size_t k = i / ((size_t)S * C) * G + i % C / cg;
+             double g = std::fabs((double)ldf(w[i % C]) * ldf(dout[i])), nv = ((double)ldf(x[i]) - wm[k]) * wr[k];
+             return 8 * U * (wr[k] * (g + amg[k] + std::fabs(nv) * amgn[k]) + std::fabs(ldf(di0[i]))) + 1e-30;
+         }, "dinp") &&
+         same_bits(gdw, wdw, C * sizeof(float)) && same_bits(gdb, wdb, C * sizeof(float));
+    report("groupnorm backward " + name + (off ? " misaligned" : ""),
+           ok && emu_errors == e0 && emu_tail_intact(gdw) && emu_tail_intact(gdb) && emu_tail_intact(parts));
+    for (void *p : {(void *)(x - off), (void *)(w - off), (void *)(b - off), (void *)(dout - off), (void *)di0,
+                    (void *)want, (void *)(got - off), (void *)wm, (void *)wr, (void *)gm, (void *)gr,
+                    (void *)dwant, (void *)(dgot - off), (void *)wdw, (void *)wdb, (void *)gdw, (void *)gdb,
+                    (void *)parts})
+        emu_free(p);
+}
+
+/* ---- RMS norm ----------------------------------------------------------------------------- */
+
+/* N rows of C; zero_row: row 1 all zeros (F.normalize's eps branch); off as groupnorm's */
+template <typename T> static void rmsnorm_case(int N, int C, int zero_row, int off) {
+    const size_t n = (size_t)N * C;
+    const pxt_dtype dt = dtype_of<T>();
+    const float scale = std::sqrt((float)C), eps = zero_row ? 1e-3f : 1e-12f;
+    T *x = device<T>(n + off, [&](size_t i) {
+               return zero_row && i >= (size_t)off + C && i < (size_t)off + 2 * C ? stf<T>(0.0f) : normal<T>(1.5, 0.5);
+           }) + off;
+    T *gam = device<T>(C + off, [](size_t) { return normal<T>(1.0); }) + off;
+    T *dout = device<T>(n + off, [](size_t) { return normal<T>(1.0); }) + off;
+    T *di0 = device<T>(n, [](size_t) { return normal<T>(1.0); });
+    T *want = poisoned<T>(n), *got = poisoned<T>(n + off) + off;
+    float *wn = poisoned<float>(N), *gn = poisoned<float>(N);
+    long e0 = emu_errors;
+    pxt_cpu_rmsnorm_forward(0, want, wn, x, gam, N, C, scale, eps, dt);
+    const void *fptrs[] = {got, x, gam};
+    const int Vf = pxt_vec_width(sizeof(T), C, fptrs, 3);
+    emu_dim3 grid, block;
+    grid.x = (unsigned)((N + PXT_RMS_WARPS - 1) / PXT_RMS_WARPS);
+    block.x = 32 * PXT_RMS_WARPS;
+    pxt_vec_dispatch<T>(Vf, [&](auto v) {
+        if (N)
+            emu_launch(grid, block, 0, [&] {
+                pxt_rms_forward_kernel<T, decltype(v)::value>(got, gn, x, gam, N, C, scale, eps);
+            });
+    });
+    std::string name = std::string(name_of<T>()) + " N=" + std::to_string(N) + " C=" + std::to_string(C) +
+                       " V=" + std::to_string(Vf) + (zero_row ? " zero row" : "") + (off ? " misaligned" : "");
+    bool ok = close(gn, wn, N, [&](size_t i) { return 2 * U * wn[i]; }, "norm") &&
+              close(got, want, n, [&](size_t i) { return 8 * U * std::fabs(ldf(want[i])) + 1e-30; }, "out");
+    report("rmsnorm forward " + name, ok && emu_errors == e0 && emu_tail_intact(gn));
+
+    T *dwant = device<T>(n, [&](size_t i) { return di0[i]; });
+    T *dgot = device<T>(n + off, [&](size_t i) { return i < (size_t)off ? stf<T>(0.0f) : di0[i - off]; }) + off;
+    float *wdg = device<float>(C, [](size_t) { return normal<float>(1.0); });
+    float *gdg = device<float>(C, [&](size_t j) { return wdg[j]; });
+    pxt_cpu_rmsnorm_backward(0, dwant, wdg, dout, x, gam, wn, N, C, scale, eps, dt, NULL);
+    const void *bptrs[] = {dgot, dout, x, gam};
+    const int Vb = pxt_vec_width(sizeof(T), C, bptrs, 4);
+    e0 = emu_errors;
+    pxt_vec_dispatch<T>(Vb, [&](auto v) {
+        if (N)
+            emu_launch(grid, block, 0, [&] {
+                pxt_rms_dinp_kernel<T, decltype(v)::value>(dgot, dout, x, gam, wn, N, C, scale, eps);
+            });
+    });
+    const int R = pxt_colsum_chunk_rows(N, C), nchunks = pxt_colsum_chunks(N, C);
+    double *parts = poisoned<double>((size_t)nchunks * C);
+    pxt_colsum_rms<T> f = {dout, x, wn, C, scale, eps};
+    grid.x = (unsigned)((C + PXT_COLSUM_BLOCK - 1) / PXT_COLSUM_BLOCK);
+    block.x = PXT_COLSUM_BLOCK;
+    if (nchunks > 0) {
+        grid.y = (unsigned)nchunks;
+        emu_launch(grid, block, 0, [&] { pxt_colsum_parts_kernel(parts, f, N, C, R, nchunks); });
+    }
+    grid.y = 1;
+    emu_launch(grid, block, 0, [&] { pxt_colsum_finish_kernel(gdg, NULL, parts, nchunks, C); });
+    /* dinp: (g - xh fd) / n + di0; a 1-ulp fd moves it by u |xh| |fd| / n, fd <= sum |xh g| */
+    std::vector<double> dots(N, 0.0); /* sum |xh g| per row */
+    for (size_t i = 0; i < n; i++) {
+        double d = std::max((double)wn[i / C], (double)eps);
+        dots[i / C] += std::fabs(ldf(x[i]) / d * ldf(dout[i]) * ldf(gam[i % C]) * scale);
+    }
+    ok = close(dgot, dwant, n, [&](size_t i) {
+             double d = std::max((double)wn[i / C], (double)eps), xh = std::fabs(ldf(x[i])) / d;
+             double g = std::fabs((double)ldf(dout[i]) * ldf(gam[i % C]) * scale);
+             return 8 * U * ((g + xh * dots[i / C]) / d + std::fabs(ldf(di0[i]))) + 1e-30;
+         }, "dinp") &&
+         same_bits(gdg, wdg, C * sizeof(float));
+    report("rmsnorm backward " + name, ok && emu_errors == e0 && emu_tail_intact(gdg) && emu_tail_intact(parts));
+    for (void *p : {(void *)(x - off), (void *)(gam - off), (void *)(dout - off), (void *)di0, (void *)want,
+                    (void *)(got - off), (void *)wn, (void *)gn, (void *)dwant, (void *)(dgot - off),
+                    (void *)wdg, (void *)gdg, (void *)parts})
+        emu_free(p);
+}
+
+/* ---- GEGLU ----------------------------------------------------------------------------------- */
+
+template <typename T> static void geglu_case(int N, int F, int off, unsigned max_grid) {
+    const size_t n = (size_t)N * F;
+    const pxt_dtype dt = dtype_of<T>();
+    T *x = device<T>(2 * n + off, [](size_t) { return normal<T>(2.0); }) + off;
+    T *dout = device<T>(n + off, [](size_t) { return normal<T>(1.0); }) + off;
+    T *want = poisoned<T>(n), *got = poisoned<T>(n + off) + off;
+    T *dwant = poisoned<T>(2 * n), *dgot = poisoned<T>(2 * n + off) + off;
+    pxt_cpu_geglu_forward(0, want, x, N, F, dt);
+    pxt_cpu_geglu_backward(0, dwant, x, dout, N, F, dt);
+    long e0 = emu_errors;
+    const void *fptrs[] = {got, x}, *bptrs[] = {dgot, x, dout};
+    const int Vf = pxt_vec_width(sizeof(T), F, fptrs, 2), Vb = pxt_vec_width(sizeof(T), F, bptrs, 3);
+    emu_dim3 grid, block;
+    block.x = 256; /* PXT_EW_BLOCK */
+    pxt_vec_dispatch<T>(Vf, [&](auto v) {
+        constexpr int V = decltype(v)::value;
+        size_t nv = (size_t)N * (F / V), blocks = (nv + 255) / 256;
+        grid.x = (unsigned)(blocks < max_grid ? blocks : max_grid);
+        if (nv)
+            emu_launch(grid, block, 0, [&] { pxt_geglu_forward_kernel<T, V>(got, x, N, F); });
+    });
+    pxt_vec_dispatch<T>(Vb, [&](auto v) {
+        constexpr int V = decltype(v)::value;
+        size_t nv = (size_t)N * (F / V), blocks = (nv + 255) / 256;
+        grid.x = (unsigned)(blocks < max_grid ? blocks : max_grid);
+        if (nv)
+            emu_launch(grid, block, 0, [&] { pxt_geglu_backward_kernel<T, V>(dgot, x, dout, N, F); });
+    });
+    bool ok = same_bits(got, want, n * sizeof(T)) && same_bits(dgot, dwant, 2 * n * sizeof(T));
+    report("geglu " + std::string(name_of<T>()) + " N=" + std::to_string(N) + " F=" + std::to_string(F) +
+               " V=" + std::to_string(Vf) + "/" + std::to_string(Vb) + (off ? " misaligned" : "") +
+               (max_grid < 65535 ? " (grid " + std::to_string(max_grid) + ")" : ""),
+           ok && emu_errors == e0 && emu_tail_intact(got - off) && emu_tail_intact(dgot - off));
+    for (void *p : {(void *)(x - off), (void *)(dout - off), (void *)want, (void *)(got - off), (void *)dwant,
+                    (void *)(dgot - off)})
+        emu_free(p);
+}
+
+template <typename T> static void all_small() {
+    /* channels per group 2, 3 (no vectors), 4, 8 (bf16's 16 bytes), 32, 1024, 4096 (more
+     * vectors per row than threads); S = 1; no samples */
+    groupnorm_case<T>(1, 1, 16, 8, 0);
+    groupnorm_case<T>(2, 5, 48, 16, 0);
+    groupnorm_case<T>(3, 17, 64, 16, 0);
+    groupnorm_case<T>(2, 9, 64, 8, 0);
+    groupnorm_case<T>(2, 40, 96, 3, 0);
+    groupnorm_case<T>(1, 3, 2048, 2, 0);
+    groupnorm_case<T>(1, 2, 4096, 1, 0);
+    groupnorm_case<T>(0, 4, 64, 2, 0);
+    groupnorm_case<T>(2, 7, 256, 8, 1);
+    rmsnorm_case<T>(1, 1, 0, 0);
+    rmsnorm_case<T>(3, 7, 0, 0);
+    rmsnorm_case<T>(10, 33, 0, 0);
+    rmsnorm_case<T>(5, 1000, 1, 0);
+    rmsnorm_case<T>(6, 1024, 0, 1);
+    rmsnorm_case<T>(0, 8, 0, 0);
+    geglu_case<T>(1, 1, 0, 65535);
+    geglu_case<T>(3, 5, 0, 65535);
+    geglu_case<T>(7, 66, 0, 2);
+    geglu_case<T>(40, 33, 0, 65535);
+    geglu_case<T>(9, 64, 1, 65535);
+    geglu_case<T>(0, 8, 0, 65535);
+}
+
+int main(int argc, char **argv) {
+    rng.seed(argc > 1 ? strtoull(argv[1], NULL, 10) : 1);
+    const bool quick = argc > 2 && !strcmp(argv[2], "quick");
+    all_small<float>();
+    all_small<pxt_bf16>();
+    all_small<pxt_f16>();
+    if (!quick) { /* XTTS v2: 8 samples of 517 frames, d = 1024 in 32 groups; 8 x 32 latents, F = 2730 */
+        groupnorm_case<pxt_bf16>(8, 517, 1024, 32, 0);
+        groupnorm_case<float>(2, 517, 1024, 32, 0);
+        rmsnorm_case<pxt_bf16>(8 * 32, 1024, 0, 0);
+        rmsnorm_case<float>(8 * 32, 1024, 0, 0);
+        geglu_case<pxt_bf16>(8 * 32, 2730, 0, 65535);
+        geglu_case<float>(8 * 32, 2730, 0, 65535);
+    }
+    printf("failures: %d\n", failures);
+    return failures != 0;
+}

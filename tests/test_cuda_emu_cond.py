@@ -1,0 +1,76 @@
+"""The CUDA kernels of the conditioning path's ops, their own source run on the CPU by the
+host emulator of tests/cuda_emu/ (see test_cuda_emu.py for what it emulates).
+
+tests/cuda_emu/cond_main.cpp runs cuda/groupnorm.cuh, cuda/rmsnorm.cuh, cuda/geglu.cuh and
+their weight gradients (cuda/colsum.cuh's pxt_colsum_gn, pxt_colsum_rms) with the .cu
+files' launches (grids, block sizes, vector widths) against the CPU backend (csrc/cpu/
+groupnorm.c, rmsnorm.c, geglu.c, linked in): GEGLU and the weight gradients bit for bit,
+the rest within bounds its header states; every dtype, tiny, ragged, misaligned and XTTS v2
+sizes. The build is cached by the hash of its inputs (in the temp folder)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import SEED
+from test_cuda_emu import CC, CXX, CXXFLAGS, EMU, ROOT, check, run_all
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not (CC and CXX), reason="the emulator needs gcc and g++")]
+
+C_SOURCES = ["csrc/engine/common.c", "csrc/engine/half.c", "csrc/cpu/groupnorm.c",
+             "csrc/cpu/rmsnorm.c", "csrc/cpu/geglu.c"]
+
+
+def inputs_hash() -> str:
+    h = hashlib.sha256()
+    files = [EMU / "emu.h", EMU / "emu.cpp", EMU / "cond_main.cpp"]
+    files += sorted((ROOT / "cuda").glob("*.cuh")) + [ROOT / p for p in C_SOURCES]
+    files += sorted((ROOT / "csrc" / "engine").glob("*.h")) + sorted((ROOT / "csrc" / "cpu").glob("*.h"))
+    for f in files:
+        h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
+    for tool in (CC, CXX):
+        h.update(subprocess.run([tool, "--version"], capture_output=True, text=True).stdout.encode())
+    return h.hexdigest()[:16]
+
+
+def build(out: Path) -> None:
+    objs, cmds = [], []
+    for src in C_SOURCES:
+        obj = out / (src.replace("/", "_") + ".o")
+        cmds.append([CC, "-O2", "-std=c11", "-fopenmp", "-Wall", "-Wextra", "-Werror", "-Icsrc",
+                     "-c", src, "-o", str(obj)])
+        objs.append(str(obj))
+    emu_o = str(out / "emu.o")
+    cmds.append([CXX, *CXXFLAGS, "-c", str(EMU / "emu.cpp"), "-o", emu_o])
+    run_all(cmds, ROOT)
+    run_all([[CXX, *CXXFLAGS, str(EMU / "cond_main.cpp"), emu_o, *objs, "-fopenmp",
+              "-o", str(out / "cond_emu")]], ROOT)
+
+
+@pytest.fixture(scope="module")
+def cond_emu() -> Path:
+    cache = Path(os.environ.get("PYXTTS_EMU_CACHE") or tempfile.gettempdir())
+    final = cache / f"pyxtts-cuda-emu-cond-{inputs_hash()}"
+    if not (final / "cond_emu").exists():
+        work = Path(tempfile.mkdtemp(prefix="pyxtts-cuda-emu-cond-build-", dir=cache))
+        try:
+            build(work)
+            try:
+                work.rename(final)  # atomic: a concurrent run that built it too wins
+            except OSError:
+                pass
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return final / "cond_emu"
+
+
+def test_cond_kernels_against_the_cpu_backend(cond_emu):
+    out = check([str(cond_emu), str(SEED)], timeout=300)
+    # 3 dtypes x (9 GroupNorm x 2 + 6 RMS x 2 + 6 GEGLU) small cases, 10 at XTTS v2 sizes
+    assert out.count(" OK") == 3 * (18 + 12 + 6) + 10, out
