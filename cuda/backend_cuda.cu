@@ -275,6 +275,7 @@ static const pxt_backend cuda_backend = {
     .attention_forward = pxt_cuda_attention_forward,
     .attention_backward = pxt_cuda_attention_backward,
     .attention_workspace = pxt_cuda_attention_workspace,
+    .attention_dropout = 1, /* attention.cu: drop.p > 0 runs in the general kernels */
     .grad_sumsq = pxt_cuda_grad_sumsq,
     .adamw = pxt_cuda_adamw,
     .swap = pxt_cuda_swap,
