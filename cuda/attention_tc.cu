@@ -92,8 +92,6 @@ extern "C" int pxt_cuda_attention_tc_select(int index, const pxt_attn_args *a,
         why = "the dtype is not bfloat16 or float16";
     } else if (a->D != 64 && a->D != 128) {
         why = "the head dim is not 64 or 128";
-    } else if (a->drop.p > 0.0f) {
-        why = "dropout of the probabilities runs in the general kernels";
     } else if (!strides8(a->q) || !strides8(a->k) || !strides8(a->v) || !strides8(a->o)) {
         why = "a stride is not a multiple of 8 elements";
     }

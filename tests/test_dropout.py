@@ -18,8 +18,8 @@ import pytest
 
 import philox
 import pyxtts
-from conftest import NP_DTYPE
-from helpers import random_batch
+from conftest import NP_DTYPE, requires_cuda, run_python
+from helpers import attn_probe, random_batch
 from helpers.torch_ref import RefGPT
 from pyxtts import _C
 from test_conditioning import assert_grads_agree, mel_batch, randomized_state
@@ -200,34 +200,50 @@ def _f64(t) -> np.ndarray:
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("T", [64, 128])
 def test_attention_masks_read_back_exactly(device, dtype, causal, T, rng, seed):
-    """Each kernel's mask read back exactly against tests/philox.py (p = 0.5, D = T):
-    forward and dK/dV: v = dout = I, so out[i, j] = P_ij Z_ij and dv[j, i] = P_ij Z_ij
-      are nonzero exactly where (i, j) is seen and kept;
-    dQ: k = 4 I, v = I, dout = 1, so dq[i, j] = 4 scale P_ij (Z_ij - Di), Di = rowsum(out):
-      > 0 where kept, < 0 where dropped (Z in {0, 2}) in rows with Di in (0.05, 1.95),
-      0 where (i, j) is not seen."""
-    p, B, H = 0.5, 2, 3
+    """Each kernel's mask read back exactly against tests/philox.py (helpers/attn_probe.py
+    says how; p = 0.5, D = T)."""
+    B, H = 2, 3
     key = _C.dropout_key(seed, 9, 5)
-    kept = philox.attention_mask(p, key, B, H, T, T) != 0
-    seen = np.tril(np.ones((T, T), bool)) if causal else np.ones((T, T), bool)
-    want = kept & seen
-    eye = np.broadcast_to(np.eye(T, dtype=np.float32), (B, H, T, T))
     q, k = (rng.standard_normal((B, H, T, T)).astype(np.float32) for _ in range(2))
-    kw = dict(causal=causal, dropout_p=p, dropout_key=key)
-    msg = f"seed={seed} {device} {dtype} T={T} causal={causal}"
-    Q, K, E = (_on(x, device, dtype) for x in (q, k, eye))
-    out, lse = _C.attention_forward(Q, K, E, **kw)
-    _, _, dv = _C.attention_backward(E, Q, K, E, out, lse, **kw)
-    assert np.array_equal(_f64(out) != 0, want), msg + ": the forward's mask"
-    assert np.array_equal(_f64(dv).swapaxes(-1, -2) != 0, want), msg + ": the dK/dV kernel's mask"
-    K4, ones = _on(4 * eye, device, dtype), _on(np.ones((B, H, T, T), np.float32), device, dtype)
-    out, lse = _C.attention_forward(Q, K4, E, **kw)
-    dq = _f64(_C.attention_backward(ones, Q, K4, E, out, lse, **kw)[0])
-    di = _f64(out).sum(-1, keepdims=True)
-    rows = np.broadcast_to((di > 0.05) & (di < 1.95), dq.shape) & seen
-    assert rows.sum() > dq.size // 4, msg  # most rows take part
-    assert np.all(np.where(want, dq > 0, dq < 0)[rows]), msg + ": the dQ kernel's mask"
-    assert np.all(dq[np.broadcast_to(~seen, dq.shape)] == 0), msg
+    kept = philox.attention_mask(attn_probe.P, key, B, H, T, T) != 0
+    res = attn_probe.run(q, k, causal, key, device, dtype)
+    attn_probe.check(res, kept, causal, f"seed={seed} {device} {dtype} T={T} causal={causal}")
+
+
+PROBE_CHILD = r"""
+import sys
+import numpy as np
+from helpers import attn_probe
+data = np.load(sys.argv[1])
+res = {}
+for dtype in ("bfloat16", "float16"):
+    for causal in (0, 1):
+        out = attn_probe.run(data["q"], data["k"], bool(causal), int(data["key"]), "cuda:0", dtype)
+        res.update({f"{dtype}_{causal}_{n}": v for n, v in out.items()})
+np.savez(sys.argv[2], **res)
+"""
+
+
+@requires_cuda
+@pytest.mark.parametrize("T", [64, 128])
+def test_attention_masks_of_both_cuda_paths(T, rng, seed, tmp_path):
+    """16-bit inputs, D = 64 / 128, on each CUDA path by PYXTTS_CUDA_ATTENTION (read once
+    per process: a child each): "tc" (the tensor-core kernels; a call they cannot take
+    raises) and "simple" (the general kernels) read back the masks of tests/philox.py."""
+    B, H = 2, 2
+    key = _C.dropout_key(seed, 2, 6)
+    q, k = (rng.standard_normal((B, H, T, T)).astype(np.float32) for _ in range(2))
+    np.savez(tmp_path / "in.npz", q=q, k=k, key=np.uint64(key))
+    kept = philox.attention_mask(attn_probe.P, key, B, H, T, T) != 0
+    for mode in ("tc", "simple"):
+        p = run_python(PROBE_CHILD, str(tmp_path / "in.npz"), str(tmp_path / f"{mode}.npz"),
+                       env={"PYXTTS_CUDA_ATTENTION": mode}, timeout=300)
+        assert p.returncode == 0, f"PYXTTS_CUDA_ATTENTION={mode} (seed={seed}):\n{p.stderr[-4000:]}"
+        data = np.load(tmp_path / f"{mode}.npz")
+        for dtype in ("bfloat16", "float16"):
+            for causal in (0, 1):
+                res = {n: data[f"{dtype}_{causal}_{n}"] for n in ("out", "dv", "out2", "dq")}
+                attn_probe.check(res, kept, bool(causal), f"seed={seed} {mode} {dtype} T={T} causal={causal}")
 
 
 def attention_dropout_ref(q, k, v, dout, allowed, Z):

@@ -162,7 +162,8 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
     if constexpr (!std::is_same_v<T, float>) if (tc) {
         const int nqb = (Tq + fwd_bq<D>() - 1) / fwd_bq<D>();
         launch(B * H * nqb, fwd_smem_bytes<D>(), [&] {
-            attn_tc_fwd_kernel<T, D>(a, out, lse.data(), q, k, v, nqb);
+            if (c.p > 0.0f) attn_tc_fwd_kernel<T, D, true>(a, out, lse.data(), q, k, v, nqb);
+            else attn_tc_fwd_kernel<T, D, false>(a, out, lse.data(), q, k, v, nqb);
         });
     }
     if (!tc) {
@@ -181,10 +182,12 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
     if constexpr (!std::is_same_v<T, float>) if (tc) {
         const int nkb = (Tk + TC_BK - 1) / TC_BK, nqb = (Tq + TC_BQ - 1) / TC_BQ;
         launch(B * H * nkb, kv_smem_bytes<D>(), [&] {
-            attn_tc_bwd_kv_kernel<T, D>(a, dk, dv, dout, q, k, v, lse.data(), Di.data(), nkb);
+            if (c.p > 0.0f) attn_tc_bwd_kv_kernel<T, D, true>(a, dk, dv, dout, q, k, v, lse.data(), Di.data(), nkb);
+            else attn_tc_bwd_kv_kernel<T, D, false>(a, dk, dv, dout, q, k, v, lse.data(), Di.data(), nkb);
         });
         launch(B * H * nqb, q_smem_bytes<D>(), [&] {
-            attn_tc_bwd_q_kernel<T, D>(a, dq, dout, q, k, v, lse.data(), Di.data(), nqb);
+            if (c.p > 0.0f) attn_tc_bwd_q_kernel<T, D, true>(a, dq, dout, q, k, v, lse.data(), Di.data(), nqb);
+            else attn_tc_bwd_q_kernel<T, D, false>(a, dq, dout, q, k, v, lse.data(), Di.data(), nqb);
         });
     }
     if (!tc) {
@@ -413,10 +416,19 @@ int main(int argc, char **argv) {
             dc({"probe2 self T=64 noncausal", 1, 2, 64, 64, 0, false, true, false, false, true, 38},
                0.5f, 32, 41, 2, 2),
         };
+        /* the tensor-core kernels' probes over several key tiles: T = D = 128 */
+        drop.push_back(dc({"probe1 self causal T=128 segs", 1, 2, 128, 128, 0, true, true, true, true,
+                           false, 39}, 0.5f, 7, 70, 4, 1));
+        drop.push_back(dc({"probe2 self T=128 noncausal", 1, 2, 128, 128, 0, false, true, false,
+                           false, true, 40}, 0.5f, 32, 99, 1, 2));
         emu_late = 1;
-        for (size_t ci = 0; ci < drop.size(); ci++) {
+        for (size_t ci = 0; ci < 8; ci++) { /* the general kernels */
             fails += one<float, 64>(drop[ci], false, "f32");
             if (ci < 4) fails += one<pxt_bf16, 128>(drop[ci], false, "bf16");
+        }
+        for (size_t ci = 0; ci < drop.size(); ci++) { /* the tensor-core kernels */
+            if (ci < 8) fails += one<pxt_bf16, 64>(drop[ci], true, "bf16");
+            if (ci < 4 || ci >= 8) fails += one<pxt_f16, 128>(drop[ci], true, "f16");
         }
         printf("failures: %d\n", fails);
         return fails != 0;
