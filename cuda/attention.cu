@@ -55,10 +55,9 @@ static int check_args(const pxt_attn_args *a) {
                          "attention: expected dtype float32, float16 or bfloat16, got %s",
                          pxt_dtype_name(a->dt));
     }
-    if (a->drop.p > 0.0f) { /* the table says so: attention_dropout is 0 */
-        return pxt_error(PXT_ERR_NOT_IMPLEMENTED,
-                         "attention: the CUDA kernels have no dropout of the attention "
-                         "probabilities yet");
+    if (!(a->drop.p >= 0.0f && a->drop.p < 1.0f)) {
+        return pxt_error(PXT_ERR_VALUE, "attention: dropout probability must be in [0, 1), got %g",
+                         (double)a->drop.p);
     }
     return PXT_OK;
 }

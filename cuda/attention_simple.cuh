@@ -20,6 +20,13 @@
  *           dQ = scale * sum dS K. Every sum has a fixed order: the same bits
  *           on every run.
  *
+ * Dropout of the probabilities (a.drop.p > 0; the kernels' DROP instances, so
+ * p = 0 runs code without it): the masks of dropout.h, the CPU's bits
+ * (attn_keep_bits). The forward scales P by the mask after the row sums (the
+ * lse stays the undropped softmax's) and before O += P V; the backward
+ * regenerates the mask and uses P Z for dV and dS = P (dP Z - Di), Di =
+ * rowsum(dO * O) of the dropped output, as csrc/cpu/attention.c.
+ *
  * bfloat16 / float16 with D = 64 or 128 on sm_80+ go to the tensor-core
  * kernels of attention_tc.cuh instead (attention.cu's entries ask attention_tc.cu;
  * the switch PYXTTS_CUDA_ATTENTION=simple|tc|auto is described there).
@@ -64,7 +71,7 @@ __device__ static inline float dot_row(const float *x, const float *y, int D) {
 /* ---- forward ------------------------------------------------------------------------ */
 
 /* out (o layout), lse (B, H, Tq); q, k, v by their layouts */
-template <typename T, int DMAX>
+template <typename T, int DMAX, bool DROP>
 __global__ static void __launch_bounds__(ATTN_THREADS)
     attn_fwd_kernel(pxt_attn_args a, T *out, float *lse, const T *q, const T *k, const T *v,
                     int nqb) {
@@ -128,6 +135,16 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         l = l * alpha + sum;
         m = m_new;
+        if constexpr (DROP) { /* P Z after the sums: l stays the undropped softmax's */
+            /* lane g draws keys 8g .. 8g+7 of the row, the quad shares the 32 bits */
+            uint32_t keep = (uint32_t)attn_keep_bits(a.drop, b, h, i0 + r, j0 + 8 * g, 8) << 8 * g;
+            keep |= __shfl_xor_sync(0xffffffffu, keep, 1);
+            keep |= __shfl_xor_sync(0xffffffffu, keep, 2);
+#pragma unroll
+            for (int jj = 0; jj < SPT; jj++) {
+                s[jj] *= keep >> (g + 4 * jj) & 1u ? a.drop.scale : 0.0f;
+            }
+        }
         __syncthreads(); /* every thread is done with the key tile */
 #pragma unroll
         for (int jj = 0; jj < SPT; jj++) {
@@ -170,7 +187,7 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
 /* ---- backward: dK, dV per key block ------------------------------------------------- */
 
 /* dk, dv (k, v layouts) of keys j0 .. j0+31 of (b, h); thread (c = key, g) */
-template <typename T, int DMAX>
+template <typename T, int DMAX, bool DROP>
 __global__ static void __launch_bounds__(ATTN_THREADS)
     attn_bwd_kv_kernel(pxt_attn_args a, T *dk, T *dv, const T *dout, const T *q, const T *k,
                        const T *v, const float *lse, const float *Di, int nkb) {
@@ -179,6 +196,7 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
     __shared__ float Qs[KV_BR * SDMAX], dOs[KV_BR * SDMAX]; /* (BR, SD) q * scale, dout */
     __shared__ float Ps[KV_BC * PS], dSs[KV_BC * PS];       /* (BC, BR + 1) P^T, dS^T */
     __shared__ float nl[KV_BR], di[KV_BR];                  /* (BR) -lse (or -inf), Di */
+    __shared__ uint32_t kept[KV_BR]; /* (BR) dropout: bit c set when key c is kept */
     __shared__ unsigned char kval[KV_BC];
     const int bh = blockIdx.x / nkb, j0 = (blockIdx.x % nkb) * KV_BC;
     const int b = bh / a.H, h = bh % a.H;
@@ -212,6 +230,18 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
             nl[tid] = isfinite(L) ? -L : -INFINITY;
             di[tid] = tid < nq ? Di_bh[i0 + tid] : 0.0f;
         }
+        if constexpr (DROP) { /* warp 0: lane l draws keys 8 (l % 4) .. +7 of row l / 4 */
+            if (tid < 32) {
+                const int rr = tid / 4, part = tid % 4;
+                uint32_t bits = (uint32_t)attn_keep_bits(a.drop, b, h, i0 + rr, j0 + 8 * part, 8)
+                                << 8 * part;
+                bits |= __shfl_xor_sync(0xffffffffu, bits, 1);
+                bits |= __shfl_xor_sync(0xffffffffu, bits, 2);
+                if (part == 0) {
+                    kept[rr] = bits;
+                }
+            }
+        }
         __syncthreads();
 #pragma unroll
         for (int rr = 0; rr < RPT; rr++) {
@@ -220,8 +250,14 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
             float dp = dot_row(dOs + r * SD, Vs + c * SD, D);
             bool seen = kval[c] && r < nq && (!a.causal || j0 + c <= i0 + r);
             float p = seen ? expf(s + nl[r]) : 0.0f;
-            Ps[c * PS + r] = p;
-            dSs[c * PS + r] = seen ? p * (dp - di[r]) : 0.0f;
+            if constexpr (DROP) { /* dV takes P Z, dS = P (dP Z - Di) */
+                const float z = kept[r] >> c & 1u ? a.drop.scale : 0.0f;
+                Ps[c * PS + r] = p * z;
+                dSs[c * PS + r] = seen ? p * (dp * z - di[r]) : 0.0f;
+            } else {
+                Ps[c * PS + r] = p;
+                dSs[c * PS + r] = seen ? p * (dp - di[r]) : 0.0f;
+            }
         }
         __syncthreads();
 #pragma unroll
@@ -254,7 +290,7 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
 /* ---- backward: dQ per query block --------------------------------------------------- */
 
 /* dq (q layout) of rows i0 .. i0+31 of (b, h); thread (r = row, g) */
-template <typename T, int DMAX>
+template <typename T, int DMAX, bool DROP>
 __global__ static void __launch_bounds__(ATTN_THREADS)
     attn_bwd_q_kernel(pxt_attn_args a, T *dq, const T *dout, const T *q, const T *k, const T *v,
                       const float *lse, const float *Di, int nqb) {
@@ -297,6 +333,12 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
                   [&](int c) { return key_ok(a, b, j0 + c, kl); });
         load_tile(Vs, SD, DQ_BC, v, a.v, b, h, j0, D, 1.0f,
                   [&](int c) { return key_ok(a, b, j0 + c, kl); });
+        uint32_t keep = 0;    /* dropout: bit c set when key j0 + c is kept for row r */
+        if constexpr (DROP) { /* lane g draws keys 2g, 2g+1, the quad shares the 8 bits */
+            keep = (uint32_t)attn_keep_bits(a.drop, b, h, i0 + r, j0 + 2 * g, 2) << 2 * g;
+            keep |= __shfl_xor_sync(0xffffffffu, keep, 1);
+            keep |= __shfl_xor_sync(0xffffffffu, keep, 2);
+        }
         __syncthreads();
 #pragma unroll
         for (int cc = 0; cc < CPT; cc++) {
@@ -305,6 +347,9 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
             float dp = dot_row(dOs + r * SD, Vs + c * SD, D);
             bool seen = kval[c] && r < nq && (!a.causal || j0 + c <= i0 + r);
             float p = seen ? expf(s + nl) : 0.0f;
+            if constexpr (DROP) { /* dS = P (dP Z - Di) */
+                dp *= keep >> c & 1u ? a.drop.scale : 0.0f;
+            }
             dSs[r * PS + c] = seen ? p * (dp - di) : 0.0f;
         }
         __syncthreads();
@@ -336,23 +381,39 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
 template <typename T, int DMAX>
 void attn_fwd_launch(unsigned int grid, cudaStream_t stream, const pxt_attn_args &a, T *out,
                      float *lse, const T *q, const T *k, const T *v, int nqb) {
-    attn_fwd_kernel<T, DMAX><<<grid, ATTN_THREADS, 0, stream>>>(a, out, lse, q, k, v, nqb);
+    if (a.drop.p > 0.0f) { /* the instance with dropout; p = 0 runs none of its code */
+        attn_fwd_kernel<T, DMAX, true>
+            <<<grid, ATTN_THREADS, 0, stream>>>(a, out, lse, q, k, v, nqb);
+    } else {
+        attn_fwd_kernel<T, DMAX, false>
+            <<<grid, ATTN_THREADS, 0, stream>>>(a, out, lse, q, k, v, nqb);
+    }
 }
 
 template <typename T, int DMAX>
 void attn_bwd_kv_launch(unsigned int grid, cudaStream_t stream, const pxt_attn_args &a, T *dk,
                         T *dv, const T *dout, const T *q, const T *k, const T *v, const float *lse,
                         const float *Di, int nkb) {
-    attn_bwd_kv_kernel<T, DMAX>
-        <<<grid, ATTN_THREADS, 0, stream>>>(a, dk, dv, dout, q, k, v, lse, Di, nkb);
+    if (a.drop.p > 0.0f) {
+        attn_bwd_kv_kernel<T, DMAX, true>
+            <<<grid, ATTN_THREADS, 0, stream>>>(a, dk, dv, dout, q, k, v, lse, Di, nkb);
+    } else {
+        attn_bwd_kv_kernel<T, DMAX, false>
+            <<<grid, ATTN_THREADS, 0, stream>>>(a, dk, dv, dout, q, k, v, lse, Di, nkb);
+    }
 }
 
 template <typename T, int DMAX>
 void attn_bwd_q_launch(unsigned int grid, cudaStream_t stream, const pxt_attn_args &a, T *dq,
                        const T *dout, const T *q, const T *k, const T *v, const float *lse,
                        const float *Di, int nqb) {
-    attn_bwd_q_kernel<T, DMAX>
-        <<<grid, ATTN_THREADS, 0, stream>>>(a, dq, dout, q, k, v, lse, Di, nqb);
+    if (a.drop.p > 0.0f) {
+        attn_bwd_q_kernel<T, DMAX, true>
+            <<<grid, ATTN_THREADS, 0, stream>>>(a, dq, dout, q, k, v, lse, Di, nqb);
+    } else {
+        attn_bwd_q_kernel<T, DMAX, false>
+            <<<grid, ATTN_THREADS, 0, stream>>>(a, dq, dout, q, k, v, lse, Di, nqb);
+    }
 }
 
 /* the explicit instantiation of one instance's launches: the body of a file

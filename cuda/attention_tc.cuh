@@ -35,6 +35,16 @@
  *             V double-buffered: S, dP, P, dS as above, dQ += dS K.
  *           Each output element is a sum in a fixed order: same bits every run.
  *
+ * Dropout of the probabilities (a.drop.p > 0; the kernels' DROP instances, so p = 0
+ * runs code without it): the masks of dropout.h, the CPU's bits. A warp draws the
+ * bits of its tile once (one Philox call per query and group of four key positions,
+ * attn_keep_bits): lane l the keys of one query (a part of them when the tile has
+ * fewer queries than lanes), then each lane gathers the bits of the (query, key)
+ * pairs its mma fragments hold by shuffles. The forward scales P by the mask after
+ * the row sums (the lse stays the undropped softmax's) and before O += P V; the
+ * backward uses P Z for dV and dS = P (dP Z - Di), Di = rowsum(dO * O) of the
+ * dropped output, as csrc/cpu/attention.c.
+ *
  * Shared-memory rows are D + 8 elements: 8 ldmatrix row addresses then fall
  * in 8 different 16-byte bank groups (no conflicts) and stay 16-byte aligned.
  * Masked keys and rows past q_length are zero-filled by cp.async with a source
@@ -197,6 +207,31 @@ __device__ static inline void frag_b_kn(uint32_t (&r)[4], const uint16_t *tile, 
               smem_u32(tile + (k0 + ((lane / 8) % 2) * 8 + lane % 8) * SD + n0 + (lane / 16) * 8));
 }
 
+/* ---- dropout: a warp's keep bits ---------------------------------------------------
+ * A tile of WR rows (queries; 16 or 32) x NK keys (NK <= 64) of one warp: lane l draws
+ * row l % WR, keys (l / WR) KPL .. + KPL - 1 of it (KPL = NK WR / 32) */
+template <int WR, int NK>
+__device__ static inline uint64_t tc_keep_draw(const pxt_dropout &d, int b, int h, int row0, int j0,
+                                               int lane) {
+    constexpr int KPL = NK * WR / 32;
+    return attn_keep_bits(d, b, h, row0 + lane % WR, j0 + lane / WR * KPL, KPL);
+}
+/* the NK keep bits of row R of the tile (bit c: key c), from the lanes that drew them;
+ * every lane of the warp calls it */
+template <int WR, int NK> __device__ static inline uint64_t tc_keep_gather(uint64_t mine, int R) {
+    constexpr int LPR = 32 / WR, KPL = NK * WR / 32; /* lanes per row, keys per lane */
+    uint64_t bits = 0;
+#pragma unroll
+    for (int part = 0; part < LPR; part++) {
+        uint64_t w = __shfl_sync(0xffffffffu, (uint32_t)mine, R + part * WR);
+        if constexpr (KPL > 32) {
+            w |= (uint64_t)__shfl_sync(0xffffffffu, (uint32_t)(mine >> 32), R + part * WR) << 32;
+        }
+        bits |= w << (part * KPL);
+    }
+    return bits;
+}
+
 #define TC_LOG2E 1.4426950408889634f
 #define TC_LN2 0.6931471805599453f
 
@@ -213,7 +248,7 @@ template <int D> __host__ __device__ constexpr int fwd_smem_bytes() {
 
 /* out (o layout), lse (B, H, Tq) of BQ = 64 MT query rows of (b, h); warp w owns
  * rows 16 MT w .. 16 MT (w + 1) - 1 of the block, m-tile mt the 16 from 16 MT w + 16 mt */
-template <typename T, int D>
+template <typename T, int D, bool DROP>
 __global__ static void __launch_bounds__(TC_THREADS)
     attn_tc_fwd_kernel(pxt_attn_args a, T *out, float *lse, const T *q, const T *k, const T *v,
                        int nqb) {
@@ -361,6 +396,22 @@ __global__ static void __launch_bounds__(TC_THREADS)
                     o[mt][dt][2] *= alpha[1], o[mt][dt][3] *= alpha[1];
                 }
             }
+            if constexpr (DROP) { /* P Z after the sums: l stays the undropped softmax's */
+                const uint64_t mine = tc_keep_draw<WR, TC_BK>(a.drop, b, h, iw, j0, lane);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++) {
+                        const uint64_t keep = tc_keep_gather<WR, TC_BK>(mine, 16 * mt + g + 8 * hf);
+#pragma unroll
+                        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                            for (int e = 0; e < 2; e++) { /* key nt*8 + 2t + e of row g + 8 hf */
+                                s[mt][nt][2 * hf + e] *=
+                                    keep >> (nt * 8 + 2 * t + e) & 1u ? a.drop.scale : 0.0f;
+                            }
+                    }
+            }
 #pragma unroll
             for (int kc = 0; kc < TC_BK / 16; kc++) { /* O += P V, 16 keys at a time */
                 uint32_t pa[MT][4]; /* P of the m-tiles as A fragments (C layout = A layout) */
@@ -423,7 +474,7 @@ template <int D> __host__ __device__ constexpr int kv_smem_bytes() {
 }
 
 /* dk, dv (k, v layouts) of keys j0 .. j0+63 of (b, h) */
-template <typename T, int D>
+template <typename T, int D, bool DROP>
 __global__ static void __launch_bounds__(TC_THREADS)
     attn_tc_bwd_kv_kernel(pxt_attn_args a, T *dk, T *dv, const T *dout, const T *q, const T *k,
                           const T *v, const float *lse, const float *Di, int nkb) {
@@ -518,6 +569,24 @@ __global__ static void __launch_bounds__(TC_THREADS)
                 }
             }
             const bool need_mask = a.key_mask || jw + 16 > kl || (a.causal && i0 < jw + 15);
+            /* dropout: lane l draws the warp's 16 keys of queries l, l + 32 (as BQ has),
+             * 16 bits each; qkeep[nt][e] the bits of query nt*8 + 2t + e */
+            [[maybe_unused]] uint32_t qkeep[NT][2];
+            if constexpr (DROP) {
+                uint32_t mine = 0;
+#pragma unroll
+                for (int x = 0; x < BQ / 32; x++) {
+                    mine |= (uint32_t)attn_keep_bits(a.drop, b, h, i0 + lane + 32 * x, jw, 16)
+                            << 16 * x;
+                }
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int r = nt * 8 + 2 * t + e;
+                        qkeep[nt][e] = __shfl_sync(0xffffffffu, mine, r % 32) >> 16 * (r / 32);
+                    }
+            }
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -528,8 +597,15 @@ __global__ static void __launch_bounds__(TC_THREADS)
                     if (need_mask && (!kval[c] || (a.causal && j0 + c > i0 + r))) {
                         p = 0.0f;
                     }
-                    s[nt][e] = p;                                  /* P^T */
-                    dp[nt][e] = p * (dp[nt][e] - Dt[r]) * a.scale; /* dS^T, scaled */
+                    if constexpr (DROP) { /* dV takes P Z, dS = P (dP Z - Di) */
+                        const float z =
+                            qkeep[nt][e & 1] >> (g + 8 * (e >> 1)) & 1u ? a.drop.scale : 0.0f;
+                        s[nt][e] = p * z;
+                        dp[nt][e] = p * (dp[nt][e] * z - Dt[r]) * a.scale;
+                    } else {
+                        s[nt][e] = p;                                  /* P^T */
+                        dp[nt][e] = p * (dp[nt][e] - Dt[r]) * a.scale; /* dS^T, scaled */
+                    }
                 }
 #pragma unroll
             for (int kc = 0; kc < BQ / 16; kc++) { /* 16 queries at a time */
@@ -582,7 +658,7 @@ template <int D> __host__ __device__ constexpr int q_smem_bytes() {
 }
 
 /* dq (q layout) of rows i0 .. i0+63 of (b, h) */
-template <typename T, int D>
+template <typename T, int D, bool DROP>
 __global__ static void __launch_bounds__(TC_THREADS)
     attn_tc_bwd_q_kernel(pxt_attn_args a, T *dq, const T *dout, const T *q, const T *k, const T *v,
                          const float *lse, const float *Di, int nqb) {
@@ -675,6 +751,12 @@ __global__ static void __launch_bounds__(TC_THREADS)
                 }
             }
             const bool need_mask = a.key_mask || j0 + BK > kl || (a.causal && j0 + BK - 1 > iw);
+            [[maybe_unused]] uint64_t keep[2]; /* dropout: the keep bits of rows g, g + 8 */
+            if constexpr (DROP) {
+                const uint64_t mine = tc_keep_draw<16, BK>(a.drop, b, h, iw, j0, lane);
+                keep[0] = tc_keep_gather<16, BK>(mine, g);
+                keep[1] = tc_keep_gather<16, BK>(mine, g + 8);
+            }
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -684,6 +766,9 @@ __global__ static void __launch_bounds__(TC_THREADS)
                     if (need_mask &&
                         (!kval[buf * BK + c] || (a.causal && j0 + c > iw + g + 8 * hf))) {
                         p = 0.0f;
+                    }
+                    if constexpr (DROP) { /* dS = P (dP Z - Di) */
+                        dp[nt][e] *= keep[hf] >> c & 1u ? a.drop.scale : 0.0f;
                     }
                     dp[nt][e] = p * (dp[nt][e] - Dr[hf]) * a.scale; /* dS, scaled */
                 }
@@ -741,8 +826,11 @@ int attn_tc_fwd_launch(const pxt_attn_args *a, void *out, float *lse, const void
     if (!grid) {
         return PXT_OK;
     }
-    PXT_TRY(launch(attn_tc_fwd_kernel<T, D>, grid, fwd_smem_bytes<D>(), stream, *a, (T *)out, lse,
-                   (const T *)q, (const T *)k, (const T *)v, nqb));
+    /* the instance with dropout only where p > 0: p = 0 runs none of its code */
+    PXT_TRY(
+        launch(a->drop.p > 0.0f ? attn_tc_fwd_kernel<T, D, true> : attn_tc_fwd_kernel<T, D, false>,
+               grid, fwd_smem_bytes<D>(), stream, *a, (T *)out, lse, (const T *)q, (const T *)k,
+               (const T *)v, nqb));
     PXT_CUDA_CHECK_LAUNCH("attention_forward (tensor cores)");
     return PXT_OK;
 }
@@ -756,14 +844,17 @@ int attn_tc_bwd_launch(const pxt_attn_args *a, void *dq, void *dk, void *dv, con
     PXT_TRY(attn_grid(a, nkb, &kgrid));
     PXT_TRY(attn_grid(a, nqb, &qgrid));
     if (kgrid) {
-        PXT_TRY(launch(attn_tc_bwd_kv_kernel<T, D>, kgrid, kv_smem_bytes<D>(), stream, *a, (T *)dk,
-                       (T *)dv, (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse, Di,
-                       nkb));
+        PXT_TRY(launch(a->drop.p > 0.0f ? attn_tc_bwd_kv_kernel<T, D, true>
+                                        : attn_tc_bwd_kv_kernel<T, D, false>,
+                       kgrid, kv_smem_bytes<D>(), stream, *a, (T *)dk, (T *)dv, (const T *)dout,
+                       (const T *)q, (const T *)k, (const T *)v, lse, Di, nkb));
         PXT_CUDA_CHECK_LAUNCH("attention_backward (dk, dv; tensor cores)");
     }
     if (qgrid) {
-        PXT_TRY(launch(attn_tc_bwd_q_kernel<T, D>, qgrid, q_smem_bytes<D>(), stream, *a, (T *)dq,
-                       (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse, Di, nqb));
+        PXT_TRY(launch(a->drop.p > 0.0f ? attn_tc_bwd_q_kernel<T, D, true>
+                                        : attn_tc_bwd_q_kernel<T, D, false>,
+                       qgrid, q_smem_bytes<D>(), stream, *a, (T *)dq, (const T *)dout, (const T *)q,
+                       (const T *)k, (const T *)v, lse, Di, nqb));
         PXT_CUDA_CHECK_LAUNCH("attention_backward (dq; tensor cores)");
     }
     return PXT_OK;
@@ -771,7 +862,7 @@ int attn_tc_bwd_launch(const pxt_attn_args *a, void *dq, void *dk, void *dv, con
 
 /* which code of the forward kernel this binary runs on the current device */
 template <typename T, int D> cudaError_t attn_tc_fwd_attributes(cudaFuncAttributes *fa) {
-    return cudaFuncGetAttributes(fa, attn_tc_fwd_kernel<T, D>);
+    return cudaFuncGetAttributes(fa, attn_tc_fwd_kernel<T, D, false>);
 }
 
 /* the explicit instantiation of one instance's launches: the body of a file

@@ -275,6 +275,7 @@ static const pxt_backend cuda_backend = {
     .attention_forward = pxt_cuda_attention_forward,
     .attention_backward = pxt_cuda_attention_backward,
     .attention_workspace = pxt_cuda_attention_workspace,
+    .attention_dropout = 1, /* both attention paths draw dropout.h's masks */
     .dropout_forward = pxt_cuda_dropout_forward,
     .dropout_backward = pxt_cuda_dropout_backward,
     .groupnorm_forward = pxt_cuda_groupnorm_forward,

@@ -11,7 +11,10 @@ device buffers), and check:
   documented column-major semantics, against backend.h's row-major definition;
 - the attention kernels (cuda/attention_tc.cuh's tensor-core path, cuda/attention_simple.cuh's
   general one, extracted verbatim but for the dynamic shared-memory declaration):
-  against float64, with masks, lengths, odd sizes and XTTS shapes.
+  against float64, with masks, lengths, odd sizes and XTTS shapes; with dropout of the
+  probabilities ("drop"), against float64 with dropout.h's masks and against the CPU
+  backend (csrc/cpu/attention.c, linked in) on the same arguments, the masks read back
+  exactly by probe inputs (tests/cuda_emu/attn_main.cpp says how).
 
 What they cannot show: speed, and anything of cuBLAS itself. The build is cached by the
 hash of its inputs (in the temp folder), so a second run only runs.
@@ -38,7 +41,7 @@ pytestmark = [pytest.mark.slow,
 
 # the CPU backend files the reductions are compared with, and what they need
 C_SOURCES = ["csrc/engine/common.c", "csrc/engine/half.c", "csrc/cpu/bias.c",
-             "csrc/cpu/layernorm.c", "csrc/cpu/embedding.c"]
+             "csrc/cpu/layernorm.c", "csrc/cpu/embedding.c", "csrc/cpu/attention.c"]
 CXXFLAGS = ["-O2", "-std=c++17", "-U_FORTIFY_SOURCE", "-Wall", "-Wextra", "-Wno-unknown-pragmas",
             "-Werror", "-Icsrc", "-Icuda"]
 
@@ -111,12 +114,14 @@ def build(out: Path, generated: dict[str, str]) -> None:
     emu_o = str(out / "emu.o")
     cmds.append([CXX, *CXXFLAGS, "-c", str(EMU / "emu.cpp"), "-o", emu_o])
     run_all(cmds, ROOT)
+    reduce_objs = [o for o in objs if "attention" not in o]
     run_all([
-        [CXX, *CXXFLAGS, f"-I{out}", str(EMU / "reduce_main.cpp"), emu_o, *objs, "-fopenmp",
+        [CXX, *CXXFLAGS, f"-I{out}", str(EMU / "reduce_main.cpp"), emu_o, *reduce_objs, "-fopenmp",
          "-o", str(out / "reduce_emu")],
         [CXX, *CXXFLAGS, str(EMU / "lt_main.cpp"), "-o", str(out / "lt_emu")],
         [CXX, *CXXFLAGS, "-Wno-unused-parameter", "-Wno-unused-variable", f"-I{out}",
-         str(EMU / "attn_main.cpp"), emu_o, objs[0], objs[1], "-o", str(out / "attn_emu")],
+         str(EMU / "attn_main.cpp"), emu_o, objs[0], objs[1], objs[-1], "-fopenmp", "-o",
+         str(out / "attn_emu")],
     ], ROOT)
 
 
@@ -155,7 +160,7 @@ def test_fused_gemm_index_math(emu):
     assert "160 cases" in out, out
 
 
-@pytest.mark.parametrize("which", ["tcquick", "fb", "odd", "xtts"])
+@pytest.mark.parametrize("which", ["tcquick", "fb", "odd", "xtts", "drop"])
 def test_attention_kernels_against_float64(emu, which):
     out = check([str(emu / "attn_emu"), which], timeout=900)
     assert " OK" in out and " FAIL" not in out, out

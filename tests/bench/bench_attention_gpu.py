@@ -4,7 +4,7 @@ backend where torch has it), forward + backward, 16-bit, dense (B, H, T, D).
 
     python tests/bench/bench_attention_gpu.py [--device cuda:0] [--T 490 1024 2048 4096] [--tokens 16384]
         [--H 16] [--D 64] [--dtype bfloat16] [--no-causal] [--repeats 20]
-        [--paths tc simple torch] [--json out.json]
+        [--paths tc simple torch] [--dropout P] [--json out.json]
 
 B = tokens // T, so every T does about the same work per key. Each path runs in
 its own subprocess: PYXTTS_CUDA_ATTENTION (read once per process) is "tc" or
@@ -14,7 +14,8 @@ forward+backward steps after two warm-up steps, each step ended by a device
 synchronize, and of `repeats` forwards alone (printed first, "forward_median_s" in the
 JSON: the backward's time is the difference). TFLOP/s counts 4 B H Tq Tk D for the forward (half of it when
 causal) and 2.5x that for the backward; the last column is the step time of
-torch over that of pyxtts's path (1.0 = as fast as torch).
+torch over that of pyxtts's path (1.0 = as fast as torch). --dropout P drops the
+attention probabilities with probability P in every path (torch: SDPA's dropout_p).
 """
 from __future__ import annotations
 
@@ -66,27 +67,30 @@ def child(path: str, args) -> dict:
 
             def step(q=q, k=k, v=v, d=d):
                 with ctx() if tdev == "cuda" else contextlib.nullcontext():
-                    o = F.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
+                    o = F.scaled_dot_product_attention(q, k, v, is_causal=args.causal,
+                                                       dropout_p=args.dropout)
                 o.backward(d)
                 if tdev == "cuda":
                     torch.cuda.synchronize()
 
             def fwd(q=q, k=k, v=v):
                 with torch.no_grad(), ctx() if tdev == "cuda" else contextlib.nullcontext():
-                    F.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
+                    F.scaled_dot_product_attention(q, k, v, is_causal=args.causal, dropout_p=args.dropout)
                 if tdev == "cuda":
                     torch.cuda.synchronize()
         else:
             q, k, v, d = (pyxtts.tensor(a.astype(npdt), device=args.device) for a in x)
 
+            kw = {"causal": args.causal, "dropout_p": args.dropout, "dropout_key": 20261127}
+
             def step(q=q, k=k, v=v, d=d):
-                o, lse = pyxtts.attention_forward(q, k, v, causal=args.causal)
-                g = pyxtts.attention_backward(d, q, k, v, o, lse, causal=args.causal)
+                o, lse = pyxtts.attention_forward(q, k, v, **kw)
+                g = pyxtts.attention_backward(d, q, k, v, o, lse, **kw)
                 pyxtts.synchronize(args.device)
                 del o, lse, g
 
             def fwd(q=q, k=k, v=v):
-                o, lse = pyxtts.attention_forward(q, k, v, causal=args.causal)
+                o, lse = pyxtts.attention_forward(q, k, v, **kw)
                 pyxtts.synchronize(args.device)
                 del o, lse
         try:
@@ -121,6 +125,7 @@ def main() -> None:
     ap.add_argument("--no-causal", dest="causal", action="store_false")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--paths", nargs="+", default=["tc", "simple", "torch"])
+    ap.add_argument("--dropout", type=float, default=0.0, help="dropout of the probabilities")
     ap.add_argument("--json")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -145,7 +150,7 @@ def main() -> None:
         for t, v in results[path].items():
             if isinstance(v, dict) and "error" in v:
                 print(f"{path} T={t}: {v['error']}", file=sys.stderr)
-    print(f"{args.dtype} D={args.D} H={args.H} causal={args.causal} tokens={args.tokens}")
+    print(f"{args.dtype} D={args.D} H={args.H} causal={args.causal} tokens={args.tokens} dropout={args.dropout}")
     print("forward alone (ms): " + "; ".join(
         f"T={T} " + ", ".join(f"{p} {results[p][T]['forward_median_s'] * 1e3:.3f}" for p in args.paths
                               if isinstance(results.get(p), dict) and "forward_median_s" in results[p].get(T, {}))

@@ -6,14 +6,28 @@
  * multiple of any tile, NaN in every element the kernels must never read,
  * guard zones after every output, bank conflicts of ldmatrix counted.
  *
- * Usage: attn_emu tc|tcquick|fb|odd|xtts. One line per case, then "failures: N".
- * tc runs every case with cp.async landing early and late; tcquick a subset. */
+ * Usage: attn_emu tc|tcquick|fb|odd|xtts|drop. One line per case, then "failures: N".
+ * tc runs every case with cp.async landing early and late; tcquick a subset.
+ *
+ * drop: dropout of the probabilities (csrc/engine/dropout.h's masks). The float64
+ * reference applies the mask Z drawn by dropout.h itself (out = (P Z) V, dS = P (dP Z
+ * - Di)); the CPU backend (csrc/cpu/attention.c, linked in) runs the same arguments on
+ * the same buffers and must agree too. Probe cases read the masks back exactly:
+ *   probe 1: V_j = e_j, dO_i = e_i (T <= D): out[i][j] != 0 and dV[j][i] != 0 exactly
+ *            where (i, j) is seen and kept, in the forward and the dK/dV kernel;
+ *   probe 2: K_j = 4 e_j, V_j = e_j, dO_i = (1, ..., 1): dQ[i][j] = 4 scale P_ij
+ *            (Z_ij - Di) is > 0 where kept and < 0 where dropped (rows with Di in
+ *            (0.05, 1.95), Z in {0, 2} at p = 0.5), the dQ kernel's mask. */
 #include "emu.h"
 
 #include "attention_common.cuh"
 #include "tc_consts.inc"
 #include "tc_kernels.inc"
 #include "fb_kernels.inc"
+
+extern "C" {
+#include "cpu/cpu.h" /* the CPU backend's attention, linked in (dropout cases) */
+}
 
 #include <random>
 #include <string>
@@ -31,9 +45,16 @@ struct Case {
     int B, H, Tq, Tk, D;
     bool causal, self, use_qlen, use_klen, use_mask;
     unsigned seed;
+    /* dropout (p = 0: none): segment starts (0: none), first sample, probe (see above) */
+    float p = 0.0f;
+    int seg1 = 0, seg2 = 0;
+    uint32_t sample0 = 0;
+    int probe = 0;
 };
 
-struct Res { double out, lse, dq, dk, dv; long nan, nonzero_pad, guard; };
+/* cpu: the largest relative RMS difference to the CPU backend (dropout cases);
+ * mask: probed mask elements that differ from dropout.h's (probe cases) */
+struct Res { double out, lse, dq, dk, dv, cpu; long nan, nonzero_pad, guard, mask, probed; };
 
 template <typename T> static T nanv() { T t; t.bits = 0xffff; return t; }
 template <> float nanv<float>() { return NAN; }
@@ -94,7 +115,8 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
                         T x = stf<T>(nd(rng));
                         at(q, sq, b, h, t)[d] = x;
                         Q[idx(b, h, t, d, Tq)] = ldf(x);
-                        T y = stf<T>(nd(rng));
+                        T y = stf<T>(c.probe == 1 ? (d == t ? 1.0f : 0.0f)
+                                     : c.probe == 2 ? 1.0f : nd(rng));
                         at(dout, so, b, h, t)[d] = y;
                         dO[idx(b, h, t, d, Tq)] = ldf(y);
                     }
@@ -102,7 +124,8 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
             for (int t = 0; t < Tk; t++)
                 for (int d = 0; d < Dr; d++)
                     if (kvalid(b, t)) {
-                        T x = stf<T>(nd(rng)), y = stf<T>(nd(rng));
+                        T x = stf<T>(c.probe == 2 ? (d == t ? 4.0f : 0.0f) : nd(rng));
+                        T y = stf<T>(c.probe ? (d == t ? 1.0f : 0.0f) : nd(rng));
                         at(k, sk, b, h, t)[d] = x;
                         at(v, sv, b, h, t)[d] = y;
                         K[idx(b, h, t, d, Tk)] = ldf(x);
@@ -118,6 +141,16 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
     a.key_mask = c.use_mask ? mask.data() : nullptr;
     a.q = sq; a.k = sk; a.v = sv; a.o = so;
     a.dt = std::is_same_v<T, pxt_bf16> ? PXT_BFLOAT16 : std::is_same_v<T, pxt_f16> ? PXT_FLOAT16 : PXT_FLOAT32;
+    const int Tmax = std::max(Tq, Tk);
+    a.drop = pxt_dropout_make(c.p, pxt_dropout_key(c.seed, 11, 7), Tmax, c.seg1 ? c.seg1 : Tmax,
+                              c.seg2 ? c.seg2 : Tmax, c.sample0);
+    /* the mask factor of (b, h, i, j), drawn by dropout.h itself (1 without dropout) */
+    auto Zf = [&](int b, int h, int i, int j) -> double {
+        if (c.p <= 0.0f) return 1.0;
+        uint32_t w[4], kpos = pxt_dropout_pos(&a.drop, j);
+        pxt_dropout_attn_words(&a.drop, b, h, pxt_dropout_pos(&a.drop, i), kpos, w);
+        return pxt_dropout_factor(&a.drop, w[kpos & 3]);
+    };
     std::vector<T> obuf((size_t)B * Tq * C + GUARD, nanv<T>());
     std::vector<float> lse((size_t)B * H * Tq + GUARD, NAN), Di((size_t)B * H * Tq + GUARD, NAN);
     std::vector<T> dqbuf(qbuf.size(), nanv<T>()), dkvbuf(c.self ? 0 : kvbuf.size(), nanv<T>());
@@ -129,12 +162,16 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
     if constexpr (!std::is_same_v<T, float>) if (tc) {
         const int nqb = (Tq + fwd_bq<D>() - 1) / fwd_bq<D>();
         launch(B * H * nqb, fwd_smem_bytes<D>(), [&] {
-            attn_tc_fwd_kernel<T, D>(a, out, lse.data(), q, k, v, nqb);
+            if (c.p > 0.0f) attn_tc_fwd_kernel<T, D, true>(a, out, lse.data(), q, k, v, nqb);
+            else attn_tc_fwd_kernel<T, D, false>(a, out, lse.data(), q, k, v, nqb);
         });
     }
     if (!tc) {
         const int nqb = (Tq + FWD_BR - 1) / FWD_BR;
-        launch(B * H * nqb, 0, [&] { attn_fwd_kernel<T, D>(a, out, lse.data(), q, k, v, nqb); });
+        launch(B * H * nqb, 0, [&] { /* the instance the launch picks: with dropout or not */
+            if (c.p > 0.0f) attn_fwd_kernel<T, D, true>(a, out, lse.data(), q, k, v, nqb);
+            else attn_fwd_kernel<T, D, false>(a, out, lse.data(), q, k, v, nqb);
+        });
     }
     /* ---- backward: Di (attention.cu's kernel), then dK/dV and dQ ---- */
     {
@@ -145,19 +182,23 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
     if constexpr (!std::is_same_v<T, float>) if (tc) {
         const int nkb = (Tk + TC_BK - 1) / TC_BK, nqb = (Tq + TC_BQ - 1) / TC_BQ;
         launch(B * H * nkb, kv_smem_bytes<D>(), [&] {
-            attn_tc_bwd_kv_kernel<T, D>(a, dk, dv, dout, q, k, v, lse.data(), Di.data(), nkb);
+            if (c.p > 0.0f) attn_tc_bwd_kv_kernel<T, D, true>(a, dk, dv, dout, q, k, v, lse.data(), Di.data(), nkb);
+            else attn_tc_bwd_kv_kernel<T, D, false>(a, dk, dv, dout, q, k, v, lse.data(), Di.data(), nkb);
         });
         launch(B * H * nqb, q_smem_bytes<D>(), [&] {
-            attn_tc_bwd_q_kernel<T, D>(a, dq, dout, q, k, v, lse.data(), Di.data(), nqb);
+            if (c.p > 0.0f) attn_tc_bwd_q_kernel<T, D, true>(a, dq, dout, q, k, v, lse.data(), Di.data(), nqb);
+            else attn_tc_bwd_q_kernel<T, D, false>(a, dq, dout, q, k, v, lse.data(), Di.data(), nqb);
         });
     }
     if (!tc) {
         const int nkb = (Tk + KV_BC - 1) / KV_BC, nqb = (Tq + DQ_BR - 1) / DQ_BR;
         launch(B * H * nkb, 0, [&] {
-            attn_bwd_kv_kernel<T, D>(a, dk, dv, dout, q, k, v, lse.data(), Di.data(), nkb);
+            if (c.p > 0.0f) attn_bwd_kv_kernel<T, D, true>(a, dk, dv, dout, q, k, v, lse.data(), Di.data(), nkb);
+            else attn_bwd_kv_kernel<T, D, false>(a, dk, dv, dout, q, k, v, lse.data(), Di.data(), nkb);
         });
         launch(B * H * nqb, 0, [&] {
-            attn_bwd_q_kernel<T, D>(a, dq, dout, q, k, v, lse.data(), Di.data(), nqb);
+            if (c.p > 0.0f) attn_bwd_q_kernel<T, D, true>(a, dq, dout, q, k, v, lse.data(), Di.data(), nqb);
+            else attn_bwd_q_kernel<T, D, false>(a, dq, dout, q, k, v, lse.data(), Di.data(), nqb);
         });
     }
     /* ---- reference (float64) and comparison ---- */
@@ -165,7 +206,8 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
     double eo = 0, no = 0, el = 0, edq = 0, ndq = 0, edk = 0, ndk = 0, edv = 0, ndv = 0;
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
-            std::vector<double> P((size_t)Tq * Tk, 0.0), dS((size_t)Tq * Tk, 0.0);
+            /* P: the softmax; PZ = P Z, what multiplies V (P without dropout) */
+            std::vector<double> P((size_t)Tq * Tk, 0.0), PZ(P.size(), 0.0), dS((size_t)Tq * Tk, 0.0);
             std::vector<char> rowok(Tq, 0);
             for (int i = 0; i < Tq; i++) {
                 double mx = -INFINITY;
@@ -191,7 +233,8 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
                     for (int j = 0; j < Tk; j++)
                         if (s[j] > -INFINITY) {
                             P[(size_t)i * Tk + j] = exp(s[j] - L);
-                            for (int d = 0; d < Dr; d++) O[d] += P[(size_t)i * Tk + j] * V[idx(b, h, j, d, Tk)];
+                            PZ[(size_t)i * Tk + j] = P[(size_t)i * Tk + j] * Zf(b, h, i, j);
+                            for (int d = 0; d < Dr; d++) O[d] += PZ[(size_t)i * Tk + j] * V[idx(b, h, j, d, Tk)];
                         }
                 double di = 0;
                 for (int d = 0; d < Dr; d++) {
@@ -207,8 +250,23 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
                         if (P[(size_t)i * Tk + j] != 0.0) {
                             double dp = 0;
                             for (int d = 0; d < Dr; d++) dp += dO[idx(b, h, i, d, Tq)] * V[idx(b, h, j, d, Tk)];
-                            dS[(size_t)i * Tk + j] = P[(size_t)i * Tk + j] * (dp - di);
+                            dS[(size_t)i * Tk + j] = P[(size_t)i * Tk + j] * (dp * Zf(b, h, i, j) - di);
                         }
+                /* probes: the masks read back from the outputs, every seen (i, j) */
+                if (c.probe && rowok[i])
+                    for (int j = 0; j < Tk; j++) {
+                        if (P[(size_t)i * Tk + j] == 0.0) continue;
+                        const bool kept = Zf(b, h, i, j) != 0.0;
+                        if (c.probe == 1) {
+                            r.probed += 2;
+                            r.mask += (ldf(at(out, so, b, h, i)[j]) != 0.0f) != kept;
+                            r.mask += (ldf(at(dv, sv, b, h, j)[i]) != 0.0f) != kept;
+                        } else if (di > 0.05 && di < 1.95) {
+                            r.probed++;
+                            const float g = ldf(at(dq, sq, b, h, i)[j]);
+                            r.mask += kept ? !(g > 0.0f) : !(g < 0.0f);
+                        }
+                    }
             }
             for (int i = 0; i < Tq; i++)
                 for (int d = 0; d < Dr; d++) {
@@ -225,7 +283,7 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
                     double rk = 0, rv = 0;
                     for (int i = 0; i < Tq; i++) {
                         rk += dS[(size_t)i * Tk + j] * scale * Q[idx(b, h, i, d, Tq)];
-                        rv += P[(size_t)i * Tk + j] * dO[idx(b, h, i, d, Tq)];
+                        rv += PZ[(size_t)i * Tk + j] * dO[idx(b, h, i, d, Tq)];
                     }
                     T gk = at(dk, sk, b, h, j)[d], gv = at(dv, sv, b, h, j)[d];
                     if (isnan_t(gk) || isnan_t(gv)) r.nan++;
@@ -252,6 +310,40 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
     r.dq = sqrt(edq / std::max(ndq, floor_));
     r.dk = sqrt(edk / std::max(ndk, floor_));
     r.dv = sqrt(edv / std::max(ndv, 1e-300));
+    if (c.p > 0.0f) { /* the CPU backend on the same arguments and buffers */
+        std::vector<T> cobuf(obuf.size(), nanv<T>()), cdqbuf(dqbuf.size(), nanv<T>()),
+            cdkvbuf(dkvbuf.size(), nanv<T>());
+        std::vector<float> clse(lse.size(), NAN);
+        T *cout_ = cobuf.data(), *cdq = cdqbuf.data();
+        T *cdk = c.self ? cdq + C : cdkvbuf.data();
+        T *cdv = c.self ? cdq + 2 * C : cdkvbuf.data() + C;
+        std::vector<unsigned char> ws(std::max(pxt_cpu_attention_workspace(&a, 0),
+                                               pxt_cpu_attention_workspace(&a, 1)));
+        if (pxt_cpu_attention_forward(0, &a, cout_, clse.data(), q, k, v, ws.data()) != PXT_OK ||
+            pxt_cpu_attention_backward(0, &a, cdq, cdk, cdv, dout, q, k, v, cout_, clse.data(),
+                                       ws.data()) != PXT_OK) {
+            r.nan++;
+        }
+        /* relative RMS over the valid elements (padding is checked above) */
+        auto rel = [&](T *got, T *want, const pxt_strides &st, int TT, bool rows_q) {
+            double e = 0, n = 0;
+            for (int b = 0; b < B; b++)
+                for (int h = 0; h < H; h++)
+                    for (int t = 0; t < TT; t++) {
+                        if (rows_q ? t >= qlen[b] : !kvalid(b, t)) continue;
+                        for (int d = 0; d < Dr; d++) {
+                            double x = ldf(at(got, st, b, h, t)[d]), y = ldf(at(want, st, b, h, t)[d]);
+                            e += (x - y) * (x - y);
+                            n += y * y;
+                        }
+                    }
+            return sqrt(e / std::max(n, 1e-4 * ndo));
+        };
+        r.cpu = std::max({rel(out, cout_, so, Tq, true), rel(dq, cdq, sq, Tq, true),
+                          rel(dk, cdk, sk, Tk, false), rel(dv, cdv, sv, Tk, false)});
+        for (size_t i = 0; i < (size_t)B * H * Tq; i++) /* the lse: the undropped softmax's */
+            if (!(lse[i] == clse[i] || fabs(lse[i] - clse[i]) < 1e-2)) r.nan++;
+    }
     return r;
 }
 
@@ -260,10 +352,14 @@ template <typename T, int D> static int one(const Case &c, bool tc, const char *
     Res r = run<T, D>(c, tc);
     double tol = std::is_same_v<T, float> ? 1e-5 : std::is_same_v<T, pxt_f16> ? 4e-3 : 3e-2;
     bool ok = r.nan == 0 && r.nonzero_pad == 0 && r.guard == 0 && emu_errors == e0 && r.out < tol &&
-              r.dq < tol && r.dk < tol && r.dv < tol && r.lse < 1e-2;
-    printf("%-4s %-5s D=%-3d %-28s late=%d out %.2e lse %.1e dq %.2e dk %.2e dv %.2e nan %ld pad!=0 %ld guard %ld emu-err %ld bankconf %ld  %s\n",
+              r.dq < tol && r.dk < tol && r.dv < tol && r.lse < 1e-2 && r.cpu < tol && r.mask == 0 &&
+              (c.probe == 0 || r.probed > 0);
+    printf("%-4s %-5s D=%-3d %-28s late=%d out %.2e lse %.1e dq %.2e dk %.2e dv %.2e nan %ld pad!=0 %ld guard %ld emu-err %ld bankconf %ld",
            tc ? "tc" : "fb", tname, D, c.name.c_str(), emu_late, r.out, r.lse, r.dq, r.dk, r.dv, r.nan,
-           r.nonzero_pad, r.guard, emu_errors - e0, emu_bank_conflicts - b0, ok ? "OK" : "FAIL");
+           r.nonzero_pad, r.guard, emu_errors - e0, emu_bank_conflicts - b0);
+    if (c.p > 0.0f) printf(" vs-cpu %.2e", r.cpu);
+    if (c.probe) printf(" mask-err %ld of %ld", r.mask, r.probed);
+    printf("  %s\n", ok ? "OK" : "FAIL");
     fflush(stdout);
     return ok ? 0 : 1;
 }
@@ -293,6 +389,47 @@ int main(int argc, char **argv) {
         fails += one<pxt_f16, 64>(odd[1], false, "f16");
         fails += one<float, 64>(odd[1], false, "f32");
         fails += one<pxt_bf16, 128>(odd[2], false, "bf16");
+        printf("failures: %d\n", fails);
+        return fails != 0;
+    }
+    if (!strcmp(only, "drop")) { /* dropout of the probabilities: p = 0.5 for the probes */
+        auto dc = [](Case c, float p, int seg1, int seg2, uint32_t sample0, int probe) {
+            c.p = p, c.seg1 = seg1, c.seg2 = seg2, c.sample0 = sample0, c.probe = probe;
+            return c;
+        };
+        std::vector<Case> drop = {
+            /* segments not multiples of 4 (groups of four keys cut at a segment start) */
+            dc({"drop self causal T=77 segs", 2, 2, 77, 77, 0, true, true, true, true, true, 31},
+               0.1f, 5, 30, 3, 0),
+            dc({"drop self T=40 noncausal", 2, 1, 40, 40, 0, false, true, false, false, false, 32},
+               0.3f, 0, 0, 0, 0),
+            dc({"drop cross Tq=33 Tk=70 len", 2, 1, 33, 70, 0, false, false, true, true, true, 33},
+               0.2f, 9, 50, 17, 0),
+            dc({"drop cross causal Tq=70 Tk=33", 2, 1, 70, 33, 0, true, false, true, true, false, 34},
+               0.2f, 32, 45, 0, 0),
+            dc({"probe1 self causal T=61 segs", 2, 1, 61, 61, 0, true, true, true, true, false, 35},
+               0.5f, 6, 23, 5, 1),
+            dc({"probe1 self T=64 noncausal", 1, 2, 64, 64, 0, false, true, false, false, true, 36},
+               0.5f, 32, 41, 0, 1),
+            dc({"probe2 self causal T=58 segs", 2, 1, 58, 58, 0, true, true, true, true, false, 37},
+               0.5f, 3, 30, 9, 2),
+            dc({"probe2 self T=64 noncausal", 1, 2, 64, 64, 0, false, true, false, false, true, 38},
+               0.5f, 32, 41, 2, 2),
+        };
+        /* the tensor-core kernels' probes over several key tiles: T = D = 128 */
+        drop.push_back(dc({"probe1 self causal T=128 segs", 1, 2, 128, 128, 0, true, true, true, true,
+                           false, 39}, 0.5f, 7, 70, 4, 1));
+        drop.push_back(dc({"probe2 self T=128 noncausal", 1, 2, 128, 128, 0, false, true, false,
+                           false, true, 40}, 0.5f, 32, 99, 1, 2));
+        emu_late = 1;
+        for (size_t ci = 0; ci < 8; ci++) { /* the general kernels */
+            fails += one<float, 64>(drop[ci], false, "f32");
+            if (ci < 4) fails += one<pxt_bf16, 128>(drop[ci], false, "bf16");
+        }
+        for (size_t ci = 0; ci < drop.size(); ci++) { /* the tensor-core kernels */
+            if (ci < 8) fails += one<pxt_bf16, 64>(drop[ci], true, "bf16");
+            if (ci < 4 || ci >= 8) fails += one<pxt_f16, 128>(drop[ci], true, "f16");
+        }
         printf("failures: %d\n", fails);
         return fails != 0;
     }

@@ -151,6 +151,12 @@ static void resolve(int w, int kind) {
             s.rword = emu_fib[32 * w + (l ^ s.imm)].s.word;
         }
         break;
+    case K_SHFL_IDX: /* lane l gets the word of lane imm */
+        for (int l = 0; l < 32; l++) {
+            emu_slot &s = emu_fib[32 * w + l].s;
+            s.rword = emu_fib[32 * w + s.imm].s.word;
+        }
+        break;
     case K_BALLOT: {
         uint64_t m = 0;
         for (int l = 0; l < 32; l++)

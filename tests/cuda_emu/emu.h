@@ -60,10 +60,10 @@ template <> inline pxt_f16 stf<pxt_f16>(float v) { return pxt_f16{pxt_f32_to_f16
 template <> inline pxt_bf16 stf<pxt_bf16>(float v) { return pxt_bf16{pxt_f32_to_bf16(v)}; }
 
 /* ---- fibers -------------------------------------------------------------------- */
-enum emu_kind { K_RUN = 0, K_BAR, K_SHFL, K_BALLOT, K_LDSM, K_LDSMT, K_MMA_BF, K_MMA_H, K_DONE };
+enum emu_kind { K_RUN = 0, K_BAR, K_SHFL, K_SHFL_IDX, K_BALLOT, K_LDSM, K_LDSMT, K_MMA_BF, K_MMA_H, K_DONE };
 struct emu_slot {
     uint64_t word;                      /* shfl: the value's bits */
-    int imm;                            /* shfl: the lane mask */
+    int imm;                            /* shfl: the lane mask (xor) or the source lane (idx) */
     uint32_t addr;                      /* ldmatrix */
     uint32_t a[4], b0, b1;              /* mma */
     float c[4];
@@ -114,6 +114,21 @@ template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int la
     memcpy(&s.word, &v, sizeof v);
     s.imm = lane_mask;
     emu_block(K_SHFL);
+    T r;
+    memcpy(&r, &emu_fib[emu_cur].s.rword, sizeof r);
+    return r;
+}
+
+/* the value of lane src (src taken mod 32, as the hardware does for a full warp) */
+template <typename T> static inline T __shfl_sync(unsigned mask, T v, int src) {
+    static_assert(sizeof(T) <= 8, "shfl of at most 8 bytes");
+    if (mask != 0xffffffffu)
+        emu_error("shfl: partial mask %08x", mask);
+    emu_slot &s = emu_fib[emu_cur].s;
+    s.word = 0;
+    memcpy(&s.word, &v, sizeof v);
+    s.imm = src & 31;
+    emu_block(K_SHFL_IDX);
     T r;
     memcpy(&r, &emu_fib[emu_cur].s.rword, sizeof r);
     return r;
