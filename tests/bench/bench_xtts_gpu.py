@@ -21,7 +21,9 @@ pyxtts.max_memory_allocated), the process peak RSS, and (unless --no-search) the
 batch whose step fits, found by real steps (doubling, then bisection; OOM caught).
 Ratios are against torch_eager; `speedup_vs_torch` in the JSON is the tokens/s ratio.
 The search runs for the configurations `--search` names (default all but torch_compile,
-which would recompile for every batch size it tries).
+which would recompile for every batch size it tries): torch's by real steps, pyxtts's by
+`find_optimal_batch_size` (its memory plan solved for the batch, then one real step at
+that size; 2% of the device's memory left as margin).
 
 An existing --json file is merged into, run by run (a configuration run again replaces
 its entry), and the ratios are recomputed: configurations can run as separate commands,
@@ -121,7 +123,7 @@ def torch_runner(cfg, device: str, compiled: bool):
         return torch.cuda.max_memory_allocated(device) if dev_type == "cuda" else None
 
     n_params = sum(p.numel() for p in model.parameters())
-    return step, reset, peak, oom_types(), n_params
+    return step, reset, peak, oom_types(), n_params, None  # no plan: the search runs real steps
 
 
 def pyxtts_runner(cfg, device: str, policy: str):
@@ -145,7 +147,18 @@ def pyxtts_runner(cfg, device: str, policy: str):
     def peak() -> int:
         return pyxtts.max_memory_allocated(device)
 
-    return step, reset, peak, (pyxtts.OutOfMemoryError,), model.num_parameters
+    def largest(Lt: int, La: int) -> int:
+        """The product's own answer: the plan solved for the batch (nothing allocated), then
+        one real step at that size (find_optimal_batch_size's verify); the margin is 2% of
+        the device's memory where torch's search takes it to the last byte."""
+        reset()
+        cap = None if device.startswith("cuda") else 64  # the CPU's "device" is this machine's RAM
+        b = pyxtts.find_optimal_batch_size(model, opt, text_len=Lt, audio_len=La, safety_margin=0.02,
+                                           max_batch_size=cap)
+        reset()
+        return b
+
+    return step, reset, peak, (pyxtts.OutOfMemoryError,), model.num_parameters, largest
 
 
 def largest_batch(step, reset, ooms, cfg, Lt: int, La: int, start: int, cap: int = 4096) -> int:
@@ -178,9 +191,9 @@ def worker(name: str, args: argparse.Namespace) -> dict:
     kwargs, Lt, La = CONFIGS[args.config]
     cfg = pyxtts.ModelConfig(**kwargs)
     if name.startswith("torch"):
-        step, reset, peak, ooms, n_params = torch_runner(cfg, args.device, name == "torch_compile")
+        step, reset, peak, ooms, n_params, largest = torch_runner(cfg, args.device, name == "torch_compile")
     else:
-        step, reset, peak, ooms, n_params = pyxtts_runner(cfg, args.device, name.split("_")[1])
+        step, reset, peak, ooms, n_params, largest = pyxtts_runner(cfg, args.device, name.split("_")[1])
     batch = make_batch(cfg, args.batch, Lt, La)
     T = cfg.n_cond_latents + Lt + La
     reset()
@@ -202,7 +215,8 @@ def worker(name: str, args: argparse.Namespace) -> dict:
     out["achieved_tflops"] = flops / 1e12
     out["mfu"] = flops / (tf * 1e12) if tf else None
     if not args.no_search and name in args.search:
-        out["largest_batch"] = largest_batch(step, reset, ooms, cfg, Lt, La, start=args.batch)
+        out["largest_batch"] = (largest(Lt, La) if largest
+                                else largest_batch(step, reset, ooms, cfg, Lt, La, start=args.batch))
     return out
 
 

@@ -193,7 +193,7 @@ run_one() {
     ls pyxtts/_C*.so > /dev/null 2>&1 || return
     cp pyxtts/_C*.so "$OUTDIR"/
     step kernel-tests 80 env CUDA_LAUNCH_BLOCKING=1 "${PYTEST[@]}" -n 4 "${KERNEL_SELECTION[@]}"
-    step device-tests 60 "${PYTEST[@]}" -n 8 "${device[@]}"
+    step device-tests 75 "${PYTEST[@]}" -n 8 "${device[@]}"
     for run in torch_eager:75:search pyxtts_full:75:search pyxtts_none:30:no; do
         IFS=: read -r name limit search <<< "$run"
         step "xtts-$name" "$limit" "$PY" tests/bench/bench_xtts_gpu.py --batch 8 --steps 5 \
@@ -207,6 +207,8 @@ run_one() {
     step attention 30 "$PY" tests/bench/bench_attention_gpu.py --T 490 1024 2048 4096 \
         --paths tc torch --repeats 5 --json $R/attention_gpu.json
     cp $R/attention_gpu.json "$OUTDIR"/ 2> /dev/null
+    step attention-dropout 20 "$PY" tests/bench/bench_attention_gpu.py --T 490 2048 --paths tc torch \
+        --repeats 3 --dropout 0.1
     step xtts-torch_compile 100 "$PY" tests/bench/bench_xtts_gpu.py --batch 8 --steps 5 --no-search \
         --only torch_compile --json $R/xtts_gpu.json
     cp $R/xtts_gpu.json "$OUTDIR"/ 2> /dev/null
