@@ -1,5 +1,6 @@
 /* cond_main.cpp: the CUDA kernels of the conditioning path's ops (cuda/groupnorm.cuh,
- * cuda/rmsnorm.cuh, cuda/geglu.cuh, and their weight gradients in cuda/colsum.cuh), their
+ * cuda/rmsnorm.cuh, cuda/geglu.cuh, and their weight gradients in cuda/colsum.cuh; and the
+ * MLP's GELU, cuda/gelu.cuh), their
  * own source run by the emulator, against the CPU backend's functions (csrc/cpu/
  * groupnorm.c, rmsnorm.c, geglu.c, linked in), at tiny, ragged, misaligned and XTTS v2
  * sizes, each dtype. Launches are those of the .cu files: the same grids, block sizes and
@@ -7,7 +8,7 @@
  * grid-stride loops go round.
  *
  * What must match how:
- *  - bit for bit: GEGLU (the CPU's float expressions; the emulator's erff and expf are
+ *  - bit for bit: GEGLU and GELU (the CPU's float expressions; the emulator's erff and expf are
  *    the CPU's glibc), and the weight gradients dweight, dbias, dgamma (backend.h's
  *    chunked column sums of the same float terms, from the CPU's saved statistics);
  *  - within a bound: the rest, whose double sums (GroupNorm's statistics and means, the
@@ -26,6 +27,7 @@
 #include "engine/backend.h"
 #include "colsum.cuh"
 #include "geglu.cuh"
+#include "gelu.cuh"
 #include "groupnorm.cuh"
 #include "rmsnorm.cuh"
 
@@ -309,6 +311,49 @@ template <typename T> static void geglu_case(int N, int F, int off, unsigned max
         emu_free(p);
 }
 
+/* ---- GELU (the MLP's, tanh form; cuda/gelu.cuh) ----------------------------------------------- */
+
+/* n elements; off misaligns every buffer by that many elements (vectors of 1); max_grid
+ * caps the grid so that the grid-stride loop goes round. Bit for bit: the CPU's float
+ * expressions, and the emulator's expf is the CPU's glibc. */
+template <typename T> static void gelu_case(size_t n, int off, unsigned max_grid) {
+    const pxt_dtype dt = dtype_of<T>();
+    T *x = device<T>(n + off, [](size_t) { return normal<T>(3.0); }) + off;
+    T *dout = device<T>(n + off, [](size_t) { return normal<T>(1.0); }) + off;
+    T *want = poisoned<T>(n), *got = poisoned<T>(n + off) + off;
+    T *dwant = poisoned<T>(n), *dgot = poisoned<T>(n + off) + off;
+    pxt_cpu_gelu_forward(0, want, x, n, dt);
+    pxt_cpu_gelu_backward(0, dwant, x, dout, n, dt);
+    long e0 = emu_errors;
+    const void *fptrs[] = {got, x}, *bptrs[] = {dgot, x, dout};
+    const int Vf = pxt_vec_width(sizeof(T), (int)(n % 16), fptrs, 2);
+    const int Vb = pxt_vec_width(sizeof(T), (int)(n % 16), bptrs, 3);
+    emu_dim3 grid, block;
+    block.x = 256; /* PXT_EW_BLOCK */
+    pxt_vec_dispatch<T>(Vf, [&](auto v) {
+        constexpr int V = decltype(v)::value;
+        size_t blocks = (n / V + 255) / 256;
+        grid.x = (unsigned)(blocks < max_grid ? blocks : max_grid);
+        if (n)
+            emu_launch(grid, block, 0, [&] { pxt_gelu_forward_kernel<T, V>(got, x, n); });
+    });
+    pxt_vec_dispatch<T>(Vb, [&](auto v) {
+        constexpr int V = decltype(v)::value;
+        size_t blocks = (n / V + 255) / 256;
+        grid.x = (unsigned)(blocks < max_grid ? blocks : max_grid);
+        if (n)
+            emu_launch(grid, block, 0, [&] { pxt_gelu_backward_kernel<T, V>(dgot, x, dout, n); });
+    });
+    bool ok = same_bits(got, want, n * sizeof(T)) && same_bits(dgot, dwant, n * sizeof(T));
+    report("gelu " + std::string(name_of<T>()) + " n=" + std::to_string(n) + " V=" + std::to_string(Vf) + "/" +
+               std::to_string(Vb) + (off ? " misaligned" : "") +
+               (max_grid < 65535 ? " (grid " + std::to_string(max_grid) + ")" : ""),
+           ok && emu_errors == e0 && emu_tail_intact(got - off) && emu_tail_intact(dgot - off));
+    for (void *p : {(void *)(x - off), (void *)(dout - off), (void *)want, (void *)(got - off), (void *)dwant,
+                    (void *)(dgot - off)})
+        emu_free(p);
+}
+
 template <typename T> static void all_small() {
     /* channels per group 2, 3 (no vectors), 4, 8 (bf16's 16 bytes), 32, 1024, 4096 (more
      * vectors per row than threads); S = 1; no samples */
@@ -333,6 +378,11 @@ template <typename T> static void all_small() {
     geglu_case<T>(40, 33, 0, 65535);
     geglu_case<T>(9, 64, 1, 65535);
     geglu_case<T>(0, 8, 0, 65535);
+    gelu_case<T>(1, 0, 65535);
+    gelu_case<T>(7, 0, 65535);
+    gelu_case<T>(4096 + 8, 0, 3);
+    gelu_case<T>(1000, 1, 65535);
+    gelu_case<T>(0, 0, 65535);
 }
 
 int main(int argc, char **argv) {
@@ -348,6 +398,7 @@ int main(int argc, char **argv) {
         rmsnorm_case<float>(8 * 32, 1024, 0, 0);
         geglu_case<pxt_bf16>(8 * 32, 2730, 0, 65535);
         geglu_case<float>(8 * 32, 2730, 0, 65535);
+        gelu_case<pxt_bf16>((size_t)490 * 4096, 0, 65535); /* one sample of fc's activations */
     }
     printf("failures: %d\n", failures);
     return failures != 0;
