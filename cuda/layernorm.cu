@@ -2,19 +2,15 @@
  * (csrc/cpu/layernorm.c is the reference).
  *
  * Rows go one per warp: the row sums are taken in double (lanes stride the
- * row, then a fixed butterfly), and mean, rstd are saved as float32 as on the
- * CPU. dweight and dbias are backend.h's two-stage column sums (colsum.cu):
+ * row, then a fixed butterfly, vec.cuh's), and mean, rstd are saved as float32
+ * as on the CPU; the backward's dinp kernel is in layernorm.cuh (the emulator of
+ * tests/cuda_emu runs it too). dweight and dbias are backend.h's two-stage column sums (colsum.cu):
  * the CPU's bits, with (chunks x columns) threads instead of one per column. */
 #include "elem.cuh"
 
-#define LN_WARPS 8 /* rows per block of the row kernels */
+#include "layernorm.cuh"
 
-__device__ static inline double warp_sum(double v) {
-    for (int o = 16; o > 0; o >>= 1) {
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    }
-    return v; /* every lane holds the same bits: the butterfly is symmetric */
-}
+#define LN_WARPS 8 /* rows per block of the forward */
 
 /* out, inp (N, C); weight, bias (C); mean, rstd (N) */
 template <typename T>
@@ -31,14 +27,14 @@ __global__ static void layernorm_forward_kernel(T *out, float *mean, float *rstd
     for (int j = lane; j < C; j += 32) {
         s += ldf(x[j]);
     }
-    float m = (float)(warp_sum(s) / C);
+    float m = (float)(pxt_warp_sumd(s) / C);
     /* variance around the rounded mean: two passes, no cancellation */
     double v = 0.0;
     for (int j = lane; j < C; j += 32) {
         double d = (double)ldf(x[j]) - m;
         v += d * d;
     }
-    float r = (float)(1.0 / sqrt(warp_sum(v) / C + eps));
+    float r = (float)(1.0 / sqrt(pxt_warp_sumd(v) / C + eps));
     for (int j = lane; j < C; j += 32) {
         float n = (ldf(x[j]) - m) * r;
         o[j] = stf<T>(n * ldf(weight[j]) + ldf(bias[j]));
@@ -69,32 +65,6 @@ int pxt_cuda_layernorm_forward(int index, void *out, float *mean, float *rstd, c
     return PXT_OK;
 }
 
-/* Pass 1, a warp per row: with n = norm, g = weight * dout,
- * dinp += rstd * (g - mean(g) - n * mean(g * n)). */
-template <typename T>
-__global__ static void layernorm_dinp_kernel(T *dinp, const T *dout, const T *inp, const T *weight,
-                                             const float *mean, const float *rstd, int N, int C) {
-    int row = blockIdx.x * LN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= N) {
-        return;
-    }
-    size_t base = (size_t)row * C;
-    float m = mean[row], r = rstd[row];
-    double sg = 0.0, sgn = 0.0;
-    for (int j = lane; j < C; j += 32) {
-        float n = (ldf(inp[base + j]) - m) * r;
-        float g = ldf(weight[j]) * ldf(dout[base + j]);
-        sg += g;
-        sgn += (double)g * n;
-    }
-    float mg = (float)(warp_sum(sg) / C), mgn = (float)(warp_sum(sgn) / C);
-    for (int j = lane; j < C; j += 32) {
-        float n = (ldf(inp[base + j]) - m) * r;
-        float g = ldf(weight[j]) * ldf(dout[base + j]);
-        dinp[base + j] = stf<T>(ldf(dinp[base + j]) + (g - mg - n * mgn) * r);
-    }
-}
-
 int pxt_cuda_layernorm_backward(int index, void *dinp, float *dweight, float *dbias,
                                 const void *dout, const void *inp, const void *weight,
                                 const float *mean, const float *rstd, int N, int C, pxt_dtype dt,
@@ -105,12 +75,18 @@ int pxt_cuda_layernorm_backward(int index, void *dinp, float *dweight, float *db
     PXT_CUDA_ENTER(index);
     cudaStream_t stream = pxt_cuda_stream(index);
     /* dinp, dout, inp (N, C); weight (C); dweight, dbias (C) fp32; mean, rstd (N) */
+    /* pass 1, a warp per row (layernorm.cuh): dinp (N, C) += */
     PXT_TRY(pxt_cuda_dispatch(dt, "layernorm_backward", [&](auto tag) {
         using T = decltype(tag);
-        if (N) {
-            layernorm_dinp_kernel<T><<<(N + LN_WARPS - 1) / LN_WARPS, 32 * LN_WARPS, 0, stream>>>(
-                (T *)dinp, (const T *)dout, (const T *)inp, (const T *)weight, mean, rstd, N, C);
-        }
+        const void *ptrs[] = {dinp, dout, inp, weight};
+        pxt_vec_dispatch<T>(pxt_vec_width(sizeof(T), C, ptrs, 4), [&](auto v) {
+            if (N) {
+                pxt_ln_dinp_kernel<T, decltype(v)::value>
+                    <<<(N + PXT_LN_WARPS - 1) / PXT_LN_WARPS, 32 * PXT_LN_WARPS, 0, stream>>>(
+                        (T *)dinp, (const T *)dout, (const T *)inp, (const T *)weight, mean, rstd,
+                        N, C);
+            }
+        });
     }));
     PXT_CUDA_CHECK_LAUNCH("layernorm_backward (dinp)");
     /* pass 2: dbias += sum_i dout, dweight += sum_i n * dout, two-stage */

@@ -3,11 +3,11 @@ host emulator of tests/cuda_emu/ (see test_cuda_emu.py for what it emulates).
 
 tests/cuda_emu/cond_main.cpp runs cuda/groupnorm.cuh, cuda/rmsnorm.cuh, cuda/geglu.cuh and
 their weight gradients (cuda/colsum.cuh's pxt_colsum_gn, pxt_colsum_rms), and the MLP's
-GELU (cuda/gelu.cuh), with the .cu files' launches (grids, block sizes, vector widths)
-against the CPU backend (csrc/cpu/groupnorm.c, rmsnorm.c, geglu.c, gelu.c, linked in):
-GEGLU, GELU and the weight gradients bit for bit,
-the rest within bounds its header states; every dtype, tiny, ragged, misaligned and XTTS v2
-sizes. The build is cached by the hash of its inputs (in the temp folder)."""
+GELU (cuda/gelu.cuh) and LayerNorm's dinp (cuda/layernorm.cuh), with the .cu files'
+launches (grids, block sizes, vector widths) against the CPU backend (csrc/cpu/
+groupnorm.c, rmsnorm.c, geglu.c, gelu.c, layernorm.c, linked in): GEGLU, GELU and the
+weight gradients bit for bit, the rest within bounds its header states; every dtype, tiny,
+ragged, misaligned and XTTS v2 sizes. The build is cached by the hash of its inputs (in the temp folder)."""
 from __future__ import annotations
 
 import hashlib
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not (CC and CXX), reason="the emulator needs gcc and g++")]
 
 C_SOURCES = ["csrc/engine/common.c", "csrc/engine/half.c", "csrc/cpu/groupnorm.c",
-             "csrc/cpu/rmsnorm.c", "csrc/cpu/geglu.c", "csrc/cpu/gelu.c"]
+             "csrc/cpu/rmsnorm.c", "csrc/cpu/geglu.c", "csrc/cpu/gelu.c", "csrc/cpu/layernorm.c"]
 
 
 def inputs_hash() -> str:
@@ -73,5 +73,6 @@ def cond_emu() -> Path:
 
 def test_cond_kernels_against_the_cpu_backend(cond_emu):
     out = check([str(cond_emu), str(SEED)], timeout=300)
-    # 3 dtypes x (9 GroupNorm x 2 + 6 RMS x 2 + 6 GEGLU + 5 GELU) small cases, 11 at XTTS v2 sizes
-    assert out.count(" OK") == 3 * (18 + 12 + 6 + 5) + 11, out
+    # 3 dtypes x (9 GroupNorm x 2 + 6 RMS x 2 + 6 GEGLU + 5 GELU + 5 LayerNorm) small cases,
+    # 12 at XTTS v2 sizes
+    assert out.count(" OK") == 3 * (18 + 12 + 6 + 5 + 5) + 12, out

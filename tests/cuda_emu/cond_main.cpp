@@ -1,6 +1,6 @@
 /* cond_main.cpp: the CUDA kernels of the conditioning path's ops (cuda/groupnorm.cuh,
  * cuda/rmsnorm.cuh, cuda/geglu.cuh, and their weight gradients in cuda/colsum.cuh; and the
- * MLP's GELU, cuda/gelu.cuh), their
+ * MLP's GELU, cuda/gelu.cuh, and LayerNorm's dinp, cuda/layernorm.cuh), their
  * own source run by the emulator, against the CPU backend's functions (csrc/cpu/
  * groupnorm.c, rmsnorm.c, geglu.c, linked in), at tiny, ragged, misaligned and XTTS v2
  * sizes, each dtype. Launches are those of the .cu files: the same grids, block sizes and
@@ -29,6 +29,7 @@
 #include "geglu.cuh"
 #include "gelu.cuh"
 #include "groupnorm.cuh"
+#include "layernorm.cuh"
 #include "rmsnorm.cuh"
 
 extern "C" {
@@ -354,6 +355,58 @@ template <typename T> static void gelu_case(size_t n, int off, unsigned max_grid
         emu_free(p);
 }
 
+/* ---- LayerNorm's dinp (the GPT blocks'; cuda/layernorm.cuh) ----------------------------------- */
+
+/* N rows of C from the CPU's saved statistics; off as groupnorm's. dinp within 8 u of the
+ * magnitudes of its terms: the double sums add in a tree, so mean(g) and mean(g n) may be
+ * an ulp apart from the CPU's. */
+template <typename T> static void layernorm_case(int N, int C, int off) {
+    const size_t n = (size_t)N * C;
+    const pxt_dtype dt = dtype_of<T>();
+    T *x = device<T>(n + off, [](size_t) { return normal<T>(1.5, 0.5); }) + off;
+    T *w = device<T>(C + off, [](size_t) { return normal<T>(1.0); }) + off;
+    T *b = device<T>(C, [](size_t) { return normal<T>(1.0); });
+    T *dout = device<T>(n + off, [](size_t) { return normal<T>(1.0); }) + off;
+    T *di0 = device<T>(n, [](size_t) { return normal<T>(1.0); });
+    T *y = poisoned<T>(n);
+    float *mean = poisoned<float>(N), *rstd = poisoned<float>(N);
+    float *dw = device<float>(C, [](size_t) { return 0.0f; }), *db = device<float>(C, [](size_t) { return 0.0f; });
+    pxt_cpu_layernorm_forward(0, y, mean, rstd, x, w, b, N, C, 1e-5f, dt);
+    T *dwant = device<T>(n, [&](size_t i) { return di0[i]; });
+    T *dgot = device<T>(n + off, [&](size_t i) { return i < (size_t)off ? stf<T>(0.0f) : di0[i - off]; }) + off;
+    pxt_cpu_layernorm_backward(0, dwant, dw, db, dout, x, w, mean, rstd, N, C, dt, NULL);
+    long e0 = emu_errors;
+    const void *ptrs[] = {dgot, dout, x, w};
+    const int V = pxt_vec_width(sizeof(T), C, ptrs, 4);
+    emu_dim3 grid, block;
+    grid.x = (unsigned)((N + PXT_LN_WARPS - 1) / PXT_LN_WARPS);
+    block.x = 32 * PXT_LN_WARPS;
+    pxt_vec_dispatch<T>(V, [&](auto v) {
+        if (N)
+            emu_launch(grid, block, 0, [&] {
+                pxt_ln_dinp_kernel<T, decltype(v)::value>(dgot, dout, x, w, mean, rstd, N, C);
+            });
+    });
+    std::vector<double> s1(N, 0.0), s2(N, 0.0); /* mean |g|, mean |g n| per row */
+    for (size_t i = 0; i < n; i++) {
+        double g = std::fabs((double)ldf(w[i % C]) * ldf(dout[i]));
+        double nn = std::fabs(((double)ldf(x[i]) - mean[i / C]) * rstd[i / C]);
+        s1[i / C] += g / C;
+        s2[i / C] += g * nn / C;
+    }
+    bool ok = close(dgot, dwant, n, [&](size_t i) {
+        double r = rstd[i / C], nn = std::fabs(((double)ldf(x[i]) - mean[i / C]) * r);
+        double g = std::fabs((double)ldf(w[i % C]) * ldf(dout[i]));
+        return 8 * U * ((g + s1[i / C] + nn * s2[i / C]) * r + std::fabs(ldf(di0[i]))) + 1e-30;
+    }, "dinp");
+    report("layernorm dinp " + std::string(name_of<T>()) + " N=" + std::to_string(N) + " C=" + std::to_string(C) +
+               " V=" + std::to_string(V) + (off ? " misaligned" : ""),
+           ok && emu_errors == e0 && emu_tail_intact(dgot - off));
+    for (void *p : {(void *)(x - off), (void *)(w - off), (void *)b, (void *)(dout - off), (void *)di0, (void *)y,
+                    (void *)mean, (void *)rstd, (void *)dw, (void *)db, (void *)dwant, (void *)(dgot - off)})
+        emu_free(p);
+}
+
 template <typename T> static void all_small() {
     /* channels per group 2, 3 (no vectors), 4, 8 (bf16's 16 bytes), 32, 1024, 4096 (more
      * vectors per row than threads); S = 1; no samples */
@@ -383,6 +436,11 @@ template <typename T> static void all_small() {
     gelu_case<T>(4096 + 8, 0, 3);
     gelu_case<T>(1000, 1, 65535);
     gelu_case<T>(0, 0, 65535);
+    layernorm_case<T>(1, 1, 0);
+    layernorm_case<T>(3, 7, 0);
+    layernorm_case<T>(10, 1000, 0);
+    layernorm_case<T>(9, 1024, 1);
+    layernorm_case<T>(0, 8, 0);
 }
 
 int main(int argc, char **argv) {
@@ -399,6 +457,7 @@ int main(int argc, char **argv) {
         geglu_case<pxt_bf16>(8 * 32, 2730, 0, 65535);
         geglu_case<float>(8 * 32, 2730, 0, 65535);
         gelu_case<pxt_bf16>((size_t)490 * 4096, 0, 65535); /* one sample of fc's activations */
+        layernorm_case<pxt_bf16>(8 * 490, 1024, 0);             /* a block's, batch 8 */
     }
     printf("failures: %d\n", failures);
     return failures != 0;
