@@ -101,12 +101,11 @@ def run_all(cmds: list[list[str]], cwd: Path) -> None:
             assert p.returncode == 0, f"{' '.join(c)}\n{out}"
 
 
-def build(out: Path, generated: dict[str, str]) -> None:
-    for name, text in generated.items():
-        (out / name).write_text(text)
-    objs = []
-    cmds = []
-    for src in C_SOURCES:
+def compile_objects(out: Path, sources: list[str]) -> tuple[list[str], str]:
+    """The CPU backend's C files (the references) and the emulator into objects in out:
+    (their paths, emu.o's)."""
+    objs, cmds = [], []
+    for src in sources:
         obj = out / (src.replace("/", "_") + ".o")
         cmds.append([CC, "-O2", "-std=c11", "-fopenmp", "-Wall", "-Wextra", "-Werror", "-Icsrc",
                      "-c", src, "-o", str(obj)])
@@ -114,6 +113,31 @@ def build(out: Path, generated: dict[str, str]) -> None:
     emu_o = str(out / "emu.o")
     cmds.append([CXX, *CXXFLAGS, "-c", str(EMU / "emu.cpp"), "-o", emu_o])
     run_all(cmds, ROOT)
+    return objs, emu_o
+
+
+def cached_build(name: str, digest: str, build_into) -> Path:
+    """The folder pyxtts-cuda-emu-{name}{digest} of the temp folder (or PYXTTS_EMU_CACHE),
+    made by build_into(folder) unless a run made it already."""
+    cache = Path(os.environ.get("PYXTTS_EMU_CACHE") or tempfile.gettempdir())
+    final = cache / f"pyxtts-cuda-emu-{name}{digest}"
+    if not final.exists():
+        work = Path(tempfile.mkdtemp(prefix=f"pyxtts-cuda-emu-{name}build-", dir=cache))
+        try:
+            build_into(work)
+            try:
+                work.rename(final)  # atomic: a concurrent run that built it too wins
+            except OSError:
+                pass
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+def build(out: Path, generated: dict[str, str]) -> None:
+    for name, text in generated.items():
+        (out / name).write_text(text)
+    objs, emu_o = compile_objects(out, C_SOURCES)
     reduce_objs = [o for o in objs if "attention" not in o]
     run_all([
         [CXX, *CXXFLAGS, f"-I{out}", str(EMU / "reduce_main.cpp"), emu_o, *reduce_objs, "-fopenmp",
@@ -128,19 +152,7 @@ def build(out: Path, generated: dict[str, str]) -> None:
 @pytest.fixture(scope="module")
 def emu() -> Path:
     generated = extracted()
-    cache = Path(os.environ.get("PYXTTS_EMU_CACHE") or tempfile.gettempdir())
-    final = cache / f"pyxtts-cuda-emu-{inputs_hash(generated)}"
-    if not (final / "attn_emu").exists():
-        work = Path(tempfile.mkdtemp(prefix="pyxtts-cuda-emu-build-", dir=cache))
-        try:
-            build(work, generated)
-            try:
-                work.rename(final)  # atomic: a concurrent run that built it too wins
-            except OSError:
-                pass
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return final
+    return cached_build("", inputs_hash(generated), lambda out: build(out, generated))
 
 
 def check(cmd: list[str], timeout: float) -> str:

@@ -11,15 +11,12 @@ ragged, misaligned and XTTS v2 sizes. The build is cached by the hash of its inp
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 from conftest import SEED
-from test_cuda_emu import CC, CXX, CXXFLAGS, EMU, ROOT, check, run_all
+from test_cuda_emu import CC, CXX, CXXFLAGS, EMU, ROOT, cached_build, check, compile_objects, run_all
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not (CC and CXX), reason="the emulator needs gcc and g++")]
@@ -41,34 +38,14 @@ def inputs_hash() -> str:
 
 
 def build(out: Path) -> None:
-    objs, cmds = [], []
-    for src in C_SOURCES:
-        obj = out / (src.replace("/", "_") + ".o")
-        cmds.append([CC, "-O2", "-std=c11", "-fopenmp", "-Wall", "-Wextra", "-Werror", "-Icsrc",
-                     "-c", src, "-o", str(obj)])
-        objs.append(str(obj))
-    emu_o = str(out / "emu.o")
-    cmds.append([CXX, *CXXFLAGS, "-c", str(EMU / "emu.cpp"), "-o", emu_o])
-    run_all(cmds, ROOT)
+    objs, emu_o = compile_objects(out, C_SOURCES)
     run_all([[CXX, *CXXFLAGS, str(EMU / "cond_main.cpp"), emu_o, *objs, "-fopenmp",
               "-o", str(out / "cond_emu")]], ROOT)
 
 
 @pytest.fixture(scope="module")
 def cond_emu() -> Path:
-    cache = Path(os.environ.get("PYXTTS_EMU_CACHE") or tempfile.gettempdir())
-    final = cache / f"pyxtts-cuda-emu-cond-{inputs_hash()}"
-    if not (final / "cond_emu").exists():
-        work = Path(tempfile.mkdtemp(prefix="pyxtts-cuda-emu-cond-build-", dir=cache))
-        try:
-            build(work)
-            try:
-                work.rename(final)  # atomic: a concurrent run that built it too wins
-            except OSError:
-                pass
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return final / "cond_emu"
+    return cached_build("cond-", inputs_hash(), build) / "cond_emu"
 
 
 def test_cond_kernels_against_the_cpu_backend(cond_emu):
