@@ -10,14 +10,12 @@
 
 #include "layernorm.cuh"
 
-#define LN_WARPS 8 /* rows per block of the forward */
-
 /* out, inp (N, C); weight, bias (C); mean, rstd (N) */
 template <typename T>
 __global__ static void layernorm_forward_kernel(T *out, float *mean, float *rstd, const T *inp,
                                                 const T *weight, const T *bias, int N, int C,
                                                 float eps) {
-    int row = blockIdx.x * LN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    int row = blockIdx.x * PXT_LN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) {
         return;
     }
@@ -56,9 +54,9 @@ int pxt_cuda_layernorm_forward(int index, void *out, float *mean, float *rstd, c
         using T = decltype(tag);
         if (N) {
             layernorm_forward_kernel<T>
-                <<<(N + LN_WARPS - 1) / LN_WARPS, 32 * LN_WARPS, 0, pxt_cuda_stream(index)>>>(
-                    (T *)out, mean, rstd, (const T *)inp, (const T *)weight, (const T *)bias, N, C,
-                    eps);
+                <<<(N + PXT_LN_WARPS - 1) / PXT_LN_WARPS, 32 * PXT_LN_WARPS, 0,
+                   pxt_cuda_stream(index)>>>((T *)out, mean, rstd, (const T *)inp,
+                                             (const T *)weight, (const T *)bias, N, C, eps);
         }
     }));
     PXT_CUDA_CHECK_LAUNCH("layernorm_forward");
@@ -93,5 +91,3 @@ int pxt_cuda_layernorm_backward(int index, void *dinp, float *dweight, float *db
     return pxt_cuda_layernorm_dparams(index, dweight, dbias, dout, inp, mean, rstd, N, C, dt,
                                       workspace);
 }
-
-#undef LN_WARPS

@@ -14,7 +14,7 @@
 
 #include "vec.cuh"
 
-#define PXT_LN_WARPS 8 /* rows per block */
+#define PXT_LN_WARPS 8 /* rows per block of the row kernels (layernorm.cu's forward too) */
 
 /* dinp, dout, inp (N, C); weight (C); mean, rstd (N). Grid ceil(N / WARPS), 32 x WARPS. */
 template <typename T, int V>

@@ -111,7 +111,7 @@ pxt_tensor *pxt_op_opt_out(PyObject *obj, const char *name, const pxt_tensor *li
 
 /* A uint8 scratch tensor of nbytes on dev (a new reference in *hold; none for 0
  * bytes): *data is its memory or NULL. -1 on failure (out of memory raised). */
-static int scratch(pxt_device dev, size_t nbytes, PyObject **hold, void **data) {
+int pxt_op_scratch(pxt_device dev, size_t nbytes, PyObject **hold, void **data) {
     *hold = NULL;
     *data = NULL;
     if (nbytes == 0) {
@@ -123,10 +123,6 @@ static int scratch(pxt_device dev, size_t nbytes, PyObject **hold, void **data) 
     }
     *data = ((pxt_tensor *)*hold)->data;
     return 0;
-}
-
-int pxt_op_scratch(pxt_device dev, size_t nbytes, PyObject **hold, void **data) {
-    return scratch(dev, nbytes, hold, data);
 }
 
 /* Kernel status to an exception: 0 or -1. */
@@ -254,7 +250,7 @@ static PyObject *op_gemm(PyObject *m, PyObject *args, PyObject *kwargs) {
         C = (pxt_tensor *)ch;
     }
     void *wsp;
-    if (scratch(A->device, be->gemm_workspace(m_, n_, k_, A->dtype), &ws, &wsp) < 0) {
+    if (pxt_op_scratch(A->device, be->gemm_workspace(m_, n_, k_, A->dtype), &ws, &wsp) < 0) {
         goto done;
     }
     int rc;
@@ -401,7 +397,7 @@ static PyObject *op_gemm_fused(PyObject *m, PyObject *args, PyObject *kwargs) {
                         .pre = pre ? pre->data : NULL,
                         .dbias = dbias ? (float *)dbias->data : NULL};
     void *wsp;
-    if (scratch(g.A->device, be->gemm_fused_workspace(&ga), &ws, &wsp) < 0) {
+    if (pxt_op_scratch(g.A->device, be->gemm_fused_workspace(&ga), &ws, &wsp) < 0) {
         goto done;
     }
     int rc;
@@ -487,7 +483,7 @@ static PyObject *op_bias_backward(PyObject *m, PyObject *args, PyObject *kwargs)
         goto done;
     }
     const pxt_backend *be = PXT_BACKEND_OP(dout->device, bias_backward);
-    if (!be || scratch(dout->device, be->colsum_workspace(M, N), &ws, &wsp) < 0) {
+    if (!be || pxt_op_scratch(dout->device, be->colsum_workspace(M, N), &ws, &wsp) < 0) {
         goto done;
     }
     if (!dbias) {
@@ -643,7 +639,7 @@ static PyObject *op_layernorm_backward(PyObject *m, PyObject *args, PyObject *kw
         goto done;
     }
     const pxt_backend *be = PXT_BACKEND_OP(dout->device, layernorm_backward);
-    if (!be || scratch(dout->device, be->colsum_workspace(N, C), &ws, &wsp) < 0) {
+    if (!be || pxt_op_scratch(dout->device, be->colsum_workspace(N, C), &ws, &wsp) < 0) {
         goto done;
     }
     if (!dinp) {
@@ -907,7 +903,7 @@ static PyObject *op_embedding_backward(PyObject *m, PyObject *args, PyObject *kw
     }
     const pxt_backend *be = PXT_BACKEND_OP(ids->device, embedding_backward);
     if (!be || check_ids(ids, "ids", 0, v_) < 0 ||
-        scratch(ids->device, be->embedding_workspace(N, C, v_), &ws, &wsp) < 0) {
+        pxt_op_scratch(ids->device, be->embedding_workspace(N, C, v_), &ws, &wsp) < 0) {
         goto done;
     }
     if (!dtable) {

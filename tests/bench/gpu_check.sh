@@ -44,6 +44,11 @@ PYTEST=("$PY" -m pytest -q -p no:cacheprovider -rfEs --continue-on-collection-er
 KERNEL_FILES=(tests/test_cuda.py tests/test_cuda_kernels.py tests/test_reductions.py tests/test_gemm_fused.py)
 # the GPU cases of the kernel files (their CPU cases ran in CI)
 KERNEL_SELECTION=("${KERNEL_FILES[@]}" -k "cuda or gpu")
+# every other test whose id names cuda: the device-parametrised ones (attention, blocks,
+# trainer, allocator, memory API, DLPack, tensors, casts, config) and test_cuda_attention_tc.py;
+# not the emulators (CPU work CI does) nor the kernel files (their own step)
+DEVICE_SELECTION=(tests --ignore=tests/test_cuda_emu.py --ignore=tests/test_cuda_emu_cond.py -k cuda)
+for f in "${KERNEL_FILES[@]}"; do DEVICE_SELECTION+=(--ignore="$f"); done
 # the new kernels at small sizes (the file imports no torch: quick to start under the sanitizer)
 MEMCHECK_SELECTION=(tests/test_reductions.py tests/test_cond_ops.py -k "(cuda or gpu) and not 3920 and not 6681")
 
@@ -136,11 +141,6 @@ use_extension() {
 }
 
 run_a() {
-    # every other test whose id names cuda: the device-parametrised ones (attention,
-    # blocks, trainer, allocator, memory API, DLPack, tensors, casts, config) and
-    # test_cuda_attention_tc.py
-    local device=(tests --ignore=tests/test_cuda_emu.py --ignore=tests/test_cuda_emu_cond.py -k cuda) f
-    for f in "${KERNEL_FILES[@]}"; do device+=(--ignore="$f"); done
     if [ -f tests/bench/gpu_build.sh ]; then
         # versions, wheels, the sm_90 build, both import orders, the extension into OUTDIR
         step build 330 env PYXTTS_GPU_BUILD_TIMEOUT=270 PYXTTS_WHEEL_SITE="$SITE" \
@@ -156,7 +156,7 @@ run_a() {
     step kernel-tests 100 env CUDA_LAUNCH_BLOCKING=1 "${PYTEST[@]}" "${KERNEL_SELECTION[@]}"
     step memcheck 70 compute-sanitizer --tool memcheck --error-exitcode 9 "${PYTEST[@]}" \
         "${MEMCHECK_SELECTION[@]}"
-    step device-tests 150 "${PYTEST[@]}" -n 8 "${device[@]}"
+    step device-tests 150 "${PYTEST[@]}" -n 8 "${DEVICE_SELECTION[@]}"
 }
 
 run_b() {
@@ -184,8 +184,7 @@ run_b() {
 # that order of value, each under a limit, the whole meant to end inside ~540 s. Its files
 # stay at 8 or fewer (the log, the summary, four JSON, the extension).
 run_one() {
-    local R=tests/bench/results run device=(tests --ignore=tests/test_cuda_emu.py --ignore=tests/test_cuda_emu_cond.py -k cuda) f
-    for f in "${KERNEL_FILES[@]}"; do device+=(--ignore="$f"); done
+    local R=tests/bench/results run
     mkdir -p $R
     # gpu_build.sh's own files stay out of OUTDIR (their text is in this log)
     step build 150 env PYXTTS_GPU_BUILD_TIMEOUT=120 PYXTTS_WHEEL_SITE="$SITE" \
@@ -194,7 +193,7 @@ run_one() {
     ls pyxtts/_C*.so > /dev/null 2>&1 || return
     cp pyxtts/_C*.so "$OUTDIR"/
     step kernel-tests 80 env CUDA_LAUNCH_BLOCKING=1 "${PYTEST[@]}" -n 4 "${KERNEL_SELECTION[@]}"
-    step device-tests 75 "${PYTEST[@]}" -n 8 "${device[@]}"
+    step device-tests 75 "${PYTEST[@]}" -n 8 "${DEVICE_SELECTION[@]}"
     for run in torch_eager:75:search pyxtts_full:75:search pyxtts_none:30:no; do
         IFS=: read -r name limit search <<< "$run"
         step "xtts-$name" "$limit" "$PY" tests/bench/bench_xtts_gpu.py --batch 8 --steps 5 \
