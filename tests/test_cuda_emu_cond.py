@@ -21,7 +21,8 @@ from test_cuda_emu import CC, CXX, CXXFLAGS, EMU, ROOT, cached_build, check, com
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not (CC and CXX), reason="the emulator needs gcc and g++")]
 
-C_SOURCES = ["csrc/engine/common.c", "csrc/engine/half.c", "csrc/cpu/groupnorm.c",
+# bias.c: pxt_cpu_colsum, the norms' weight-gradient sums
+C_SOURCES = ["csrc/engine/common.c", "csrc/engine/half.c", "csrc/cpu/bias.c", "csrc/cpu/groupnorm.c",
              "csrc/cpu/rmsnorm.c", "csrc/cpu/geglu.c", "csrc/cpu/gelu.c", "csrc/cpu/layernorm.c"]
 
 

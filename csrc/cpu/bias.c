@@ -35,6 +35,53 @@ size_t pxt_cpu_colsum_workspace(int rows, int cols) {
     return 0; /* a task keeps its slice's chunk sums on its stack */
 }
 
+void pxt_cpu_colsum(int rows, int cols, pxt_cpu_colsum_row row, const void *ctx, float *out0,
+                    float *out1) {
+    const int R = pxt_colsum_chunk_rows(rows, cols), nv = out1 ? 2 : 1;
+    const int nslices = (cols + PXT_COL_SLICE - 1) / PXT_COL_SLICE;
+    float *out[2] = {out0, out1};
+#pragma omp parallel for schedule(static) if ((size_t)rows * cols >= PXT_OMP_MIN_WORK)
+    for (int s = 0; s < nslices; s++) {
+        int c0 = s * PXT_COL_SLICE, w = cols - c0 < PXT_COL_SLICE ? cols - c0 : PXT_COL_SLICE;
+        double tot[2][PXT_COL_SLICE] = {{0}}, part[2][PXT_COL_SLICE]; /* (nv, w) */
+        for (int i0 = 0; i0 < rows; i0 += R) {
+            int i1 = rows - i0 < R ? rows : i0 + R;
+            for (int v = 0; v < nv; v++) {
+                for (int j = 0; j < w; j++) {
+                    part[v][j] = 0.0;
+                }
+            }
+            for (int i = i0; i < i1; i++) { /* stage 1: the chunk, rows in order */
+                row(ctx, i, c0, w, part);
+            }
+            for (int v = 0; v < nv; v++) { /* stage 2: chunks in order */
+                for (int j = 0; j < w; j++) {
+                    tot[v][j] += part[v][j];
+                }
+            }
+        }
+        for (int v = 0; v < nv; v++) {
+            for (int j = 0; j < w; j++) {
+                out[v][c0 + j] = (float)(out[v][c0 + j] + tot[v][j]);
+            }
+        }
+    }
+}
+
+typedef struct {
+    const void *dout; /* (M, N) */
+    int N;
+    pxt_dtype dt;
+} bias_terms;
+
+static void bias_row(const void *ctx, int i, int c0, int w, double part[2][PXT_COL_SLICE]) {
+    const bias_terms *t = ctx;
+    size_t row = (size_t)i * t->N + c0;
+    for (int j = 0; j < w; j++) {
+        part[0][j] += pxt_ld(t->dout, row + j, t->dt);
+    }
+}
+
 /* dbias (N) += column sums of dout (M, N). */
 int pxt_cpu_bias_backward(int index, float *dbias, const void *dout, int M, int N, pxt_dtype dt,
                           void *workspace) {
@@ -46,30 +93,7 @@ int pxt_cpu_bias_backward(int index, float *dbias, const void *dout, int M, int 
     if (M < 0 || N < 0) {
         return pxt_error(PXT_ERR_VALUE, "bias_backward: negative size M=%d N=%d", M, N);
     }
-    int R = pxt_colsum_chunk_rows(M, N);
-    int nslices = (N + PXT_COL_SLICE - 1) / PXT_COL_SLICE;
-#pragma omp parallel for schedule(static) if ((size_t)M * N >= PXT_OMP_MIN_WORK)
-    for (int s = 0; s < nslices; s++) {
-        int c0 = s * PXT_COL_SLICE, w = N - c0 < PXT_COL_SLICE ? N - c0 : PXT_COL_SLICE;
-        double tot[PXT_COL_SLICE] = {0}, part[PXT_COL_SLICE]; /* (w) */
-        for (int i0 = 0; i0 < M; i0 += R) {
-            int i1 = M - i0 < R ? M : i0 + R;
-            for (int j = 0; j < w; j++) {
-                part[j] = 0.0;
-            }
-            for (int i = i0; i < i1; i++) { /* stage 1: the chunk, rows in order */
-                size_t row = (size_t)i * N + c0;
-                for (int j = 0; j < w; j++) {
-                    part[j] += pxt_ld(dout, row + j, dt);
-                }
-            }
-            for (int j = 0; j < w; j++) { /* stage 2: chunks in order */
-                tot[j] += part[j];
-            }
-        }
-        for (int j = 0; j < w; j++) {
-            dbias[c0 + j] = (float)(dbias[c0 + j] + tot[j]);
-        }
-    }
+    bias_terms t = {dout, N, dt};
+    pxt_cpu_colsum(M, N, bias_row, &t, dbias, NULL);
     return PXT_OK;
 }

@@ -56,4 +56,18 @@ static inline int pxt_cpu_check_ids(const int32_t *ids, int n, int lo, int hi, c
  * not depend on the number of threads. */
 #define PXT_COL_SLICE 64
 
+/* One row's terms of a column sum (of one or two sums at once): adds the terms of
+ * row i, columns c0 .. c0+w-1 (w <= PXT_COL_SLICE), to part[0][0 .. w) and, for
+ * a second sum, part[1][0 .. w), in column order. */
+typedef void (*pxt_cpu_colsum_row)(const void *ctx, int i, int c0, int w,
+                                   double part[2][PXT_COL_SLICE]);
+
+/* out0 (cols) += the column sums of the first terms over rows, out1 (cols; NULL:
+ * none) of the second, as backend.h chunks them: per chunk of
+ * pxt_colsum_chunk_rows(rows, cols) rows in double from 0.0, rows in order; the
+ * chunk sums in order; the total added once. A task per slice of columns: the
+ * same bits for any thread count, and the CUDA kernels' (bias.c). */
+void pxt_cpu_colsum(int rows, int cols, pxt_cpu_colsum_row row, const void *ctx, float *out0,
+                    float *out1);
+
 #endif

@@ -10,7 +10,6 @@
  * bits). */
 #include <math.h>
 
-#include "engine/backend.h"
 #include "cpu.h"
 #include "elem.h"
 
@@ -62,6 +61,29 @@ int pxt_cpu_groupnorm_forward(int index, void *out, float *mean, float *rstd, co
     return PXT_OK;
 }
 
+/* The terms of dweight and dbias of row i (frame i % S of sample i / S): n * dout and
+ * dout, n = (inp - mean) * rstd of the column's group, rounded to float as the forward
+ * formed it. */
+typedef struct {
+    const void *dout, *inp;   /* (B * S, C) */
+    const float *mean, *rstd; /* (B, G) */
+    int S, C, G, cg;
+    pxt_dtype dt;
+} gn_terms;
+
+static void gn_row(const void *ctx, int i, int c0, int w, double part[2][PXT_COL_SLICE]) {
+    const gn_terms *t = ctx;
+    size_t row = (size_t)i * t->C + c0;
+    int b = i / t->S;
+    for (int j = 0; j < w; j++) {
+        int bg = b * t->G + (c0 + j) / t->cg;
+        float g = pxt_ld(t->dout, row + j, t->dt);
+        float n = (pxt_ld(t->inp, row + j, t->dt) - t->mean[bg]) * t->rstd[bg];
+        part[0][j] += (double)n * g;
+        part[1][j] += g;
+    }
+}
+
 int pxt_cpu_groupnorm_backward(int index, void *dinp, float *dweight, float *dbias,
                                const void *dout, const void *inp, const void *weight,
                                const float *mean, const float *rstd, int B, int S, int C, int G,
@@ -100,40 +122,8 @@ int pxt_cpu_groupnorm_backward(int index, void *dinp, float *dweight, float *dbi
         }
     }
 
-    /* pass 2, column slices: dbias += sum dout, dweight += sum n * dout over the
-     * N = B x S rows, per chunk of R rows (stage 1), then the chunks in order (stage 2) */
-    const int N = B * S, R = pxt_colsum_chunk_rows(N, C);
-    int nslices = (C + PXT_COL_SLICE - 1) / PXT_COL_SLICE;
-#pragma omp parallel for schedule(static) if (par)
-    for (int s = 0; s < nslices; s++) {
-        int c0 = s * PXT_COL_SLICE, w = C - c0 < PXT_COL_SLICE ? C - c0 : PXT_COL_SLICE;
-        double dw[PXT_COL_SLICE] = {0}, db[PXT_COL_SLICE] = {0}; /* (w) totals */
-        double pw[PXT_COL_SLICE], pb[PXT_COL_SLICE];             /* (w) one chunk's */
-        for (int i0 = 0; i0 < N; i0 += R) {
-            int i1 = N - i0 < R ? N : i0 + R;
-            for (int j = 0; j < w; j++) {
-                pw[j] = pb[j] = 0.0;
-            }
-            for (int i = i0; i < i1; i++) {
-                size_t row = (size_t)i * C + c0;
-                const int b = i / S;
-                for (int j = 0; j < w; j++) {
-                    int bg = b * G + (c0 + j) / cg;
-                    float g = pxt_ld(dout, row + j, dt);
-                    float n = (pxt_ld(inp, row + j, dt) - mean[bg]) * rstd[bg];
-                    pb[j] += g;
-                    pw[j] += (double)n * g;
-                }
-            }
-            for (int j = 0; j < w; j++) {
-                dw[j] += pw[j];
-                db[j] += pb[j];
-            }
-        }
-        for (int j = 0; j < w; j++) {
-            dweight[c0 + j] = (float)(dweight[c0 + j] + dw[j]);
-            dbias[c0 + j] = (float)(dbias[c0 + j] + db[j]);
-        }
-    }
+    /* pass 2, column sums over the B x S rows: dweight += sum n * dout, dbias += sum dout */
+    gn_terms t = {dout, inp, mean, rstd, S, C, G, cg, dt};
+    pxt_cpu_colsum(B * S, C, gn_row, &t, dweight, dbias);
     return PXT_OK;
 }

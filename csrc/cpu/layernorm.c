@@ -49,6 +49,27 @@ int pxt_cpu_layernorm_forward(int index, void *out, float *mean, float *rstd, co
     return PXT_OK;
 }
 
+/* The terms of dweight and dbias of row i: n * dout and dout, n = (inp - mean) * rstd
+ * rounded to float as the forward formed it. */
+typedef struct {
+    const void *dout, *inp;   /* (N, C) */
+    const float *mean, *rstd; /* (N) */
+    int C;
+    pxt_dtype dt;
+} ln_terms;
+
+static void ln_row(const void *ctx, int i, int c0, int w, double part[2][PXT_COL_SLICE]) {
+    const ln_terms *t = ctx;
+    size_t row = (size_t)i * t->C + c0;
+    float m = t->mean[i], r = t->rstd[i];
+    for (int j = 0; j < w; j++) {
+        float g = pxt_ld(t->dout, row + j, t->dt);
+        float n = (pxt_ld(t->inp, row + j, t->dt) - m) * r;
+        part[0][j] += (double)n * g;
+        part[1][j] += g;
+    }
+}
+
 int pxt_cpu_layernorm_backward(int index, void *dinp, float *dweight, float *dbias,
                                const void *dout, const void *inp, const void *weight,
                                const float *mean, const float *rstd, int N, int C, pxt_dtype dt,
@@ -85,39 +106,8 @@ int pxt_cpu_layernorm_backward(int index, void *dinp, float *dweight, float *dbi
         }
     }
 
-    /* pass 2, column slices: dbias += sum_i dout, dweight += sum_i n * dout,
-     * per chunk of R rows (stage 1), then the chunks in order (stage 2) */
-    int R = pxt_colsum_chunk_rows(N, C);
-    int nslices = (C + PXT_COL_SLICE - 1) / PXT_COL_SLICE;
-#pragma omp parallel for schedule(static) if (par)
-    for (int s = 0; s < nslices; s++) {
-        int c0 = s * PXT_COL_SLICE, w = C - c0 < PXT_COL_SLICE ? C - c0 : PXT_COL_SLICE;
-        double dw[PXT_COL_SLICE] = {0}, db[PXT_COL_SLICE] = {0}; /* (w) totals */
-        double pw[PXT_COL_SLICE], pb[PXT_COL_SLICE];             /* (w) one chunk's */
-        for (int i0 = 0; i0 < N; i0 += R) {
-            int i1 = N - i0 < R ? N : i0 + R;
-            for (int j = 0; j < w; j++) {
-                pw[j] = pb[j] = 0.0;
-            }
-            for (int i = i0; i < i1; i++) {
-                size_t row = (size_t)i * C + c0;
-                float m = mean[i], r = rstd[i];
-                for (int j = 0; j < w; j++) {
-                    float g = pxt_ld(dout, row + j, dt);
-                    float n = (pxt_ld(inp, row + j, dt) - m) * r;
-                    pb[j] += g;
-                    pw[j] += (double)n * g;
-                }
-            }
-            for (int j = 0; j < w; j++) {
-                dw[j] += pw[j];
-                db[j] += pb[j];
-            }
-        }
-        for (int j = 0; j < w; j++) {
-            dweight[c0 + j] = (float)(dweight[c0 + j] + dw[j]);
-            dbias[c0 + j] = (float)(dbias[c0 + j] + db[j]);
-        }
-    }
+    /* pass 2, column sums: dweight += sum_i n * dout, dbias += sum_i dout */
+    ln_terms t = {dout, inp, mean, rstd, C, dt};
+    pxt_cpu_colsum(N, C, ln_row, &t, dweight, dbias);
     return PXT_OK;
 }

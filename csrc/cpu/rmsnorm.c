@@ -9,7 +9,6 @@
  * (bit-identical for any thread count, and the CUDA kernels' bits). */
 #include <math.h>
 
-#include "engine/backend.h"
 #include "cpu.h"
 #include "elem.h"
 
@@ -44,6 +43,26 @@ int pxt_cpu_rmsnorm_forward(int index, void *out, float *norm, const void *inp, 
     return PXT_OK;
 }
 
+/* The terms of dgamma of row i: dout * (x * inv * scale), inv = 1 / max(norm, eps)
+ * rounded to float as the forward formed it. */
+typedef struct {
+    const void *dout, *inp; /* (N, C) */
+    const float *norm;      /* (N) */
+    int C;
+    float scale, eps;
+    pxt_dtype dt;
+} rms_terms;
+
+static void rms_row(const void *ctx, int i, int c0, int w, double part[2][PXT_COL_SLICE]) {
+    const rms_terms *t = ctx;
+    size_t row = (size_t)i * t->C + c0;
+    float inv = 1.0f / (t->norm[i] > t->eps ? t->norm[i] : t->eps);
+    for (int j = 0; j < w; j++) {
+        part[0][j] += (double)pxt_ld(t->dout, row + j, t->dt) *
+                      (pxt_ld(t->inp, row + j, t->dt) * inv * t->scale);
+    }
+}
+
 int pxt_cpu_rmsnorm_backward(int index, void *dinp, float *dgamma, const void *dout,
                              const void *inp, const void *gamma, const float *norm, int N, int C,
                              float scale, float eps, pxt_dtype dt, void *workspace) {
@@ -75,34 +94,8 @@ int pxt_cpu_rmsnorm_backward(int index, void *dinp, float *dgamma, const void *d
             }
         }
     }
-    /* pass 2, column slices: dgamma += sum_i dout * x / max(n, eps) * scale, per
-     * chunk of R rows (stage 1), then the chunks in order (stage 2) */
-    const int R = pxt_colsum_chunk_rows(N, C);
-    int nslices = (C + PXT_COL_SLICE - 1) / PXT_COL_SLICE;
-#pragma omp parallel for schedule(static) if (par)
-    for (int s = 0; s < nslices; s++) {
-        int c0 = s * PXT_COL_SLICE, w = C - c0 < PXT_COL_SLICE ? C - c0 : PXT_COL_SLICE;
-        double dg[PXT_COL_SLICE] = {0}, pg[PXT_COL_SLICE]; /* (w) total, one chunk's */
-        for (int i0 = 0; i0 < N; i0 += R) {
-            int i1 = N - i0 < R ? N : i0 + R;
-            for (int j = 0; j < w; j++) {
-                pg[j] = 0.0;
-            }
-            for (int i = i0; i < i1; i++) {
-                size_t row = (size_t)i * C + c0;
-                float inv = 1.0f / (norm[i] > eps ? norm[i] : eps);
-                for (int j = 0; j < w; j++) {
-                    pg[j] += (double)pxt_ld(dout, row + j, dt) *
-                             (pxt_ld(inp, row + j, dt) * inv * scale);
-                }
-            }
-            for (int j = 0; j < w; j++) {
-                dg[j] += pg[j];
-            }
-        }
-        for (int j = 0; j < w; j++) {
-            dgamma[c0 + j] = (float)(dgamma[c0 + j] + dg[j]);
-        }
-    }
+    /* pass 2, the column sum: dgamma += sum_i dout * x / max(n, eps) * scale */
+    rms_terms t = {dout, inp, norm, C, scale, eps, dt};
+    pxt_cpu_colsum(N, C, rms_row, &t, dgamma, NULL);
     return PXT_OK;
 }
