@@ -85,9 +85,14 @@ def optimizer_from_config(model: XTTSGPT, t) -> Any:
     ``weight_decay_on`` "weights" decays the tensors Coqui's recipe decays
     (``pyxtts.coqui_config.coqui_decay``), "matrices" every tensor of 2+ dims."""
     decay = coqui_decay(model.parameters()) if t.weight_decay_on == "weights" else None
-    return _C.AdamW(model, lr=t.learning_rate, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay,
-                    grad_clip=t.grad_clip, loss_scale=2.0**16 if t.precision == "fp16" else None,
-                    decay=decay)
+    try:
+        return _C.AdamW(model, lr=t.learning_rate, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay,
+                        grad_clip=t.grad_clip, loss_scale=2.0**16 if t.precision == "fp16" else None,
+                        decay=decay)
+    except ValueError as exc:  # AdamW's rules (a step that could overflow) in the config's names
+        raise ValueError(f"training: AdamW refuses learning_rate={t.learning_rate!r}, "
+                         f"weight_decay={t.weight_decay!r}, eps={t.eps!r}, betas={t.betas!r}, "
+                         f"grad_clip={t.grad_clip!r} with precision {t.precision!r}: {exc}") from None
 
 
 class Terminated(KeyboardInterrupt):

@@ -3,6 +3,7 @@ Ctrl-C), OOM recovery inside a run, cleanup, evaluation, divergence and bad inpu
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -276,6 +277,15 @@ def test_divergence_is_an_error(tmp_path, monkeypatch):
     monkeypatch.setattr(pyxtts.trainer, "train_step_with_accumulation", skipping)
     with pytest.raises(FloatingPointError, match="10 optimizer steps in a row"):
         Trainer(cfg, progress=False).fit(train)
+
+
+@pytest.mark.parametrize("lr", [1e38, 1e6])
+def test_a_learning_rate_whose_step_could_overflow_is_refused_by_its_config_name(tmp_path, lr):
+    """Issue 11, item 12: learning_rate=1e38 once trained to non-finite parameters and
+    pruned the good checkpoints; AdamW now refuses it, and the Trainer says which setting."""
+    with pytest.raises(ValueError, match=re.escape(f"training: AdamW refuses learning_rate={lr!r}")):
+        Trainer(make_config(tmp_path, learning_rate=lr), progress=False)
+    assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
 
 
 def test_bad_arguments(tmp_path):
