@@ -95,6 +95,7 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
         o[i] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
+    bool saw = false; /* row r has a visible key: then no l > 0 means overflow or NaN */
     int kend = kl;
     if (a.causal) {
         kend = min(kend, i0 + nq); /* keys after the block's last row are never seen */
@@ -118,6 +119,7 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
             float acc = dot_row(Qs + r * SD, KV + c * SD, D);
             bool seen = kval[c] && (!a.causal || j0 + c <= i0 + r);
             s[jj] = seen ? acc : -INFINITY;
+            saw |= seen;
             mx = fmaxf(mx, s[jj]);
         }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1)); /* the row's 4 lanes */
@@ -165,22 +167,26 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
             }
         }
     }
+    saw = __shfl_xor_sync(0xffffffffu, (int)saw, 1) | saw; /* the row's 4 lanes (whole warp) */
+    saw = __shfl_xor_sync(0xffffffffu, (int)saw, 2) | saw;
     if (i0 + r >= a.Tq) {
         return;
     }
     T *dst = row_ptr(out, a.o, b, h, i0 + r);
     float *lrow = lse + ((size_t)bh * a.Tq + i0 + r);
-    bool any = r < nq && l > 0.0f;
-    float inv = any ? 1.0f / l : 0.0f;
+    const bool any = r < nq && l > 0.0f;
+    /* no valid key: zeros; scores that overflowed float, or NaN: NaN, never zeros */
+    const bool bad = r < nq && saw && !any;
+    const float inv = any ? 1.0f / l : bad ? NAN : 0.0f;
 #pragma unroll
     for (int i = 0; i < DPT; i++) {
         int d = g + 4 * i;
         if (d < D) {
-            dst[d] = stf<T>(any ? o[i] * inv : 0.0f); /* no valid key: zeros */
+            dst[d] = stf<T>(any || bad ? o[i] * inv : 0.0f);
         }
     }
     if (g == 0) {
-        *lrow = any ? m + logf(l) : -INFINITY;
+        *lrow = any ? m + logf(l) : bad ? NAN : -INFINITY;
     }
 }
 
@@ -227,7 +233,7 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
         load_tile(dOs, SD, KV_BR, dout, a.o, b, h, i0, D, 1.0f, [&](int r) { return r < nq; });
         if (tid < KV_BR) {
             float L = tid < nq ? lse_bh[i0 + tid] : -INFINITY;
-            nl[tid] = isfinite(L) ? -L : -INFINITY;
+            nl[tid] = L == -INFINITY ? -INFINITY : -L; /* a NaN lse carries on */
             di[tid] = tid < nq ? Di_bh[i0 + tid] : 0.0f;
         }
         if constexpr (DROP) { /* warp 0: lane l draws keys 8 (l % 4) .. +7 of row l / 4 */
@@ -312,7 +318,7 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
     float nl = -INFINITY, di = 0.0f; /* of row r */
     if (r < nq) {
         float L = lse[(size_t)bh * a.Tq + i0 + r];
-        nl = isfinite(L) ? -L : -INFINITY;
+        nl = L == -INFINITY ? -INFINITY : -L; /* a NaN lse carries on */
         di = Di[(size_t)bh * a.Tq + i0 + r];
     }
     float dQ[DPT];

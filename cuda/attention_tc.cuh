@@ -306,6 +306,9 @@ __global__ static void __launch_bounds__(TC_THREADS)
         m[mt][0] = m[mt][1] = -INFINITY;
         l[mt][0] = l[mt][1] = 0.0f;
     }
+    /* bit 2 mt + hf: row g + 8 hf of m-tile mt had a visible key in this lane's columns
+     * (then no l > 0 means scores that overflowed float, or NaN) */
+    uint32_t saw = 0;
 
     for (int it = 0; it < ntiles; it++) {
         const int buf = it & 1, j0 = it * TC_BK;
@@ -351,6 +354,9 @@ __global__ static void __launch_bounds__(TC_THREADS)
              * after some row of the warp (the diagonal) */
             const bool need_mask =
                 a.key_mask || j0 + TC_BK > kl || (a.causal && j0 + TC_BK - 1 > iw);
+            if (!need_mask) {
+                saw = (1u << 2 * MT) - 1u; /* every row sees every key of the tile */
+            }
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 float mx[2] = {m[mt][0], m[mt][1]};
@@ -364,6 +370,8 @@ __global__ static void __launch_bounds__(TC_THREADS)
                             const int row = iw + 16 * mt + g + 8 * (e >> 1);
                             if (!kval[buf * TC_BK + c] || (a.causal && j0 + c > row)) {
                                 x = -INFINITY;
+                            } else {
+                                saw |= 1u << (2 * mt + (e >> 1));
                             }
                         }
                         s[mt][nt][e] = x;
@@ -438,6 +446,8 @@ __global__ static void __launch_bounds__(TC_THREADS)
     }
     cp_async_wait<0>(); /* no copy outlives the CTA (none issued when ntiles == 0 but Q) */
 
+    saw |= __shfl_xor_sync(0xffffffffu, saw, 1); /* the quad's columns */
+    saw |= __shfl_xor_sync(0xffffffffu, saw, 2);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -450,15 +460,21 @@ __global__ static void __launch_bounds__(TC_THREADS)
                 continue;
             }
             const bool any = r < i0 + nq && lsum > 0.0f;
-            const float inv = any ? 1.0f / lsum : 0.0f; /* no valid key: zeros */
+            /* no valid key: zeros; scores that overflowed float, or NaN: NaN, never zeros */
+            const bool bad = r < i0 + nq && (saw >> (2 * mt + hf) & 1u) && !any;
+            /* the zeros are written, not o * 0: o is NaN in a padding row whose zero scores
+             * met an infinite scale */
+            const float inv = any ? 1.0f / lsum : NAN;
             T *dst = row_ptr(out, a.o, b, h, r);
 #pragma unroll
             for (int dt = 0; dt < DT; dt++) {
-                store2<T>(dst + dt * 8 + 2 * t, o[mt][dt][2 * hf] * inv,
-                          o[mt][dt][2 * hf + 1] * inv);
+                store2<T>(dst + dt * 8 + 2 * t, any || bad ? o[mt][dt][2 * hf] * inv : 0.0f,
+                          any || bad ? o[mt][dt][2 * hf + 1] * inv : 0.0f);
             }
             if (t == 0) {
-                lse[(size_t)bh * a.Tq + r] = any ? m[mt][hf] * TC_LN2 + logf(lsum) : -INFINITY;
+                lse[(size_t)bh * a.Tq + r] = any   ? m[mt][hf] * TC_LN2 + logf(lsum)
+                                             : bad ? NAN
+                                                   : -INFINITY;
             }
         }
 }
@@ -513,9 +529,10 @@ __global__ static void __launch_bounds__(TC_THREADS)
         if (threadIdx.x < BQ) {
             const int r = threadIdx.x;
             const float L = r < nq ? lse_bh[i0 + r] : -INFINITY;
-            /* a row that sees no key (or is padding) gets +inf: p = exp2(x - inf) = 0 */
-            L2s[buf * BQ + r] = isfinite(L) ? L * TC_LOG2E : INFINITY;
-            Dis[buf * BQ + r] = r < nq && isfinite(L) ? Di_bh[i0 + r] : 0.0f;
+            /* a row that sees no key (or is padding) gets +inf: p = exp2(x - inf) = 0;
+             * a NaN lse (scores that overflowed) carries on */
+            L2s[buf * BQ + r] = L == -INFINITY ? INFINITY : L * TC_LOG2E;
+            Dis[buf * BQ + r] = r < nq && L != -INFINITY ? Di_bh[i0 + r] : 0.0f;
         }
     };
     if (ntiles > 0) {
@@ -690,8 +707,8 @@ __global__ static void __launch_bounds__(TC_THREADS)
     for (int hf = 0; hf < 2; hf++) {
         const int r = iw + g + 8 * hf;
         const float L = r < i0 + nq ? lse[(size_t)bh * a.Tq + r] : -INFINITY;
-        L2[hf] = isfinite(L) ? L * TC_LOG2E : INFINITY;
-        Dr[hf] = r < i0 + nq && isfinite(L) ? Di[(size_t)bh * a.Tq + r] : 0.0f;
+        L2[hf] = L == -INFINITY ? INFINITY : L * TC_LOG2E; /* a NaN lse carries on */
+        Dr[hf] = r < i0 + nq && L != -INFINITY ? Di[(size_t)bh * a.Tq + r] : 0.0f;
     }
     auto rok = [&](int r) { return r < nq; };
     load_rows<TC_BQ, D>(Qs, q, a.q, b, h, i0, rok);

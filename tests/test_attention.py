@@ -395,22 +395,30 @@ def test_extreme_scores_stay_finite(rng):
     check_close(lse.numpy(), r[1], 1e-5, "lse")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_overflow_and_nan_are_nan_never_zeros(rng, seed, causal):
+def test_overflow_and_nan_are_nan_never_zeros(rng, seed, causal, dtype, device):
     """Scores past float's range (scale 3e38, or q and k ~ 1e20) and NaN inputs make the
     rows that see a key NaN, as torch does, so a training step sees a non-finite loss
     and skips; only a row that sees no key (past its length) is zeros with lse -inf.
-    The backward carries the NaN on (a NaN lse is not a row without keys). (The CPU
-    kernels; the GPU's still return zeros here, see README's GPU section.)"""
-    B, H, T, D = 2, 2, 37, 16
+    The backward carries the NaN on (a NaN lse is not a row without keys). On cuda:0,
+    float32 takes the general kernels and bfloat16 at D 64 the tensor-core ones (their
+    source is also checked so in tests/test_cuda_emu.py's "overflow" run)."""
+    B, H, T, D = 2, 2, 37, 64
     q, k, v = (rng.standard_normal((B, H, T, D)).astype(np.float32) for _ in range(3))
     lengths = [T, 20]
+    # bf16 inputs are exact in float32, so the float64 reference sees the same numbers;
+    # its outputs are rounded to bf16 once (2^-8 relative), float32's exact to 1e-5
+    to = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
+    q, k, v = (x.astype(to).astype(np.float32) for x in (q, k, v))
+    tol = 1e-2 if dtype == "bfloat16" else 1e-5
     for name, args, kw in [("scale 3e38", (q, k, v), dict(scale=3e38)),
                            ("|q|, |k| ~ 1e20", (q * 1e20, k * 1e20, v), {}),
                            ("NaN in q", (np.where(np.arange(T)[:, None] == 5, np.nan, q), k, v), {})]:
-        out, lse = pyxtts.attention_forward(*args, causal=causal, q_lengths=lengths, **kw)
-        o, s = out.numpy(), lse.numpy()
-        msg = f"seed={seed} {name} causal={causal}"
+        msg = f"seed={seed} {name} causal={causal} {dtype} {device}"
+        targs = [pyxtts.tensor(x.astype(to), device=device) for x in args]
+        out, lse = pyxtts.attention_forward(*targs, causal=causal, q_lengths=lengths, **kw)
+        o, s = out.numpy().astype(np.float32), lse.numpy()
         assert np.all(o[1, :, 20:] == 0) and np.all(s[1, :, 20:] == -np.inf), msg + ": rows past the length"
         rows = np.zeros((B, H, T), bool)
         rows[0] = True
@@ -418,13 +426,15 @@ def test_overflow_and_nan_are_nan_never_zeros(rng, seed, causal):
         if name == "NaN in q":  # only query 5 is NaN; the others are exact
             bad = rows & (np.arange(T) == 5)
             r = reference(q, k, v, v, allowed_mask(B, T, T, causal, lengths, None, None), 1 / np.sqrt(D))
-            check_close(o[rows & ~bad].reshape(-1, D), r[0][rows & ~bad].reshape(-1, D), 1e-5, msg)
+            check_close(o[rows & ~bad].reshape(-1, D), r[0][rows & ~bad].reshape(-1, D), tol, msg)
         else:
             bad = rows & ~np.isfinite(s)
             assert bad.sum() > rows.sum() // 2, msg + ": most scores overflow"
         assert np.isnan(o[bad]).all() and np.isnan(s[bad]).all(), msg + ": overflowed rows are NaN"
-        dq, dk, dv = pyxtts.attention_backward(v, *args, out, lse, causal=causal, q_lengths=lengths, **kw)
-        assert np.isnan(dq.numpy()[bad]).all(), msg + ": the backward carries the NaN"
+        dout = pyxtts.tensor(v.astype(to), device=device)
+        dq, dk, dv = pyxtts.attention_backward(dout, *targs, out, lse, causal=causal, q_lengths=lengths, **kw)
+        assert np.isnan(dq.numpy().astype(np.float32)[bad]).all(), msg + ": the backward carries the NaN"
+        assert np.all(dq.numpy().astype(np.float32)[1, :, 20:] == 0), msg + ": padding rows' dq"
 
 
 # ---- workspace and memory --------------------------------------------------------

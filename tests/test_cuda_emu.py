@@ -14,7 +14,9 @@ device buffers), and check:
   against float64, with masks, lengths, odd sizes and XTTS shapes; with dropout of the
   probabilities ("drop"), against float64 with dropout.h's masks and against the CPU
   backend (csrc/cpu/attention.c, linked in) on the same arguments, the masks read back
-  exactly by probe inputs (tests/cuda_emu/attn_main.cpp says how).
+  exactly by probe inputs (tests/cuda_emu/attn_main.cpp says how); with a scale of 3e38
+  ("overflow"), the NaN rows of scores that overflow float, element by element the CPU
+  backend's NaN, zeros and values, forward and backward.
 
 What they cannot show: speed, and anything of cuBLAS itself. The build is cached by the
 hash of its inputs (in the temp folder), so a second run only runs.
@@ -172,7 +174,7 @@ def test_fused_gemm_index_math(emu):
     assert "160 cases" in out, out
 
 
-@pytest.mark.parametrize("which", ["tcquick", "fb", "odd", "xtts", "drop"])
+@pytest.mark.parametrize("which", ["tcquick", "fb", "odd", "xtts", "drop", "overflow"])
 def test_attention_kernels_against_float64(emu, which):
     out = check([str(emu / "attn_emu"), which], timeout=900)
     assert " OK" in out and " FAIL" not in out, out

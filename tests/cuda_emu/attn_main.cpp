@@ -6,7 +6,7 @@
  * multiple of any tile, NaN in every element the kernels must never read,
  * guard zones after every output, bank conflicts of ldmatrix counted.
  *
- * Usage: attn_emu tc|tcquick|fb|odd|xtts|drop. One line per case, then "failures: N".
+ * Usage: attn_emu tc|tcquick|fb|odd|xtts|drop|overflow. One line per case, then "failures: N".
  * tc runs every case with cp.async landing early and late; tcquick a subset.
  *
  * drop: dropout of the probabilities (csrc/engine/dropout.h's masks). The float64
@@ -17,7 +17,11 @@
  *            where (i, j) is seen and kept, in the forward and the dK/dV kernel;
  *   probe 2: K_j = 4 e_j, V_j = e_j, dO_i = (1, ..., 1): dQ[i][j] = 4 scale P_ij
  *            (Z_ij - Di) is > 0 where kept and < 0 where dropped (rows with Di in
- *            (0.05, 1.95), Z in {0, 2} at p = 0.5), the dQ kernel's mask. */
+ *            (0.05, 1.95), Z in {0, 2} at p = 0.5), the dQ kernel's mask.
+ *
+ * overflow: scale 3e38, so every visible score overflows float. No float64 reference
+ * exists; each output element's class (NaN, zero, other) must be the CPU backend's, a
+ * row that sees a key must be NaN with a NaN lse, one that sees none zeros with -inf. */
 #include "emu.h"
 
 #include "attention_common.cuh"
@@ -50,6 +54,7 @@ struct Case {
     int seg1 = 0, seg2 = 0;
     uint32_t sample0 = 0;
     int probe = 0;
+    float scale = 0.0f; /* 0: 1/sqrt(D); overflow cases: 3e38, so that scores overflow float */
 };
 
 /* cpu: the largest relative RMS difference to the CPU backend (dropout cases);
@@ -132,7 +137,7 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
                         V[idx(b, h, t, d, Tk)] = ldf(y);
                     }
         }
-    const float scale = 1.0f / sqrtf((float)Dr);
+    const float scale = c.scale > 0.0f ? c.scale : 1.0f / sqrtf((float)Dr);
     /* device-side argument arrays */
     pxt_attn_args a{};
     a.B = B; a.H = H; a.Tq = Tq; a.Tk = Tk; a.D = Dr; a.causal = c.causal; a.scale = scale;
@@ -201,8 +206,56 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
             else attn_bwd_q_kernel<T, D, false>(a, dq, dout, q, k, v, lse.data(), Di.data(), nqb);
         });
     }
-    /* ---- reference (float64) and comparison ---- */
+    /* ---- the CPU backend on the same arguments and buffers (dropout and overflow cases) ---- */
     Res r{};
+    std::vector<T> cobuf(obuf.size(), nanv<T>()), cdqbuf(dqbuf.size(), nanv<T>()),
+        cdkvbuf(dkvbuf.size(), nanv<T>());
+    std::vector<float> clse(lse.size(), NAN);
+    T *cout_ = cobuf.data(), *cdq = cdqbuf.data();
+    T *cdk = c.self ? cdq + C : cdkvbuf.data();
+    T *cdv = c.self ? cdq + 2 * C : cdkvbuf.data() + C;
+    if (c.p > 0.0f || c.scale > 0.0f) {
+        std::vector<unsigned char> ws(std::max(pxt_cpu_attention_workspace(&a, 0),
+                                               pxt_cpu_attention_workspace(&a, 1)));
+        if (pxt_cpu_attention_forward(0, &a, cout_, clse.data(), q, k, v, ws.data()) != PXT_OK ||
+            pxt_cpu_attention_backward(0, &a, cdq, cdk, cdv, dout, q, k, v, cout_, clse.data(),
+                                       ws.data()) != PXT_OK) {
+            r.nan++;
+        }
+    }
+    auto guard_ok = [&](std::vector<T> &buf, size_t n) { /* guards after every output untouched */
+        for (size_t i = n; i < buf.size(); i++) if (!isnan_t(buf[i])) return false;
+        return true;
+    };
+    if (c.scale > 0.0f) {
+        /* Scores that overflow float: a row that sees a key is NaN with a NaN lse (the CPU
+         * backend's and torch's answer), never a finite row; a row that sees none is zeros
+         * with lse -inf. Every element is classified (NaN, zero, other) and must be the
+         * CPU backend's class; out and lse must also be the class the masks say. r.mask
+         * counts the differences, r.probed the rows that were NaN. */
+        auto cls = [](float x) { return std::isnan(x) ? 2 : x != 0.0f ? 1 : 0; };
+        auto rows = [&](T *got, T *want, const pxt_strides &st, int TT) {
+            for (int b = 0; b < B; b++)
+                for (int h = 0; h < H; h++)
+                    for (int t = 0; t < TT; t++)
+                        for (int d = 0; d < Dr; d++)
+                            r.mask += cls(ldf(at(got, st, b, h, t)[d])) != cls(ldf(at(want, st, b, h, t)[d]));
+        };
+        rows(out, cout_, so, Tq), rows(dq, cdq, sq, Tq), rows(dk, cdk, sk, Tk), rows(dv, cdv, sv, Tk);
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++)
+                for (int i = 0; i < Tq; i++) {
+                    bool sees = false;
+                    for (int j = 0; j < Tk && i < qlen[b]; j++) sees |= kvalid(b, j) && (!c.causal || j <= i);
+                    const float L = lse[((size_t)b * H + h) * Tq + i], CL = clse[((size_t)b * H + h) * Tq + i];
+                    r.mask += sees ? !(std::isnan(L) && std::isnan(CL)) : !(L == -INFINITY && CL == -INFINITY);
+                    for (int d = 0; d < Dr; d++) r.mask += cls(ldf(at(out, so, b, h, i)[d])) != (sees ? 2 : 0);
+                    r.probed += sees;
+                }
+        if (!guard_ok(obuf, (size_t)B * Tq * C) || !guard_ok(dqbuf, nq) || (!c.self && !guard_ok(dkvbuf, nkv))) r.guard++;
+        return r;
+    }
+    /* ---- reference (float64) and comparison ---- */
     double eo = 0, no = 0, el = 0, edq = 0, ndq = 0, edk = 0, ndk = 0, edv = 0, ndv = 0;
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
@@ -294,11 +347,6 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
                     ndv += rv * rv;
                 }
         }
-    /* guards after every output untouched */
-    auto guard_ok = [&](std::vector<T> &buf, size_t n) {
-        for (size_t i = n; i < buf.size(); i++) if (!isnan_t(buf[i])) return false;
-        return true;
-    };
     if (!guard_ok(obuf, (size_t)B * Tq * C)) r.guard++;
     if (!guard_ok(dqbuf, nq)) r.guard++;
     if (!c.self && !guard_ok(dkvbuf, nkv)) r.guard++;
@@ -310,20 +358,7 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
     r.dq = sqrt(edq / std::max(ndq, floor_));
     r.dk = sqrt(edk / std::max(ndk, floor_));
     r.dv = sqrt(edv / std::max(ndv, 1e-300));
-    if (c.p > 0.0f) { /* the CPU backend on the same arguments and buffers */
-        std::vector<T> cobuf(obuf.size(), nanv<T>()), cdqbuf(dqbuf.size(), nanv<T>()),
-            cdkvbuf(dkvbuf.size(), nanv<T>());
-        std::vector<float> clse(lse.size(), NAN);
-        T *cout_ = cobuf.data(), *cdq = cdqbuf.data();
-        T *cdk = c.self ? cdq + C : cdkvbuf.data();
-        T *cdv = c.self ? cdq + 2 * C : cdkvbuf.data() + C;
-        std::vector<unsigned char> ws(std::max(pxt_cpu_attention_workspace(&a, 0),
-                                               pxt_cpu_attention_workspace(&a, 1)));
-        if (pxt_cpu_attention_forward(0, &a, cout_, clse.data(), q, k, v, ws.data()) != PXT_OK ||
-            pxt_cpu_attention_backward(0, &a, cdq, cdk, cdv, dout, q, k, v, cout_, clse.data(),
-                                       ws.data()) != PXT_OK) {
-            r.nan++;
-        }
+    if (c.p > 0.0f) { /* the CPU backend's results (above) */
         /* relative RMS over the valid elements (padding is checked above) */
         auto rel = [&](T *got, T *want, const pxt_strides &st, int TT, bool rows_q) {
             double e = 0, n = 0;
@@ -351,14 +386,17 @@ template <typename T, int D> static int one(const Case &c, bool tc, const char *
     long e0 = emu_errors, b0 = emu_bank_conflicts;
     Res r = run<T, D>(c, tc);
     double tol = std::is_same_v<T, float> ? 1e-5 : std::is_same_v<T, pxt_f16> ? 4e-3 : 3e-2;
-    bool ok = r.nan == 0 && r.nonzero_pad == 0 && r.guard == 0 && emu_errors == e0 && r.out < tol &&
-              r.dq < tol && r.dk < tol && r.dv < tol && r.lse < 1e-2 && r.cpu < tol && r.mask == 0 &&
-              (c.probe == 0 || r.probed > 0);
+    bool ok = c.scale > 0.0f /* overflow: classes only, and some rows must be NaN */
+                  ? r.nan == 0 && r.guard == 0 && emu_errors == e0 && r.mask == 0 && r.probed > 0
+                  : r.nan == 0 && r.nonzero_pad == 0 && r.guard == 0 && emu_errors == e0 &&
+                        r.out < tol && r.dq < tol && r.dk < tol && r.dv < tol && r.lse < 1e-2 &&
+                        r.cpu < tol && r.mask == 0 && (c.probe == 0 || r.probed > 0);
     printf("%-4s %-5s D=%-3d %-28s late=%d out %.2e lse %.1e dq %.2e dk %.2e dv %.2e nan %ld pad!=0 %ld guard %ld emu-err %ld bankconf %ld",
            tc ? "tc" : "fb", tname, D, c.name.c_str(), emu_late, r.out, r.lse, r.dq, r.dk, r.dv, r.nan,
            r.nonzero_pad, r.guard, emu_errors - e0, emu_bank_conflicts - b0);
     if (c.p > 0.0f) printf(" vs-cpu %.2e", r.cpu);
     if (c.probe) printf(" mask-err %ld of %ld", r.mask, r.probed);
+    if (c.scale > 0.0f) printf(" class-err %ld nan-rows %ld", r.mask, r.probed);
     printf("  %s\n", ok ? "OK" : "FAIL");
     fflush(stdout);
     return ok ? 0 : 1;
@@ -429,6 +467,19 @@ int main(int argc, char **argv) {
         for (size_t ci = 0; ci < drop.size(); ci++) { /* the tensor-core kernels */
             if (ci < 8) fails += one<pxt_bf16, 64>(drop[ci], true, "bf16");
             if (ci < 4 || ci >= 8) fails += one<pxt_f16, 128>(drop[ci], true, "f16");
+        }
+        printf("failures: %d\n", fails);
+        return fails != 0;
+    }
+    if (!strcmp(only, "overflow")) { /* scale 3e38: every visible score overflows float */
+        std::vector<Case> ov = {cases[0], cases[3], cases[7], cases[8]};
+        for (auto &c : ov) c.scale = 3e38f, c.name = "overflow " + c.name;
+        emu_late = 1;
+        for (auto &c : ov) {
+            fails += one<pxt_bf16, 64>(c, true, "bf16");
+            fails += one<pxt_f16, 128>(c, true, "f16");
+            fails += one<pxt_bf16, 64>(c, false, "bf16");
+            fails += one<float, 64>(c, false, "f32");
         }
         printf("failures: %d\n", fails);
         return fails != 0;
