@@ -13,31 +13,12 @@ import pytest
 import pyxtts
 import pyxtts.testing
 from helpers import make_rng, random_batch
+from helpers.state import assert_same, full_state
 
 CFG = pyxtts.ModelConfig(n_layers=2, d_model=32, n_heads=4, text_vocab_size=37, audio_vocab_size=29,
                          max_text_tokens=24, max_audio_tokens=40, n_cond_latents=3)
 
 pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
-
-
-def full_state(model, opt=None) -> dict:
-    """Every array and scalar a failure must leave alone."""
-    s = {f"p.{k}": v for k, v in model.state_dict().items()}
-    s.update({f"g.{k}": v.numpy() for k, v in model.gradients().items()})
-    if opt is not None:
-        for k, v in opt.state_dict().items():
-            s[f"o.{k}"] = v
-    return s
-
-
-def assert_same(a: dict, b: dict, what: str) -> None:
-    assert a.keys() == b.keys(), what
-    for k in a:
-        x, y = a[k], b[k]
-        if isinstance(x, np.ndarray):
-            assert x.dtype == y.dtype and np.array_equal(x.view(np.uint8), y.view(np.uint8)), f"{what}: {k}"
-        else:
-            assert x == y, f"{what}: {k}: {x!r} != {y!r}"
 
 
 def trained(precision="fp32", seed=0):
