@@ -65,85 +65,8 @@ def test_load_state_dict_refusal_writes_nothing():
     assert_same(full_state(m, opt), before, "after a refused load_state_dict")
 
 
-def test_load_checkpoint_under_injected_oom_is_all_or_nothing(tmp_path):
-    """Out-of-memory injected at every allocation index of load_checkpoint: each trial
-    loads the whole file or raises with model and optimizer exactly as they were."""
-    src, src_opt, _ = trained(seed=1)
-    path = tmp_path / "c.safetensors"
-    pyxtts.save_checkpoint(path, src, src_opt, step=7)
-    want = full_state(src, src_opt)
-    m, opt, _ = trained(seed=2)
-    m.zero_grad()
-    trials = loaded = 0
-    for after in range(64):
-        m2, opt2 = pyxtts.XTTSGPT(CFG, seed=2), None
-        opt2 = pyxtts.AdamW(m2)
-        before = full_state(m2, opt2)
-        stats = pyxtts.memory_stats("cpu")
-        pyxtts.testing.inject_oom(after, "cpu")
-        try:
-            pyxtts.load_checkpoint(path, m2, opt2)
-        except pyxtts.OutOfMemoryError:
-            assert_same(full_state(m2, opt2), before, f"trial {after}")
-            assert pyxtts.memory_stats("cpu")["allocated_bytes"] == stats["allocated_bytes"]
-        else:
-            loaded += 1
-            got = full_state(m2, opt2)
-            for k in got:
-                if not k.startswith("g."):  # gradients are not part of a checkpoint
-                    assert_same({k: got[k]}, {k: want[k]}, f"trial {after}")
-        finally:
-            pyxtts.testing.inject_oom(None, "cpu")
-        trials += 1
-    assert trials == 64 and loaded == 64  # the load allocates nothing that could fail
-
-
-# ---- 6. find_optimal_batch_size restores everything, its arena released -------------
-
-def test_find_optimal_batch_size_under_injected_oom_changes_nothing():
-    m, opt, _ = trained()
-    before = full_state(m, opt)
-    m.release_memory()
-    pyxtts.cleanup_gpu_memory("cpu")
-    resident = pyxtts.memory_allocated("cpu")
-    pyxtts.find_optimal_batch_size(m, opt, max_batch_size=8)
-    n_allocs = 0
-    pyxtts.cleanup_gpu_memory("cpu")
-    n0 = pyxtts.memory_stats("cpu")["num_allocs"]
-    pyxtts.find_optimal_batch_size(m, opt, max_batch_size=8)
-    n_allocs = pyxtts.memory_stats("cpu")["num_allocs"] - n0
-    assert n_allocs >= 1
-    assert_same(full_state(m, opt), before, "clean search")
-    for after in range(n_allocs + 2):
-        pyxtts.testing.inject_oom(after, "cpu")
-        try:
-            pyxtts.find_optimal_batch_size(m, opt, max_batch_size=8)
-        except pyxtts.OutOfMemoryError:
-            pass
-        finally:
-            pyxtts.testing.inject_oom(None, "cpu")
-        assert_same(full_state(m, opt), before, f"inject_oom({after})")
-        assert m._core.arena_bytes == 0, after
-        assert pyxtts.memory_allocated("cpu") == resident, after
-
-
-def test_find_optimal_batch_size_without_optimizer_under_injected_oom():
-    """With its own temporary AdamW (whose construction can fail too)."""
-    m, _, _ = trained()
-    before = full_state(m)
-    m.release_memory()
-    pyxtts.cleanup_gpu_memory("cpu")
-    resident = pyxtts.memory_allocated("cpu")
-    for after in range(24):
-        pyxtts.testing.inject_oom(after, "cpu")
-        try:
-            pyxtts.find_optimal_batch_size(m, max_batch_size=4)
-        except pyxtts.OutOfMemoryError:
-            pass
-        finally:
-            pyxtts.testing.inject_oom(None, "cpu")
-        assert_same(full_state(m), before, f"inject_oom({after})")
-        assert pyxtts.memory_allocated("cpu") == resident, after
+# load_checkpoint and find_optimal_batch_size (with and without an optimizer) under an
+# out-of-memory error at every allocation: rows of tests/test_oom_sweep.py's table.
 
 
 # ---- 7. the step arena: released by a failed reservation, documented -----------------
