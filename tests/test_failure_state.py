@@ -122,6 +122,11 @@ def test_accumulation_after_oom_equals_the_call_at_the_micro_batch_that_fitted(p
 
 # ---- 14. writes refused while a step runs in another thread --------------------------
 
+# what the two tests below tried, for tests/bench/hardening_report.py: per test the writes
+# tried, those refused, and those accepted while the step ran (must be 0)
+THREAD_TRIALS: dict[str, dict[str, int]] = {}
+
+
 def test_mutations_refused_during_a_step_in_another_thread():
     """A step runs without the GIL; zero_grad, load_state_dict, copy_ into a parameter or
     gradient view, checkpointing and AdamW's writes are refused until it ends, and the
@@ -182,6 +187,8 @@ def test_mutations_refused_during_a_step_in_another_thread():
     refused = [i for i, (_, ok) in enumerate(events) if not ok]
     assert refused, "the step ended before anything was tried"
     inside = events[refused[0]:refused[-1] + 1]
+    THREAD_TRIALS["forward_backward"] = {"writes_tried": len(events), "refused": len(refused),
+                                         "accepted_during_step": sum(ok for _, ok in inside)}
     assert all(not ok for _, ok in inside), \
         f"accepted while the step ran: {sorted({k for k, ok in inside if ok})}"
     assert {k for k, _ in inside} == set(attempts), "not every kind was tried during the step"
@@ -234,6 +241,8 @@ def test_optimizer_step_refuses_model_writes_in_another_thread():
         assert np.array_equal(got[k], want[k]), k
     assert False in events, "the step ended before anything was tried"
     first, last = events.index(False), len(events) - 1 - events[::-1].index(False)
+    THREAD_TRIALS["AdamW.step"] = {"writes_tried": len(events), "refused": events.count(False),
+                                   "accepted_during_step": sum(events[first:last + 1])}
     assert not any(events[first:last + 1]), "a write was accepted during AdamW.step"
 
 

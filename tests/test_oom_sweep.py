@@ -50,6 +50,8 @@ import pyxtts
 import pyxtts.testing
 from helpers import make_rng, random_batch
 from helpers.state import full_state, same_value, state_diff
+from pyxtts.data import Sample, TTSDataset
+from pyxtts.framing import code_count
 
 pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
 
@@ -63,6 +65,12 @@ RECIPE = dataclasses.replace(TINY, dropout=0.1)
 TRAINER_MODEL = {"n_layers": 2, "d_model": 32, "n_heads": 4, "text_vocab_size": 37, "audio_vocab_size": 29,
                  "max_text_tokens": 16, "max_audio_tokens": 32, "n_cond_latents": 0, "conditioning": False,
                  "dropout": 0.1}
+# Coqui's recipe in the Trainer: framing ids, the conditioning path trained from reference
+# slices of each sample's recording (cond_mels of up to 24 frames), dropout 0.1
+RECIPE_TRAINER_MODEL = {"n_layers": 2, "d_model": 32, "n_heads": 4, "text_vocab_size": 40, "audio_vocab_size": 20,
+                        "max_text_tokens": 24, "max_audio_tokens": 40, "n_cond_latents": 3, "max_cond_frames": 24,
+                        "start_text_token": 1, "stop_text_token": 0, "start_audio_token": 18,
+                        "stop_audio_token": 19, "dropout": 0.1}
 LOG_NAME = "train_log.jsonl"
 
 
@@ -148,21 +156,36 @@ def with_checkpoint(tmp: Path) -> World:
     return w
 
 
-def trainer_config(tmp: Path) -> pyxtts.XTTSConfig:
+def trainer_config(tmp: Path, recipe: bool = False) -> pyxtts.XTTSConfig:
     """Micro-batches of one sample (2 per step), so every fault in a training step raises
     (nothing left to halve) and a success is the clean run's, bit for bit."""
     t = {"learning_rate": 3e-3, "lr_schedule": "constant", "max_steps": 2, "epochs": None,
          "checkpoint_dir": str(tmp / "run"), "checkpoint_interval": 1, "eval_interval": 1,
          "log_interval": 1, "device": "cpu", "enable_memory_cleanup": False, "max_memory_fraction": 1.0,
          "gradient_accumulation_steps": 2}
-    return pyxtts.XTTSConfig.from_dict({"model": TRAINER_MODEL, "training": t,
+    return pyxtts.XTTSConfig.from_dict({"model": RECIPE_TRAINER_MODEL if recipe else TRAINER_MODEL, "training": t,
                                         "data": {"batch_size": 1, "bucketing": False, "num_workers": 0}})
 
 
-def with_trainer(tmp: Path, steps: int = 1) -> World:
+def recordings(n: int, salt: str) -> TTSDataset:
+    """Samples as pyxtts prepare writes them: ids, codes, and the recording (0.14-0.4 s)
+    the Trainer draws each step's reference slice from."""
+    rng = make_rng("oom_sweep.recordings", salt)
+    out = []
+    for i in range(n):
+        wav = (rng.standard_normal(int(rng.integers(3000, 9000))) * 0.1).astype(np.float32)
+        out.append(Sample(rng.integers(2, 40, int(rng.integers(3, 10))), rng.integers(0, 18, code_count(len(wav), 1024)),
+                          source=f"sample {i}", ref_audio=wav, ref_is_clip=True))
+    return TTSDataset(out, mel_stats=make_rng("oom_sweep.mel_stats").uniform(1.0, 5.0, 80))
+
+
+def with_trainer(tmp: Path, steps: int = 1, recipe: bool = False) -> World:
     """A Trainer that has trained ``steps`` steps and saved them, with its datasets."""
-    cfg = trainer_config(tmp)
-    train, held = pyxtts.SyntheticDataset(cfg.model, 6, seed=0).split(2)
+    cfg = trainer_config(tmp, recipe)
+    if recipe:
+        train, held = recordings(4, "train"), recordings(2, "held")
+    else:
+        train, held = pyxtts.SyntheticDataset(cfg.model, 6, seed=0).split(2)
     tr = pyxtts.Trainer(cfg, progress=False)
     if steps:
         cfg.training.max_steps = steps
@@ -174,6 +197,14 @@ def with_trainer(tmp: Path, steps: int = 1) -> World:
 
 def fresh_trainer(tmp: Path) -> World:
     return with_trainer(tmp, steps=0)
+
+
+def recipe_trainer(tmp: Path) -> World:
+    return with_trainer(tmp, steps=1, recipe=True)
+
+
+def fresh_recipe_trainer(tmp: Path) -> World:
+    return with_trainer(tmp, steps=0, recipe=True)
 
 
 def trainer_and_checkpoint(tmp: Path) -> World:
@@ -279,8 +310,12 @@ CASES: list[Case] = [
     Case("Trainer.save", with_trainer, lambda w: w.trainer.save(), d_none),
     Case("Trainer.load", trainer_and_checkpoint, lambda w: w.trainer.load(w.data["src"]), d_meta),
     Case("Trainer.evaluate", with_trainer, lambda w: w.trainer.evaluate(w.data["held"]), d_loss),
+    Case("Trainer.evaluate recipe (reference slices)", recipe_trainer,
+         lambda w: w.trainer.evaluate(w.data["held"]), d_loss),
     Case("Trainer.fit 2 steps", fresh_trainer, lambda w: w.trainer.fit(w.data["train"], w.data["held"]), d_fit,
          prefix_ok=True, zeroes_gradients=True),
+    Case("Trainer.fit 2 steps recipe (reference slices, dropout 0.1)", fresh_recipe_trainer,
+         lambda w: w.trainer.fit(w.data["train"], w.data["held"]), d_fit, prefix_ok=True, zeroes_gradients=True),
 ]
 
 
