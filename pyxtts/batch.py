@@ -244,7 +244,9 @@ def train_step_with_accumulation(model, optimizer, batch: Mapping[str, Any],
     micro-batch that fitted (``micro_batch_size``), and the same mathematical step as one
     that never ran out of memory — it differs from that one only by the order of the fp32
     gradient sums (a few ulp). The error is raised only when a micro-batch of one sample
-    does not fit. Resets the device's peak-memory statistics."""
+    does not fit; then the gradients are zero (zeroed first, as on success) and the
+    parameters, the optimizer's state and ``dropout_step`` are as before the call.
+    Resets the device's peak-memory statistics."""
     steps = _positive_int("accumulation_steps", accumulation_steps)
     _, (n_text, n_audio) = model._prepare(batch)  # validates the whole batch before any work
     first = next(iter(batch.values()))

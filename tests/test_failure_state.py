@@ -13,31 +13,12 @@ import pytest
 import pyxtts
 import pyxtts.testing
 from helpers import make_rng, random_batch
+from helpers.state import assert_same, full_state
 
 CFG = pyxtts.ModelConfig(n_layers=2, d_model=32, n_heads=4, text_vocab_size=37, audio_vocab_size=29,
                          max_text_tokens=24, max_audio_tokens=40, n_cond_latents=3)
 
 pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
-
-
-def full_state(model, opt=None) -> dict:
-    """Every array and scalar a failure must leave alone."""
-    s = {f"p.{k}": v for k, v in model.state_dict().items()}
-    s.update({f"g.{k}": v.numpy() for k, v in model.gradients().items()})
-    if opt is not None:
-        for k, v in opt.state_dict().items():
-            s[f"o.{k}"] = v
-    return s
-
-
-def assert_same(a: dict, b: dict, what: str) -> None:
-    assert a.keys() == b.keys(), what
-    for k in a:
-        x, y = a[k], b[k]
-        if isinstance(x, np.ndarray):
-            assert x.dtype == y.dtype and np.array_equal(x.view(np.uint8), y.view(np.uint8)), f"{what}: {k}"
-        else:
-            assert x == y, f"{what}: {k}: {x!r} != {y!r}"
 
 
 def trained(precision="fp32", seed=0):
@@ -84,85 +65,8 @@ def test_load_state_dict_refusal_writes_nothing():
     assert_same(full_state(m, opt), before, "after a refused load_state_dict")
 
 
-def test_load_checkpoint_under_injected_oom_is_all_or_nothing(tmp_path):
-    """Out-of-memory injected at every allocation index of load_checkpoint: each trial
-    loads the whole file or raises with model and optimizer exactly as they were."""
-    src, src_opt, _ = trained(seed=1)
-    path = tmp_path / "c.safetensors"
-    pyxtts.save_checkpoint(path, src, src_opt, step=7)
-    want = full_state(src, src_opt)
-    m, opt, _ = trained(seed=2)
-    m.zero_grad()
-    trials = loaded = 0
-    for after in range(64):
-        m2, opt2 = pyxtts.XTTSGPT(CFG, seed=2), None
-        opt2 = pyxtts.AdamW(m2)
-        before = full_state(m2, opt2)
-        stats = pyxtts.memory_stats("cpu")
-        pyxtts.testing.inject_oom(after, "cpu")
-        try:
-            pyxtts.load_checkpoint(path, m2, opt2)
-        except pyxtts.OutOfMemoryError:
-            assert_same(full_state(m2, opt2), before, f"trial {after}")
-            assert pyxtts.memory_stats("cpu")["allocated_bytes"] == stats["allocated_bytes"]
-        else:
-            loaded += 1
-            got = full_state(m2, opt2)
-            for k in got:
-                if not k.startswith("g."):  # gradients are not part of a checkpoint
-                    assert_same({k: got[k]}, {k: want[k]}, f"trial {after}")
-        finally:
-            pyxtts.testing.inject_oom(None, "cpu")
-        trials += 1
-    assert trials == 64 and loaded == 64  # the load allocates nothing that could fail
-
-
-# ---- 6. find_optimal_batch_size restores everything, its arena released -------------
-
-def test_find_optimal_batch_size_under_injected_oom_changes_nothing():
-    m, opt, _ = trained()
-    before = full_state(m, opt)
-    m.release_memory()
-    pyxtts.cleanup_gpu_memory("cpu")
-    resident = pyxtts.memory_allocated("cpu")
-    pyxtts.find_optimal_batch_size(m, opt, max_batch_size=8)
-    n_allocs = 0
-    pyxtts.cleanup_gpu_memory("cpu")
-    n0 = pyxtts.memory_stats("cpu")["num_allocs"]
-    pyxtts.find_optimal_batch_size(m, opt, max_batch_size=8)
-    n_allocs = pyxtts.memory_stats("cpu")["num_allocs"] - n0
-    assert n_allocs >= 1
-    assert_same(full_state(m, opt), before, "clean search")
-    for after in range(n_allocs + 2):
-        pyxtts.testing.inject_oom(after, "cpu")
-        try:
-            pyxtts.find_optimal_batch_size(m, opt, max_batch_size=8)
-        except pyxtts.OutOfMemoryError:
-            pass
-        finally:
-            pyxtts.testing.inject_oom(None, "cpu")
-        assert_same(full_state(m, opt), before, f"inject_oom({after})")
-        assert m._core.arena_bytes == 0, after
-        assert pyxtts.memory_allocated("cpu") == resident, after
-
-
-def test_find_optimal_batch_size_without_optimizer_under_injected_oom():
-    """With its own temporary AdamW (whose construction can fail too)."""
-    m, _, _ = trained()
-    before = full_state(m)
-    m.release_memory()
-    pyxtts.cleanup_gpu_memory("cpu")
-    resident = pyxtts.memory_allocated("cpu")
-    for after in range(24):
-        pyxtts.testing.inject_oom(after, "cpu")
-        try:
-            pyxtts.find_optimal_batch_size(m, max_batch_size=4)
-        except pyxtts.OutOfMemoryError:
-            pass
-        finally:
-            pyxtts.testing.inject_oom(None, "cpu")
-        assert_same(full_state(m), before, f"inject_oom({after})")
-        assert pyxtts.memory_allocated("cpu") == resident, after
+# load_checkpoint and find_optimal_batch_size (with and without an optimizer) under an
+# out-of-memory error at every allocation: rows of tests/test_oom_sweep.py's table.
 
 
 # ---- 7. the step arena: released by a failed reservation, documented -----------------
@@ -217,6 +121,11 @@ def test_accumulation_after_oom_equals_the_call_at_the_micro_batch_that_fitted(p
 
 
 # ---- 14. writes refused while a step runs in another thread --------------------------
+
+# what the two tests below tried, for tests/bench/hardening_report.py: per test the writes
+# tried, those refused, and those accepted while the step ran (must be 0)
+THREAD_TRIALS: dict[str, dict[str, int]] = {}
+
 
 def test_mutations_refused_during_a_step_in_another_thread():
     """A step runs without the GIL; zero_grad, load_state_dict, copy_ into a parameter or
@@ -278,6 +187,8 @@ def test_mutations_refused_during_a_step_in_another_thread():
     refused = [i for i, (_, ok) in enumerate(events) if not ok]
     assert refused, "the step ended before anything was tried"
     inside = events[refused[0]:refused[-1] + 1]
+    THREAD_TRIALS["forward_backward"] = {"writes_tried": len(events), "refused": len(refused),
+                                         "accepted_during_step": sum(ok for _, ok in inside)}
     assert all(not ok for _, ok in inside), \
         f"accepted while the step ran: {sorted({k for k, ok in inside if ok})}"
     assert {k for k, _ in inside} == set(attempts), "not every kind was tried during the step"
@@ -330,6 +241,8 @@ def test_optimizer_step_refuses_model_writes_in_another_thread():
         assert np.array_equal(got[k], want[k]), k
     assert False in events, "the step ended before anything was tried"
     first, last = events.index(False), len(events) - 1 - events[::-1].index(False)
+    THREAD_TRIALS["AdamW.step"] = {"writes_tried": len(events), "refused": events.count(False),
+                                   "accepted_during_step": sum(events[first:last + 1])}
     assert not any(events[first:last + 1]), "a write was accepted during AdamW.step"
 
 
