@@ -35,9 +35,12 @@ from hypothesis import strategies as st
 import pyxtts
 
 ALLOWED = (TypeError, ValueError, KeyError, BufferError, MemoryError, NotImplementedError)
-# dropout 0: forward and forward_backward compute the same loss, which the reference checks
+# dropout 0: forward and forward_backward compute the same loss, which the reference checks;
+# 12 mel frames at most: find_optimal_batch_size's trial steps (which plan the longest mel)
+# stay cheap
 CFG = pyxtts.ModelConfig(n_layers=1, d_model=8, n_heads=2, text_vocab_size=7, audio_vocab_size=5,
-                         max_text_tokens=6, max_audio_tokens=8, n_cond_latents=2, dropout=0.0)
+                         max_text_tokens=6, max_audio_tokens=8, n_cond_latents=2, dropout=0.0,
+                         max_cond_frames=12)
 MODEL = pyxtts.XTTSGPT(CFG, seed=0)
 OPT = pyxtts.AdamW(MODEL)
 SPARE = pyxtts.XTTSGPT(CFG, seed=1)  # a second model: references of "before", fresh loads
@@ -207,8 +210,19 @@ def ref_attention(q, k, v, opts: dict) -> dict:
         s = np.einsum("bhid,bhjd->bhij", q, k) * scale
         mag = np.einsum("bhid,bhjd->bhij", np.abs(q), np.abs(k)) * abs(scale)  # sum |q_d k_d|
         has = ok.any(-1)
-        nan_row = (ok & (np.isnan(s) | (s > 3.5e38))).any(-1)
-        extreme = (ok & ~(mag < 1e30)).any(-1) | (ok & ~np.isfinite(v).all(-1)[:, :, None, :]).any(-1)
+        # a score past float32's range overflows to +inf in any order of the fp32 sum when no
+        # term and no sum of the negative terms overflows on its own; otherwise the kernel may
+        # get -inf or NaN (reported: the key is then dropped, a finite wrong row), not judged
+        terms = q[:, :, :, None, :] * k[:, :, None, :, :] * scale  # (B, H, Tq, Tk, D)
+        clean = (np.abs(terms) < 3.4e38).all(-1) & (np.where(terms < 0, terms, 0).sum(-1) > -3.4e38)
+        over = s > 3.5e38
+        nan_row = (ok & (np.isnan(s) | (over & clean))).any(-1)
+        unclear = (ok & over & ~clean).any(-1)
+        # a non-finite v at a key the row does not see only causally is not judged: the CPU
+        # kernel multiplies its zero probability in (0 * NaN), as torch's math path does
+        # (reported; lengths and key_mask keep such keys out)
+        seen = np.broadcast_to(allowed_keys(B, Tq, k.shape[2], opts | {"causal": False})[:, None], ok.shape)
+        extreme = (ok & ~(mag < 1e30)).any(-1) | (seen & ~np.isfinite(v).all(-1)[:, :, None, :]).any(-1)
         sm = np.where(ok, s, -np.inf)
         m = np.where(has, sm.max(-1, initial=-np.inf), 0)
         e = np.where(ok, np.exp(sm - m[..., None]), 0)
@@ -219,7 +233,8 @@ def ref_attention(q, k, v, opts: dict) -> dict:
         # a score's fp32 error is <= (D + 2) u sum|q_d k_d|; a probability moves by twice the
         # largest of them
         err = (D + 2) * U32 * np.where(ok, mag, 0).max(-1, initial=0.0)
-    return {"out": out, "lse": lse, "p": p, "has": has, "nan": nan_row & has, "skip": (extreme & ~nan_row) & has,
+    return {"out": out, "lse": lse, "p": p, "has": has, "nan": nan_row & ~unclear & has,
+            "skip": ((extreme | unclear) & ~(nan_row & ~unclear)) & has,
             "err": err, "scale": scale, "ok": ok}
 
 
@@ -397,7 +412,7 @@ def batches(draw, honest=False):
             rng.standard_normal((B, 2, 8)).astype(np.float32), np.full((B, 2, 8), np.nan, np.float32),
             rng.standard_normal((B, 3, 7)), np.zeros((B, 0, 8)), rng.standard_normal((B, 1, 8))]))
     elif cond == "mels":  # the recipe mode: the conditioning path makes the latents
-        S = draw(st.sampled_from([1, 3, 12, 517, 518, 0]))
+        S = draw(st.sampled_from([1, 3, 12, 13, 0]))
         m = (rng.standard_normal((B, 80, S)) * 2).astype(np.float32)
         b["cond_mels"] = draw(st.sampled_from([
             m, m.astype(np.float64), m[:, None], m.astype(BF16), m[:, :79], m[:1] if B > 1 else m[:, :, :0],
@@ -444,7 +459,10 @@ def case_tensor(draw) -> Case:
 def case_empty(draw) -> Case:
     shape, dt, dev = draw(mostly(st.one_of(st.integers(0, 4), st.lists(st.integers(0, 3), max_size=3)))), \
         draw(dtype_args), draw(device_args)
-    make = draw(st.sampled_from([pyxtts.empty, pyxtts.zeros]))
+    dims = [shape] if isinstance(shape, int) else shape if isinstance(shape, (list, tuple)) else [0]
+    # zeros() writes every byte: only small shapes
+    small = all(isinstance(n, int) and abs(n) < 1000 for n in dims) and abs(int(np.prod(dims))) < 2**20
+    make = draw(st.sampled_from([pyxtts.empty, pyxtts.zeros])) if small else pyxtts.empty
 
     def check(t: Any) -> None:
         want = (shape,) if isinstance(shape, int) and not isinstance(shape, bool) else tuple(shape) \
@@ -916,8 +934,10 @@ def full_batch(n: int, text_len: int, audio_len: int) -> dict:
 
 
 def case_find_batch(draw) -> Case:
-    args = kw(draw, ["text_len", "audio_len", "start_batch_size", "max_batch_size", "safety_margin"],
+    args = kw(draw, ["text_len", "audio_len", "start_batch_size", "safety_margin"],
               mostly(st.one_of(st.integers(1, 6), st.sampled_from([0.05, 0.5, 0.99]))))
+    if draw(st.integers(0, 7)):  # a cap mostly: uncapped, the search picks ~300 samples (0.5 s)
+        args["max_batch_size"] = draw(mostly(st.integers(1, 8)))
 
     def find() -> Any:  # a small budget, so that the verification step stays small
         pyxtts.set_memory_limit(pyxtts.memory_allocated("cpu") + (64 << 20), "cpu")
