@@ -331,6 +331,11 @@ def collate(samples: Sequence[Sample], text_stop_token: int | None = None,
     if not samples:
         raise ValueError("collate: no samples")
     samples = [_checked(s, i) for i, s in enumerate(samples)]
+    for name, tok in (("text_stop_token", text_stop_token), ("audio_stop_token", audio_stop_token)):
+        if tok is not None and (isinstance(tok, bool) or not isinstance(tok, (int, np.integer))):
+            raise TypeError(f"collate: {name}: expected an int id or None, got {tok!r}")
+        if tok is not None and not -1 <= tok < 2**31:  # ids are int32 in the engine; -1 is "ignored"
+            raise ValueError(f"collate: {name}: expected an id in [0, 2**31) or -1, got {tok}")
     framed = config is not None and config.frames_data
     if framed and (text_stop_token is not None or audio_stop_token is not None):
         raise ValueError("collate: the config's start/stop ids frame the samples; pass no text_stop_token "

@@ -115,6 +115,17 @@ def test_collate_refuses_hand_made_samples_it_cannot_pad(text, audio, cond, word
         collate(s)
 
 
+@pytest.mark.parametrize("stop, exc", [(2**63, ValueError), (2**31, ValueError), (-2, ValueError),
+                                       (1.5, TypeError), (True, TypeError), ("1", TypeError)])
+def test_collate_refuses_stop_tokens_no_id_can_be(stop, exc):
+    # found by the fuzz: 2**63 raised OverflowError from NumPy
+    s = [Sample(np.array([1, 2]), np.array([3, 4]))]
+    for text_stop, audio_stop in ((stop, None), (None, stop)):
+        with pytest.raises(exc, match="collate: (text|audio)_stop_token"):
+            collate(s, text_stop, audio_stop)
+    assert collate(s, 2**31 - 1, -1)["text_targets"].tolist() == [[2, 2**31 - 1]]
+
+
 def test_bucketed_batches_cover_everything_seeded_and_bucketed(rng):
     ds = TTSDataset(samples(101, rng, cond=True), CFG)
     def order(seed):
