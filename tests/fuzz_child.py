@@ -940,8 +940,8 @@ def full_batch(n: int, text_len: int, audio_len: int) -> dict:
 def case_find_batch(draw) -> Case:
     args = kw(draw, ["text_len", "audio_len", "start_batch_size", "safety_margin"],
               mostly(st.one_of(st.integers(1, 6), st.sampled_from([0.05, 0.5, 0.99]))))
-    if draw(st.integers(0, 7)):  # a cap mostly: uncapped, the search picks ~300 samples (0.5 s)
-        args["max_batch_size"] = draw(mostly(st.integers(1, 8)))
+    # a cap: uncapped (a hostile None), short sequences make the search pick thousands (1.5 s)
+    args["max_batch_size"] = draw(mostly(st.integers(1, 8)))
 
     def find() -> Any:  # a small budget, so that the verification step stays small
         pyxtts.set_memory_limit(pyxtts.memory_allocated("cpu") + (64 << 20), "cpu")
