@@ -188,8 +188,9 @@ class _Unpickler(pickle.Unpickler):
 
 
 # what zipfile raises on a damaged archive or member (a CRC mismatch, bad deflate data,
-# a cut, a compression method it lacks)
-ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError)
+# a cut, a compression method it lacks, an "encrypted" flag (RuntimeError), an offset
+# before the file's start (OSError), a name that is not UTF-8 or an offset past C's (ValueError))
+ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError, OSError, ValueError)
 
 
 class TorchFile:
@@ -200,7 +201,11 @@ class TorchFile:
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"{self.path}: no such file")
-        if not zipfile.is_zipfile(self.path):
+        try:
+            is_zip = zipfile.is_zipfile(self.path)
+        except ZIP_ERRORS as exc:  # an end record it cannot read (e.g. "spans multiple disks")
+            raise TorchFileError(f"{self.path}: a damaged zip file: {type(exc).__name__}: {exc}") from exc
+        if not is_zip:
             raise TorchFileError(f"{self.path}: not a PyTorch zip checkpoint (a file torch.save wrote with "
                                  "torch >= 1.6; an older or other format cannot be read without running it)")
         try:
