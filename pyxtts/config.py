@@ -33,6 +33,7 @@ import os
 import re
 import typing
 from dataclasses import dataclass, field, fields
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -560,7 +561,8 @@ def parse_memory_size(value: int | str, name: str = "memory") -> int:
         if m is None or m.group(2).lower() not in _UNITS:
             raise ValueError(f"{name}: must be bytes or a number with a unit (B, KiB, MiB, GiB, TiB, "
                              f"K, M, G, T, KB, MB, GB, TB), got {value!r}")
-        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        # exact: a float product loses bytes ("4.35GB" would be 4349999999, 20 digits worse)
+        n = int(Fraction(m.group(1)) * _UNITS[m.group(2).lower()])
     else:
         raise TypeError(f"{name}: expected bytes (int) or a size like '12GiB', got {value!r}")
     if n <= 0:

@@ -30,6 +30,7 @@ id 0 and target -1.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -310,6 +311,16 @@ def _shift(ids: np.ndarray, stop: int | None) -> np.ndarray:
     return t
 
 
+def _checked(s: Any, i: int) -> Sample:
+    """A Sample as the loaders make it (non-empty 1-d int64 ids, float32 latents), or DataError:
+    a hand-made Sample with empty, 2-d, float, uint8 or str ids is refused, never half-collated."""
+    if not isinstance(s, Sample):
+        raise TypeError(f"collate: sample {i}: expected a pyxtts.Sample, got {type(s).__name__}")
+    where = f"collate: sample {i}" + (f" ({s.source})" if s.source else "")
+    return dataclasses.replace(s, text=_ids(s.text, where, "text"), audio=_ids(s.audio, where, "audio"),
+                               cond=None if s.cond is None else _cond(s.cond, where))
+
+
 def collate(samples: Sequence[Sample], text_stop_token: int | None = None,
             audio_stop_token: int | None = None, *, config=None, ignore_code_ranges=None) -> dict:
     """A batch dict padded to its longest text and audio (no other padding). With a
@@ -319,6 +330,12 @@ def collate(samples: Sequence[Sample], text_stop_token: int | None = None,
     shift with the optional stop tokens (module docstring)."""
     if not samples:
         raise ValueError("collate: no samples")
+    samples = [_checked(s, i) for i, s in enumerate(samples)]
+    for name, tok in (("text_stop_token", text_stop_token), ("audio_stop_token", audio_stop_token)):
+        if tok is not None and (isinstance(tok, bool) or not isinstance(tok, (int, np.integer))):
+            raise TypeError(f"collate: {name}: expected an int id or None, got {tok!r}")
+        if tok is not None and not -1 <= tok < 2**31:  # ids are int32 in the engine; -1 is "ignored"
+            raise ValueError(f"collate: {name}: expected an id in [0, 2**31) or -1, got {tok}")
     framed = config is not None and config.frames_data
     if framed and (text_stop_token is not None or audio_stop_token is not None):
         raise ValueError("collate: the config's start/stop ids frame the samples; pass no text_stop_token "

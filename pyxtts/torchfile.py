@@ -29,6 +29,7 @@ import io
 import os
 import pickle
 import zipfile
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,6 +187,12 @@ class _Unpickler(pickle.Unpickler):
         return StorageRef(key, kind.dtype, numel)
 
 
+# what zipfile raises on a damaged archive or member (a CRC mismatch, bad deflate data,
+# a cut, a compression method it lacks, an "encrypted" flag (RuntimeError), an offset
+# before the file's start (OSError), a name that is not UTF-8 or an offset past C's (ValueError))
+ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError, OSError, ValueError)
+
+
 class TorchFile:
     """An open PyTorch zip checkpoint: ``obj`` is the unpickled object (tensors as
     ``TensorRef``), ``array(ref)`` reads a tensor. Use as a context manager or ``close()``."""
@@ -194,10 +201,17 @@ class TorchFile:
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"{self.path}: no such file")
-        if not zipfile.is_zipfile(self.path):
+        try:
+            is_zip = zipfile.is_zipfile(self.path)
+        except ZIP_ERRORS as exc:  # an end record it cannot read (e.g. "spans multiple disks")
+            raise TorchFileError(f"{self.path}: a damaged zip file: {type(exc).__name__}: {exc}") from exc
+        if not is_zip:
             raise TorchFileError(f"{self.path}: not a PyTorch zip checkpoint (a file torch.save wrote with "
                                  "torch >= 1.6; an older or other format cannot be read without running it)")
-        self._zip = zipfile.ZipFile(self.path)
+        try:
+            self._zip = zipfile.ZipFile(self.path)
+        except ZIP_ERRORS as exc:
+            raise TorchFileError(f"{self.path}: a damaged zip file: {type(exc).__name__}: {exc}") from exc
         try:
             names = self._zip.namelist()
             pkl = [n for n in names if n.endswith("/data.pkl") and n.count("/") == 1]
@@ -212,7 +226,7 @@ class TorchFile:
             self._sizes = {i.filename[len(data_dir):]: i.file_size for i in self._zip.infolist()
                            if i.filename.startswith(data_dir) and "/" not in i.filename[len(data_dir):]}
             try:
-                self.obj = _Unpickler(self._zip.read(pkl[0]), self._sizes).load()
+                self.obj = _Unpickler(self._read(pkl[0]), self._sizes).load()
             except TorchFileError as exc:
                 raise TorchFileError(f"{self.path}: {exc}") from exc
             except Exception as exc:  # a malformed pickle: any of pickle's own errors
@@ -222,14 +236,22 @@ class TorchFile:
             self._zip.close()
             raise
 
+    def _read(self, name: str) -> bytes:
+        """A member's bytes; a damaged member (bad CRC, bad deflate data, cut short, an
+        unknown compression) is a TorchFileError, not zipfile's or zlib's own error."""
+        try:
+            return self._zip.read(name)
+        except ZIP_ERRORS as exc:
+            raise TorchFileError(f"{self.path}: member {name!r} is damaged: {type(exc).__name__}: {exc}") from exc
+
     def _read_optional(self, name: str) -> bytes | None:
         try:
-            return self._zip.read(self.prefix + name).strip()
+            return self._read(self.prefix + name).strip()
         except KeyError:
             return None
 
     def storage_bytes(self, storage: StorageRef) -> bytes:
-        return self._zip.read(f"{self.prefix}data/{storage.key}")
+        return self._read(f"{self.prefix}data/{storage.key}")
 
     def array(self, ref: TensorRef) -> np.ndarray:
         """A fresh contiguous NumPy copy of the tensor (bfloat16 as ml_dtypes.bfloat16)."""

@@ -328,6 +328,15 @@ def test_parse_memory_size(text, n):
     assert parse_memory_size(text) == n
 
 
+@pytest.mark.parametrize("text, n", [("2.01GB", 2_010_000_000), ("2.01KB", 2010),
+                                     ("99999999999999999999MB", 99999999999999999999 * 10**6),
+                                     ("1.0000001KiB", 1024), ("0.5KiB", 512)])
+def test_parse_memory_size_is_exact(text, n):
+    # found by the fuzz: a float product said 2009999999 bytes for "2.01GB", and lost every
+    # digit past the 17th of a long number
+    assert parse_memory_size(text) == n
+
+
 @pytest.mark.parametrize("bad", ["12 parsecs", "GiB", "-1GiB", "0", 0, -5])
 def test_parse_memory_size_rejects(bad):
     with pytest.raises(ValueError, match="memory"):

@@ -93,6 +93,39 @@ def test_collate_pads_to_the_longest_and_shifts_targets():
     m.forward(b)  # a valid batch for the model
 
 
+@pytest.mark.parametrize("text, audio, cond, words", [
+    (np.array([], np.int64), np.array([1]), None, "text is empty"),
+    (np.array([1]), np.array([3], np.uint8), None, None),  # uint8 ids: valid, the -1 target must fit
+    (np.array([[1, 2]]), np.array([1]), None, "text must be a 1-d integer"),
+    (np.array([1.5]), np.array([1]), None, "text must be a 1-d integer"),
+    ("abc", np.array([1]), None, "text must be a 1-d integer"),
+    (np.array([1]), None, None, "audio must be a 1-d integer"),
+    (np.array([1]), np.array([1]), "x", "cond must be a 2-d float"),
+    (np.array([1]), np.array([1]), np.zeros(8), "cond must be a 2-d float"),
+])
+def test_collate_refuses_hand_made_samples_it_cannot_pad(text, audio, cond, words):
+    # found by the fuzz: IndexError (empty ids), OverflowError (uint8 ids and the -1 target),
+    # AttributeError (a str cond) instead of a DataError naming the sample
+    s = [Sample(np.array([1, 2]), np.array([3, 4])), Sample(text, audio, cond)]
+    if words is None:
+        b = collate(s)
+        assert b["audio_targets"].tolist() == [[4, -1], [-1, -1]] and b["audio_targets"].dtype == np.int64
+        return
+    with pytest.raises(DataError, match=f"collate: sample 1: {words}"):
+        collate(s)
+
+
+@pytest.mark.parametrize("stop, exc", [(2**63, ValueError), (2**31, ValueError), (-2, ValueError),
+                                       (1.5, TypeError), (True, TypeError), ("1", TypeError)])
+def test_collate_refuses_stop_tokens_no_id_can_be(stop, exc):
+    # found by the fuzz: 2**63 raised OverflowError from NumPy
+    s = [Sample(np.array([1, 2]), np.array([3, 4]))]
+    for text_stop, audio_stop in ((stop, None), (None, stop)):
+        with pytest.raises(exc, match="collate: (text|audio)_stop_token"):
+            collate(s, text_stop, audio_stop)
+    assert collate(s, 2**31 - 1, -1)["text_targets"].tolist() == [[2, 2**31 - 1]]
+
+
 def test_bucketed_batches_cover_everything_seeded_and_bucketed(rng):
     ds = TTSDataset(samples(101, rng, cond=True), CFG)
     def order(seed):

@@ -3,8 +3,9 @@ process so that a crash is a failure naming the case, not the end of the run.
 
 500 cases from the run's seed in the normal suite; 5,000 under PYXTTS_FULL_FUZZ=1 (the
 sanitizer run of CI). Each case either returns or raises a promised exception type;
-the child reports any other type, and any case after which the model holds a
-non-finite parameter."""
+the child reports any other type, any accepted call whose result differs from its
+independent reference (NumPy, float64 attention, the float64 torch GPT, the documented
+formats), and any case after which the model holds a non-finite parameter."""
 from __future__ import annotations
 
 import json

@@ -4,6 +4,7 @@ reference for their contents."""
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 import zipfile
@@ -162,6 +163,63 @@ def test_broken_archives_are_refused(tmp_path):
                 z.writestr(n, b)
         with pytest.raises(TorchFileError, match=match):
             TorchFile(path)
+
+
+def _data_start(raw: bytes, info: zipfile.ZipInfo) -> int:
+    """Where a member's data starts: after its local header (30 bytes, name, extra field)."""
+    n, extra = struct.unpack("<HH", raw[info.header_offset + 26:info.header_offset + 30])
+    return info.header_offset + 30 + n + extra
+
+
+def test_damaged_members_are_refused(tmp_path):
+    """A byte flipped inside a stored member fails zipfile's CRC check, one inside a deflated
+    member its decompression: a TorchFileError either way (found by the fuzz: zipfile's
+    BadZipFile came through, which no caller catches as a refusal)."""
+    good = tmp_path / "good.pth"
+    torch.save({"w": torch.ones(3)}, good)
+    raw = good.read_bytes()
+    with zipfile.ZipFile(good) as z:
+        read = [i for i in z.infolist() if i.filename.endswith(("data.pkl", "byteorder", "data/0"))]
+    assert len(read) == 3
+    for info in read:  # the first byte of each member the reader reads
+        bad = bytearray(raw)
+        bad[_data_start(raw, info)] ^= 0xFF
+        path = tmp_path / "bad.pth"
+        path.write_bytes(bytes(bad))
+        with pytest.raises(TorchFileError, match="damaged"):
+            read_tensors(path)
+    deflated = tmp_path / "deflated.pth"
+    with zipfile.ZipFile(good) as src, zipfile.ZipFile(deflated, "w", zipfile.ZIP_DEFLATED) as dst:
+        for n in src.namelist():
+            dst.writestr(n, src.read(n))
+    raw = bytearray(deflated.read_bytes())
+    with zipfile.ZipFile(deflated) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith("data.pkl"))
+    raw[_data_start(bytes(raw), info)] ^= 0xFF  # a deflate block header: bad data, not just a CRC
+    deflated.write_bytes(bytes(raw))
+    with pytest.raises(TorchFileError, match="damaged"):
+        TorchFile(deflated)
+
+
+def test_every_flipped_byte_is_read_or_refused(tmp_path):
+    """Bit 7 of each byte of a small checkpoint flipped (bits 0 and 0-7 too with
+    PYXTTS_FULL_FUZZ=1): read_tensors returns or raises TorchFileError,
+    never zipfile's or the codec's errors (found by the fuzz: BadZipFile "spans multiple
+    disks", RuntimeError "encrypted", OSError from a seek, UnicodeDecodeError of a name)."""
+    good = tmp_path / "good.pth"
+    torch.save({"w": torch.ones(3)}, good)
+    raw = good.read_bytes()
+    path = tmp_path / "flipped.pth"
+    bits = (0x01, 0x80, 0xFF) if os.environ.get("PYXTTS_FULL_FUZZ") == "1" else (0x80,)
+    for i in range(len(raw)):
+        for bit in bits:
+            bad = bytearray(raw)
+            bad[i] ^= bit
+            path.write_bytes(bytes(bad))
+            try:
+                read_tensors(path)
+            except TorchFileError:
+                pass
 
 
 def test_read_tensors_equals_torch_load(tmp_path, seed):
