@@ -305,6 +305,26 @@ def test_state_dict_round_trip_continues_bit_identically(rng):
         assert np.array_equal(sa[k], sb[k]) if isinstance(sa[k], np.ndarray) else sa[k] == sb[k], k
 
 
+@pytest.mark.parametrize("betas", [(0.9, 0.96), (0.9, 0.999)])
+def test_state_of_gradients_too_small_for_v_round_trips(rng, betas):
+    """A gradient whose (1 - b2) g^2 underflows float leaves v = 0 (or a subnormal) while
+    m keeps it; the moment check that refuses swapped or foreign m and v once refused
+    this, the optimizer's own state, and so a genuine checkpoint (found by the fuzz)."""
+    m = pyxtts.XTTSGPT(TINY, seed=13)
+    opt = pyxtts.AdamW(m, betas=betas)
+    for k in range(2):  # gradients from 1e-30 to 1e-19: v underflows for most of them
+        for g in m.gradients().values():
+            mag = 10.0 ** rng.uniform(-30, -19, g.shape)
+            g.copy_((mag * rng.choice([-1.0, 1.0], g.shape)).astype(np.float32))
+        opt.step()
+    s = opt.state_dict()
+    assert ((s["m"] != 0) & (s["v"] == 0)).sum() > 1000, "the case: m kept what v lost"
+    pyxtts.AdamW(m, betas=betas).load_state_dict(s)  # accepted
+    bad = dict(s, m=s["m"] + np.float32(1e-3) * (s["v"] == 0))  # but not an m no v explains
+    with pytest.raises(ValueError, match=r"state\['m'\]: \|m\| = "):
+        pyxtts.AdamW(m, betas=betas).load_state_dict(bad)
+
+
 def test_load_state_dict_refusals_change_nothing(rng):
     m = pyxtts.XTTSGPT(TINY, seed=12)
     opt = pyxtts.AdamW(m, lr=1e-3)

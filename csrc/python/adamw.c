@@ -5,6 +5,7 @@
  * the step with the GIL released, and moves the state to and from NumPy. */
 #include "module.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -466,13 +467,16 @@ static PyArrayObject *flat_arg(PyObject *obj, const char *key, size_t n) {
 
 static const void *data_or_null(PyArrayObject *a) { return a ? PyArray_DATA(a) : NULL; }
 
-/* Moments an AdamW can have made: v >= 0 (a mean of squares), and |m| <= c sqrt(v) with
- * c^2 = (1-b1)^2 / ((1-b2)(1-b1^2/b2)) (Cauchy-Schwarz over the two running sums of
- * the same gradients; needs b1^2 < b2, else m is left unchecked). 1% and 1e-30 of slack
- * for rounding. A file with m and v swapped, or a negative v, fails here: its next step
- * would turn every parameter NaN. */
+/* Moments an AdamW can have made: v >= 0 (a mean of squares), and |m| <= c sqrt(v) + t
+ * with c^2 = (1-b1)^2 / ((1-b2)(1-b1^2/b2)) (Cauchy-Schwarz over the two running sums
+ * of the same gradients; needs b1^2 < b2, else m is left unchecked), 1% of slack for
+ * rounding. t: a gradient g with (1-b2) g^2 below FLT_MIN reaches v as a subnormal or
+ * as 0 (it underflows) while m keeps it, and m, an average of gradients, holds at most
+ * their size: t = 2 sqrt(FLT_MIN / (1-b2)) (7e-18 at b2 = 0.999). A file with m and v
+ * swapped, or a negative v, fails here: its next step would turn every parameter NaN. */
 static int check_moments(const float *m, const float *v, size_t n, double b1, double b2) {
     double c = b1 * b1 < b2 ? (1 - b1) / sqrt((1 - b2) * (1 - b1 * b1 / b2)) * 1.01 : INFINITY;
+    double t = 2.0 * sqrt((double)FLT_MIN / (1 - b2));
     char msg[300];
     for (size_t i = 0; i < n; i++) {
         if (!(v[i] >= 0.0f)) {
@@ -480,7 +484,7 @@ static int check_moments(const float *m, const float *v, size_t n, double b1, do
                      "state['v']: the second moments must be >= 0, got %g at index %zu (m and v "
                      "swapped?)",
                      (double)v[i], i);
-        } else if (fabs((double)m[i]) > c * sqrt((double)v[i]) + 1e-30) {
+        } else if (fabs((double)m[i]) > c * sqrt((double)v[i]) + t) {
             snprintf(msg, sizeof msg,
                      "state['m']: |m| = %g at index %zu exceeds what v = %g allows with betas "
                      "(%g, %g) (m and v swapped, or not this optimizer's state)",
