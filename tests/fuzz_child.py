@@ -871,6 +871,12 @@ def case_accumulate(draw) -> Case:
         want = SPARE.forward(b)["loss"]
         expect(close(res.loss, want, 1e-5), f"loss {res.loss!r}, forward before the step {want!r}")
         expect(all(np.isfinite(v).all() for v in MODEL.state_dict().values()), "non-finite parameters")
+        # the optimizer's state after a real step is one its load accepts (it once refused
+        # the moments of gradients too small for v to hold, and so a genuine checkpoint)
+        try:
+            pyxtts.AdamW(SPARE).load_state_dict(OPT.state_dict())
+        except ValueError as exc:
+            raise Wrong(f"AdamW refuses its own state after the step: {exc}") from None
     return Case("accumulate", ({k: getattr(v, "shape", v) for k, v in b.items()}, steps),
                 lambda: pyxtts.train_step_with_accumulation(MODEL, OPT, b, steps), check)
 
