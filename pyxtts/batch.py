@@ -112,7 +112,7 @@ def find_optimal_batch_size(model, optimizer=None, text_len: int | None = None,
     batch size by bisection — nothing is allocated for that. With ``verify`` one real
     forward, backward and optimizer step runs at the chosen size on a synthetic full-length
     batch; on an out-of-memory error the next smaller size the plan allows (at least one less)
-    is tried, at most 3 real steps in all. Parameters, gradients and the optimizer's state are
+    is tried, at most 3 real steps in all, the last of them at ``start_batch_size``. Parameters, gradients and the optimizer's state are
     restored exactly afterwards: the search never trains the model. With no ``optimizer`` a
     temporary default ``AdamW`` takes the step. Raises ``OutOfMemoryError`` when not even
     ``start_batch_size`` fits a real step, ``ValueError`` when the plan says it cannot."""
@@ -160,7 +160,7 @@ def find_optimal_batch_size(model, optimizer=None, text_len: int | None = None,
     opt = optimizer if optimizer is not None else _C.AdamW(model)
     snap = _snapshot(model, optimizer if optimizer is not None else None)
     try:
-        for _ in range(_MAX_VERIFY_STEPS):
+        for attempt in range(_MAX_VERIFY_STEPS):
             deficit = None
             try:
                 opt.zero_grad()
@@ -180,10 +180,14 @@ def find_optimal_batch_size(model, optimizer=None, text_len: int | None = None,
                 break
             smaller = solve(budget - deficit, size - 1)
             size = start if smaller is None else min(smaller, size - 1)
+            if attempt == _MAX_VERIFY_STEPS - 2:
+                # the last try is start_batch_size itself, so that the error below is
+                # true: on small budgets the segments the allocator reserves for a large
+                # batch can exceed the plan by more than the safety margin
+                size = start
         raise _C.OutOfMemoryError(
-            f"find_optimal_batch_size: out of memory: no batch size >= {start_batch_size} fits a real "
-            f"step of {text_len} text + {audio_len} audio tokens on {device} within {_MAX_VERIFY_STEPS} "
-            "tries")
+            f"find_optimal_batch_size: out of memory: a real step of batch size {start} x {text_len} text + "
+            f"{audio_len} audio tokens does not fit on {device}")
     finally:
         try:
             _restore(model, optimizer, snap)

@@ -38,8 +38,9 @@ def fits_real_step(model, opt, B):
     ok = True
     try:
         opt.zero_grad()
-        model.forward_backward(_synthetic_batch(CFG, B, CFG.max_text_tokens, CFG.max_audio_tokens,
-                                                CFG.n_cond_latents))
+        c = model.config  # the search's own batch: full lengths, mels when it plans them
+        model.forward_backward(_synthetic_batch(c, B, c.max_text_tokens, c.max_audio_tokens,
+                                                c.n_cond_latents, c.planned_cond_frames))
         opt.step()
     except pyxtts.OutOfMemoryError:
         ok = False
@@ -102,6 +103,25 @@ def test_verification_falls_back_after_an_oom():
     after_oom = pyxtts.find_optimal_batch_size(m, opt)
     assert after_oom < plain
     assert fits_real_step(m, opt, after_oom)
+    assert_same_state(snapshot(m, opt), before)
+
+
+def test_small_budget_whose_segments_outgrow_the_plan_still_finds_a_size():
+    """A few MiB over a tiny model: the plan picks a batch whose large blocks the allocator
+    rounds to segments past the limit, so the first two verification steps fail. The last
+    try is start_batch_size, which fits: it is returned, where the search once raised
+    'no batch size >= 1 fits' (found by the fuzz)."""
+    cfg = pyxtts.ModelConfig(n_layers=1, d_model=8, n_heads=2, text_vocab_size=7, audio_vocab_size=5,
+                             max_text_tokens=6, max_audio_tokens=8, n_cond_latents=2, dropout=0.0,
+                             max_cond_frames=12)
+    m = pyxtts.XTTSGPT(cfg, seed=0)
+    opt = pyxtts.AdamW(m)
+    before = snapshot(m, opt)
+    pyxtts.set_memory_limit(pyxtts.memory_allocated("cpu") + (8 << 20), "cpu")
+    n0 = pyxtts.memory_stats("cpu")["num_ooms"]
+    size = pyxtts.find_optimal_batch_size(m, opt)
+    assert pyxtts.memory_stats("cpu")["num_ooms"] > n0, "the case: a verification step ran out of memory"
+    assert size >= 1 and fits_real_step(m, opt, size)
     assert_same_state(snapshot(m, opt), before)
 
 
