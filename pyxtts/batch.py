@@ -240,17 +240,18 @@ def train_step_with_accumulation(model, optimizer, batch: Mapping[str, Any],
     (no row is dropped: 10 rows in 4 steps run as 3, 3, 2, 2). Each micro-batch is
     normalised by the whole batch's valid-target counts and scaled by
     ``optimizer.loss_scale``, so the accumulated gradient is the big batch's. The gradients
-    are zeroed first. Every micro-batch draws its dropout masks at the model's
+    are zeroed once the first micro-batch's memory is reserved; the others, a row fewer at
+    most, run in that memory and allocate nothing. Every micro-batch draws its dropout masks at the model's
     ``dropout_step`` with its rows numbered as in the whole batch, so the masks are the whole
     batch's, whatever the split; the step counter then advances by one. On
-    ``OutOfMemoryError`` the caches are released, the gradients zeroed, the micro-batch halved
-    and the whole batch redone: the step is, bit for bit, the step of a call made with the
+    ``OutOfMemoryError`` (only the first micro-batch's reservation can raise it, before any
+    gradient is touched) the caches are released, the micro-batch halved and the whole
+    batch redone: the step is, bit for bit, the step of a call made with the
     micro-batch that fitted (``micro_batch_size``), and the same mathematical step as one
     that never ran out of memory — it differs from that one only by the order of the fp32
     gradient sums (a few ulp). The error is raised only when a micro-batch of one sample
-    does not fit; then the gradients are zero (zeroed first, as on success) and the
-    parameters, the optimizer's state and ``dropout_step`` are as before the call.
-    Resets the device's peak-memory statistics."""
+    does not fit; then the parameters, gradients, the optimizer's state and
+    ``dropout_step`` are as before the call. Resets the device's peak-memory statistics."""
     steps = _positive_int("accumulation_steps", accumulation_steps)
     _, (n_text, n_audio) = model._prepare(batch)  # validates the whole batch before any work
     first = next(iter(batch.values()))
@@ -266,18 +267,16 @@ def train_step_with_accumulation(model, optimizer, batch: Mapping[str, Any],
         out = None
         failed = False
         try:
-            optimizer.zero_grad()
             text = audio = 0.0
-            for lo, hi in _splits(n, pieces):
-                r = model.forward_backward(_rows(batch, lo, hi), token_counts=(n_text, n_audio),
-                                           loss_scale=optimizer.loss_scale, dropout_step=dropout_step,
-                                           sample_offset=lo)
+            for i, (lo, hi) in enumerate(_splits(n, pieces)):
+                r = model._run(_rows(batch, lo, hi), (n_text, n_audio), train=True,
+                               loss_scale=optimizer.loss_scale, dropout_step=dropout_step,
+                               sample_offset=lo, zero_grad=i == 0, keep_larger_arena=True)
                 text += r["text_loss"]
                 audio += r["audio_loss"]
             out = (text, audio)
         except _C.OutOfMemoryError:
             if micro == 1:
-                optimizer.zero_grad()
                 raise
             failed = True
         if not failed:
@@ -285,26 +284,13 @@ def train_step_with_accumulation(model, optimizer, batch: Mapping[str, Any],
         # outside the except block, so the traceback's frames are already released
         cleanup_gpu_memory(device)
         model.release_memory()
-        optimizer.zero_grad()
         micro = max(1, micro // 2)
         pieces = -(-n // micro)
         micro = -(-n // pieces)
         splits += 1
     text, audio = out
+    step = optimizer.step()  # allocates nothing: AdamW reserves its state when it is built
     model.dropout_step = dropout_step + 1
-    step = None
-    for attempt in range(2):  # the optimizer's state is allocated at its first step
-        retry = False
-        try:
-            step = optimizer.step()
-        except _C.OutOfMemoryError:
-            if attempt:
-                raise
-            retry = True
-        if not retry:
-            break
-        model.release_memory()
-        cleanup_gpu_memory(device)
     elapsed = time.perf_counter() - t0
     c = model.config
     return StepResult(

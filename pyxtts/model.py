@@ -552,7 +552,7 @@ class XTTSGPT:
 
     def _run(self, batch: Mapping[str, Any], token_counts: tuple[int, int] | None, train: bool,
              loss_scale: float | None = None, dropout_step: int | None = None,
-             sample_offset: int = 0) -> dict:
+             sample_offset: int = 0, zero_grad: bool = False, keep_larger_arena: bool = False) -> dict:
         arrays, (n_text, n_audio) = self._prepare(batch)
         step = self._dropout_step if dropout_step is None else _step_number("dropout_step", dropout_step)
         offset = _step_number("sample_offset", sample_offset, 1 << 32)
@@ -573,7 +573,8 @@ class XTTSGPT:
             if not (np.isfinite(scale) and scale > 0):
                 raise ValueError(f"loss_scale: must be None or a finite number > 0, got {loss_scale!r}")
         text_sum, audio_sum = self._core._step(*arrays[:10], float(norm[0]), float(norm[1]), train, scale,
-                                               arrays[10], self._dropout_seed, step, offset)
+                                               arrays[10], self._dropout_seed, step, offset,
+                                               bool(zero_grad), bool(keep_larger_arena))
         if train and dropout_step is None:
             self._dropout_step = step + 1
         text_loss = text_sum / norm[0] if norm[0] else 0.0
@@ -585,8 +586,12 @@ class XTTSGPT:
 
     def forward_backward(self, batch: Mapping[str, Any], token_counts: tuple[int, int] | None = None,
                          loss_scale: float | None = None, dropout_step: int | None = None,
-                         sample_offset: int = 0) -> dict:
+                         sample_offset: int = 0, zero_grad: bool = False) -> dict:
         """Loss of the batch, with its gradients added into ``gradients()``.
+
+        With ``zero_grad=True`` the gradients are set to zero first, once the step's memory
+        is reserved: a step that does not fit raises ``OutOfMemoryError`` with them as they
+        were, where ``zero_grad()`` then a failed step would leave zeros.
 
         With ``token_counts=(n_text, n_audio)`` of a whole effective batch, the means use
         those counts, so micro-batches add up to exactly the big batch's gradient.
@@ -600,8 +605,10 @@ class XTTSGPT:
         ``model.forward_backward(batch, loss_scale=opt.loss_scale)`` with
         ``AdamW(model, loss_scale=2.0**16)``, which unscales, skips non-finite steps and
         adjusts the scale. Nothing is attached automatically."""
+        if not isinstance(zero_grad, bool):
+            raise TypeError(f"zero_grad: expected a bool, got {type(zero_grad).__name__}")
         return self._run(batch, token_counts, train=True, loss_scale=loss_scale, dropout_step=dropout_step,
-                         sample_offset=sample_offset)
+                         sample_offset=sample_offset, zero_grad=zero_grad)
 
     def forward(self, batch: Mapping[str, Any], token_counts: tuple[int, int] | None = None) -> dict:
         """Loss of the batch for evaluation: nothing saved, no gradients."""

@@ -120,6 +120,26 @@ def test_accumulation_after_oom_equals_the_call_at_the_micro_batch_that_fitted(p
             assert np.abs(a - b).max() <= tol, k
 
 
+def test_forward_backward_zero_grad_zeroes_only_once_the_step_fits():
+    """zero_grad=True: a step that does not fit leaves the gradients as they were (what
+    train_step_with_accumulation relies on); one that fits equals zero_grad() then the step."""
+    m, opt, batch = trained()
+    before = full_state(m, opt)
+    m.release_memory()
+    pyxtts.testing.inject_oom(0, "cpu")
+    with pytest.raises(pyxtts.OutOfMemoryError):
+        m.forward_backward(batch, zero_grad=True)
+    pyxtts.testing.inject_oom(None, "cpu")
+    assert_same(full_state(m, opt), before, "a step that did not fit")
+    m.forward_backward(batch, zero_grad=True, dropout_step=0)
+    got = full_state(m, opt)
+    m.zero_grad()
+    m.forward_backward(batch, dropout_step=0)
+    assert_same(got, full_state(m, opt), "zero_grad=True vs zero_grad() then the step")
+    with pytest.raises(TypeError, match="zero_grad: expected a bool, got int"):
+        m.forward_backward(batch, zero_grad=1)
+
+
 # ---- 14. writes refused while a step runs in another thread --------------------------
 
 # what the two tests below tried, for tests/bench/hardening_report.py: per test the writes

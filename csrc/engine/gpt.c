@@ -124,9 +124,15 @@ int pxt_gpt_check_batch(const pxt_gpt *m, const pxt_gpt_batch *in, int train) {
     return PXT_OK;
 }
 
-int pxt_gpt_reserve(pxt_gpt *m, pxt_plan *p) {
+int pxt_gpt_reserve(pxt_gpt *m, pxt_plan *p, int keep_larger) {
     if (m->arena && pxt_plan_same(&m->plan, p)) {
         pxt_plan_free(p);
+        return PXT_OK;
+    }
+    if (m->arena && keep_larger && m->arena->nbytes >= p->arena_bytes) {
+        pxt_plan_free(&m->plan); /* p's offsets, in the arena there is */
+        m->plan = *p;
+        memset(p, 0, sizeof *p);
         return PXT_OK;
     }
     pxt_storage_clear(&m->arena);

@@ -28,7 +28,7 @@ typedef struct {
     pxt_gpt_config cfg;
     pxt_flat flat;      /* parameters, gradients, device, dtype */
     int ckpt;           /* pxt_ckpt or PXT_CKPT_AUTO: the policy of the next step */
-    pxt_storage *arena; /* plan.arena_bytes; NULL until the first step */
+    pxt_storage *arena; /* plan.arena_bytes or more (keep_larger); NULL until the first step */
     pxt_plan plan;      /* the arena's layout */
 } pxt_gpt;
 
@@ -80,9 +80,11 @@ size_t pxt_gpt_arena_budget(const pxt_gpt *m);
  * positions in range (PXT_ERR_VALUE naming what is not), and the backend has
  * the ops the step needs (PXT_ERR_NOT_IMPLEMENTED). */
 int pxt_gpt_check_batch(const pxt_gpt *m, const pxt_gpt_batch *in, int train);
-/* Makes the arena match p (takes p over on success; freed on failure). On
- * failure the previous arena is gone (it is a cache) and nothing else changed. */
-int pxt_gpt_reserve(pxt_gpt *m, pxt_plan *p);
+/* Makes the arena match p (takes p over on success; freed on failure). With
+ * keep_larger, a cached arena of at least p's bytes serves p as it is (micro-batches
+ * of one step, a row fewer than the first, allocate nothing). On failure the
+ * previous arena is gone (it is a cache) and nothing else changed. */
+int pxt_gpt_reserve(pxt_gpt *m, pxt_plan *p, int keep_larger);
 /* Runs the step the arena is planned for. */
 int pxt_gpt_step(pxt_gpt *m, const pxt_gpt_batch *in, pxt_gpt_losses *out);
 /* Frees the arena; its bytes. */

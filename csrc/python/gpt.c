@@ -510,11 +510,14 @@ static int mels_data(PyObject *obj, pxt_dtype dt, npy_intp B, const void **data,
 
 /* _step(text_ids, audio_ids, text_tgt, audio_tgt, text_pos, audio_pos, key_mask,
  *       text_len, audio_len, cond, n_text, n_audio, train, loss_scale=1.0, mels=None,
- *       dropout_seed=0, dropout_step=0, sample0=0) -> (text_sum, audio_sum)
+ *       dropout_seed=0, dropout_step=0, sample0=0, zero_grad=False, keep_larger=False)
+ *       -> (text_sum, audio_sum)
  * Arrays come validated from pyxtts.XTTSGPT (int32, uint8 mask, cond and mels
  * in the model's dtype). Losses are sums of -log p over valid targets. The
  * dropout masks of a training step are keyed by (dropout_seed, dropout_step)
- * and the samples numbered from sample0. */
+ * and the samples numbered from sample0. zero_grad: the gradients are zeroed once
+ * the arena is reserved, so a step that does not fit leaves them as they were;
+ * keep_larger: see pxt_gpt_reserve. */
 static PyObject *gpt_step(PyObject *op, PyObject *args) {
     pxt_gpt *m = ready(op);
     if (!m) {
@@ -526,12 +529,13 @@ static PyObject *gpt_step(PyObject *op, PyObject *args) {
     pxt_py_u64 dropout_seed = PXT_PY_U64_OPT("dropout_seed", 0);
     pxt_py_u64 dropout_step = PXT_PY_U64_OPT("dropout_step", 0);
     pxt_py_int sample0 = PXT_PY_INT_OPT("sample_offset", 0, UINT32_MAX, 0);
-    int train;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOO&O&p|O&OO&O&O&:_step", &a[0], &a[1], &a[2], &a[3],
+    int train, zero_grad = 0, keep_larger = 0;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOO&O&p|O&OO&O&O&pp:_step", &a[0], &a[1], &a[2], &a[3],
                           &a[4], &a[5], &a[6], &a[7], &a[8], &a[9], pxt_py_real_converter, &n_text,
                           pxt_py_real_converter, &n_audio, &train, pxt_py_real_converter,
                           &loss_scale, &mels, pxt_py_u64_converter, &dropout_seed,
-                          pxt_py_u64_converter, &dropout_step, pxt_py_int_converter, &sample0)) {
+                          pxt_py_u64_converter, &dropout_step, pxt_py_int_converter, &sample0,
+                          &zero_grad, &keep_larger)) {
         return NULL;
     }
     if (m->flat.busy) {
@@ -598,7 +602,11 @@ static PyObject *gpt_step(PyObject *op, PyObject *args) {
     rc = pxt_gpt_plan(&p, &m->cfg, m->flat.be, m->flat.dt, in.B, in.Lt, in.La, in.Nc, in.S, m->ckpt,
                       train, pxt_gpt_arena_budget(m));
     if (rc == PXT_OK) {
-        rc = pxt_gpt_reserve(m, &p);
+        rc = pxt_gpt_reserve(m, &p, keep_larger);
+    }
+    if (rc == PXT_OK &&
+        zero_grad) { /* after the only allocation: a step that fails changes nothing */
+        rc = pxt_flat_zero_grad(&m->flat);
     }
     if (rc != PXT_OK) {
         return pxt_raise(rc);
