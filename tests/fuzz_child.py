@@ -835,6 +835,8 @@ def same_optimizer_state(got: dict, want: dict, what: str) -> None:
         if k == "num_elements":
             continue  # informational: load_state_dict does not read it (m, v, master are checked)
         g = got[k]
+        if k == "grad_clip" and isinstance(w, (int, float)) and w == 0:
+            w = None  # documented: a clip of 0 (or -0.0) is off, and reads back as None
         if isinstance(w, np.ndarray) or isinstance(g, np.ndarray):
             same_elements(np.asarray(g), np.asarray(w).astype(np.asarray(g).dtype), f"{what}[{k!r}]")
         elif isinstance(w, (list, tuple)) and isinstance(g, (list, tuple)):
