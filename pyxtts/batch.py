@@ -269,9 +269,9 @@ def train_step_with_accumulation(model, optimizer, batch: Mapping[str, Any],
         try:
             text = audio = 0.0
             for i, (lo, hi) in enumerate(_splits(n, pieces)):
-                r = model._run(_rows(batch, lo, hi), (n_text, n_audio), train=True,
-                               loss_scale=optimizer.loss_scale, dropout_step=dropout_step,
-                               sample_offset=lo, zero_grad=i == 0, keep_larger_arena=True)
+                r = model.forward_backward(_rows(batch, lo, hi), token_counts=(n_text, n_audio),
+                                           loss_scale=optimizer.loss_scale, dropout_step=dropout_step,
+                                           sample_offset=lo, zero_grad=i == 0, keep_larger_arena=True)
                 text += r["text_loss"]
                 audio += r["audio_loss"]
             out = (text, audio)

@@ -586,12 +586,17 @@ class XTTSGPT:
 
     def forward_backward(self, batch: Mapping[str, Any], token_counts: tuple[int, int] | None = None,
                          loss_scale: float | None = None, dropout_step: int | None = None,
-                         sample_offset: int = 0, zero_grad: bool = False) -> dict:
+                         sample_offset: int = 0, zero_grad: bool = False,
+                         keep_larger_arena: bool = False) -> dict:
         """Loss of the batch, with its gradients added into ``gradients()``.
 
         With ``zero_grad=True`` the gradients are set to zero first, once the step's memory
         is reserved: a step that does not fit raises ``OutOfMemoryError`` with them as they
-        were, where ``zero_grad()`` then a failed step would leave zeros.
+        were, where ``zero_grad()`` then a failed step would leave zeros. With
+        ``keep_larger_arena=True`` a cached step arena at least as large as this step needs
+        serves it as it is (by default an arena of another shape is freed and this step's
+        reserved): the micro-batches of one step, a row fewer than the first at most, then
+        allocate nothing (``train_step_with_accumulation`` passes both).
 
         With ``token_counts=(n_text, n_audio)`` of a whole effective batch, the means use
         those counts, so micro-batches add up to exactly the big batch's gradient.
@@ -605,10 +610,11 @@ class XTTSGPT:
         ``model.forward_backward(batch, loss_scale=opt.loss_scale)`` with
         ``AdamW(model, loss_scale=2.0**16)``, which unscales, skips non-finite steps and
         adjusts the scale. Nothing is attached automatically."""
-        if not isinstance(zero_grad, bool):
-            raise TypeError(f"zero_grad: expected a bool, got {type(zero_grad).__name__}")
+        for name, flag in (("zero_grad", zero_grad), ("keep_larger_arena", keep_larger_arena)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
         return self._run(batch, token_counts, train=True, loss_scale=loss_scale, dropout_step=dropout_step,
-                         sample_offset=sample_offset, zero_grad=zero_grad)
+                         sample_offset=sample_offset, zero_grad=zero_grad, keep_larger_arena=keep_larger_arena)
 
     def forward(self, batch: Mapping[str, Any], token_counts: tuple[int, int] | None = None) -> dict:
         """Loss of the batch for evaluation: nothing saved, no gradients."""

@@ -312,14 +312,14 @@ def test_conditioning_latents_of_the_wrong_count_are_refused_with_the_data(tmp_p
 MEMTEST_OOM = """
 import sys
 import pyxtts.cli, pyxtts.model, pyxtts.testing
-real = pyxtts.model.XTTSGPT._run  # what forward_backward and train_step_with_accumulation call
+real = pyxtts.model.XTTSGPT.forward_backward
 fired = []
-def run(self, batch, *args, train, **kwargs):
-    if train and not fired:  # the first allocation of the step's first micro-batch fails, as on a full device
+def forward_backward(self, batch, *args, **kwargs):
+    if not fired:  # the first allocation of the step's first micro-batch fails, as on a full device
         fired.append(1)
         pyxtts.testing.inject_oom(0, "cpu")
-    return real(self, batch, *args, train=train, **kwargs)
-pyxtts.model.XTTSGPT._run = run
+    return real(self, batch, *args, **kwargs)
+pyxtts.model.XTTSGPT.forward_backward = forward_backward
 sys.exit(pyxtts.cli.main(sys.argv[1:]))
 """
 

@@ -140,6 +140,23 @@ def test_forward_backward_zero_grad_zeroes_only_once_the_step_fits():
         m.forward_backward(batch, zero_grad=1)
 
 
+def test_keep_larger_arena_steps_a_smaller_batch_in_the_cached_arena():
+    """keep_larger_arena=True: a smaller step allocates nothing in the larger cached arena
+    and computes what it computes in its own (same loss and gradient bits)."""
+    batch = random_batch(make_rng("failure_state.keep"), CFG, 4, 12, 20)
+    small = {k: v[:3] for k, v in batch.items()}
+    m = pyxtts.XTTSGPT(CFG, seed=5)
+    want = m.forward_backward(small, zero_grad=True, dropout_step=0)
+    grads = {k: g.numpy().copy() for k, g in m.gradients().items()}
+    m.forward_backward(batch, dropout_step=0)
+    arena, n0 = m._core.arena_bytes, pyxtts.memory_stats("cpu")["num_allocs"]
+    got = m.forward_backward(small, zero_grad=True, dropout_step=0, keep_larger_arena=True)
+    assert pyxtts.memory_stats("cpu")["num_allocs"] == n0 and m._core.arena_bytes == arena
+    assert got == want
+    for k, g in m.gradients().items():
+        assert np.array_equal(g.numpy().view(np.uint8), grads[k].view(np.uint8)), k
+
+
 # ---- 14. writes refused while a step runs in another thread --------------------------
 
 # what the two tests below tried, for tests/bench/hardening_report.py: per test the writes
