@@ -15,6 +15,7 @@
 #ifndef PXT_CUDA_GROUPNORM_CUH
 #define PXT_CUDA_GROUPNORM_CUH
 
+#include "layernorm.cuh" /* pxt_norm_dinp_sums/_apply */
 #include "vec.cuh"
 
 #define PXT_GN_THREADS 256 /* threads per (sample, group) block */
@@ -107,31 +108,12 @@ __global__ static void __launch_bounds__(PXT_GN_THREADS)
     const double M = (double)S * cg;
     double s[2] = {0.0, 0.0}; /* sum g, sum g * n */
     pxt_gn_each<V>(S, C, cg, [&](size_t k, int j) {
-        float v[V], d[V], wv[V];
-        pxt_vload<T, V>(v, x + k);
-        pxt_vload<T, V>(d, dy + k);
-        pxt_vload<T, V>(wv, w + j);
-        for (int q = 0; q < V; q++) {
-            float n = (v[q] - m) * r;
-            float g = wv[q] * d[q];
-            s[0] += g;
-            s[1] += (double)g * n;
-        }
+        pxt_norm_dinp_sums<T, V>(x + k, dy + k, w + j, m, r, s[0], s[1]);
     });
     pxt_block_sumd<PXT_GN_THREADS>(s);
     const float mg = (float)(s[0] / M), mgn = (float)(s[1] / M);
     pxt_gn_each<V>(S, C, cg, [&](size_t k, int j) {
-        float v[V], d[V], wv[V], a[V];
-        pxt_vload<T, V>(v, x + k);
-        pxt_vload<T, V>(d, dy + k);
-        pxt_vload<T, V>(wv, w + j);
-        pxt_vload<T, V>(a, dx + k);
-        for (int q = 0; q < V; q++) {
-            float n = (v[q] - m) * r;
-            float g = wv[q] * d[q];
-            a[q] = a[q] + (g - mg - n * mgn) * r;
-        }
-        pxt_vstore<T, V>(dx + k, a);
+        pxt_norm_dinp_apply<T, V>(dx + k, x + k, dy + k, w + j, m, r, mg, mgn);
     });
 }
 

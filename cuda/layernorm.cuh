@@ -16,6 +16,40 @@
 
 #define PXT_LN_WARPS 8 /* rows per block of the row kernels (layernorm.cu's forward too) */
 
+/* The normalisation gradient of V elements, shared with GroupNorm (a group is its row):
+ * n = (x - m) * r and g = w * dy; the first pass adds sum g and sum g n (double), the
+ * second adds r * (g - mg - n * mgn) into dx, mg and mgn the two sums' means. */
+template <typename T, int V>
+__device__ static inline void pxt_norm_dinp_sums(const T *x, const T *dy, const T *w, float m,
+                                                 float r, double &sg, double &sgn) {
+    float v[V], d[V], wv[V];
+    pxt_vload<T, V>(v, x);
+    pxt_vload<T, V>(d, dy);
+    pxt_vload<T, V>(wv, w);
+    for (int q = 0; q < V; q++) {
+        float n = (v[q] - m) * r;
+        float g = wv[q] * d[q];
+        sg += g;
+        sgn += (double)g * n;
+    }
+}
+
+template <typename T, int V>
+__device__ static inline void pxt_norm_dinp_apply(T *dx, const T *x, const T *dy, const T *w,
+                                                  float m, float r, float mg, float mgn) {
+    float v[V], d[V], wv[V], a[V];
+    pxt_vload<T, V>(v, x);
+    pxt_vload<T, V>(d, dy);
+    pxt_vload<T, V>(wv, w);
+    pxt_vload<T, V>(a, dx);
+    for (int q = 0; q < V; q++) {
+        float n = (v[q] - m) * r;
+        float g = wv[q] * d[q];
+        a[q] = a[q] + (g - mg - n * mgn) * r;
+    }
+    pxt_vstore<T, V>(dx, a);
+}
+
 /* dinp, dout, inp (N, C); weight (C); mean, rstd (N). Grid ceil(N / WARPS), 32 x WARPS. */
 template <typename T, int V>
 __global__ static void __launch_bounds__(32 * PXT_LN_WARPS)
@@ -31,30 +65,11 @@ __global__ static void __launch_bounds__(32 * PXT_LN_WARPS)
     const float m = mean[row], r = rstd[row];
     double sg = 0.0, sgn = 0.0;
     for (int j = lane * V; j < C; j += 32 * V) {
-        float v[V], d[V], w[V];
-        pxt_vload<T, V>(v, x + j);
-        pxt_vload<T, V>(d, dy + j);
-        pxt_vload<T, V>(w, weight + j);
-        for (int q = 0; q < V; q++) {
-            float n = (v[q] - m) * r;
-            float g = w[q] * d[q];
-            sg += g;
-            sgn += (double)g * n;
-        }
+        pxt_norm_dinp_sums<T, V>(x + j, dy + j, weight + j, m, r, sg, sgn);
     }
     const float mg = (float)(pxt_warp_sumd(sg) / C), mgn = (float)(pxt_warp_sumd(sgn) / C);
     for (int j = lane * V; j < C; j += 32 * V) {
-        float v[V], d[V], w[V], a[V];
-        pxt_vload<T, V>(v, x + j);
-        pxt_vload<T, V>(d, dy + j);
-        pxt_vload<T, V>(w, weight + j);
-        pxt_vload<T, V>(a, dx + j);
-        for (int q = 0; q < V; q++) {
-            float n = (v[q] - m) * r;
-            float g = w[q] * d[q];
-            a[q] = a[q] + (g - mg - n * mgn) * r;
-        }
-        pxt_vstore<T, V>(dx + j, a);
+        pxt_norm_dinp_apply<T, V>(dx + j, x + j, dy + j, weight + j, m, r, mg, mgn);
     }
 }
 
