@@ -272,6 +272,18 @@ template <typename T> static void rmsnorm_case(int N, int C, int zero_row, int o
         emu_free(p);
 }
 
+/* A grid-stride launch of the elementwise kernels' 256-thread blocks (PXT_EW_BLOCK) over nv
+ * vectors, the grid capped at max_grid so that the loop goes round; nothing when nv is 0. */
+template <class F> static void ew_launch(size_t nv, unsigned max_grid, F body) {
+    if (!nv)
+        return;
+    emu_dim3 grid, block;
+    block.x = 256;
+    size_t blocks = (nv + 255) / 256;
+    grid.x = (unsigned)(blocks < max_grid ? blocks : max_grid);
+    emu_launch(grid, block, 0, body);
+}
+
 /* ---- GEGLU ----------------------------------------------------------------------------------- */
 
 template <typename T> static void geglu_case(int N, int F, int off, unsigned max_grid) {
@@ -286,21 +298,14 @@ template <typename T> static void geglu_case(int N, int F, int off, unsigned max
     long e0 = emu_errors;
     const void *fptrs[] = {got, x}, *bptrs[] = {dgot, x, dout};
     const int Vf = pxt_vec_width(sizeof(T), F, fptrs, 2), Vb = pxt_vec_width(sizeof(T), F, bptrs, 3);
-    emu_dim3 grid, block;
-    block.x = 256; /* PXT_EW_BLOCK */
     pxt_vec_dispatch<T>(Vf, [&](auto v) {
         constexpr int V = decltype(v)::value;
-        size_t nv = (size_t)N * (F / V), blocks = (nv + 255) / 256;
-        grid.x = (unsigned)(blocks < max_grid ? blocks : max_grid);
-        if (nv)
-            emu_launch(grid, block, 0, [&] { pxt_geglu_forward_kernel<T, V>(got, x, N, F); });
+        ew_launch((size_t)N * (F / V), max_grid, [&] { pxt_geglu_forward_kernel<T, V>(got, x, N, F); });
     });
     pxt_vec_dispatch<T>(Vb, [&](auto v) {
         constexpr int V = decltype(v)::value;
-        size_t nv = (size_t)N * (F / V), blocks = (nv + 255) / 256;
-        grid.x = (unsigned)(blocks < max_grid ? blocks : max_grid);
-        if (nv)
-            emu_launch(grid, block, 0, [&] { pxt_geglu_backward_kernel<T, V>(dgot, x, dout, N, F); });
+        ew_launch((size_t)N * (F / V), max_grid,
+                  [&] { pxt_geglu_backward_kernel<T, V>(dgot, x, dout, N, F); });
     });
     bool ok = same_bits(got, want, n * sizeof(T)) && same_bits(dgot, dwant, 2 * n * sizeof(T));
     report("geglu " + std::string(name_of<T>()) + " N=" + std::to_string(N) + " F=" + std::to_string(F) +
@@ -329,21 +334,13 @@ template <typename T> static void gelu_case(size_t n, int off, unsigned max_grid
     const void *fptrs[] = {got, x}, *bptrs[] = {dgot, x, dout};
     const int Vf = pxt_vec_width(sizeof(T), (int)(n % 16), fptrs, 2);
     const int Vb = pxt_vec_width(sizeof(T), (int)(n % 16), bptrs, 3);
-    emu_dim3 grid, block;
-    block.x = 256; /* PXT_EW_BLOCK */
     pxt_vec_dispatch<T>(Vf, [&](auto v) {
         constexpr int V = decltype(v)::value;
-        size_t blocks = (n / V + 255) / 256;
-        grid.x = (unsigned)(blocks < max_grid ? blocks : max_grid);
-        if (n)
-            emu_launch(grid, block, 0, [&] { pxt_gelu_forward_kernel<T, V>(got, x, n); });
+        ew_launch(n / V, max_grid, [&] { pxt_gelu_forward_kernel<T, V>(got, x, n); });
     });
     pxt_vec_dispatch<T>(Vb, [&](auto v) {
         constexpr int V = decltype(v)::value;
-        size_t blocks = (n / V + 255) / 256;
-        grid.x = (unsigned)(blocks < max_grid ? blocks : max_grid);
-        if (n)
-            emu_launch(grid, block, 0, [&] { pxt_gelu_backward_kernel<T, V>(dgot, x, dout, n); });
+        ew_launch(n / V, max_grid, [&] { pxt_gelu_backward_kernel<T, V>(dgot, x, dout, n); });
     });
     bool ok = same_bits(got, want, n * sizeof(T)) && same_bits(dgot, dwant, n * sizeof(T));
     report("gelu " + std::string(name_of<T>()) + " n=" + std::to_string(n) + " V=" + std::to_string(Vf) + "/" +
