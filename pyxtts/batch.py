@@ -264,8 +264,7 @@ def train_step_with_accumulation(model, optimizer, batch: Mapping[str, Any],
     splits = 0
     dropout_step = model.dropout_step
     while True:
-        out = None
-        failed = False
+        out = None  # the micro-batches' (text, audio) losses, once all of them ran
         try:
             text = audio = 0.0
             for i, (lo, hi) in enumerate(_splits(n, pieces)):
@@ -278,8 +277,7 @@ def train_step_with_accumulation(model, optimizer, batch: Mapping[str, Any],
         except _C.OutOfMemoryError:
             if micro == 1:
                 raise
-            failed = True
-        if not failed:
+        if out is not None:
             break
         # outside the except block, so the traceback's frames are already released
         cleanup_gpu_memory(device)
