@@ -309,6 +309,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
     /* bit 2 mt + hf: row g + 8 hf of m-tile mt had a visible key in this lane's columns
      * (then no l > 0 means scores that overflowed float, or NaN) */
     uint32_t saw = 0;
+    static_assert(2 * MT < 32, "one bit per row of the warp's m-tiles");
 
     for (int it = 0; it < ntiles; it++) {
         const int buf = it & 1, j0 = it * TC_BK;
