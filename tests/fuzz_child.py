@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 import pyxtts
+from helpers import allowed_mask
 
 ALLOWED = (TypeError, ValueError, KeyError, BufferError, MemoryError, NotImplementedError)
 # dropout 0: forward and forward_backward compute the same loss, which the reference checks;
@@ -183,17 +184,9 @@ HALF_ULP = {"float32": 0.0, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}  # one
 
 
 def allowed_keys(B: int, Tq: int, Tk: int, opts: dict) -> np.ndarray:
-    """(B, Tq, Tk) bool: query i of sample b may see key j (causal is top-left aligned)."""
-    ok = np.ones((B, Tq, Tk), bool)
-    if opts.get("causal", True):
-        ok &= np.tril(np.ones((Tq, Tk), bool))[None]
-    if opts.get("q_lengths") is not None:
-        ok &= (np.arange(Tq)[None, :] < np.asarray(opts["q_lengths"])[:, None])[:, :, None]
-    if opts.get("k_lengths") is not None:
-        ok &= (np.arange(Tk)[None, :] < np.asarray(opts["k_lengths"])[:, None])[:, None, :]
-    if opts.get("key_mask") is not None:
-        ok &= (np.asarray(opts["key_mask"]) != 0)[:, None, :]
-    return ok
+    """(B, Tq, Tk) bool: query i of sample b may see key j, from attention's keywords."""
+    return allowed_mask(B, Tq, Tk, opts.get("causal", True), opts.get("q_lengths"), opts.get("k_lengths"),
+                        opts.get("key_mask"))
 
 
 def ref_attention(q, k, v, opts: dict) -> dict:

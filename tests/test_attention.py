@@ -29,7 +29,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import pyxtts
 from pyxtts import _C
-from helpers import make_rng
+from helpers import allowed_mask, make_rng
 
 pytestmark = pytest.mark.usefixtures("check_memory")
 
@@ -58,20 +58,6 @@ def skip_if_missing(exc: NotImplementedError, device: str):
 
 
 # ---- the reference --------------------------------------------------------------------
-
-
-def allowed_mask(B, Tq, Tk, causal, q_lengths, k_lengths, key_mask) -> np.ndarray:
-    """(B, Tq, Tk) bool: query i of sample b may attend to key j."""
-    allowed = np.ones((B, Tq, Tk), bool)
-    if causal:  # top-left aligned, like torch's is_causal
-        allowed &= np.tril(np.ones((Tq, Tk), bool))[None]
-    if q_lengths is not None:
-        allowed &= (np.arange(Tq)[None, :] < np.asarray(q_lengths)[:, None])[:, :, None]
-    if k_lengths is not None:
-        allowed &= (np.arange(Tk)[None, :] < np.asarray(k_lengths)[:, None])[:, None, :]
-    if key_mask is not None:
-        allowed &= np.asarray(key_mask, bool)[:, None, :]
-    return allowed
 
 
 def reference(q, k, v, dout, allowed, scale):

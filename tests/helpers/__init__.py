@@ -50,6 +50,21 @@ MEDIUM = pyxtts.ModelConfig(n_layers=4, d_model=128, n_heads=4, text_vocab_size=
 
 # ---- batches --------------------------------------------------------------------
 
+def allowed_mask(B, Tq, Tk, causal, q_lengths, k_lengths, key_mask) -> np.ndarray:
+    """(B, Tq, Tk) bool: query i of sample b may attend to key j (the attention tests' and
+    the fuzz's float64 references)."""
+    allowed = np.ones((B, Tq, Tk), bool)
+    if causal:  # top-left aligned, like torch's is_causal
+        allowed &= np.tril(np.ones((Tq, Tk), bool))[None]
+    if q_lengths is not None:
+        allowed &= (np.arange(Tq)[None, :] < np.asarray(q_lengths)[:, None])[:, :, None]
+    if k_lengths is not None:
+        allowed &= (np.arange(Tk)[None, :] < np.asarray(k_lengths)[:, None])[:, None, :]
+    if key_mask is not None:
+        allowed &= np.asarray(key_mask, bool)[:, None, :]
+    return allowed
+
+
 def random_batch(rng, cfg, B, Lt, La, n_cond=None, full=False):
     """A batch with varied lengths (padding in the middle), some ignored targets."""
     tl = np.full(B, Lt) if full else rng.integers(max(1, Lt // 2), Lt + 1, B)
