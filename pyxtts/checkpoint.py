@@ -40,6 +40,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from ._args import integer
+
 __all__ = ["FORMAT", "FORMAT_VERSION", "CheckpointError", "CheckpointWarning", "load_checkpoint",
            "read_checkpoint", "save_checkpoint"]
 
@@ -297,10 +299,7 @@ def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
     e.g. ``{"epoch": 3, "rng": rng.bit_generator.state}``; it comes back from
     ``load_checkpoint`` (tuples as lists). ``carried``: name -> array of tensors the model
     does not have, stored as ``carried.<name>`` (names the model has are refused)."""
-    if isinstance(step, bool) or not hasattr(step, "__index__"):
-        raise TypeError(f"step: expected an int, got {step!r}")
-    if int(step) < 0:
-        raise ValueError(f"step: must be >= 0, got {step!r}")
+    step = integer("step", step)
     try:
         json.dumps(extra, allow_nan=True)
     except (TypeError, ValueError) as exc:
@@ -345,7 +344,7 @@ def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
         "pyxtts_version": _version(),
         "config": asdict(model.config),
         "precision": getattr(model, "precision", None),
-        "step": int(step),
+        "step": step,
         "dropout_seed": int(getattr(model, "dropout_seed", 0)),
         "dropout_step": int(getattr(model, "dropout_step", 0)),
         "optimizer": opt_meta,

@@ -20,6 +20,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ._args import integer
+
 __all__ = ["ConstantLR", "LRSchedule", "MultiStepLR", "WarmupCosineLR"]
 
 
@@ -32,20 +34,11 @@ def _number(name: str, value: Any, *, minimum: float = 0.0) -> float:
     return v
 
 
-def _integer(name: str, value: Any, *, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name}: expected an int, got {value!r}")
-    v = int(value.__index__())
-    if v < minimum:
-        raise ValueError(f"{name}: must be >= {minimum}, got {v}")
-    return v
-
-
 class LRSchedule:
     """Base class: ``schedule(step)`` is the learning rate of optimizer step ``step``."""
 
     def __call__(self, step: int) -> float:
-        return self._lr(_integer("step", step))
+        return self._lr(integer("step", step))
 
     def _lr(self, step: int) -> float:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -77,8 +70,8 @@ class WarmupCosineLR(LRSchedule):
 
     def __init__(self, lr: float, warmup_steps: int, total_steps: int, min_lr: float = 0.0) -> None:
         self.lr = _number("lr", lr)
-        self.warmup_steps = _integer("warmup_steps", warmup_steps)
-        self.total_steps = _integer("total_steps", total_steps, minimum=1)
+        self.warmup_steps = integer("warmup_steps", warmup_steps)
+        self.total_steps = integer("total_steps", total_steps, minimum=1)
         self.min_lr = _number("min_lr", min_lr)
         if self.warmup_steps >= self.total_steps:
             raise ValueError(f"warmup_steps: must be < total_steps={self.total_steps}, "
@@ -103,7 +96,7 @@ class MultiStepLR(LRSchedule):
         self.lr = _number("lr", lr)
         if isinstance(milestones, (str, bytes)) or not isinstance(milestones, Iterable):
             raise TypeError(f"milestones: expected a sequence of ints, got {milestones!r}")
-        ms: Sequence[int] = [_integer("milestones", m) for m in milestones]
+        ms: Sequence[int] = [integer("milestones", m) for m in milestones]
         if any(b <= a for a, b in itertools.pairwise(ms)):
             raise ValueError(f"milestones: must be strictly increasing, got {list(ms)}")
         self.milestones = list(ms)

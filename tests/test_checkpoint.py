@@ -154,9 +154,15 @@ def test_extra_must_be_json(tmp_path):
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(ValueError, match="step"):
         pyxtts.save_checkpoint(tmp_path / "x.safetensors", model, step=-1)
-    with pytest.raises(TypeError, match="step"):
-        pyxtts.save_checkpoint(tmp_path / "x.safetensors", model, step=1.5)
+    # a 0-d float array has __index__ (which raises) and int() of it truncates: once saved as 2
+    for bad in (1.5, np.array(2.5, np.float16), np.float64(2.0), True):
+        with pytest.raises(TypeError, match=r"^step: expected an int, got"):
+            pyxtts.save_checkpoint(tmp_path / "x.safetensors", model, step=bad)
     assert list(tmp_path.iterdir()) == []
+    for ok in (np.int16(7), np.array(7, np.uint8)):  # integers NumPy hands out are ints
+        pyxtts.save_checkpoint(tmp_path / "x.safetensors", model, step=ok)
+        meta = pyxtts.load_checkpoint(tmp_path / "x.safetensors", pyxtts.XTTSGPT(TINY))
+        assert meta["step"] == 7 and type(meta["step"]) is int
 
 
 # ---- refusals: CheckpointError, nothing changed -------------------------------------

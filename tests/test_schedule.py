@@ -96,6 +96,8 @@ def test_validation_names_the_argument(make, arg):
     (lambda: pyxtts.MultiStepLR(1e-3, 5), "milestones"),
     (lambda: pyxtts.ConstantLR(1.0)(1.0), "step"),
     (lambda: pyxtts.ConstantLR(1.0)(True), "step"),
+    (lambda: pyxtts.ConstantLR(1.0)(np.array(2.5)), "step"),  # has __index__, which raises
+    (lambda: pyxtts.WarmupCosineLR(1e-3, np.float32(1.0), 10), "warmup_steps"),
 ])
 def test_wrong_types_name_the_argument(make, arg):
     with pytest.raises(TypeError, match=arg):

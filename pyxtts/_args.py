@@ -1,0 +1,26 @@
+"""Argument converters shared by the Python layer: one per kind of argument, each raising
+a ``TypeError`` or ``ValueError`` that names the argument, the expected and the received
+value."""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import numpy as np
+
+
+def integer(name: str, value: Any, *, minimum: int = 0) -> int:
+    """``value`` as a Python int >= ``minimum``.
+
+    Accepts what ``operator.index`` accepts (ints, NumPy integer scalars, 0-d integer
+    arrays); refuses bools and anything that only converts with rounding, such as a
+    float or a 0-d float array (``int()`` would turn 2.5 into 2 silently)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected an int, got {value!r}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an int, got {value!r}") from None
+    if v < minimum:
+        raise ValueError(f"{name}: must be >= {minimum}, got {v}")
+    return v
