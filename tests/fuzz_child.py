@@ -825,8 +825,6 @@ def case_load_state_dict(draw) -> Case:
 def same_optimizer_state(got: dict, want: dict, what: str) -> None:
     expect(set(got) == set(want), f"{what}: keys {sorted(set(got) ^ set(want))}")
     for k, w in want.items():
-        if k == "num_elements":
-            continue  # informational: load_state_dict does not read it (m, v, master are checked)
         g = got[k]
         if k == "grad_clip" and isinstance(w, (int, float)) and w == 0:
             w = None  # documented: a clip of 0 (or -0.0) is off, and reads back as None

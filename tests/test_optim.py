@@ -347,6 +347,9 @@ def test_load_state_dict_refusals_change_nothing(rng):
             (ValueError, "betas", {**good, "betas": (0.9, 1.5)}),
             (ValueError, "loss_scale", {**good, "loss_scale": 8.0}),
             (TypeError, "state", [1, 2]),
+            (ValueError, r"^state\['num_elements'\]: expected \d+ \(this optimizer's model\), got",
+             {**good, "num_elements": n + 1}),
+            (TypeError, "num_elements", {**good, "num_elements": "7"}),
         ]
 
     for o in (opt, fresh):
@@ -363,7 +366,9 @@ def test_load_state_dict_refusals_change_nothing(rng):
     good = opt.state_dict()
     with pytest.raises(ValueError, match="ema"):  # fresh keeps an EMA, good has none
         fresh.load_state_dict(good)
-    with pytest.raises(ValueError, match="shape"):  # another model size
+    older = {k: v for k, v in good.items() if k != "num_elements"}  # state dicts before it
+    pyxtts.AdamW(m, lr=1e-3).load_state_dict(older)
+    with pytest.raises(ValueError, match="num_elements"):  # another model size, named as such
         pyxtts.AdamW(pyxtts.XTTSGPT(pyxtts.ModelConfig(
             n_layers=1, d_model=32, n_heads=4, text_vocab_size=37, audio_vocab_size=29,
             max_text_tokens=24, max_audio_tokens=40, n_cond_latents=3, conditioning=False))).load_state_dict(good)

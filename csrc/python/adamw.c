@@ -498,6 +498,34 @@ static int check_moments(const float *m, const float *v, size_t n, double b1, do
     return 0;
 }
 
+/* state['num_elements'], where present (state dicts of older versions lack it), names the
+ * size of the flat buffer the state belongs to: another model's state is refused by name
+ * rather than by the first array whose shape differs. */
+static int check_num_elements(PyObject *state, size_t n) {
+    PyObject *v = PyMapping_GetItemString(state, "num_elements");
+    if (!v) {
+        if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
+            return -1;
+        }
+        PyErr_Clear();
+        return 0;
+    }
+    long long got;
+    int rc = parse_count(v, "state['num_elements']", &got, 0);
+    Py_DECREF(v);
+    if (rc < 0) {
+        return -1;
+    }
+    if ((unsigned long long)got != (unsigned long long)n) {
+        PyErr_Format(PyExc_ValueError,
+                     "state['num_elements']: expected %zu (this optimizer's model), got %lld (the "
+                     "state of another model?)",
+                     n, got);
+        return -1;
+    }
+    return 0;
+}
+
 /* load_state_dict(state): everything checked, then everything written. */
 static PyObject *adamw_load_state_dict(PyObject *op, PyObject *state) {
     pxt_py_adamw *o = (pxt_py_adamw *)op;
@@ -559,7 +587,8 @@ static PyObject *adamw_load_state_dict(PyObject *op, PyObject *state) {
         parse_ema(val[K_EMAD], &has_ema, &emad) < 0) {
         goto done;
     }
-    if (check_update_bound(&h, a->flat->dt, "state['lr']") < 0) {
+    if (check_update_bound(&h, a->flat->dt, "state['lr']") < 0 ||
+        check_num_elements(state, a->n) < 0) {
         goto done;
     }
     if (scaling != a->h.scaling) {
