@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from ._args import integer
+
 __all__ = ["AUDIO_OVERHEAD", "TEXT_OVERHEAD", "code_count", "frame_batch", "framed_lengths"]
 
 TEXT_OVERHEAD = 1  # START
@@ -40,12 +42,8 @@ AUDIO_OVERHEAD = 4  # START and 3 STOP inputs
 def code_count(num_samples: int, code_stride_len: int) -> int:
     """Codes Coqui keeps for a waveform of ``num_samples`` samples:
     ``ceil(num_samples / code_stride_len)``."""
-    for name, v, lo in (("num_samples", num_samples, 0), ("code_stride_len", code_stride_len, 1)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise TypeError(f"{name}: expected an int, got {v!r}")
-        if v < lo:
-            raise ValueError(f"{name}: must be >= {lo}, got {v}")
-    return -(-int(num_samples) // int(code_stride_len))
+    n = integer("num_samples", num_samples)
+    return -(-n // integer("code_stride_len", code_stride_len, minimum=1))
 
 
 def framed_lengths(text_len: int, audio_len: int) -> tuple[int, int]:
