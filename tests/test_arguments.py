@@ -58,6 +58,20 @@ def test_integers_out_of_range_name_the_argument(model, value):
     raises(ValueError, "n_heads", _C._attention_qkv_forward, np.zeros((1, 3, 12), np.float32), value)
 
 
+@pytest.mark.parametrize("value", [np.array(2.5), np.array([3]), np.float32(3.0)])
+def test_integers_refused_by_their_own_index_name_the_argument(model, value):
+    """A NumPy array has __index__, which refuses every array but a 0-d integer one; the
+    refusal used to be NumPy's nameless "only integer scalar arrays can be converted"."""
+    shown = repr(value) if isinstance(value, np.ndarray) else type(value).__name__
+    raises(TypeError, "d_model", pyxtts.Block, value, 2, shows=shown)
+    raises(TypeError, "growth_interval", pyxtts.AdamW, model, growth_interval=value, shows=shown)
+    raises(TypeError, "seed", pyxtts.XTTSGPT, CFG, seed=value, shows=shown)
+    raises(TypeError, "batch_size", model.estimate_memory, value, 4, 4, shows=shown)
+    at = "shape at dim 1" if isinstance(value, np.ndarray) else "shape"
+    raises(TypeError, at, pyxtts.zeros, (2, value), shows=shown)
+    assert pyxtts.Block(np.array(16), np.int8(2)).d_model == 16  # integers NumPy hands out are ints
+
+
 @pytest.mark.parametrize("field", ["n_layers", "d_model", "n_heads", "text_vocab_size",
                                    "audio_vocab_size", "max_text_tokens", "max_audio_tokens",
                                    "n_cond_latents", "max_attention_sequence_length"])

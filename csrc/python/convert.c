@@ -19,6 +19,18 @@ static int none_for(pxt_py_arg *a, PyObject *obj) {
 
 /* ---- numbers ---------------------------------------------------------------------- */
 
+/* obj's __index__ as a new int reference; where __index__ itself refuses (a NumPy array
+ * has one, which refuses every array but a 0-d integer one), a TypeError naming `what`
+ * and the value instead of NumPy's nameless one. */
+static PyObject *index_of(PyObject *obj, const char *what) {
+    PyObject *v = PyNumber_Index(obj);
+    if (!v && PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: expected an integer, got %.100R", what, obj);
+    }
+    return v;
+}
+
 /* An integer argument (int or __index__, not bool) as a new int reference, or
  * NULL with TypeError naming it. */
 static PyObject *integer_of(PyObject *obj, const char *name) {
@@ -27,7 +39,7 @@ static PyObject *integer_of(PyObject *obj, const char *name) {
                      Py_TYPE(obj)->tp_name);
         return NULL;
     }
-    return PyNumber_Index(obj);
+    return index_of(obj, name);
 }
 
 /* "name: expected an integer <want>, got <v>"; 0. */
@@ -428,7 +440,9 @@ static int shape_entry(PyObject *it, const char *name, int dim, int64_t *out) {
                      Py_TYPE(it)->tp_name, dim);
         return 0;
     }
-    PyObject *v = PyNumber_Index(it);
+    char what[128];
+    snprintf(what, sizeof what, "%s at dim %d", name, dim);
+    PyObject *v = index_of(it, what);
     if (!v) {
         return 0;
     }
