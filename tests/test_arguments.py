@@ -72,6 +72,27 @@ def test_integers_refused_by_their_own_index_name_the_argument(model, value):
     assert pyxtts.Block(np.array(16), np.int8(2)).d_model == 16  # integers NumPy hands out are ints
 
 
+@pytest.mark.parametrize("value", [[], np.zeros(5, bool), 1, "no", None])
+def test_flags_take_bools_only(model, value):
+    """A flag was parsed by truth value: causal=[] meant bidirectional, causal="no" causal,
+    and an array raised NumPy's nameless "truth value ... is ambiguous"."""
+    q = np.random.default_rng(0).standard_normal((1, 2, 3, 4)).astype(np.float32)
+    shown = type(value).__name__
+    raises(TypeError, "causal", pyxtts.attention, q, q, q, causal=value, shows=shown)
+    raises(TypeError, "causal", pyxtts.attention_forward, q, q, q, causal=value)
+    out, lse = pyxtts.attention_forward(q, q, q)
+    raises(TypeError, "causal", pyxtts.attention_backward, q, q, q, q, out, lse, causal=value)
+    raises(TypeError, "cross_attention", pyxtts.Block, 16, 2, cross_attention=value, shows=shown)
+    x = np.zeros((1, 3, 16), np.float32)
+    raises(TypeError, "causal", pyxtts.Block(16, 2).forward, x, causal=value)
+    raises(TypeError, "train", model.estimate_memory, 1, 4, 4, train=value)
+    raises(TypeError, "train", pyxtts.estimate_memory, CFG, 1, 4, 4, train=value)
+    raises(TypeError, "copy", pyxtts.tensor([1.0]).to, "cpu", copy=value)
+    # NumPy's bools are bools
+    np.testing.assert_array_equal(pyxtts.attention(q, q, q, causal=np.bool_(False)).numpy(),
+                                  pyxtts.attention(q, q, q, causal=False).numpy())
+
+
 @pytest.mark.parametrize("field", ["n_layers", "d_model", "n_heads", "text_vocab_size",
                                    "audio_vocab_size", "max_text_tokens", "max_audio_tokens",
                                    "n_cond_latents", "max_attention_sequence_length"])

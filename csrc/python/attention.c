@@ -334,10 +334,10 @@ static PyObject *forward(PyObject *args, PyObject *kwargs, const char *fmt, int 
                             *maxlen = Py_None;
     pxt_py_real drop_p = DROPOUT_P();
     pxt_py_u64 drop_key = DROPOUT_KEY();
-    int causal = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, fmt, kw, &qo, &ko, &vo, &causal, &ql, &kl, &km,
-                                     &sc, &maxlen, pxt_py_real_converter, &drop_p,
-                                     pxt_py_u64_converter, &drop_key)) {
+    pxt_py_bool causal = PXT_PY_BOOL_DFLT("causal", 1);
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, fmt, kw, &qo, &ko, &vo, pxt_py_bool_converter,
+                                     &causal, &ql, &kl, &km, &sc, &maxlen, pxt_py_real_converter,
+                                     &drop_p, pxt_py_u64_converter, &drop_key)) {
         return NULL;
     }
     refs r = {.n = 0};
@@ -359,7 +359,7 @@ static PyObject *forward(PyObject *args, PyObject *kwargs, const char *fmt, int 
                        .k = dense(k),
                        .v = dense(v),
                        .o = dense(q)};
-    if (options(&r, &a, q->device, causal, ql, kl, km, sc) < 0) {
+    if (options(&r, &a, q->device, causal.value, ql, kl, km, sc) < 0) {
         goto done;
     }
     a.drop = dropout_of(&a, &drop_p, &drop_key);
@@ -382,12 +382,12 @@ done:
 
 static PyObject *py_attention_forward(PyObject *m, PyObject *args, PyObject *kwargs) {
     (void)m;
-    return forward(args, kwargs, "OOO|pOOOOOO&O&:attention_forward", 1);
+    return forward(args, kwargs, "OOO|O&OOOOOO&O&:attention_forward", 1);
 }
 
 static PyObject *py_attention(PyObject *m, PyObject *args, PyObject *kwargs) {
     (void)m;
-    return forward(args, kwargs, "OOO|pOOOOOO&O&:attention", 0);
+    return forward(args, kwargs, "OOO|O&OOOOOO&O&:attention", 0);
 }
 
 /* ---- backward ---------------------------------------------------------------- */
@@ -429,11 +429,11 @@ static PyObject *py_attention_backward(PyObject *m, PyObject *args, PyObject *kw
                                             *sc = Py_None;
     pxt_py_real drop_p = DROPOUT_P();
     pxt_py_u64 drop_key = DROPOUT_KEY();
-    int causal = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO|pOOOOO&O&:attention_backward", kw, &doo,
-                                     &qo, &ko, &vo, &oo, &lo, &causal, &ql, &kl, &km, &sc,
-                                     pxt_py_real_converter, &drop_p, pxt_py_u64_converter,
-                                     &drop_key)) {
+    pxt_py_bool causal = PXT_PY_BOOL_DFLT("causal", 1);
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO|O&OOOOO&O&:attention_backward", kw, &doo,
+                                     &qo, &ko, &vo, &oo, &lo, pxt_py_bool_converter, &causal, &ql,
+                                     &kl, &km, &sc, pxt_py_real_converter, &drop_p,
+                                     pxt_py_u64_converter, &drop_key)) {
         return NULL;
     }
     refs r = {.n = 0};
@@ -460,7 +460,7 @@ static PyObject *py_attention_backward(PyObject *m, PyObject *args, PyObject *kw
                        .v = dense(v),
                        .o = dense(q)};
     if (check_lse(lse, &a, q->device) < 0 ||
-        options(&r, &a, q->device, causal, ql, kl, km, sc) < 0) {
+        options(&r, &a, q->device, causal.value, ql, kl, km, sc) < 0) {
         goto done;
     }
     a.drop = dropout_of(&a, &drop_p, &drop_key);
@@ -518,9 +518,10 @@ static PyObject *py_qkv_forward(PyObject *m, PyObject *args, PyObject *kwargs) {
                          "k_lengths", "key_mask", "scale",  NULL};
     PyObject *qo, *ql = Py_None, *kl = Py_None, *km = Py_None, *sc = Py_None;
     pxt_py_int heads = PXT_PY_INT("n_heads", 1, INT_MAX);
-    int causal = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO&|pOOOO:_attention_qkv_forward", kw, &qo,
-                                     pxt_py_int_converter, &heads, &causal, &ql, &kl, &km, &sc)) {
+    pxt_py_bool causal = PXT_PY_BOOL_DFLT("causal", 1);
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO&|O&OOOO:_attention_qkv_forward", kw, &qo,
+                                     pxt_py_int_converter, &heads, pxt_py_bool_converter, &causal,
+                                     &ql, &kl, &km, &sc)) {
         return NULL;
     }
     int n_heads = (int)heads.value;
@@ -529,7 +530,7 @@ static PyObject *py_qkv_forward(PyObject *m, PyObject *args, PyObject *kwargs) {
     pxt_tensor *qkv;
     pxt_attn_args a;
     if (qkv_layout(&r, qo, n_heads, &qkv, &a) < 0 ||
-        options(&r, &a, qkv->device, causal, ql, kl, km, sc) < 0) {
+        options(&r, &a, qkv->device, causal.value, ql, kl, km, sc) < 0) {
         goto done;
     }
     const pxt_backend *be = attention_backend(qkv->device, 0);
@@ -556,10 +557,10 @@ static PyObject *py_qkv_backward(PyObject *m, PyObject *args, PyObject *kwargs) 
                          "q_lengths", "k_lengths", "key_mask", "scale", NULL};
     PyObject *doo, *qo, *oo, *lo, *ql = Py_None, *kl = Py_None, *km = Py_None, *sc = Py_None;
     pxt_py_int heads = PXT_PY_INT("n_heads", 1, INT_MAX);
-    int causal = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO&|pOOOO:_attention_qkv_backward", kw, &doo,
-                                     &qo, &oo, &lo, pxt_py_int_converter, &heads, &causal, &ql, &kl,
-                                     &km, &sc)) {
+    pxt_py_bool causal = PXT_PY_BOOL_DFLT("causal", 1);
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO&|O&OOOO:_attention_qkv_backward", kw,
+                                     &doo, &qo, &oo, &lo, pxt_py_int_converter, &heads,
+                                     pxt_py_bool_converter, &causal, &ql, &kl, &km, &sc)) {
         return NULL;
     }
     int n_heads = (int)heads.value;
@@ -578,7 +579,7 @@ static PyObject *py_qkv_backward(PyObject *m, PyObject *args, PyObject *kwargs) 
         pxt_py_check_device(dout, "dout", qkv->device) < 0 ||
         pxt_py_check_shape(dout, "dout", 3, out_shape) < 0 ||
         !(lse = tensor_arg(&r, lo, "lse", qkv)) || check_lse(lse, &a, qkv->device) < 0 ||
-        options(&r, &a, qkv->device, causal, ql, kl, km, sc) < 0) {
+        options(&r, &a, qkv->device, causal.value, ql, kl, km, sc) < 0) {
         goto done;
     }
     const pxt_backend *be = attention_backend(qkv->device, 1);

@@ -46,15 +46,16 @@ static int block_init(PyObject *op, PyObject *args, PyObject *kwargs) {
         PXT_PY_REAL("layer_norm_eps", 0.0, 1, INFINITY, 1, "a finite number > 0 (in float32)");
     eps.f32 = 1;
     eps.value = 1e-5;
-    int cross = 0;
+    pxt_py_bool cross = PXT_PY_BOOL("cross_attention");
     if (o->ready) {
         PyErr_SetString(PyExc_RuntimeError, "Block.__init__ called twice");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O&|pO&O&O&O&:Block", kw, pxt_py_int_converter,
-                                     &C, pxt_py_int_converter, &H, &cross, pxt_py_choice_converter,
-                                     &ckpt, pxt_py_device_converter, &dev, pxt_py_u64_converter,
-                                     &seed, pxt_py_real_converter, &eps)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O&|O&O&O&O&O&:Block", kw,
+                                     pxt_py_int_converter, &C, pxt_py_int_converter, &H,
+                                     pxt_py_bool_converter, &cross, pxt_py_choice_converter, &ckpt,
+                                     pxt_py_device_converter, &dev, pxt_py_u64_converter, &seed,
+                                     pxt_py_real_converter, &eps)) {
         return -1;
     }
     if (C.value % H.value != 0) {
@@ -71,7 +72,7 @@ static int block_init(PyObject *op, PyObject *args, PyObject *kwargs) {
         PyErr_SetString(PyExc_ValueError, msg);
         return -1;
     }
-    int rc = pxt_block_model_init(&o->m, (int)C.value, (int)H.value, cross, (float)eps.value,
+    int rc = pxt_block_model_init(&o->m, (int)C.value, (int)H.value, cross.value, (float)eps.value,
                                   dev.value, (pxt_ckpt)ckpt.index, seed.value);
     if (rc != PXT_OK) {
         return pxt_raise_int(rc);
@@ -325,9 +326,9 @@ static PyObject *arena_view(pxt_block_model *m, size_t offset, int B, int T) {
 static PyObject *block_forward(PyObject *op, PyObject *args, PyObject *kwargs) {
     static char *kw[] = {"x", "key_mask", "causal", "context", "context_mask", NULL};
     PyObject *x_arg, *km_arg = Py_None, *ctx_arg = Py_None, *cm_arg = Py_None;
-    int causal = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OpOO:forward", kw, &x_arg, &km_arg, &causal,
-                                     &ctx_arg, &cm_arg)) {
+    pxt_py_bool causal = PXT_PY_BOOL_DFLT("causal", 1);
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OO&OO:forward", kw, &x_arg, &km_arg,
+                                     pxt_py_bool_converter, &causal, &ctx_arg, &cm_arg)) {
         return NULL;
     }
     pxt_block_model *m = idle(op, "forward");
@@ -421,7 +422,7 @@ static PyObject *block_forward(PyObject *op, PyObject *args, PyObject *kwargs) {
         .context = in.ctx.data,
         .context_host = in.ctx.host,
         .context_mask = in.ctx_mask ? (const uint8_t *)PyArray_DATA(in.ctx_mask) : NULL,
-        .causal = causal,
+        .causal = causal.value,
     };
     pxt_py_block *o = (pxt_py_block *)op;
     o->busy = 1;

@@ -45,6 +45,7 @@ typedef struct {
     int value;
 } pxt_py_bool;
 #define PXT_PY_BOOL(name) {{(name), 0, 0}, 0}
+#define PXT_PY_BOOL_DFLT(name, dflt) {{(name), 0, 0}, (dflt)}
 int pxt_py_bool_converter(PyObject *obj, void *arg);
 
 /* An integer in [0, 2**64) (seeds). */

@@ -334,12 +334,12 @@ static PyObject *gpt_estimate(PyObject *op, PyObject *args, PyObject *kwargs) {
     pxt_py_int budget = PXT_PY_INT_OPT("budget", LLONG_MIN, LLONG_MAX, 0);
     pxt_py_int S = PXT_PY_INT_OPT("cond_frames", INT_MIN, INT_MAX, 0);
     PyObject *opt_arg = Py_None;
-    int train = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&O&O&|O&O&pO&OO&:estimate_memory", kw,
-                                     pxt_py_int_converter, &B, pxt_py_int_converter, &Lt,
-                                     pxt_py_int_converter, &La, pxt_py_int_converter, &Nc,
-                                     pxt_py_choice_converter, &ckpt, &train, pxt_py_int_converter,
-                                     &budget, &opt_arg, pxt_py_int_converter, &S)) {
+    pxt_py_bool train = PXT_PY_BOOL_DFLT("train", 1);
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kwargs, "O&O&O&|O&O&O&O&OO&:estimate_memory", kw, pxt_py_int_converter, &B,
+            pxt_py_int_converter, &Lt, pxt_py_int_converter, &La, pxt_py_int_converter, &Nc,
+            pxt_py_choice_converter, &ckpt, pxt_py_bool_converter, &train, pxt_py_int_converter,
+            &budget, &opt_arg, pxt_py_int_converter, &S)) {
         return NULL;
     }
     const pxt_flat *f = &m->flat;
@@ -354,7 +354,7 @@ static PyObject *gpt_estimate(PyObject *op, PyObject *args, PyObject *kwargs) {
                         ? f->optimizer_bytes
                         : pxt_adamw_state_bytes(f->layout.numel, f->layout.count, f->dt, 0);
     }
-    if (!train) {
+    if (!train.value) {
         opt_bytes = 0;
     }
     /* without a budget, parameters and gradients are already allocated: the arena gets the rest */
@@ -364,7 +364,7 @@ static PyObject *gpt_estimate(PyObject *op, PyObject *args, PyObject *kwargs) {
             : pxt_gpt_arena_budget(m);
     pxt_plan p;
     int rc = pxt_gpt_plan(&p, &m->cfg, f->be, f->dt, (int)B.value, (int)Lt.value, (int)La.value,
-                          (int)Nc.value, (int)S.value, ckpt.index, train, avail);
+                          (int)Nc.value, (int)S.value, ckpt.index, train.value, avail);
     if (rc != PXT_OK) {
         return pxt_raise(rc);
     }
@@ -392,13 +392,14 @@ static PyObject *py_plan_memory(PyObject *mod, PyObject *args, PyObject *kwargs)
     pxt_py_device dev = PXT_PY_DEVICE_OPT("device", 0);
     pxt_py_choice prec = PXT_PY_CHOICE("precision", pxt_py_precision_names);
     pxt_py_int S = PXT_PY_INT_OPT("cond_frames", INT_MIN, INT_MAX, 0);
-    int train = 1, optimizer = 0;
+    pxt_py_bool train = PXT_PY_BOOL_DFLT("train", 1);
+    int optimizer = 0; /* the Python layer passes bool(optimizer): an AdamW counts as True */
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, CONFIG_FMT "O&O&O&|O&O&pO&O&pO&O&:plan_memory", kw, CONFIG_ARGS(ca),
+            args, kwargs, CONFIG_FMT "O&O&O&|O&O&O&O&O&pO&O&:plan_memory", kw, CONFIG_ARGS(ca),
             pxt_py_int_converter, &B, pxt_py_int_converter, &Lt, pxt_py_int_converter, &La,
-            pxt_py_int_converter, &Nc, pxt_py_choice_converter, &ckpt, &train, pxt_py_int_converter,
-            &budget, pxt_py_device_converter, &dev, &optimizer, pxt_py_choice_converter, &prec,
-            pxt_py_int_converter, &S)) {
+            pxt_py_int_converter, &Nc, pxt_py_choice_converter, &ckpt, pxt_py_bool_converter,
+            &train, pxt_py_int_converter, &budget, pxt_py_device_converter, &dev, &optimizer,
+            pxt_py_choice_converter, &prec, pxt_py_int_converter, &S)) {
         return NULL;
     }
     pxt_dtype dt = pxt_py_precision_dtype(prec.index);
@@ -421,15 +422,16 @@ static PyObject *py_plan_memory(PyObject *mod, PyObject *args, PyObject *kwargs)
         count += layout.params[i].numel;
     }
     size_t opt_bytes =
-        optimizer && train ? pxt_adamw_state_bytes(n_params, layout.count, dt, 0) : 0;
+        optimizer && train.value ? pxt_adamw_state_bytes(n_params, layout.count, dt, 0) : 0;
     pxt_param_layout_free(&layout);
-    size_t avail = budget.a.given ? budget_left(budget.value,
-                                                pxt_gpt_fixed_bytes(n_params, dt, train, opt_bytes))
-                                  : (size_t)-1;
+    size_t avail =
+        budget.a.given
+            ? budget_left(budget.value, pxt_gpt_fixed_bytes(n_params, dt, train.value, opt_bytes))
+            : (size_t)-1;
     pxt_plan p;
-    rc =
-        pxt_gpt_plan(&p, &c, be, dt, (int)B.value, (int)Lt.value, (int)La.value,
-                     Nc.a.given ? (int)Nc.value : c.n_cond, (int)S.value, ckpt.index, train, avail);
+    rc = pxt_gpt_plan(&p, &c, be, dt, (int)B.value, (int)Lt.value, (int)La.value,
+                      Nc.a.given ? (int)Nc.value : c.n_cond, (int)S.value, ckpt.index, train.value,
+                      avail);
     if (rc != PXT_OK) {
         return pxt_raise(rc);
     }

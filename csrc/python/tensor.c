@@ -459,8 +459,9 @@ static PyObject *tensor_array(PyObject *op, PyObject *args, PyObject *kwargs) {
 static PyObject *tensor_to(PyObject *op, PyObject *args, PyObject *kwargs) {
     static char *kw[] = {"device", "dtype", "copy", NULL};
     PyObject *dev_arg = Py_None, *dt_arg = Py_None;
-    int copy = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO$p:to", kw, &dev_arg, &dt_arg, &copy)) {
+    pxt_py_bool copy = PXT_PY_BOOL("copy");
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO$O&:to", kw, &dev_arg, &dt_arg,
+                                     pxt_py_bool_converter, &copy)) {
         return NULL;
     }
     pxt_tensor *self = (pxt_tensor *)op;
@@ -482,7 +483,7 @@ static PyObject *tensor_to(PyObject *op, PyObject *args, PyObject *kwargs) {
     if (!pxt_py_dtype_converter(dt_arg, &dt)) {
         return NULL;
     }
-    if (!copy && same_device(dev.value, self->device) && dt.value == self->dtype) {
+    if (!copy.value && same_device(dev.value, self->device) && dt.value == self->dtype) {
         Py_INCREF(op);
         return op;
     }
