@@ -24,3 +24,11 @@ def integer(name: str, value: Any, *, minimum: int = 0) -> int:
     if v < minimum:
         raise ValueError(f"{name}: must be >= {minimum}, got {v}")
     return v
+
+
+def flag(name: str, value: Any) -> bool:
+    """``value`` as a bool: ``True``/``False`` or a NumPy bool, nothing judged by its truth
+    value (``"no"`` would be true, an array ambiguous)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected True or False, got {value!r}")
+    return bool(value)

@@ -9,6 +9,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from pyxtts import _C
+from pyxtts._args import flag
 from pyxtts.memory import cleanup_gpu_memory
 
 _MAX_SEARCH = 1 << 20  # upper end of the exponential search when max_batch_size is None
@@ -126,6 +127,7 @@ def find_optimal_batch_size(model, optimizer=None, text_len: int | None = None,
     if isinstance(safety_margin, bool) or not isinstance(safety_margin, (int, float)) \
             or not 0.0 <= safety_margin < 1.0:
         raise ValueError(f"safety_margin: expected a fraction in [0, 1), got {safety_margin!r}")
+    verify = flag("verify", verify)
     cond_len, frames = c.n_cond_latents, c.planned_cond_frames
     device = model.device
     model.release_memory()  # a cached step arena is not part of the budget's "else"

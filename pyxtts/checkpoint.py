@@ -40,7 +40,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from ._args import integer
+from pyxtts._args import integer
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "CheckpointError", "CheckpointWarning", "load_checkpoint",
            "read_checkpoint", "save_checkpoint"]

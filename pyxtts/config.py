@@ -37,6 +37,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Mapping
 
+from pyxtts._args import flag
 from pyxtts.model import ModelConfig, estimate_memory
 
 __all__ = ["DataConfig", "TrainingConfig", "XTTSConfig", "optimize_config", "parse_memory_size",
@@ -347,7 +348,7 @@ class XTTSConfig:
                                self.data.max_audio_tokens, cond_len=self.model.n_cond_latents,
                                cond_frames=self.model.planned_cond_frames,
                                checkpointing=t.checkpointing, train=True,
-                               device=device or t.resolved_device(), optimizer=True,
+                               device=t.resolved_device() if device is None else device, optimizer=True,
                                precision=t.precision)
 
     # ---- dict / YAML ----------------------------------------------------------
@@ -613,8 +614,9 @@ def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, 
     from pyxtts import _C
     from pyxtts.memory import format_bytes as fb
 
+    keep_precision = flag("keep_precision", keep_precision)
     t = config.training
-    dev = device or t.resolved_device()
+    dev = t.resolved_device() if device is None else device
     if device_memory is None:
         total = int(_C.device_info(dev)["total_memory"])
         source = f"total memory of {dev}"

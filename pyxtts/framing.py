@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ._args import integer
+from pyxtts._args import integer
 
 __all__ = ["AUDIO_OVERHEAD", "TEXT_OVERHEAD", "code_count", "frame_batch", "framed_lengths"]
 

@@ -89,7 +89,7 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
         d.batch_size = batch_size
-    dev = device or t.resolved_device()
+    dev = t.resolved_device() if device is None else device
     total = int(_C.device_info(dev)["total_memory"]) if memory is None else parse_memory_size(memory)
     budget = int(total * t.max_memory_fraction)
     plan = config.memory_plan(device=dev)

@@ -20,7 +20,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ._args import integer
+from pyxtts._args import integer
 
 __all__ = ["ConstantLR", "LRSchedule", "MultiStepLR", "WarmupCosineLR"]
 

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from pyxtts import _C
+from pyxtts._args import flag
 from pyxtts.batch import find_optimal_batch_size, train_step_with_accumulation
 from pyxtts.checkpoint import CheckpointError, load_checkpoint, load_checkpoint_checked, save_checkpoint
 from pyxtts.config import XTTSConfig
@@ -397,6 +398,7 @@ class Trainer:
         truncated). Ctrl-C saves a checkpoint, then raises ``KeyboardInterrupt``; so does
         SIGTERM (in the main thread), at the end of the step under way, raising ``Terminated``
         (a ``KeyboardInterrupt``)."""
+        overwrite = flag("overwrite", overwrite)
         c = self.config
         t, d = c.training, c.data
         checked: list[TTSDataset] = []

@@ -201,3 +201,15 @@ def test_config_messages_name_field_rule_and_value():
            **{**base, "text_vocab_size": 0}, shows="must be >= 1, got 0")
     raises(ValueError, "ModelConfig.audio_loss_weight", pyxtts.ModelConfig,
            **{**base, "audio_loss_weight": -1.0}, shows="finite and >= 0")
+
+
+def test_python_flags_and_devices_are_not_judged_by_truth_value(model):
+    """keep_precision="no" was true; device=<array> raised NumPy's "truth value of an array
+    is ambiguous" from `device or default` (found by the fuzz)."""
+    cfg = pyxtts.XTTSConfig()
+    raises(TypeError, "keep_precision", pyxtts.optimize_config, cfg, "80GiB", keep_precision="no", shows="'no'")
+    raises(TypeError, "device", pyxtts.optimize_config, cfg, "80GiB", device=np.zeros(3))
+    raises(TypeError, "device", cfg.memory_plan, device=np.zeros(3))
+    raises(TypeError, "verify", pyxtts.find_optimal_batch_size, model, verify=1, shows="1")
+    assert pyxtts.optimize_config(cfg, "80GiB", keep_precision=np.bool_(True))[0].training.precision == \
+        cfg.training.precision

@@ -122,6 +122,14 @@ def test_max_version_picks_the_layout(max_version, name):
     np.testing.assert_array_equal(pyxtts.from_dlpack(cap).numpy(), [1.5, 2.5])
 
 
+@pytest.mark.parametrize("a", [np.arange(3, dtype=">f4"), np.array(["ab"]), np.zeros(2, "M8[s]")])
+def test_a_producer_refusal_names_from_dlpack(a):
+    """NumPy's own refusals ("DLPack only supports native byte order.") came out naming
+    nothing; they keep their type and their text, after the name."""
+    with pytest.raises(BufferError, match=r"^from_dlpack: obj's __dlpack__ refused to export it: DLPack "):
+        pyxtts.from_dlpack(a)
+
+
 def test_dlpack_arguments_are_checked():
     t = pyxtts.tensor([1, 2, 3])
     with pytest.raises(TypeError, match="max_version: expected \\(major, minor\\)"):

@@ -388,7 +388,11 @@ PyObject *pxt_from_dlpack(PyObject *module, PyObject *args, PyObject *kwargs) {
         }
         cap = call_dlpack(obj, dev_type);
         if (!cap) {
-            return NULL;
+            /* the producer's own refusal ("DLPack only supports native byte order.") */
+            return PyErr_ExceptionMatches(PyExc_BufferError)
+                       ? pxt_reraise_named(PyExc_BufferError,
+                                           "from_dlpack: obj's __dlpack__ refused to export it")
+                       : NULL;
         }
     }
     int versioned = PyCapsule_IsValid(cap, "dltensor_versioned");

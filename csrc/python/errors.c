@@ -76,3 +76,17 @@ int pxt_py_errors_init(PyObject *module) {
     }
     return 0;
 }
+
+PyObject *pxt_reraise_named(PyObject *type, const char *prefix) {
+#if PY_VERSION_HEX >= 0x030C0000 /* PyErr_Fetch is deprecated there (-Werror) */
+    PyObject *etype = NULL, *value = PyErr_GetRaisedException(), *tb = NULL;
+#else
+    PyObject *etype, *value, *tb;
+    PyErr_Fetch(&etype, &value, &tb);
+#endif
+    PyErr_Format(type, "%s: %S", prefix, value ? value : Py_None);
+    Py_XDECREF(etype);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return NULL;
+}

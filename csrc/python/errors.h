@@ -20,5 +20,9 @@ int pxt_py_errors_init(PyObject *module);
 PyObject *pxt_raise(int code);
 /* pxt_raise for functions that return an int: -1. */
 int pxt_raise_int(int code);
+/* Replaces the exception being raised, a refusal by someone else's code (NumPy's, a
+ * DLPack producer's) that names no argument, with one of `type` whose message is
+ * "<prefix>: <the original message>"; returns NULL. */
+PyObject *pxt_reraise_named(PyObject *type, const char *prefix);
 
 #endif /* PXT_PY_ERRORS_H */

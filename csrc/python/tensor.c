@@ -314,20 +314,11 @@ PyObject *pxt_tensor_from_data(PyObject *data, PyObject *dtype_arg, PyObject *de
     }
     PyArrayObject *arr = (PyArrayObject *)PyArray_FromAny(data, NULL, 0, 0, 0, NULL);
     if (!arr) {
-#if PY_VERSION_HEX >= 0x030C0000 /* PyErr_Fetch is deprecated there (-Werror) */
-        PyObject *type = NULL, *value = PyErr_GetRaisedException(), *tb = NULL;
-#else
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-#endif
-        PyErr_Format(PyExc_TypeError,
-                     "data: expected something NumPy can view as an array, "
-                     "got %.100s (%S)",
-                     Py_TYPE(data)->tp_name, value ? value : Py_None);
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(tb);
-        return NULL;
+        char prefix[200];
+        snprintf(prefix, sizeof prefix,
+                 "data: expected something NumPy can view as an array, got %.100s",
+                 Py_TYPE(data)->tp_name);
+        return pxt_reraise_named(PyExc_TypeError, prefix);
     }
     PyObject *result = NULL;
     PyArray_Descr *d = PyArray_DESCR(arr);

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from pyxtts._args import flag
 from pyxtts.data import shard_arrays
 from pyxtts.prepare.assets import XTTSAssets
 from pyxtts.prepare.audio import DVAE_MEL, SAMPLE_RATE, SILENCE_PEAK, AudioError, load_audio, mel_spectrogram
@@ -350,6 +351,7 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
     model's ``gpt_max_text_tokens``); audio codes must fit the model's audio positions.
     """
     _check_args(eval_fraction, workers, samples_per_shard, seed, max_wav_samples, min_seconds, max_text_tokens)
+    overwrite = flag("overwrite", overwrite)
     start = time.perf_counter()
     folder = XTTSAssets.check_folder(xtts_dir)
     assets = XTTSAssets.load(folder)
