@@ -73,10 +73,10 @@ def test_integers_refused_by_their_own_index_name_the_argument(model, value):
 
 
 @pytest.mark.parametrize("value", [[], np.zeros(5, bool), 1, "no", None])
-def test_flags_take_bools_only(model, value):
+def test_flags_take_bools_only(model, value, rng):
     """A flag was parsed by truth value: causal=[] meant bidirectional, causal="no" causal,
     and an array raised NumPy's nameless "truth value ... is ambiguous"."""
-    q = np.random.default_rng(0).standard_normal((1, 2, 3, 4)).astype(np.float32)
+    q = rng.standard_normal((1, 2, 3, 4)).astype(np.float32)
     shown = type(value).__name__
     raises(TypeError, "causal", pyxtts.attention, q, q, q, causal=value, shows=shown)
     raises(TypeError, "causal", pyxtts.attention_forward, q, q, q, causal=value)
