@@ -328,6 +328,11 @@ def collate(samples: Sequence[Sample], text_stop_token: int | None = None,
     ``ignore_code_ranges`` (per sample None or (start, end) code indices) masks the
     targets of those codes (``pyxtts.framing``); otherwise targets are the next-token
     shift with the optional stop tokens (module docstring)."""
+    try:  # a list, a tuple, a dataset, an object array: not judged by truth value
+        samples = list(samples)
+    except TypeError:
+        raise TypeError(f"collate: samples: expected a sequence of pyxtts.Sample, got "
+                        f"{type(samples).__name__}") from None
     if not samples:
         raise ValueError("collate: no samples")
     samples = [_checked(s, i) for i, s in enumerate(samples)]

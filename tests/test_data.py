@@ -115,6 +115,20 @@ def test_collate_refuses_hand_made_samples_it_cannot_pad(text, audio, cond, word
         collate(s)
 
 
+@pytest.mark.parametrize("samples, exc, words", [
+    (np.zeros((2, 3)), TypeError, "collate: sample 0: expected a pyxtts.Sample, got ndarray"),
+    (5, TypeError, "collate: samples: expected a sequence of pyxtts.Sample, got int"),
+    (None, TypeError, "collate: samples: expected a sequence of pyxtts.Sample, got NoneType"),
+    ([], ValueError, "collate: no samples"), ((), ValueError, "collate: no samples"),
+])
+def test_collate_refuses_what_is_not_samples(samples, exc, words):
+    # an array of samples was judged by its truth value: NumPy's nameless "truth value ... ambiguous"
+    with pytest.raises(exc, match=f"^{words}$"):
+        collate(samples)
+    s = Sample(np.array([1, 2]), np.array([3, 4]))  # any sequence of Samples, a tuple or an object array
+    np.testing.assert_array_equal(collate((s,))["text_inputs"], collate(np.array([s, s], dtype=object)[:1])["text_inputs"])
+
+
 @pytest.mark.parametrize("stop, exc", [(2**63, ValueError), (2**31, ValueError), (-2, ValueError),
                                        (1.5, TypeError), (True, TypeError), ("1", TypeError)])
 def test_collate_refuses_stop_tokens_no_id_can_be(stop, exc):
