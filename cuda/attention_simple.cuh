@@ -229,8 +229,11 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
     for (int i0 = istart; i0 < iend; i0 += KV_BR) {
         const int nq = min(KV_BR, ql - i0);
         __syncthreads(); /* the K, V load (first time) and the last tile's reads are done */
-        load_tile(Qs, SD, KV_BR, q, a.q, b, h, i0, D, a.scale, [&](int r) { return r < nq; });
-        load_tile(dOs, SD, KV_BR, dout, a.o, b, h, i0, D, 1.0f, [&](int r) { return r < nq; });
+        /* a row that saw no key (lse -inf) loads as zeros: its dS is 0, but q * scale may be
+         * inf (a huge scale), and 0 * inf in dK += dS^T Qs would be NaN */
+        auto live = [&](int r) { return r < nq && lse_bh[i0 + r] != -INFINITY; };
+        load_tile(Qs, SD, KV_BR, q, a.q, b, h, i0, D, a.scale, live);
+        load_tile(dOs, SD, KV_BR, dout, a.o, b, h, i0, D, 1.0f, live);
         if (tid < KV_BR) {
             float L = tid < nq ? lse_bh[i0 + tid] : -INFINITY;
             nl[tid] = L == -INFINITY ? -INFINITY : -L; /* a NaN lse carries on */

@@ -612,7 +612,10 @@ __global__ static void __launch_bounds__(TC_THREADS)
                     const int r = nt * 8 + 2 * t + (e & 1);     /* query in the tile */
                     const int c = 16 * warp + g + 8 * (e >> 1); /* key in the CTA */
                     float p = exp2f(fmaf(s[nt][e], c2, -L2[r]));
-                    if (need_mask && (!kval[c] || (a.causal && j0 + c > i0 + r))) {
+                    /* a row of no key has p = 0 through L2 = +inf, but not where c2
+                     * overflowed (scale > FLT_MAX / log2 e): 0 * inf is NaN */
+                    if ((need_mask && (!kval[c] || (a.causal && j0 + c > i0 + r))) ||
+                        L2[r] == INFINITY) {
                         p = 0.0f;
                     }
                     if constexpr (DROP) { /* dV takes P Z, dS = P (dP Z - Di) */
@@ -781,8 +784,9 @@ __global__ static void __launch_bounds__(TC_THREADS)
                 for (int e = 0; e < 4; e++) {
                     const int c = nt * 8 + 2 * t + (e & 1), hf = e >> 1;
                     float p = exp2f(fmaf(s[nt][e], c2, -L2[hf]));
-                    if (need_mask &&
-                        (!kval[buf * BK + c] || (a.causal && j0 + c > iw + g + 8 * hf))) {
+                    if ((need_mask &&
+                         (!kval[buf * BK + c] || (a.causal && j0 + c > iw + g + 8 * hf))) ||
+                        L2[hf] == INFINITY) { /* a row of no key: as in the dK/dV kernel */
                         p = 0.0f;
                     }
                     if constexpr (DROP) { /* dS = P (dP Z - Di) */

@@ -423,6 +423,34 @@ def test_overflow_and_nan_are_nan_never_zeros(rng, seed, causal, dtype, device):
         assert np.all(dq.numpy().astype(np.float32)[1, :, 20:] == 0), msg + ": padding rows' dq"
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_rows_of_no_key_leave_other_gradients_finite(rng, seed, dtype, device):
+    """A row that sees no key has P = dS = 0, but its q * scale may overflow float (here
+    1e10 * 1e30): 0 * inf in dK += dS^T (q * scale) made the gradients of its tile's
+    keys NaN while every output was finite (CPU and the general CUDA kernels; found by
+    the fuzz). Rows 0..9 of sample 1 see no key (keys 0..9 masked, causal); the other
+    rows' scores are ordinary (q ~ 1e-30). Keys 20.. of sample 1 lie past its q_length:
+    no valid row sees them, so their gradients are exactly 0."""
+    B, H, T, D = 2, 2, 37, 64
+    to = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
+    q = rng.standard_normal((B, H, T, D)) * 1e-30
+    q[1, :, :10] = rng.standard_normal((H, 10, D)) * 1e10
+    k, v, dout = (rng.standard_normal((B, H, T, D)) for _ in range(3))
+    q, k, v, dout = (pyxtts.tensor(x.astype(to), device=device) for x in (q, k, v, dout))
+    key_mask = np.ones((B, T), bool)
+    key_mask[1, :10] = False
+    kw = dict(causal=True, q_lengths=[T, 20], key_mask=key_mask, scale=1e30)
+    out, lse = pyxtts.attention_forward(q, k, v, **kw)
+    dq, dk, dv = (x.numpy().astype(np.float32) for x in pyxtts.attention_backward(dout, q, k, v, out, lse, **kw))
+    msg = f"seed={seed} {dtype} {device}"
+    assert np.isfinite(out.numpy().astype(np.float32)).all() and np.all(lse.numpy()[1, :, :10] == -np.inf), msg
+    assert all(np.isfinite(g).all() for g in (dq, dk, dv)), msg + ": a NaN from 0 * inf"
+    assert np.all(dq[1, :, :10] == 0) and np.all(dq[1, :, 20:] == 0), msg + ": rows of no key, padding rows"
+    assert np.all(dk[1, :, 20:] == 0) and np.all(dv[1, :, 20:] == 0), msg + ": keys no row sees"
+    assert np.all(dk[1, :, :10] == 0) and np.all(dv[1, :, :10] == 0), msg + ": masked keys"
+    assert np.abs(dk[1, :, 10:20]).max() > 0 and np.abs(dk[0]).max() > 0, msg + ": the others are not all 0"
+
+
 # ---- workspace and memory --------------------------------------------------------
 
 

@@ -20,7 +20,8 @@
  * Tiles are packed to zero-padded fp32 (16-bit inputs are converted there, math
  * is fp32, stores round to nearest even). Masked keys (key_mask, k_lengths) and
  * rows past q_lengths are never read: their tile rows are zeros, so padding that
- * holds garbage (even NaN) cannot leak into valid outputs.
+ * holds garbage (even NaN) cannot leak into valid outputs. The backward packs rows
+ * that saw no key (lse -inf) as zeros too: their q * scale may be inf.
  *
  * The tile code (micro-GEMM, exp, softmax rows) lives in attention_tile.h and is
  * compiled for AVX-512, AVX2+FMA and a generic baseline; the best one the CPU has
@@ -65,6 +66,13 @@ static inline int q_len(const pxt_attn_args *a, int b) {
 }
 static inline int k_len(const pxt_attn_args *a, int b) {
     return a->k_lengths ? iclamp(a->k_lengths[b], 0, a->Tk) : a->Tk;
+}
+
+/* live[i] for query rows 0 .. n-1 of a tile: the row saw a key (its lse is not -inf). */
+static inline void live_rows(const float *lse, int n, uint8_t *live) {
+    for (int i = 0; i < n; i++) {
+        live[i] = lse[i] != -INFINITY;
+    }
 }
 
 /* valid[j] for keys j0 .. j0+n-1 of sample b by key_mask; returns how many are. */

@@ -449,16 +449,21 @@ static int TILE(kblock_pack)(const attn_ctx *c, TILE(kblock) * kb, int b, int h,
     return 1;
 }
 
-/* Query rows i0 .. i0+nq-1 of (b, h) into qt (rows up to a multiple of MR). */
+/* Query rows i0 .. i0+nq-1 of (b, h) into qt (rows up to a multiple of MR). A row that saw
+ * no key (lse -inf) is packed as zeros: its P and dS are zero anyway, but its q * scale
+ * may overflow to inf (a huge scale), and 0 * inf in dK += dS^T Qs would be NaN in the
+ * gradient of a key it never saw. */
 static void TILE(qtile_pack)(const attn_ctx *c, TILE(qtile) * qt, int b, int h, int i0, int nq) {
     const pxt_attn_args *a = c->a;
     const int D = a->D, Dp = c->Dp, Mr = round_up(nq, MR);
     const float *lse = c->lse + ((size_t)b * a->H + h) * a->Tq + i0;
     const float *Di = c->Di + ((size_t)b * a->H + h) * a->Tq + i0;
     const int64_t qst = a->q.t * (int64_t)c->esz, ost = a->o.t * (int64_t)c->esz;
-    TILE(pack_rows)(qt->Qs, Dp, Mr, row_ptr(c, c->q, &a->q, b, h, i0), qst, nq, NULL, D, Dp, a->dt,
+    uint8_t live[BR];
+    live_rows(lse, nq, live);
+    TILE(pack_rows)(qt->Qs, Dp, Mr, row_ptr(c, c->q, &a->q, b, h, i0), qst, nq, live, D, Dp, a->dt,
                     a->scale);
-    TILE(pack_rows)(qt->dOr, Dp, Mr, row_ptr(c, c->dout, &a->o, b, h, i0), ost, nq, NULL, D, Dp,
+    TILE(pack_rows)(qt->dOr, Dp, Mr, row_ptr(c, c->dout, &a->o, b, h, i0), ost, nq, live, D, Dp,
                     a->dt, 1.0f);
     for (int i = 0; i < Mr; i++) {
         qt->nl[i] = (i < nq && lse[i] != -INFINITY) ? -lse[i] : -INFINITY;
@@ -585,8 +590,10 @@ static void TILE(bwd_q_item)(const attn_ctx *c, float *ws, int b, int h, int qb)
         const float *Dg = c->Di + ((size_t)b * a->H + h) * a->Tq + i0;
         const char *qp = row_ptr(c, c->q, &a->q, b, h, i0);
         const char *op = row_ptr(c, c->dout, &a->o, b, h, i0);
-        TILE(pack_cols)(QT, BR, Nq, qp, a->q.t * (int64_t)esz, nq, NULL, D, a->dt, a->scale);
-        TILE(pack_cols)(dOT, BR, Nq, op, a->o.t * (int64_t)esz, nq, NULL, D, a->dt, 1.0f);
+        uint8_t live[BR]; /* rows that saw a key (qtile_pack says why the others are zeros) */
+        live_rows(lse, nq, live);
+        TILE(pack_cols)(QT, BR, Nq, qp, a->q.t * (int64_t)esz, nq, live, D, a->dt, a->scale);
+        TILE(pack_cols)(dOT, BR, Nq, op, a->o.t * (int64_t)esz, nq, live, D, a->dt, 1.0f);
         for (int i = 0; i < Nq; i++) {
             nl[i] = (i < nq && lse[i] != -INFINITY) ? -lse[i] : -INFINITY;
             Di[i] = i < nq ? Dg[i] : 0.0f;

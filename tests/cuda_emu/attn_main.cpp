@@ -21,7 +21,8 @@
  *
  * overflow: scale 3e38, so every visible score overflows float. No float64 reference
  * exists; each output element's class (NaN, zero, other) must be the CPU backend's, a
- * row that sees a key must be NaN with a NaN lse, one that sees none zeros with -inf. */
+ * row that sees a key must be NaN with a NaN lse, one that sees none zeros with -inf, and
+ * a key that no row sees has zero gradients. */
 #include "emu.h"
 
 #include "attention_common.cuh"
@@ -472,7 +473,12 @@ int main(int argc, char **argv) {
         return fails != 0;
     }
     if (!strcmp(only, "overflow")) { /* scale 3e38: every visible score overflows float */
-        std::vector<Case> ov = {cases[0], cases[3], cases[7], cases[8]};
+        std::vector<Case> ov = {cases[0], cases[3], cases[7], cases[8],
+                                /* keys past q_length but inside k_length, seen by no row,
+                                 * beside rows that see no key (q * scale = inf there):
+                                 * their dK is 0, not 0 * inf */
+                                {"self causal T=40 qlen only+mask", 3, 1, 40, 40, 0, true, true,
+                                 true, false, true, 102}};
         for (auto &c : ov) c.scale = 3e38f, c.name = "overflow " + c.name;
         emu_late = 1;
         for (auto &c : ov) {
