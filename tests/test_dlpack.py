@@ -138,6 +138,8 @@ def test_dlpack_arguments_are_checked():
         t.__dlpack__(dl_device="cpu")
     with pytest.raises(BufferError, match="dl_device: device type 9 is not supported"):
         t.__dlpack__(dl_device=(9, 0))
+    with pytest.raises(ValueError, match=r"^dl_device: "):  # a device this machine has not
+        t.__dlpack__(dl_device=(2, 14))  # (the engine's message once came without the name)
     with pytest.raises(TypeError):
         t.__dlpack__(None)  # keyword-only, as the standard says
     with pytest.raises(TypeError):
