@@ -133,9 +133,6 @@ PyObject *pxt_tensor_dlpack(PyObject *self, PyObject *args, PyObject *kwargs) {
             return PyErr_Format(PyExc_BufferError, "dl_device: device type %d is not supported",
                                 (int)type);
         }
-        if (!pxt_allocator_get(target)) { /* no such device, or no CUDA in this build */
-            return PyErr_Format(PyExc_ValueError, "dl_device: %s", pxt_error_message());
-        }
     }
     int moves = target.type != t->device.type || target.index != t->device.index;
     /* the legacy capsule cannot say read-only: a consumer would write through it
@@ -149,6 +146,9 @@ PyObject *pxt_tensor_dlpack(PyObject *self, PyObject *args, PyObject *kwargs) {
     if (moves && copy == Py_False) {
         return PyErr_Format(PyExc_BufferError, "dl_device differs from the tensor's device and "
                                                "copy=False forbids the copy that would need");
+    }
+    if (moves && !pxt_allocator_get(target)) { /* no such device, or no CUDA in this build */
+        return PyErr_Format(PyExc_ValueError, "dl_device: %s", pxt_error_message());
     }
     PyObject *owner;
     if (moves || copy == Py_True) {
