@@ -1155,8 +1155,9 @@ def run_case(case: Case, findings: list[str]) -> None:
     except ALLOWED as exc:
         # the message names what it refuses ("name: ...", "path:line: ..."): a message
         # without one is an error of NumPy's or Python's that escaped (once "the truth value
-        # of an array ... is ambiguous" for causal=array)
-        if not NAMED.match(str(exc)):
+        # of an array ... is ambiguous" for causal=array). Out of memory is exempt: its
+        # message starts as torch's does ("CUDA out of memory."), which tools match on
+        if not isinstance(exc, MemoryError) and not NAMED.match(str(exc)):
             findings.append(describe(case)[:300] + f" -> {type(exc).__name__} naming nothing: {exc}"[:300])
         return
     except Exception as exc:  # noqa: BLE001 - every other type is a finding
