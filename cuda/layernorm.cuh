@@ -18,34 +18,40 @@
 
 /* The normalisation gradient of V elements, shared with GroupNorm (a group is its row):
  * n = (x - m) * r and g = w * dy; the first pass adds sum g and sum g n (double), the
- * second adds r * (g - mg - n * mgn) into dx, mg and mgn the two sums' means. */
+ * second adds r * (g - mg - n * mgn) into dx, mg and mgn the two sums' means. Both
+ * passes recompute n and g from x, dy and w (pxt_norm_dinp_terms) rather than keep them. */
 template <typename T, int V>
-__device__ static inline void pxt_norm_dinp_sums(const T *x, const T *dy, const T *w, float m,
-                                                 float r, double &sg, double &sgn) {
+__device__ static inline void pxt_norm_dinp_terms(const T *x, const T *dy, const T *w, float m,
+                                                  float r, float n[V], float g[V]) {
     float v[V], d[V], wv[V];
     pxt_vload<T, V>(v, x);
     pxt_vload<T, V>(d, dy);
     pxt_vload<T, V>(wv, w);
     for (int q = 0; q < V; q++) {
-        float n = (v[q] - m) * r;
-        float g = wv[q] * d[q];
-        sg += g;
-        sgn += (double)g * n;
+        n[q] = (v[q] - m) * r;
+        g[q] = wv[q] * d[q];
+    }
+}
+
+template <typename T, int V>
+__device__ static inline void pxt_norm_dinp_sums(const T *x, const T *dy, const T *w, float m,
+                                                 float r, double &sg, double &sgn) {
+    float n[V], g[V];
+    pxt_norm_dinp_terms<T, V>(x, dy, w, m, r, n, g);
+    for (int q = 0; q < V; q++) {
+        sg += g[q];
+        sgn += (double)g[q] * n[q];
     }
 }
 
 template <typename T, int V>
 __device__ static inline void pxt_norm_dinp_apply(T *dx, const T *x, const T *dy, const T *w,
                                                   float m, float r, float mg, float mgn) {
-    float v[V], d[V], wv[V], a[V];
-    pxt_vload<T, V>(v, x);
-    pxt_vload<T, V>(d, dy);
-    pxt_vload<T, V>(wv, w);
+    float n[V], g[V], a[V];
+    pxt_norm_dinp_terms<T, V>(x, dy, w, m, r, n, g);
     pxt_vload<T, V>(a, dx);
     for (int q = 0; q < V; q++) {
-        float n = (v[q] - m) * r;
-        float g = wv[q] * d[q];
-        a[q] = a[q] + (g - mg - n * mgn) * r;
+        a[q] = a[q] + (g[q] - mg - n[q] * mgn) * r;
     }
     pxt_vstore<T, V>(dx, a);
 }
