@@ -466,7 +466,7 @@ static void TILE(qtile_pack)(const attn_ctx *c, TILE(qtile) * qt, int b, int h, 
     TILE(pack_rows)(qt->dOr, Dp, Mr, row_ptr(c, c->dout, &a->o, b, h, i0), ost, nq, live, D, Dp,
                     a->dt, 1.0f);
     for (int i = 0; i < Mr; i++) {
-        qt->nl[i] = (i < nq && lse[i] != -INFINITY) ? -lse[i] : -INFINITY;
+        qt->nl[i] = i < nq && live[i] ? -lse[i] : -INFINITY;
         qt->Di[i] = i < nq ? Di[i] : 0.0f;
     }
 }
@@ -595,7 +595,7 @@ static void TILE(bwd_q_item)(const attn_ctx *c, float *ws, int b, int h, int qb)
         TILE(pack_cols)(QT, BR, Nq, qp, a->q.t * (int64_t)esz, nq, live, D, a->dt, a->scale);
         TILE(pack_cols)(dOT, BR, Nq, op, a->o.t * (int64_t)esz, nq, live, D, a->dt, 1.0f);
         for (int i = 0; i < Nq; i++) {
-            nl[i] = (i < nq && lse[i] != -INFINITY) ? -lse[i] : -INFINITY;
+            nl[i] = i < nq && live[i] ? -lse[i] : -INFINITY;
             Di[i] = i < nq ? Dg[i] : 0.0f;
         }
         memset(dQ, 0, (size_t)Mr * Dp * sizeof *dQ);
