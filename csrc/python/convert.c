@@ -339,12 +339,19 @@ int pxt_py_device_converter(PyObject *obj, void *arg) {
             return 0;
         }
     }
-    if (p->must_exist && !pxt_allocator_get(dev)) {
-        PyErr_Format(PyExc_ValueError, "%s: %s", name, pxt_error_message());
+    if (p->must_exist && pxt_py_check_device_exists(dev, name) < 0) {
         return 0;
     }
     p->value = dev;
     return 1;
+}
+
+int pxt_py_check_device_exists(pxt_device dev, const char *name) {
+    if (!pxt_allocator_get(dev)) {
+        PyErr_Format(PyExc_ValueError, "%s: %s", name, pxt_error_message());
+        return -1;
+    }
+    return 0;
 }
 
 /* ---- dtypes ---------------------------------------------------------------------------- */

@@ -124,6 +124,9 @@ typedef struct {
 } pxt_py_device;
 #define PXT_PY_DEVICE_OPT(name, must_exist) {{(name), 1, 0}, (must_exist), {PXT_CPU, 0}}
 int pxt_py_device_converter(PyObject *obj, void *arg);
+/* 0 when dev is there (its allocator can be made), else -1 with ValueError
+ * "name: <why not>" (no such device, or no CUDA backend in this build). */
+int pxt_py_check_device_exists(pxt_device dev, const char *name);
 /* The device functions' default: cuda:0 when a GPU is present, else cpu. */
 pxt_device pxt_py_default_device(void);
 /* "cpu" or "cuda:N" (new reference). */

@@ -2,7 +2,7 @@
  *
  * Zero-copy whenever the devices agree and the producer's memory is
  * C-contiguous; a strided CPU producer is gathered into a fresh tensor. */
-#include "tensor.h" /* Python.h before any system header */
+#include "convert.h" /* Python.h (through tensor.h) before any system header */
 
 #include <stdlib.h>
 #include <string.h>
@@ -147,8 +147,8 @@ PyObject *pxt_tensor_dlpack(PyObject *self, PyObject *args, PyObject *kwargs) {
         return PyErr_Format(PyExc_BufferError, "dl_device differs from the tensor's device and "
                                                "copy=False forbids the copy that would need");
     }
-    if (moves && !pxt_allocator_get(target)) { /* no such device, or no CUDA in this build */
-        return PyErr_Format(PyExc_ValueError, "dl_device: %s", pxt_error_message());
+    if (moves && pxt_py_check_device_exists(target, "dl_device") < 0) {
+        return NULL;
     }
     PyObject *owner;
     if (moves || copy == Py_True) {
