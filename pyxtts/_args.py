@@ -30,5 +30,5 @@ def flag(name: str, value: Any) -> bool:
     """``value`` as a bool: ``True``/``False`` or a NumPy bool, nothing judged by its truth
     value (``"no"`` would be true, an array ambiguous)."""
     if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name}: expected True or False, got {value!r}")
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
     return bool(value)

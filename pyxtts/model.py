@@ -9,6 +9,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from pyxtts import _C
+from pyxtts._args import flag
 
 BATCH_KEYS = ("text_inputs", "text_targets", "audio_inputs", "audio_targets", "text_lengths",
               "audio_lengths")
@@ -610,11 +611,9 @@ class XTTSGPT:
         ``model.forward_backward(batch, loss_scale=opt.loss_scale)`` with
         ``AdamW(model, loss_scale=2.0**16)``, which unscales, skips non-finite steps and
         adjusts the scale. Nothing is attached automatically."""
-        for name, flag in (("zero_grad", zero_grad), ("keep_larger_arena", keep_larger_arena)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
         return self._run(batch, token_counts, train=True, loss_scale=loss_scale, dropout_step=dropout_step,
-                         sample_offset=sample_offset, zero_grad=zero_grad, keep_larger_arena=keep_larger_arena)
+                         sample_offset=sample_offset, zero_grad=flag("zero_grad", zero_grad),
+                         keep_larger_arena=flag("keep_larger_arena", keep_larger_arena))
 
     def forward(self, batch: Mapping[str, Any], token_counts: tuple[int, int] | None = None) -> dict:
         """Loss of the batch for evaluation: nothing saved, no gradients."""
