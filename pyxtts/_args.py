@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 
 
-def integer(name: str, value: Any, *, minimum: int = 0) -> int:
-    """``value`` as a Python int >= ``minimum``.
+def integer(name: str, value: Any, *, minimum: int = 0, maximum: int | None = None) -> int:
+    """``value`` as a Python int in [``minimum``, ``maximum``] (no upper bound when
+    ``maximum`` is None).
 
     Accepts what ``operator.index`` accepts (ints, NumPy integer scalars, 0-d integer
     arrays); refuses bools and anything that only converts with rounding, such as a
@@ -21,8 +22,10 @@ def integer(name: str, value: Any, *, minimum: int = 0) -> int:
         v = operator.index(value)
     except TypeError:
         raise TypeError(f"{name}: expected an int, got {value!r}") from None
+    if maximum is not None and not minimum <= v <= maximum:
+        raise ValueError(f"{name}: expected an int in [{minimum}, {maximum}], got {v}")
     if v < minimum:
-        raise ValueError(f"{name}: must be >= {minimum}, got {v}")
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {v}")
     return v
 
 

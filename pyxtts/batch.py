@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from pyxtts import _C
-from pyxtts._args import flag
+from pyxtts._args import flag, integer
 from pyxtts.memory import cleanup_gpu_memory
 
 _MAX_SEARCH = 1 << 20  # upper end of the exponential search when max_batch_size is None
@@ -66,9 +66,7 @@ def _synthetic_batch(config, batch_size: int, text_len: int, audio_len: int, con
 def _positive_int(name: str, value: Any, allow_none: bool = False) -> int | None:
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name}: expected an int >= 1{' or None' if allow_none else ''}, got {value!r}")
-    return int(value)
+    return integer(name, value, minimum=1)
 
 
 def largest_fitting(fits, start: int = 1, cap: int | None = None) -> int | None:

@@ -39,6 +39,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from pyxtts._args import integer
 from pyxtts.framing import AUDIO_OVERHEAD, TEXT_OVERHEAD, frame_batch
 
 __all__ = ["DataError", "Sample", "TTSDataset", "SyntheticDataset", "shard_arrays", "write_shards", "collate",
@@ -115,8 +116,7 @@ def write_shards(samples: Iterable, folder: str | os.PathLike, samples_per_shard
     """Writes samples (``Sample`` or (text, audio[, cond]) tuples or dicts with those keys,
     as ``shard_arrays`` takes them) as ``shard-NNNNN.npz`` files into ``folder`` (created);
     returns the paths."""
-    if isinstance(samples_per_shard, bool) or not isinstance(samples_per_shard, int) or samples_per_shard < 1:
-        raise ValueError(f"samples_per_shard: expected an int >= 1, got {samples_per_shard!r}")
+    samples_per_shard = integer("samples_per_shard", samples_per_shard, minimum=1)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
@@ -291,8 +291,9 @@ class TTSDataset(Sequence):
     def split(self, n_eval: int, seed: int = 0) -> tuple["TTSDataset", "TTSDataset"]:
         """``(train, eval)``: ``n_eval`` samples drawn at random (seeded) for evaluation,
         the rest for training; no sample is in both."""
-        if isinstance(n_eval, bool) or not isinstance(n_eval, int) or not 0 < n_eval < len(self.samples):
-            raise ValueError(f"n_eval: expected an int in [1, {len(self.samples) - 1}], got {n_eval!r}")
+        if len(self.samples) < 2:
+            raise ValueError(f"n_eval: a split needs at least 2 samples, the dataset has {len(self.samples)}")
+        n_eval = integer("n_eval", n_eval, minimum=1, maximum=len(self.samples) - 1)
         order = np.random.default_rng(seed).permutation(len(self.samples))
         held = set(order[:n_eval].tolist())
         train = [s for i, s in enumerate(self.samples) if i not in held]
@@ -387,13 +388,13 @@ def batch_groups(dataset: Sequence[Sample], batch_size: int, shuffle: bool = Tru
                  bucket_factor: int = 8, drop_last: bool = False) -> list[np.ndarray]:
     """The sample indices of each batch ``bucketed_batches`` yields, in order, without
     collating anything (a trainer resuming mid-epoch skips batches with it)."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
+    batch_size = integer("batch_size", batch_size, minimum=1)
+    bucket_factor = integer("bucket_factor", bucket_factor, minimum=1)
     n = len(dataset)
     rng = np.random.default_rng(seed)
     order = rng.permutation(n) if shuffle else np.arange(n)
     total = np.array([len(s.text) + len(s.audio) for s in (dataset[i] for i in range(n))])
-    pool = batch_size * max(1, int(bucket_factor))
+    pool = batch_size * bucket_factor
     groups: list[np.ndarray] = []
     for lo in range(0, n, pool):
         chunk = order[lo:lo + pool]

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from pyxtts import _C
+from pyxtts._args import integer
 from pyxtts.config import XTTSConfig, optimize_config, parse_memory_size
 from pyxtts.memory import cleanup_gpu_memory
 from pyxtts.memory import format_bytes as fb
@@ -86,9 +87,7 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
     config = XTTSConfig.from_dict(config.to_dict())  # the caller's config stays as it is
     t, d, m = config.training, config.data, config.model
     if batch_size is not None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
-        d.batch_size = batch_size
+        d.batch_size = integer("batch_size", batch_size, minimum=1)
     dev = t.resolved_device() if device is None else device
     total = int(_C.device_info(dev)["total_memory"]) if memory is None else parse_memory_size(memory)
     budget = int(total * t.max_memory_fraction)

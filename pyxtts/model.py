@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from pyxtts import _C
-from pyxtts._args import flag
+from pyxtts._args import flag, integer
 
 BATCH_KEYS = ("text_inputs", "text_targets", "audio_inputs", "audio_targets", "text_lengths",
               "audio_lengths")
@@ -260,11 +260,7 @@ def _first_bad(mask: np.ndarray) -> tuple[int, ...]:
 
 def _step_number(name: str, value: Any, limit: int = 1 << 64) -> int:
     """An int in [0, limit) (a step counter, a sample number)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if not 0 <= int(value) < limit:
-        raise ValueError(f"{name}: expected an int in [0, {limit}), got {value}")
-    return int(value)
+    return integer(name, value, maximum=limit - 1)
 
 
 class XTTSGPT:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pyxtts._args import integer
 from pyxtts.prepare.audio import STYLE_MEL
 from pyxtts.prepare.conditioning import MAX_REFERENCE_SAMPLES, MIN_REFERENCE_SAMPLES, conditioning_mel, \
     reference_slice
@@ -80,9 +81,7 @@ class References:
             raise ValueError(f"mel_stats: expected {STYLE_MEL.n_mels} finite non-zero values (mel_stats.pth), got "
                              f"shape {stats.shape}")
         for name in ("seed", "max_samples", "min_samples", "code_stride_len"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < (0 if name == "seed" else 1):
-                raise ValueError(f"{name}: expected an int >= {0 if name == 'seed' else 1}, got {v!r}")
+            object.__setattr__(self, name, integer(name, getattr(self, name), minimum=0 if name == "seed" else 1))
         if self.min_samples > self.max_samples:
             raise ValueError(f"min_samples: expected <= max_samples={self.max_samples}, got {self.min_samples}")
 

@@ -213,3 +213,44 @@ def test_python_flags_and_devices_are_not_judged_by_truth_value(model):
     raises(TypeError, "verify", pyxtts.find_optimal_batch_size, model, verify=1, shows="1")
     assert pyxtts.optimize_config(cfg, "80GiB", keep_precision=np.bool_(True))[0].training.precision == \
         cfg.training.precision
+
+
+def test_python_integers_take_integers_only(model, tmp_path):
+    """Every integer argument of the Python layer goes through pyxtts._args.integer: a float,
+    a 0-d float array or a bool is a TypeError naming the argument (bucket_factor=2.5 used to
+    become 2 through int(), and the other validators raised ValueError for a wrong type);
+    an integer out of range is a ValueError showing the range and the value."""
+    from pyxtts.data import Sample, TTSDataset, batch_groups, write_shards
+    from pyxtts.memtest import run_memtest
+    from pyxtts.prepare.conditioning import reference_slice
+    from pyxtts.prepare.pipeline import prepare
+    from pyxtts.references import References
+
+    ids = np.arange(3, dtype=np.int64)
+    data = TTSDataset([Sample(ids, ids) for _ in range(4)])
+    stats = np.ones(80)
+    wav = np.ones(1000, np.float32)
+    rng = np.random.default_rng(0)
+    cases = [
+        ("text_len", lambda v: pyxtts.find_optimal_batch_size(model, text_len=v)),
+        ("max_batch_size", lambda v: pyxtts.find_optimal_batch_size(model, max_batch_size=v)),
+        ("accumulation_steps", lambda v: pyxtts.train_step_with_accumulation(model, None, {}, v)),
+        ("samples_per_shard", lambda v: write_shards([], tmp_path / "s", samples_per_shard=v)),
+        ("n_eval", lambda v: data.split(v)),
+        ("batch_size", lambda v: batch_groups(data, v)),
+        ("bucket_factor", lambda v: batch_groups(data, 2, bucket_factor=v)),
+        ("batch_size", lambda v: run_memtest(pyxtts.XTTSConfig(), batch_size=v)),
+        ("seed", lambda v: References(stats, seed=v)),
+        ("code_stride_len", lambda v: References(stats, code_stride_len=v)),
+        ("min_samples", lambda v: reference_slice(wav, rng, min_samples=v)),
+        ("workers", lambda v: prepare(tmp_path, tmp_path, tmp_path / "o", workers=v)),
+        ("max_text_tokens", lambda v: prepare(tmp_path, tmp_path, tmp_path / "o", max_text_tokens=v)),
+        ("dropout_step", lambda v: setattr(model, "dropout_step", v)),
+    ]
+    for name, call in cases:
+        for bad in (2.5, 2.0, np.array(2.5), True, "2"):
+            raises(TypeError, name, call, bad, shows=repr(bad))
+        raises(ValueError, name, call, -1, shows="got -1")
+    raises(ValueError, "n_eval", data.split, 4, shows="expected an int in [1, 3], got 4")
+    raises(ValueError, "dropout_step", setattr, model, "dropout_step", 2**64, shows=f"got {2**64}")
+    assert [len(g) for g in batch_groups(data, np.int64(2), bucket_factor=np.array(3))] == [2, 2]

@@ -85,7 +85,7 @@ def test_ignore_code_ranges_are_checked(ranges, exc, match):
 
 def test_code_count_is_coquis_ceil():
     assert [code_count(n, 1024) for n in (0, 1, 1023, 1024, 1025, 255995)] == [0, 1, 1, 1, 2, 250]
-    with pytest.raises(ValueError, match="code_stride_len: must be >= 1"):
+    with pytest.raises(ValueError, match="code_stride_len: expected an int >= 1, got 0"):
         code_count(10, 0)
     with pytest.raises(TypeError, match="num_samples: expected an int"):
         code_count(1.5, 1024)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pyxtts._args import integer
 from pyxtts.prepare.audio import STYLE_MEL, STYLE_MEL_NO_PERCEIVER, mel_spectrogram
 
 __all__ = ["MIN_REFERENCE_SAMPLES", "MAX_REFERENCE_SAMPLES", "reference_slice", "conditioning_mel"]
@@ -30,10 +31,8 @@ def reference_slice(ref_audio: np.ndarray, rng: np.random.Generator, min_samples
     ref = np.asarray(ref_audio)
     if ref.ndim != 1 or ref.dtype.kind != "f" or ref.size == 0:
         raise ValueError(f"ref_audio: expected a non-empty 1-d float array, got dtype {ref.dtype} shape {ref.shape}")
-    if isinstance(min_samples, bool) or isinstance(max_samples, bool) or not isinstance(min_samples, int) \
-            or not isinstance(max_samples, int) or not 0 < min_samples <= max_samples:
-        raise ValueError(f"min_samples, max_samples: expected ints with 0 < min <= max, got {min_samples!r}, "
-                         f"{max_samples!r}")
+    min_samples = integer("min_samples", min_samples, minimum=1)
+    max_samples = integer("max_samples", max_samples, minimum=min_samples)
     n = ref.shape[0]
     length = (min_samples + max_samples) // 2 if evaluation else int(rng.integers(min_samples, max_samples + 1))
     if length > n:

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from pyxtts._args import flag
+from pyxtts._args import flag, integer
 from pyxtts.data import shard_arrays
 from pyxtts.prepare.assets import XTTSAssets
 from pyxtts.prepare.audio import DVAE_MEL, SAMPLE_RATE, SILENCE_PEAK, AudioError, load_audio, mel_spectrogram
@@ -282,22 +282,17 @@ def _split(items: list[Item], eval_fraction: float, seed: int) -> tuple[list[Ite
 
 def _check_args(eval_fraction: float, workers: int, samples_per_shard: int, seed: int,
                 max_wav_samples: int, min_seconds: float, max_text_tokens: int | None) -> None:
-    def is_int(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-
     if not isinstance(eval_fraction, (int, float)) or isinstance(eval_fraction, bool) \
             or not 0 <= eval_fraction < 1:
         raise ValueError(f"eval_fraction: expected a number in [0, 1), got {eval_fraction!r}")
     for name, v in (("workers", workers), ("samples_per_shard", samples_per_shard),
                     ("max_wav_samples", max_wav_samples)):
-        if not is_int(v) or v < 1:
-            raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
-    if not is_int(seed) or seed < 0:
-        raise ValueError(f"seed: expected an int >= 0, got {seed!r}")
+        integer(name, v, minimum=1)
+    integer("seed", seed)
     if not isinstance(min_seconds, (int, float)) or isinstance(min_seconds, bool) or not min_seconds > 0:
         raise ValueError(f"min_seconds: expected a number > 0, got {min_seconds!r}")
-    if max_text_tokens is not None and (not is_int(max_text_tokens) or max_text_tokens < 1):
-        raise ValueError(f"max_text_tokens: expected an int >= 1 or None, got {max_text_tokens!r}")
+    if max_text_tokens is not None:
+        integer("max_text_tokens", max_text_tokens, minimum=1)
 
 
 class _BlasThreads:
