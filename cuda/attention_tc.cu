@@ -5,7 +5,8 @@
  *
  * When it runs: dt is bfloat16 or float16, D is 64 or 128, the device is sm_80
  * or newer (and this build has sm_80+ code for it), every pointer is 16-byte
- * aligned and every stride a multiple of 8 elements (16-byte cp.async rows).
+ * aligned and every stride a multiple of 8 elements (16-byte cp.async rows), and
+ * scale * log2(e) is finite in float (scale <= 2.36e38).
  * The environment variable PYXTTS_CUDA_ATTENTION, read once per process:
  *   unset / "" / "auto"  the tensor-core path where eligible, else the fallback
  *   "simple"             always the fallback (A/B, or to rule this path out)
@@ -16,6 +17,7 @@
  * The kernels, their arithmetic and their launches are in attention_tc.cuh; this
  * file is the switch, the eligibility check and the dispatch to the instances. */
 #include <atomic>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -94,6 +96,11 @@ extern "C" int pxt_cuda_attention_tc_select(int index, const pxt_attn_args *a,
         why = "the head dim is not 64 or 128";
     } else if (!strides8(a->q) || !strides8(a->k) || !strides8(a->v) || !strides8(a->o)) {
         why = "a stride is not a multiple of 8 elements";
+    } else if (!isfinite(a->scale * 1.4426950408889634f)) {
+        /* the kernels score in base 2 (TC_LOG2E, attention_tc.cuh): a scale past
+         * FLT_MAX / log2 e = 2.36e38 makes scale * log2 e inf, and a score the fallback
+         * keeps finite (s * scale in range) would be inf or NaN there */
+        why = "scale * log2(e) overflows float (scale > 2.36e38)";
     }
     for (int i = 0; !why && i < nptrs; i++) {
         if (!aligned16(ptrs[i])) {

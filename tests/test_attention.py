@@ -388,8 +388,9 @@ def test_overflow_and_nan_are_nan_never_zeros(rng, seed, causal, dtype, device):
     rows that see a key NaN, as torch does, so a training step sees a non-finite loss
     and skips; only a row that sees no key (past its length) is zeros with lse -inf.
     The backward carries the NaN on (a NaN lse is not a row without keys). On cuda:0,
-    float32 takes the general kernels and bfloat16 at D 64 the tensor-core ones (their
-    source is also checked so in tests/test_cuda_emu.py's "overflow" run)."""
+    float32 takes the general kernels and bfloat16 at D 64 the tensor-core ones, but for
+    scale 3e38, past their limit (test_scale_past_the_base_2_limit_keeps_finite_rows);
+    tests/test_cuda_emu.py's "overflow" run checks their source at 3e38 too."""
     B, H, T, D = 2, 2, 37, 64
     q, k, v = (rng.standard_normal((B, H, T, D)).astype(np.float32) for _ in range(3))
     lengths = [T, 20]
@@ -421,6 +422,40 @@ def test_overflow_and_nan_are_nan_never_zeros(rng, seed, causal, dtype, device):
         dq, dk, dv = pyxtts.attention_backward(dout, *targs, out, lse, causal=causal, q_lengths=lengths, **kw)
         assert np.isnan(dq.numpy().astype(np.float32)[bad]).all(), msg + ": the backward carries the NaN"
         assert np.all(dq.numpy().astype(np.float32)[1, :, 20:] == 0), msg + ": padding rows' dq"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_scale_past_the_base_2_limit_keeps_finite_rows(rng, seed, dtype, device):
+    """Scores s * scale in float's range stay finite for any finite scale. The tensor-core
+    kernels score in base 2, and scale * log2 e overflows past 2.36e38: with scale 3e38
+    they made every row NaN (an inf times a tiny score), where the CPU gives finite rows;
+    such a scale now takes the general kernels on cuda:0. |q| in [2e-38, 4e-38] and |k|
+    in [1, 2], all normal floats (a subnormal product may be flushed), put the scores
+    near 100 (q * scale is in range: the CPU scales q first). The true dq (scale dS k) is
+    past float's range, so only out, lse, dk and dv are compared."""
+    B, H, T, D = 2, 2, 37, 64
+    to = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
+    sign = lambda: np.where(rng.random((B, H, T, D)) < 0.5, -1.0, 1.0)  # noqa: E731
+    q = sign() * (2 + 2 * rng.random((B, H, T, D))) * 1e-38
+    k = sign() * (1 + rng.random((B, H, T, D)))
+    v, dout = (rng.standard_normal((B, H, T, D)) for _ in range(2))
+    q, k, v, dout = (x.astype(to).astype(np.float64) for x in (q, k, v, dout))
+    scale, lengths = 3e38, [T, 20]
+    r = reference(q, k, v, dout, allowed_mask(B, T, T, True, lengths, None, None), scale)
+    t = [pyxtts.tensor(x.astype(to), device=device) for x in (q, k, v, dout)]
+    out, lse = pyxtts.attention_forward(*t[:3], causal=True, q_lengths=lengths, scale=scale)
+    dq, dk, dv = pyxtts.attention_backward(t[3], *t[:3], out, lse, causal=True, q_lengths=lengths, scale=scale)
+    # scores ~100 carry fp32's 1e-7 relative error into p as ~1e-5; 16-bit results are rounded
+    tol = 2e-2 if dtype == "bfloat16" else 1e-4
+    msg = f"seed={seed} {dtype} {device}"
+    s = lse.numpy()
+    assert np.all(s[1, :, 20:] == -np.inf), f"{msg}: rows past the length"
+    check_close(np.concatenate([s[0].ravel(), s[1, :, :20].ravel()]),
+                np.concatenate([r[1][0].ravel(), r[1][1, :, :20].ravel()]), tol, f"{msg}: lse")
+    for name, got, want in (("out", out, r[0]), ("dk", dk, r[3]), ("dv", dv, r[4])):
+        got = got.numpy().astype(np.float64)
+        assert np.isfinite(got).all(), f"{msg}: {name} has non-finite values"
+        check_close(got, want, tol, f"{msg}: {name}")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
