@@ -177,7 +177,8 @@ run_b() {
 
 # ONE: A's essentials and B's headline in one call, for a lease of 15 minutes all told
 # (start included; on an H200 the first such run took 232 s, the second 384 s, of which
-# torch.compile ran out of its then 100 s: compiling the 30 layers needs more):
+# torch.compile ran out of its then 100 s compiling the 30 layers as one graph; it now
+# compiles block by block, once for the 30 identical blocks: bench_xtts_gpu.py --compile):
 # the build, the kernel tests, the device tests, the XTTS v2 step against torch eager with
 # the largest batch, where the step's GPU time goes (the GPT core, and Coqui's recipe:
 # dropout and the conditioning path), torch.compile, attention against SDPA, memcheck; in
