@@ -3,6 +3,8 @@ a ``TypeError`` or ``ValueError`` that names the argument, the expected and the 
 value."""
 from __future__ import annotations
 
+import math
+import numbers
 import operator
 from typing import Any
 
@@ -26,6 +28,30 @@ def integer(name: str, value: Any, *, minimum: int = 0, maximum: int | None = No
         raise ValueError(f"{name}: expected an int in [{minimum}, {maximum}], got {v}")
     if v < minimum:
         raise ValueError(f"{name}: expected an int >= {minimum}, got {v}")
+    return v
+
+
+def real(name: str, value: Any, *, minimum: float | None = None, maximum: float | None = None,
+         above: bool = False, below: bool = False) -> float:
+    """``value`` as a finite Python float, >= ``minimum`` (> with ``above``) and <= ``maximum``
+    (< with ``below``) where those are given.
+
+    Accepts any real number: ints, floats, NumPy integer and floating scalars (``np.float32``
+    is not a ``float``), 0-d arrays of those; refuses bools, strings and complex numbers
+    (``float("0.5")`` would take a string), NaN and infinities."""
+    a = value if isinstance(value, np.ndarray) else None
+    if isinstance(value, (bool, np.bool_)) or not (
+            isinstance(value, numbers.Real) or (a is not None and a.ndim == 0 and a.dtype.kind in "iuf")):
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__} {value!r}")
+    v = float(value)
+    lo = "" if minimum is None else f"{'(' if above else '['}{minimum:g}, "
+    hi = "" if maximum is None else f"{maximum:g}{')' if below else ']'}"
+    rule = (f"in {lo}{hi}" if lo and hi else f"{'>' if above else '>='} {minimum:g}" if lo
+            else f"{'<' if below else '<='} {maximum:g}" if hi else "")
+    if not (math.isfinite(v)
+            and (minimum is None or (v > minimum if above else v >= minimum))
+            and (maximum is None or (v < maximum if below else v <= maximum))):
+        raise ValueError(f"{name}: expected a finite number{' ' + rule if rule else ''}, got {value!r}")
     return v
 
 

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from pyxtts import _C
-from pyxtts._args import flag, integer
+from pyxtts._args import flag, integer, real
 from pyxtts.memory import cleanup_gpu_memory
 
 _MAX_SEARCH = 1 << 20  # upper end of the exponential search when max_batch_size is None
@@ -122,9 +122,7 @@ def find_optimal_batch_size(model, optimizer=None, text_len: int | None = None,
     cap = _positive_int("max_batch_size", max_batch_size, allow_none=True)
     if cap is not None and cap < start:
         raise ValueError(f"max_batch_size: {cap} is smaller than start_batch_size={start}")
-    if isinstance(safety_margin, bool) or not isinstance(safety_margin, (int, float)) \
-            or not 0.0 <= safety_margin < 1.0:
-        raise ValueError(f"safety_margin: expected a fraction in [0, 1), got {safety_margin!r}")
+    safety_margin = real("safety_margin", safety_margin, minimum=0.0, maximum=1.0, below=True)
     verify = flag("verify", verify)
     cond_len, frames = c.n_cond_latents, c.planned_cond_frames
     device = model.device

@@ -37,7 +37,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Mapping
 
-from pyxtts._args import flag
+from pyxtts._args import flag, real
 from pyxtts.model import ModelConfig, estimate_memory
 
 __all__ = ["DataConfig", "TrainingConfig", "XTTSConfig", "optimize_config", "parse_memory_size",
@@ -609,8 +609,7 @@ def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, 
     ``ValueError`` when not even the smallest plan fits."""
     if not isinstance(config, XTTSConfig):
         raise TypeError(f"config: expected an XTTSConfig, got {type(config).__name__}")
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
-        raise ValueError(f"margin: must be in [0, 1), got {margin!r}")
+    margin = real("margin", margin, minimum=0.0, maximum=1.0, below=True)
     from pyxtts import _C
     from pyxtts.memory import format_bytes as fb
 

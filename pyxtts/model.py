@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from pyxtts import _C
-from pyxtts._args import flag, integer
+from pyxtts._args import flag, integer, real
 
 BATCH_KEYS = ("text_inputs", "text_targets", "audio_inputs", "audio_targets", "text_lengths",
               "audio_lengths")
@@ -564,11 +564,7 @@ class XTTSGPT:
             norm = (int(token_counts[0]), int(token_counts[1]))
         scale = 1.0
         if loss_scale is not None:
-            if isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float, np.integer, np.floating)):
-                raise TypeError(f"loss_scale: expected None or a number, got {type(loss_scale).__name__}")
-            scale = float(loss_scale)
-            if not (np.isfinite(scale) and scale > 0):
-                raise ValueError(f"loss_scale: must be None or a finite number > 0, got {loss_scale!r}")
+            scale = real("loss_scale", loss_scale, minimum=0.0, above=True)
         text_sum, audio_sum = self._core._step(*arrays[:10], float(norm[0]), float(norm[1]), train, scale,
                                                arrays[10], self._dropout_seed, step, offset,
                                                bool(zero_grad), bool(keep_larger_arena))

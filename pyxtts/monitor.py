@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from pyxtts import _C
+from pyxtts._args import real
 from pyxtts.memory import format_bytes
 
 
@@ -65,9 +66,7 @@ class GPUMonitor:
     """
 
     def __init__(self, interval: float = 1.0, devices: list[str] | None = None) -> None:
-        if not (isinstance(interval, (int, float)) and interval > 0):
-            raise ValueError(f"interval: must be a number of seconds > 0, got {interval!r}")
-        self.interval = float(interval)
+        self.interval = real("interval", interval, minimum=0.0, above=True)  # seconds
         self.devices = devices if devices is not None else (
             ["cpu"] + [f"cuda:{i}" for i in range(_C.device_count())])
         for d in self.devices:

@@ -20,18 +20,13 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pyxtts._args import integer
+from pyxtts._args import integer, real
 
 __all__ = ["ConstantLR", "LRSchedule", "MultiStepLR", "WarmupCosineLR"]
 
 
 def _number(name: str, value: Any, *, minimum: float = 0.0) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name}: expected a number, got {value!r}")
-    v = float(value)
-    if not math.isfinite(v) or v < minimum:
-        raise ValueError(f"{name}: must be finite and >= {minimum:g}, got {value!r}")
-    return v
+    return real(name, value, minimum=minimum)
 
 
 class LRSchedule:

@@ -254,3 +254,32 @@ def test_python_integers_take_integers_only(model, tmp_path):
     raises(ValueError, "n_eval", data.split, 4, shows="expected an int in [1, 3], got 4")
     raises(ValueError, "dropout_step", setattr, model, "dropout_step", 2**64, shows=f"got {2**64}")
     assert [len(g) for g in batch_groups(data, np.int64(2), bucket_factor=np.array(3))] == [2, 2]
+
+
+def test_python_reals_take_finite_real_numbers(model, tmp_path, rng):
+    """Every real-number argument of the Python layer goes through pyxtts._args.real: a
+    string, a bool, a complex number or an array is a TypeError naming the argument (the
+    fractions and the monitor's interval raised ValueError for a wrong type, and refused
+    np.float32, which is not a float); NaN, an infinity or a value out of range is a
+    ValueError showing the rule and the value."""
+    from helpers import random_batch
+    from pyxtts.prepare.pipeline import prepare
+
+    batch = random_batch(rng, CFG, 2, 4, 4)
+    cases = [  # name, call, a value out of range, an accepted value
+        ("safety_margin", lambda v: pyxtts.find_optimal_batch_size(model, safety_margin=v, verify=False),
+         1.0, np.float32(0.25)),
+        ("margin", lambda v: pyxtts.optimize_config(pyxtts.XTTSConfig(), "80GiB", margin=v), -0.5, np.float32(0.1)),
+        ("interval", lambda v: pyxtts.GPUMonitor(interval=v), 0.0, np.float32(0.5)),
+        ("lr", lambda v: pyxtts.ConstantLR(v), -1.0, np.float16(1e-3)),
+        ("loss_scale", lambda v: model.forward_backward(batch, loss_scale=v), 0.0, np.array(2.0)),
+        ("eval_fraction", lambda v: prepare(tmp_path, tmp_path, tmp_path / "o", eval_fraction=v), 1.0, None),
+        ("min_seconds", lambda v: prepare(tmp_path, tmp_path, tmp_path / "o", min_seconds=v), 0.0, None),
+    ]
+    for name, call, out_of_range, good in cases:
+        for bad in ("0.5", True, 1j, np.zeros(2), np.array("1")):
+            raises(TypeError, name, call, bad)
+        for bad in (float("nan"), float("inf"), -float("inf"), out_of_range):
+            raises(ValueError, name, call, bad, shows=f"got {bad!r}")
+        if good is not None:
+            call(good)

@@ -282,10 +282,10 @@ def test_cli(small, tmp_path, capsys):
     assert pyxtts.cli.main(argv) == 0  # again: everything resumed
     assert "2 shard(s) kept from an earlier run" in capsys.readouterr().out
     bad = [(["--workers", "0"], "workers: expected an int >= 1, got 0"),
-           (["--eval-fraction", "1"], "eval_fraction: expected a number in [0, 1)"),
+           (["--eval-fraction", "1"], "eval_fraction: expected a finite number in [0, 1)"),
            (["--language", "xx"], "language: expected one of"),
            (["--max-text-tokens", "0"], "max_text_tokens: expected an int >= 1, got 0"),
-           (["--min-seconds", "-1"], "min_seconds: expected a number > 0, got -1.0"),
+           (["--min-seconds", "-1"], "min_seconds: expected a finite number > 0, got -1.0"),
            (["--eval-fraction", "0.5"], "--overwrite")]
     for extra, msg in bad:
         assert pyxtts.cli.main(argv + extra) == 2

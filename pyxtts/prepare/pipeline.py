@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from pyxtts._args import flag, integer
+from pyxtts._args import flag, integer, real
 from pyxtts.data import shard_arrays
 from pyxtts.prepare.assets import XTTSAssets
 from pyxtts.prepare.audio import DVAE_MEL, SAMPLE_RATE, SILENCE_PEAK, AudioError, load_audio, mel_spectrogram
@@ -280,21 +280,6 @@ def _split(items: list[Item], eval_fraction: float, seed: int) -> tuple[list[Ite
     return [it for i, it in enumerate(items) if i not in held], [it for i, it in enumerate(items) if i in held]
 
 
-def _check_args(eval_fraction: float, workers: int, samples_per_shard: int, seed: int,
-                max_wav_samples: int, min_seconds: float, max_text_tokens: int | None) -> None:
-    if not isinstance(eval_fraction, (int, float)) or isinstance(eval_fraction, bool) \
-            or not 0 <= eval_fraction < 1:
-        raise ValueError(f"eval_fraction: expected a number in [0, 1), got {eval_fraction!r}")
-    for name, v in (("workers", workers), ("samples_per_shard", samples_per_shard),
-                    ("max_wav_samples", max_wav_samples)):
-        integer(name, v, minimum=1)
-    integer("seed", seed)
-    if not isinstance(min_seconds, (int, float)) or isinstance(min_seconds, bool) or not min_seconds > 0:
-        raise ValueError(f"min_seconds: expected a number > 0, got {min_seconds!r}")
-    if max_text_tokens is not None:
-        integer("max_text_tokens", max_text_tokens, minimum=1)
-
-
 class _BlasThreads:
     """Splits the cores between worker processes: a spawned worker reads these variables
     when its BLAS loads (a user's own setting wins)."""
@@ -345,7 +330,15 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
     ``max_wav_samples`` at 22,050 Hz, ``min_seconds``, ``max_text_tokens`` (default: the
     model's ``gpt_max_text_tokens``); audio codes must fit the model's audio positions.
     """
-    _check_args(eval_fraction, workers, samples_per_shard, seed, max_wav_samples, min_seconds, max_text_tokens)
+    # as plain ints and floats: they go into the output's settings file (JSON)
+    eval_fraction = real("eval_fraction", eval_fraction, minimum=0.0, maximum=1.0, below=True)
+    workers = integer("workers", workers, minimum=1)
+    samples_per_shard = integer("samples_per_shard", samples_per_shard, minimum=1)
+    seed = integer("seed", seed)
+    max_wav_samples = integer("max_wav_samples", max_wav_samples, minimum=1)
+    min_seconds = real("min_seconds", min_seconds, minimum=0.0, above=True)
+    if max_text_tokens is not None:
+        max_text_tokens = integer("max_text_tokens", max_text_tokens, minimum=1)
     overwrite = flag("overwrite", overwrite)
     start = time.perf_counter()
     folder = XTTSAssets.check_folder(xtts_dir)
