@@ -103,7 +103,25 @@ def check_memory(request, devices):
         return  # the traceback holds the test's tensors; one failure is enough
     gc.collect()
     end = {d: pyxtts.memory_allocated(d) for d in devices}
-    assert end == start, f"allocator bytes in use changed over the test: {start} -> {end}"
+    assert end == start, (f"allocator bytes in use changed over the test: {start} -> {end}; "
+                          f"tensors made during the test still alive: {live_tensors()}")
+
+
+def live_tensors(most: int = 8) -> str:
+    """The pyxtts tensors the collector tracks (those made since the last gc.freeze),
+    each with the types of what refers to it: the suspects of a leak. None listed means
+    the bytes are held below Python (a C object or the engine)."""
+    objs = gc.get_objects()
+    rows = []
+    for o in objs:
+        if isinstance(o, pyxtts.Tensor):
+            # a referrer frozen before the test (a module's list, a cache) is not searched
+            held = sorted({type(r).__name__ for r in gc.get_referrers(o) if r is not objs})
+            rows.append(f"{o.device} {tuple(o.shape)} {o.dtype} held by "
+                        f"{', '.join(held) or 'something older than the test'}")
+    del objs
+    return "; ".join(rows[:most]) + (f"; and {len(rows) - most} more" if len(rows) > most else "") \
+        if rows else "none"
 
 
 # ---- helpers shared by the tensor tests (import them from conftest) -------------
