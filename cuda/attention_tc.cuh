@@ -10,7 +10,8 @@
  * sqrt(D) times later); each is one relative rounding (2^-8 bf16, 2^-11 fp16) per
  * term, so these results are NOT the fallback's "fp32 result rounded once"
  * (tests/test_cuda_attention_tc.py derives the tolerance). The softmax is in
- * base 2: x = s * scale * log2(e), p = exp2(x - m); lse = m ln 2 + ln l.
+ * base 2: x = s * scale * log2(e), p = exp2(x - m); lse = m ln 2 + ln l; exp2 is
+ * the hardware's ex2.approx.ftz (tc_exp2: 2^-22 relative, far inside those bounds).
  *
  * forward   a CTA per (b, h, 128 query rows), 4 warps x 32 rows for D = 64
  *           (64 rows, 4 x 16, for D = 128: registers). Q (BQ, D) stays in
@@ -149,6 +150,16 @@ __device__ static inline void mma16816(float (&c)[4], const uint32_t (&a)[4], ui
     (void)c, (void)a, (void)b0, (void)b1;
     __trap();
 #endif
+}
+
+/* 2^x of the softmax: ex2.approx.ftz, one MUFU.EX2 (relative error under 2^-22; a
+ * subnormal input counts as 0 and a result under 2^-126 is 0). exp2f adds a range
+ * fix-up of three instructions per probability for subnormal results, which neither
+ * the fp32 sums nor the 16-bit P can tell from 0. 2^-inf = 0 and 2^NaN = NaN, as exp2f. */
+__device__ static inline float tc_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
 }
 
 /* two floats -> one register of two 16-bit values (lo in the low half), RNE */
@@ -385,7 +396,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
                     mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
                     /* a row with no valid key so far subtracts 0: exp2(-inf - 0) = 0 */
                     mu[hf] = mx[hf] == -INFINITY ? 0.0f : mx[hf];
-                    alpha[hf] = exp2f(m[mt][hf] - mu[hf]);
+                    alpha[hf] = tc_exp2(m[mt][hf] - mu[hf]);
                     m[mt][hf] = mx[hf];
                 }
                 float sum[2] = {0.0f, 0.0f};
@@ -393,7 +404,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
                 for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
-                        s[mt][nt][e] = exp2f(s[mt][nt][e] - mu[e >> 1]);
+                        s[mt][nt][e] = tc_exp2(s[mt][nt][e] - mu[e >> 1]);
                         sum[e >> 1] += s[mt][nt][e];
                     }
                 /* fp32 p for l (lse keeps fp32 accuracy); P V uses p rounded to T */
@@ -611,7 +622,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
                 for (int e = 0; e < 4; e++) {
                     const int r = nt * 8 + 2 * t + (e & 1);     /* query in the tile */
                     const int c = 16 * warp + g + 8 * (e >> 1); /* key in the CTA */
-                    float p = exp2f(fmaf(s[nt][e], c2, -L2[r]));
+                    float p = tc_exp2(fmaf(s[nt][e], c2, -L2[r]));
                     /* a row of no key has p = 0 through L2 = +inf, but not where c2
                      * overflowed (scale > FLT_MAX / log2 e): 0 * inf is NaN */
                     if ((need_mask && (!kval[c] || (a.causal && j0 + c > i0 + r))) ||
@@ -783,7 +794,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int c = nt * 8 + 2 * t + (e & 1), hf = e >> 1;
-                    float p = exp2f(fmaf(s[nt][e], c2, -L2[hf]));
+                    float p = tc_exp2(fmaf(s[nt][e], c2, -L2[hf]));
                     if ((need_mask &&
                          (!kval[buf * BK + c] || (a.causal && j0 + c > iw + g + 8 * hf))) ||
                         L2[hf] == INFINITY) { /* a row of no key: as in the dK/dV kernel */

@@ -203,6 +203,12 @@ static inline void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, 
 template <typename T> static inline uint32_t pack2(float lo, float hi) {
     return (uint32_t)stf<T>(lo).bits | ((uint32_t)stf<T>(hi).bits << 16);
 }
+/* ex2.approx.ftz.f32: exp2f (the device's is within 2^-22 of it), with the device's
+ * flushes: a subnormal input is 0, a subnormal result 0 */
+static inline float tc_exp2(float x) {
+    float y = exp2f(fpclassify(x) == FP_SUBNORMAL ? 0.0f : x);
+    return fpclassify(y) == FP_SUBNORMAL ? 0.0f : y;
+}
 
 /* ---- launches and device memory ------------------------------------------------------ */
 /* Runs body as every thread of every block of grid x block, one block at a time,
