@@ -43,7 +43,10 @@ def real(name: str, value: Any, *, minimum: float | None = None, maximum: float 
     if isinstance(value, (bool, np.bool_)) or not (
             isinstance(value, numbers.Real) or (a is not None and a.ndim == 0 and a.dtype.kind in "iuf")):
         raise TypeError(f"{name}: expected a number, got {type(value).__name__} {value!r}")
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:  # an int past float's range
+        v = math.inf
     lo = "" if minimum is None else f"{'(' if above else '['}{minimum:g}, "
     hi = "" if maximum is None else f"{maximum:g}{')' if below else ']'}"
     rule = (f"in {lo}{hi}" if lo and hi else f"{'>' if above else '>='} {minimum:g}" if lo
