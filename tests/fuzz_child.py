@@ -334,6 +334,10 @@ odd_floats = st.sampled_from([float("nan"), float("inf"), -float("inf"), -0.0, 1
 odd_strings = st.sampled_from(["", "cpu", "cuda", "cuda:0", "cuda:99", "cpu:1", "cuda:-1", "CPU", "cuda:0 ",
                                "\ud800", "full\x00junk", "fp32", "bf16", "float16", "none", "full", "auto",
                                "selective", "torch.float32", "int8", "é", "cuda:" + "9" * 30])
+# NumPy scalars: what a value read out of an array is (np.float32 is no float, np.int64 no int)
+numpy_scalars = st.sampled_from([np.int64(3), np.int32(-1), np.uint8(200), np.int64(2**62), np.float32(0.5),
+                                 np.float16(2.5), np.float64(1e-3), np.float32(np.nan), np.bool_(True),
+                                 np.longdouble(4.0), np.complex64(1j)])
 dtypes = st.sampled_from([np.float32, np.float64, np.float16, np.int8, np.int32, np.int64, np.uint8,
                           np.uint64, np.bool_, np.complex64, object, BF16])
 
@@ -365,7 +369,7 @@ def arrays(draw, max_dims=4, max_side=5):
     return a
 
 
-values = st.one_of(st.none(), st.booleans(), huge_ints, odd_floats, odd_strings, arrays(),
+values = st.one_of(st.none(), st.booleans(), huge_ints, odd_floats, odd_strings, numpy_scalars, arrays(),
                    st.lists(st.integers(-3, 3), max_size=4), st.just(object()), st.just({}),
                    st.tuples(st.integers(-2, 70), st.integers(-2, 70)))
 
