@@ -1,7 +1,7 @@
 """Per-op timings at XTTS v2 sizes: pyxtts's kernels against PyTorch's, op by op.
 
     python tests/bench/bench_ops_gpu.py [--device cuda:0] [--rows 3920] [--repeats 50]
-        [--only NAME ...] [--json tests/bench/results/ops_gpu.json]
+        [--only NAME ...] [--cold] [--json tests/bench/results/ops_gpu.json]
 
 Sizes are one XTTS v2 step's (batch 8 x 490 tokens = 3920 rows, d = 1024, bf16): the
 four GEMMs of a block forward and their backward products, plain and fused with their
@@ -16,6 +16,10 @@ the fused AdamW).
 Timing: each op runs `repeats` times back to back and the device is synchronised once,
 in 5 windows; the median window over `repeats` is the op's time (launch overhead
 included, as in a training step). `speedup_vs_torch` is torch's time over pyxtts's.
+Back to back, an op whose buffers fit the L2 cache (50 MB on an H100) reads them from
+there; in a step they come from memory. `--cold` also times each op after a copy of
+`--cold-mib` MiB on the same stream (which evicts the cache), less the copy alone:
+`pyxtts_cold_s` and `torch_cold_s`.
 Inputs are random normal data (never zeros). `--device cpu --rows 64 --d 64` runs the
 same code on the CPU to check the script where no GPU is at hand.
 """
@@ -219,6 +223,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=30, help="model size of the AdamW case")
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--only", nargs="+", help="substrings of the op names to run")
+    ap.add_argument("--cold", action="store_true",
+                    help="also time each op with the L2 cache evicted before it (pyxtts_cold_s, torch_cold_s)")
+    ap.add_argument("--cold-mib", type=int, default=256, help="MiB copied to evict the cache (--cold)")
     ap.add_argument("--json")
     args = ap.parse_args()
     import torch
@@ -238,23 +245,47 @@ def main() -> None:
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
 
+    if args.cold:  # a copy of cold_mib on each side's own stream evicts the L2 cache
+        n = args.cold_mib << 18  # float32 elements
+        src_p, dst_p = pyxtts.zeros((n,), device=args.device), pyxtts.zeros((n,), device=args.device)
+        src_t = torch.zeros(n, device=args.device)
+        dst_t = torch.empty_like(src_t)
+
+        def flush_p():
+            dst_p.copy_(src_p)
+
+        def flush_t():
+            dst_t.copy_(src_t)
+
+        def cold(fn, flush, sync) -> float:
+            def both():
+                flush()
+                fn()
+            return timed(both, sync, args.repeats) - timed(flush, sync, args.repeats)
+
     rows = []
     for name, (pf, tf, nbytes, flops) in cases.items():
         tp = timed(pf, sync_p, args.repeats)
         tt = timed(tf, sync_t, args.repeats)
         rows.append({"op": name, "pyxtts_s": tp, "torch_s": tt, "speedup_vs_torch": tt / tp,
                      "pyxtts_GBps": nbytes / tp / 1e9, "pyxtts_TFLOPs": flops / tp / 1e12 if flops else None})
+        if args.cold:
+            rows[-1]["pyxtts_cold_s"] = cold(pf, flush_p, sync_p)
+            rows[-1]["torch_cold_s"] = cold(tf, flush_t, sync_t)
     command = "python tests/bench/bench_ops_gpu.py " + " ".join(sys.argv[1:])
     sys.path.insert(0, str(HERE))
     from bench_env import environment
 
     env = environment(args.device)
     print(f"# {command}\n# {env['device']['name']}, driver {env['driver']}, torch {env['torch']}")
-    print(f"{'op':52} {'pyxtts':>10} {'torch':>10} {'vs torch':>9} {'GB/s':>7} {'TFLOP/s':>8}")
+    print(f"{'op':52} {'pyxtts':>10} {'torch':>10} {'vs torch':>9} {'GB/s':>7} {'TFLOP/s':>8}"
+          + (f" {'cold pyxtts':>12} {'cold torch':>11}" if args.cold else ""))
     for r in rows:
         tfl = f"{r['pyxtts_TFLOPs']:.0f}" if r["pyxtts_TFLOPs"] else "-"
+        cold_cols = (f" {r['pyxtts_cold_s'] * 1e6:>10.1f}us {r['torch_cold_s'] * 1e6:>9.1f}us"
+                     if args.cold else "")
         print(f"{r['op']:52} {r['pyxtts_s'] * 1e6:>8.1f}us {r['torch_s'] * 1e6:>8.1f}us "
-              f"{r['speedup_vs_torch']:>8.2f}x {r['pyxtts_GBps']:>7.0f} {tfl:>8}")
+              f"{r['speedup_vs_torch']:>8.2f}x {r['pyxtts_GBps']:>7.0f} {tfl:>8}{cold_cols}")
     if args.json:
         Path(args.json).write_text(json.dumps({"command": command, "environment": env, "ops": rows,
                                                "date": time.strftime("%Y-%m-%d")}, indent=2))

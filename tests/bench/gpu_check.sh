@@ -181,9 +181,10 @@ run_b() {
 # compiles block by block, once for the 30 identical blocks: bench_xtts_gpu.py --compile):
 # the build, the kernel tests, the device tests, the XTTS v2 step against torch eager with
 # the largest batch, where the step's GPU time goes (the GPT core, and Coqui's recipe:
-# dropout and the conditioning path), torch.compile, attention against SDPA, memcheck; in
+# dropout and the conditioning path), attention against SDPA, the memory-bound ops with a
+# cold cache, torch.compile, memcheck; in
 # that order of value, each under a limit, the whole meant to end inside ~540 s. Its files
-# stay at 8 or fewer (the log, the summary, four JSON, the extension).
+# stay at 8 or fewer (the log, the summary, five JSON, the extension).
 run_one() {
     local R=tests/bench/results run
     mkdir -p $R
@@ -210,6 +211,12 @@ run_one() {
     cp $R/attention_gpu.json "$OUTDIR"/ 2> /dev/null
     step attention-dropout 20 "$PY" tests/bench/bench_attention_gpu.py --T 490 2048 --paths tc torch \
         --repeats 3 --dropout 0.1
+    # the step's memory-bound ops with the L2 cache evicted first, as in a step (the
+    # layernorm dinp kernel took 80 us per call in the step's profile, 48 us back to back)
+    step ops-cold 40 "$PY" tests/bench/bench_ops_gpu.py --repeats 10 --cold \
+        --only layernorm "gelu forward" "gelu backward" dgelu bias_backward groupnorm rmsnorm embedding \
+        adamw --json $R/ops_gpu.json
+    cp $R/ops_gpu.json "$OUTDIR"/ 2> /dev/null
     step xtts-torch_compile 180 "$PY" tests/bench/bench_xtts_gpu.py --batch 8 --steps 5 --no-search \
         --only torch_compile --json $R/xtts_gpu.json
     cp $R/xtts_gpu.json "$OUTDIR"/ 2> /dev/null
