@@ -155,6 +155,17 @@ def test_reals_name_the_argument(model):
     assert model.estimate_memory(1, 4, 4).optimizer == 0  # every refused AdamW left nothing
 
 
+def test_c_reals_refuse_complex_numbers_and_arrays(model):
+    """A NumPy complex converted to its real part with a mere warning (grad_clip=1j was 0,
+    clipping off; found by the fuzz), and arrays of one element or of a bool converted too."""
+    for bad in (np.complex64(1j), np.complex128(2), 1j, np.array([0.5]), np.array(True), np.bool_(True)):
+        raises(TypeError, "grad_clip", pyxtts.AdamW, model, grad_clip=bad, shows=type(bad).__name__)
+        state = pyxtts.AdamW(model).state_dict()
+        raises(TypeError, "grad_clip", pyxtts.AdamW(model).load_state_dict, {**state, "grad_clip": bad})
+    for good in (np.float32(0.5), np.array(0.5), np.int64(2), np.longdouble(3.0)):
+        assert pyxtts.AdamW(model, grad_clip=good).grad_clip == float(good)
+
+
 def test_optional_none_keeps_the_default(model):
     assert pyxtts.tensor([1.0], device=None, dtype=None).device == "cpu"
     assert model.estimate_memory(1, 4, 4, cond_len=None, checkpointing=None).total > 0

@@ -137,13 +137,31 @@ int pxt_py_bytes_converter(PyObject *obj, void *arg) {
     return 1;
 }
 
+/* A real number: an int (not a bool), a float, a NumPy integer or floating scalar, a 0-d
+ * array of those, or another integer type (__index__). Not anything with __float__: a
+ * NumPy complex converts to its real part with a mere warning, and an array of one
+ * element or of bools converts too. */
+static int is_real_number(PyObject *obj) {
+    if (PyBool_Check(obj) || PyArray_IsScalar(obj, Bool)) {
+        return 0;
+    }
+    if (PyLong_Check(obj) || PyFloat_Check(obj) || PyArray_IsScalar(obj, Integer) ||
+        PyArray_IsScalar(obj, Floating)) {
+        return 1;
+    }
+    if (PyArray_IsZeroDim(obj)) {
+        char kind = PyArray_DESCR((PyArrayObject *)obj)->kind;
+        return kind == 'i' || kind == 'u' || kind == 'f';
+    }
+    return !PyArray_Check(obj) && !PyComplex_Check(obj) && PyIndex_Check(obj);
+}
+
 int pxt_py_real_converter(PyObject *obj, void *arg) {
     pxt_py_real *p = arg;
     if (none_for(&p->a, obj)) {
         return 1;
     }
-    int real = !PyBool_Check(obj) && !PyUnicode_Check(obj) && !PyBytes_Check(obj) &&
-               (PyFloat_Check(obj) || PyLong_Check(obj) || PyNumber_Check(obj));
+    int real = is_real_number(obj);
     double v = real ? PyFloat_AsDouble(obj) : 0.0;
     if (real && v == -1.0 && PyErr_Occurred()) {
         int too_big = PyErr_ExceptionMatches(PyExc_OverflowError); /* an int past double */
