@@ -226,7 +226,7 @@ def test_python_flags_and_devices_are_not_judged_by_truth_value(model):
         cfg.training.precision
 
 
-def test_python_integers_take_integers_only(model, tmp_path):
+def test_python_integers_take_integers_only(model, tmp_path, rng):
     """Every integer argument of the Python layer goes through pyxtts._args.integer: a float,
     a 0-d float array or a bool is a TypeError naming the argument (bucket_factor=2.5 used to
     become 2 through int(), and the other validators raised ValueError for a wrong type);
@@ -241,7 +241,6 @@ def test_python_integers_take_integers_only(model, tmp_path):
     data = TTSDataset([Sample(ids, ids) for _ in range(4)])
     stats = np.ones(80)
     wav = np.ones(1000, np.float32)
-    rng = np.random.default_rng(0)
     cases = [
         ("text_len", lambda v: pyxtts.find_optimal_batch_size(model, text_len=v)),
         ("max_batch_size", lambda v: pyxtts.find_optimal_batch_size(model, max_batch_size=v)),
