@@ -293,3 +293,16 @@ def test_python_reals_take_finite_real_numbers(model, tmp_path, rng):
             raises(ValueError, name, call, bad, shows=f"got {bad!r}")
         if good is not None:
             call(good)
+
+
+def test_a_value_is_not_a_dtype():
+    """NumPy reads a dtype off an array or a scalar (its .dtype), so dtype=np.float32(1)
+    was float32 and t.to(np.int32(-1)) cast to int32 where t.to(-1) is refused as a
+    device (found by the fuzz's NumPy scalars). A value in either place is a TypeError."""
+    t = pyxtts.zeros((2, 3), dtype=pyxtts.bool)
+    for value in (np.int32(-1), np.float32(np.nan), np.int64(0), np.zeros(2), np.array(1.5)):
+        raises(TypeError, "dtype", pyxtts.tensor, [1.0], dtype=value)
+        raises(TypeError, "device", t.to, value)
+        raises(TypeError, "dtype", t.to, None, value)
+    assert t.to(np.float16).dtype is pyxtts.float16 and t.to(np.dtype("<f4")).dtype is pyxtts.float32
+    assert pyxtts.tensor([1.0], dtype=np.uint8).dtype is pyxtts.uint8

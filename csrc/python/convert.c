@@ -434,9 +434,12 @@ int pxt_py_dtype_converter(PyObject *obj, void *arg) {
         Py_DECREF(s);
         return ok;
     }
-    /* anything NumPy understands as a dtype: np.float32, np.dtype('<f2'), ... */
+    /* anything NumPy understands as a dtype: np.float32, np.dtype('<f2'), ... but not a
+     * value: NumPy takes an array's or a scalar's dtype attribute, so np.int32(0) would be
+     * int32 (and t.to(np.int32(0)) a cast where t.to(0) names a device) */
     PyArray_Descr *d = NULL;
-    if (!PyArray_DescrConverter2(obj, &d) || !d) {
+    if (PyArray_Check(obj) || PyArray_IsScalar(obj, Generic) || !PyArray_DescrConverter2(obj, &d) ||
+        !d) {
         PyErr_Clear();
         PyErr_Format(PyExc_TypeError,
                      "%s: expected a pyxtts dtype, a dtype name or a NumPy dtype, got %R", name,
