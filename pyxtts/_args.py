@@ -47,15 +47,19 @@ def real(name: str, value: Any, *, minimum: float | None = None, maximum: float 
         v = float(value)
     except OverflowError:  # an int past float's range
         v = math.inf
-    lo = "" if minimum is None else f"{'(' if above else '['}{minimum:g}, "
-    hi = "" if maximum is None else f"{maximum:g}{')' if below else ']'}"
-    rule = (f"in {lo}{hi}" if lo and hi else f"{'>' if above else '>='} {minimum:g}" if lo
-            else f"{'<' if below else '<='} {maximum:g}" if hi else "")
-    if not (math.isfinite(v)
+    if (math.isfinite(v)
             and (minimum is None or (v > minimum if above else v >= minimum))
             and (maximum is None or (v < maximum if below else v <= maximum))):
-        raise ValueError(f"{name}: expected a finite number{' ' + rule if rule else ''}, got {value!r}")
-    return v
+        return v
+    if minimum is not None and maximum is not None:
+        rule = f" in {'(' if above else '['}{minimum:g}, {maximum:g}{')' if below else ']'}"
+    elif minimum is not None:
+        rule = f" {'>' if above else '>='} {minimum:g}"
+    elif maximum is not None:
+        rule = f" {'<' if below else '<='} {maximum:g}"
+    else:
+        rule = ""
+    raise ValueError(f"{name}: expected a finite number{rule}, got {value!r}")
 
 
 def flag(name: str, value: Any) -> bool:
