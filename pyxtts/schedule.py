@@ -25,10 +25,6 @@ from pyxtts._args import integer, real
 __all__ = ["ConstantLR", "LRSchedule", "MultiStepLR", "WarmupCosineLR"]
 
 
-def _number(name: str, value: Any, *, minimum: float = 0.0) -> float:
-    return real(name, value, minimum=minimum)
-
-
 class LRSchedule:
     """Base class: ``schedule(step)`` is the learning rate of optimizer step ``step``."""
 
@@ -53,7 +49,7 @@ class ConstantLR(LRSchedule):
     """The same rate at every step."""
 
     def __init__(self, lr: float) -> None:
-        self.lr = _number("lr", lr)
+        self.lr = real("lr", lr, minimum=0.0)
 
     def _lr(self, step: int) -> float:
         return self.lr
@@ -64,10 +60,10 @@ class WarmupCosineLR(LRSchedule):
     cosine from ``lr`` down to ``min_lr`` at ``total_steps``; ``min_lr`` afterwards."""
 
     def __init__(self, lr: float, warmup_steps: int, total_steps: int, min_lr: float = 0.0) -> None:
-        self.lr = _number("lr", lr)
+        self.lr = real("lr", lr, minimum=0.0)
         self.warmup_steps = integer("warmup_steps", warmup_steps)
         self.total_steps = integer("total_steps", total_steps, minimum=1)
-        self.min_lr = _number("min_lr", min_lr)
+        self.min_lr = real("min_lr", min_lr, minimum=0.0)
         if self.warmup_steps >= self.total_steps:
             raise ValueError(f"warmup_steps: must be < total_steps={self.total_steps}, "
                              f"got {self.warmup_steps}")
@@ -88,14 +84,14 @@ class MultiStepLR(LRSchedule):
     milestones ``[50000 * 18, 150000 * 18, 300000 * 18]``, gamma 0.5)."""
 
     def __init__(self, lr: float, milestones: Iterable[int], gamma: float = 0.5) -> None:
-        self.lr = _number("lr", lr)
+        self.lr = real("lr", lr, minimum=0.0)
         if isinstance(milestones, (str, bytes)) or not isinstance(milestones, Iterable):
             raise TypeError(f"milestones: expected a sequence of ints, got {milestones!r}")
         ms: Sequence[int] = [integer("milestones", m) for m in milestones]
         if any(b <= a for a, b in itertools.pairwise(ms)):
             raise ValueError(f"milestones: must be strictly increasing, got {list(ms)}")
         self.milestones = list(ms)
-        self.gamma = _number("gamma", gamma)
+        self.gamma = real("gamma", gamma, minimum=0.0)
         if self.gamma <= 0:
             raise ValueError(f"gamma: must be > 0, got {gamma!r}")
 
