@@ -153,7 +153,7 @@ static int is_real_number(PyObject *obj) {
         char kind = PyArray_DESCR((PyArrayObject *)obj)->kind;
         return kind == 'i' || kind == 'u' || kind == 'f';
     }
-    return !PyArray_Check(obj) && !PyComplex_Check(obj) && PyIndex_Check(obj);
+    return !PyArray_Check(obj) && PyIndex_Check(obj); /* complex has no __index__ */
 }
 
 int pxt_py_real_converter(PyObject *obj, void *arg) {
