@@ -29,6 +29,7 @@ def raises(exc, name: str, fn, *args, shows: str | None = None, **kwargs) -> str
         fn(*args, **kwargs)
     assert type(info.value) is exc, repr(info.value)  # not a subclass such as OverflowError
     msg = str(info.value)
+    del info  # the traceback holds this frame, which held info: a cycle that kept fn's model
     assert msg.startswith(name + ":"), msg
     if shows is not None:
         assert shows in msg, msg
