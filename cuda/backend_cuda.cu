@@ -35,6 +35,7 @@ typedef struct {
     char *stage; /* (STAGE_SLOTS * STAGE_SLOT) pinned host bytes, or NULL */
     cudaEvent_t stage_done[STAGE_SLOTS];
     int stage_next;
+    cudaEvent_t fences[PXT_FENCES]; /* fence_record / fence_wait */
 } device_state;
 
 cudaStream_t pxt_cuda_streams[PXT_MAX_DEVICES];
@@ -60,6 +61,9 @@ static int device_make(int index) {
     }
     for (int i = 0; d->stage && i < STAGE_SLOTS; i++) {
         PXT_CUDA_CHECK(cudaEventCreateWithFlags(&d->stage_done[i], cudaEventDisableTiming));
+    }
+    for (int i = 0; i < PXT_FENCES; i++) {
+        PXT_CUDA_CHECK(cudaEventCreateWithFlags(&d->fences[i], cudaEventDisableTiming));
     }
     pxt_cuda_streams[index] = stream;
     return PXT_OK;
@@ -197,6 +201,65 @@ static int cuda_copy(int index, void *dst, const void *src, size_t nbytes, pxt_c
     }
 }
 
+/* ---- host memory for transfers, queued copies, fences ------------------------------ */
+
+static int cuda_host_alloc(int index, size_t nbytes, void **ptr, int *pinned) {
+    PXT_CUDA_ENTER(index); /* the context the pages are locked under: the caller's device */
+    cudaError_t err = cudaHostAlloc(ptr, nbytes, cudaHostAllocPortable);
+    if (err == cudaSuccess) {
+        *pinned = 1;
+        return PXT_OK;
+    }
+    (void)cudaGetLastError();
+    *ptr = NULL;
+    if (err == cudaErrorMemoryAllocation) {
+        return pxt_error(PXT_ERR_OOM, "page-locked host allocation of %zu bytes failed", nbytes);
+    }
+    return pxt_error(PXT_ERR_DEVICE, "cudaHostAlloc(%zu bytes) under cuda:%d failed: %s", nbytes,
+                     index, cudaGetErrorString(err));
+}
+
+static void cuda_host_free(int index, void *ptr) {
+    pxt_cuda_scope scope(index); /* waits for the copies still reading or writing it */
+    if (scope.rc != PXT_OK || cudaFreeHost(ptr) != cudaSuccess) {
+        (void)cudaGetLastError();
+    }
+}
+
+static int cuda_copy_async(int index, void *dst, const void *src, size_t nbytes,
+                           pxt_copy_kind kind) {
+    if (nbytes == 0) {
+        return PXT_OK;
+    }
+    PXT_CUDA_ENTER(index);
+    cudaMemcpyKind k = kind == PXT_COPY_H2D   ? cudaMemcpyHostToDevice
+                       : kind == PXT_COPY_D2H ? cudaMemcpyDeviceToHost
+                                              : cudaMemcpyDeviceToDevice;
+    PXT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, k, pxt_cuda_stream(index)));
+    return PXT_OK;
+}
+
+static int fence_check(int f) {
+    if (f < 0 || f >= PXT_FENCES) {
+        return pxt_error(PXT_ERR_VALUE, "fence %d out of range [0, %d)", f, PXT_FENCES);
+    }
+    return PXT_OK;
+}
+
+static int cuda_fence_record(int index, int f) {
+    PXT_TRY(fence_check(f));
+    PXT_CUDA_ENTER(index);
+    PXT_CUDA_CHECK(cudaEventRecord(devs[index].fences[f], pxt_cuda_stream(index)));
+    return PXT_OK;
+}
+
+static int cuda_fence_wait(int index, int f) {
+    PXT_TRY(fence_check(f));
+    PXT_CUDA_ENTER(index);
+    PXT_CUDA_CHECK(cudaEventSynchronize(devs[index].fences[f]));
+    return PXT_OK;
+}
+
 static int cuda_memset_zero(int index, void *dst, size_t nbytes) {
     if (nbytes == 0) {
         return PXT_OK;
@@ -253,6 +316,11 @@ static const pxt_backend cuda_backend = {
     .raw_free = cuda_raw_free,
     .copy = cuda_copy,
     .memset_zero = cuda_memset_zero,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .copy_async = cuda_copy_async,
+    .fence_record = cuda_fence_record,
+    .fence_wait = cuda_fence_wait,
     .cast = pxt_cuda_cast,
     .synchronize = cuda_synchronize,
     .gemm = pxt_cuda_gemm,

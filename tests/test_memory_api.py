@@ -26,7 +26,7 @@ STAT_KEYS = {
     "device", "allocated_bytes", "requested_bytes", "reserved_bytes", "peak_allocated_bytes",
     "peak_reserved_bytes", "limit_bytes", "inactive_split_bytes", "cached_bytes", "num_allocs",
     "num_frees", "num_ooms", "num_alloc_retries", "num_raw_allocs", "num_raw_frees",
-    "num_segments", "num_active_blocks", "device_total_bytes",
+    "num_segments", "num_active_blocks", "device_total_bytes", "pinned",
 }
 
 

@@ -75,6 +75,21 @@ static int cpu_copy(int index, void *dst, const void *src, size_t nbytes, pxt_co
     return PXT_OK;
 }
 
+/* Host memory for transfers is ordinary memory here: the CPU copies with memcpy,
+ * and a copy_async is done when it returns, so fences have nothing to wait for. */
+static int cpu_host_alloc(int index, size_t nbytes, void **ptr, int *pinned) {
+    *pinned = 0;
+    return cpu_raw_alloc(index, nbytes, ptr);
+}
+
+static int cpu_fence(int index, int f) {
+    (void)index;
+    if (f < 0 || f >= PXT_FENCES) {
+        return pxt_error(PXT_ERR_VALUE, "fence %d out of range [0, %d)", f, PXT_FENCES);
+    }
+    return PXT_OK;
+}
+
 static int cpu_memset_zero(int index, void *dst, size_t nbytes) {
     (void)index;
     if (nbytes) {
@@ -118,6 +133,11 @@ static const pxt_backend cpu_backend = {
     .raw_free = cpu_raw_free,
     .copy = cpu_copy,
     .memset_zero = cpu_memset_zero,
+    .host_alloc = cpu_host_alloc,
+    .host_free = cpu_raw_free,
+    .copy_async = cpu_copy,
+    .fence_record = cpu_fence,
+    .fence_wait = cpu_fence,
     .cast = pxt_cpu_cast,
     .synchronize = cpu_synchronize,
     .gemm = pxt_cpu_gemm,

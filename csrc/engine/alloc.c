@@ -48,8 +48,11 @@ struct pxt_segment {
 
 struct pxt_allocator {
     pthread_mutex_t lock;
-    pxt_device device;
+    pxt_device device; /* the host pool: the CPU; its backend is its first user's */
     const pxt_backend *backend;
+    int host;            /* the host pool: segments from backend->host_alloc */
+    int host_index;      /* ... under the context of this device of the backend */
+    int pinned;          /* the host pool's segments are page-locked */
     size_t device_total; /* 0 until first asked */
     pxt_block *bins[NPOOLS][NBINS];
     uint64_t bitmap[NPOOLS][(NBINS + 63) / 64];
@@ -167,7 +170,11 @@ static void segment_release(pxt_allocator *a, pxt_segment *s) {
     if (s->next) {
         s->next->prev = s->prev;
     }
-    a->backend->raw_free(a->device.index, s->base);
+    if (a->host) {
+        a->backend->host_free(a->host_index, s->base);
+    } else {
+        a->backend->raw_free(a->device.index, s->base);
+    }
     a->st.reserved_bytes -= s->size;
     a->st.num_raw_frees++;
     a->st.num_segments--;
@@ -205,7 +212,8 @@ static int segment_new(pxt_allocator *a, int pool, size_t seg_size) {
         return pxt_error(PXT_ERR_OOM, "out of host memory for allocator bookkeeping");
     }
     void *base = NULL;
-    int rc = a->backend->raw_alloc(a->device.index, seg_size, &base);
+    int rc = a->host ? a->backend->host_alloc(a->host_index, seg_size, &base, &a->pinned)
+                     : a->backend->raw_alloc(a->device.index, seg_size, &base);
     if (rc != PXT_OK) {
         free(s);
         return rc;
@@ -301,6 +309,17 @@ static void fmt_bytes(size_t n, char *buf, size_t len) {
     snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", v, units[u]);
 }
 
+/* The device's total once (lock held); the host pool's is the machine's RAM. */
+static void read_total(pxt_allocator *a) {
+    if (!a->device_total) {
+        const pxt_backend *be = a->host ? pxt_backend_for(PXT_CPU) : a->backend;
+        pxt_device_props p;
+        if (be->device_props(a->host ? 0 : a->device.index, &p) == PXT_OK) {
+            a->device_total = p.total_memory;
+        }
+    }
+}
+
 static int fail_oom(pxt_allocator *a, size_t nbytes, const char *why) {
     a->st.num_ooms++;
     last_oom.requested = nbytes;
@@ -309,8 +328,13 @@ static int fail_oom(pxt_allocator *a, size_t nbytes, const char *why) {
     last_oom.limit = a->st.limit_bytes;
     last_oom.device_total = a->device_total;
     last_oom.device = a->device;
-    char dev[32], req[32], al[32], res[32], lim[48], tot[32];
-    pxt_device_str(a->device, dev, sizeof dev);
+    last_oom.host = a->host;
+    char dev[48], req[32], al[32], res[32], lim[48], tot[32];
+    if (a->host) {
+        snprintf(dev, sizeof dev, "the host pool (%s)", a->pinned ? "page-locked" : "host memory");
+    } else {
+        pxt_device_str(a->device, dev, sizeof dev);
+    }
     fmt_bytes(nbytes, req, sizeof req);
     fmt_bytes(a->st.allocated_bytes, al, sizeof al);
     fmt_bytes(a->st.reserved_bytes, res, sizeof res);
@@ -336,12 +360,7 @@ int pxt_alloc(pxt_allocator *a, size_t nbytes, pxt_block **out) {
         return pxt_error(PXT_ERR_VALUE, "pxt_alloc: zero-byte request");
     }
     pthread_mutex_lock(&a->lock);
-    if (!a->device_total) {
-        pxt_device_props p;
-        if (a->backend->device_props(a->device.index, &p) == PXT_OK) {
-            a->device_total = p.total_memory;
-        }
-    }
+    read_total(a);
     int rc;
     if (nbytes > ((size_t)1 << 62)) {
         rc = fail_oom(a, nbytes, "the request is larger than any device");
@@ -471,6 +490,8 @@ void pxt_get_stats(pxt_allocator *a, pxt_alloc_stats *s) {
         }
     }
     s->cached_bytes = s->reserved_bytes - s->allocated_bytes;
+    s->host = a->host;
+    s->pinned = a->pinned;
     pthread_mutex_unlock(&a->lock);
 }
 
@@ -490,14 +511,11 @@ void pxt_inject_oom(pxt_allocator *a, long long after, int raw) {
 
 pxt_device pxt_allocator_device(const pxt_allocator *a) { return a->device; }
 
+int pxt_allocator_is_host(const pxt_allocator *a) { return a->host; }
+
 size_t pxt_allocator_device_total(pxt_allocator *a) {
     pthread_mutex_lock(&a->lock);
-    if (!a->device_total) {
-        pxt_device_props p;
-        if (a->backend->device_props(a->device.index, &p) == PXT_OK) {
-            a->device_total = p.total_memory;
-        }
-    }
+    read_total(a);
     size_t t = a->device_total;
     pthread_mutex_unlock(&a->lock);
     return t;
@@ -538,6 +556,39 @@ pxt_allocator *pxt_allocator_get(pxt_device dev) {
         a->st.limit_bytes = PXT_NO_LIMIT;
         a->inject_after = -1;
         registry[dev.type][dev.index] = a;
+    }
+    pthread_mutex_unlock(&registry_lock);
+    return a;
+}
+
+/* The host pool: one per process, made through its first user's backend. */
+static pxt_allocator *host_pool;
+
+pxt_allocator *pxt_host_pool(pxt_device user) {
+    pthread_mutex_lock(&registry_lock);
+    pxt_allocator *a = host_pool;
+    if (!a) {
+        const pxt_backend *be = pxt_backend_for(user.type);
+        if (!be || !be->host_alloc) {
+            pthread_mutex_unlock(&registry_lock);
+            pxt_error(PXT_ERR_VALUE, "this build has no host memory for the %s backend",
+                      be ? be->name : "requested");
+            return NULL;
+        }
+        a = calloc(1, sizeof *a);
+        if (!a) {
+            pthread_mutex_unlock(&registry_lock);
+            pxt_error(PXT_ERR_OOM, "out of host memory creating the host pool");
+            return NULL;
+        }
+        pthread_mutex_init(&a->lock, NULL);
+        a->device = (pxt_device){PXT_CPU, 0};
+        a->backend = be;
+        a->host = 1;
+        a->host_index = user.index;
+        a->st.limit_bytes = PXT_NO_LIMIT;
+        a->inject_after = -1;
+        host_pool = a;
     }
     pthread_mutex_unlock(&registry_lock);
     return a;

@@ -30,18 +30,29 @@ typedef struct {
     uint64_t num_allocs, num_frees, num_ooms, num_alloc_retries;
     uint64_t num_raw_allocs, num_raw_frees;
     uint64_t num_segments, num_active_blocks;
+    int host, pinned; /* the host pool; its segments page-locked */
 } pxt_alloc_stats;
 
 /* Details of the last failed request of this thread, for the exception. */
 typedef struct {
     size_t requested, allocated, reserved, limit, device_total;
     pxt_device device;
+    int host; /* the host pool's request (device: the CPU) */
 } pxt_oom_info;
 
 /* The allocator of a device, created on first use. NULL (error set) when the
  * device does not exist in this build or on this machine. */
 pxt_allocator *pxt_allocator_get(pxt_device dev);
 pxt_device pxt_allocator_device(const pxt_allocator *a);
+
+/* The host pool: host memory for state kept off the device (the optimizer's,
+ * offloaded), with its own budget and stats beside the devices'. One per
+ * process, made on first use through `user`'s backend: page-locked under
+ * user's context on CUDA (so every device copies it without a bounce), plain
+ * memory on the CPU. Later users share it. Its blocks are CPU memory (the CPU
+ * backend computes on them); pxt_allocator_device says PXT_CPU. */
+pxt_allocator *pxt_host_pool(pxt_device user);
+int pxt_allocator_is_host(const pxt_allocator *a);
 
 /* A block of at least nbytes (nbytes > 0), 256-byte aligned. On failure
  * returns PXT_ERR_OOM (or PXT_ERR_DEVICE) with *out == NULL and every stat but

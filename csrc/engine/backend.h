@@ -51,6 +51,9 @@ typedef struct pxt_attn_args {
     pxt_dropout drop;
 } pxt_attn_args;
 
+/* Fences of a device (backend fence_record / fence_wait). */
+#define PXT_FENCES 4
+
 /* Fixed number of parts of grad_sumsq's deterministic reduction. */
 #define PXT_SUMSQ_PARTS 256
 
@@ -217,6 +220,25 @@ typedef struct pxt_backend {
      * a copy into it (D2H) has landed (the one kind of call that waits). */
     int (*copy)(int index, void *dst, const void *src, size_t nbytes, pxt_copy_kind kind);
     int (*memset_zero)(int index, void *dst, size_t nbytes);
+
+    /* ---- host memory the device moves without a bounce (optimizer offload) ----
+     * host_alloc: nbytes (> 0) of host memory, 256-byte aligned, for copy_async:
+     * page-locked and visible to every device on CUDA (cudaHostAlloc, portable,
+     * made under device `index`'s context), ordinary memory on the CPU, which
+     * has nothing to lock it for. *pinned says which. PXT_ERR_OOM when the host
+     * refuses. */
+    int (*host_alloc)(int index, size_t nbytes, void **ptr, int *pinned);
+    void (*host_free)(int index, void *ptr);
+    /* As copy between the device and host memory from host_alloc, but only
+     * queued: the host bytes may be read (D2H) or written again (H2D) once a
+     * fence recorded after the copy has been waited for. The CPU backend copies
+     * before it returns. */
+    int (*copy_async)(int index, void *dst, const void *src, size_t nbytes, pxt_copy_kind kind);
+    /* fence_record marks the work queued on the device so far as fence f
+     * (0 <= f < PXT_FENCES); fence_wait blocks until that work has run (at once
+     * for a fence never recorded). */
+    int (*fence_record)(int index, int f);
+    int (*fence_wait)(int index, int f);
     /* dst[i] = (dst_dtype) src[i] for n elements; floats round to nearest even. */
     int (*cast)(int index, void *dst, pxt_dtype dst_dtype, const void *src, pxt_dtype src_dtype,
                 size_t n);

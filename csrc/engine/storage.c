@@ -9,6 +9,12 @@ int pxt_storage_new(pxt_device dev, size_t nbytes, pxt_storage **out) {
     if (!a) {
         return PXT_ERR_VALUE;
     }
+    return pxt_storage_new_in(a, nbytes, out);
+}
+
+int pxt_storage_new_in(pxt_allocator *a, size_t nbytes, pxt_storage **out) {
+    *out = NULL;
+    pxt_device dev = pxt_allocator_device(a);
     pxt_storage *s = calloc(1, sizeof *s);
     if (!s) {
         return pxt_error(PXT_ERR_OOM, "out of host memory for a storage descriptor");

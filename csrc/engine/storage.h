@@ -28,6 +28,8 @@ typedef struct pxt_storage {
  * allocator's details in pxt_last_oom) or PXT_ERR_VALUE (no such device);
  * *out is NULL then and nothing was allocated. */
 int pxt_storage_new(pxt_device dev, size_t nbytes, pxt_storage **out);
+/* The same from a given allocator (the host pool's storages are CPU memory). */
+int pxt_storage_new_in(pxt_allocator *a, size_t nbytes, pxt_storage **out);
 /* Takes a reference; returns s. */
 pxt_storage *pxt_storage_ref(pxt_storage *s);
 /* Drops a reference (NULL: nothing); the last one frees the memory. */

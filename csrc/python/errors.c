@@ -22,7 +22,8 @@ static void raise_oom(void) {
         return;
     }
     char buf[32];
-    PyObject *dev = PyUnicode_FromString(pxt_device_str(info->device, buf, sizeof buf));
+    PyObject *dev =
+        PyUnicode_FromString(info->host ? "host" : pxt_device_str(info->device, buf, sizeof buf));
     if (!dev || PyObject_SetAttrString(exc, "device", dev) < 0 ||
         set_size_attr(exc, "requested_bytes", info->requested, 0) < 0 ||
         set_size_attr(exc, "allocated_bytes", info->allocated, 0) < 0 ||

@@ -3,14 +3,18 @@
 
 #include <limits.h>
 
-/* The allocator named by an optional `device` argument (default device if None). */
+/* The allocator named by an optional `device` argument (default device if None):
+ * "host" names the host pool (an offloaded optimizer's state), made through the
+ * default device when nothing has used it yet. */
 static pxt_allocator *arg_allocator(PyObject *dev_arg) {
     pxt_py_device dev = PXT_PY_DEVICE_OPT("device", 1);
     dev.value = pxt_py_default_device();
-    if (dev_arg && !pxt_py_device_converter(dev_arg, &dev)) {
+    int host = dev_arg && PyUnicode_Check(dev_arg) &&
+               PyUnicode_CompareWithASCIIString(dev_arg, "host") == 0;
+    if (dev_arg && !host && !pxt_py_device_converter(dev_arg, &dev)) {
         return NULL;
     }
-    pxt_allocator *a = pxt_allocator_get(dev.value);
+    pxt_allocator *a = host ? pxt_host_pool(dev.value) : pxt_allocator_get(dev.value);
     if (!a) {
         pxt_raise(PXT_ERR_VALUE);
     }
@@ -41,13 +45,14 @@ PyObject *pxt_py_memory_stats(PyObject *m, PyObject *args, PyObject *kwargs) {
     }
     pxt_alloc_stats s;
     pxt_get_stats(a, &s);
-    PyObject *dev = pxt_py_device_str(pxt_allocator_device(a));
+    PyObject *dev =
+        s.host ? PyUnicode_FromString("host") : pxt_py_device_str(pxt_allocator_device(a));
     if (!dev) {
         return NULL;
     }
     return Py_BuildValue(
-        "{s:N,s:K,s:K,s:K,s:K,s:K,s:N,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "device", dev,
-        "allocated_bytes", (unsigned long long)s.allocated_bytes, "requested_bytes",
+        "{s:N,s:K,s:K,s:K,s:K,s:K,s:N,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:O}", "device",
+        dev, "allocated_bytes", (unsigned long long)s.allocated_bytes, "requested_bytes",
         (unsigned long long)s.requested_bytes, "reserved_bytes",
         (unsigned long long)s.reserved_bytes, "peak_allocated_bytes",
         (unsigned long long)s.peak_allocated_bytes, "peak_reserved_bytes",
@@ -59,7 +64,7 @@ PyObject *pxt_py_memory_stats(PyObject *m, PyObject *args, PyObject *kwargs) {
         (unsigned long long)s.num_raw_allocs, "num_raw_frees", (unsigned long long)s.num_raw_frees,
         "num_segments", (unsigned long long)s.num_segments, "num_active_blocks",
         (unsigned long long)s.num_active_blocks, "device_total_bytes",
-        (unsigned long long)pxt_allocator_device_total(a));
+        (unsigned long long)pxt_allocator_device_total(a), "pinned", s.pinned ? Py_True : Py_False);
 }
 
 #define STAT_GETTER(fn, field, fmt)                                                                \
