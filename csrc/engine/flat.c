@@ -103,6 +103,8 @@ int pxt_flat_zero_grad(pxt_flat *f) {
     return PXT_OK;
 }
 
+void pxt_flat_set_busy(pxt_flat *f, int busy) { f->busy = f->params->busy = f->grads->busy = busy; }
+
 char *pxt_flat_param(const pxt_flat *f, int i) {
     return f->params->data + f->layout.params[i].offset * pxt_dtype_size(f->dt);
 }

@@ -15,11 +15,12 @@ typedef struct {
     pxt_param_layout layout; /* owned */
     pxt_device device;
     const pxt_backend *be;
-    pxt_dtype dt;           /* of the parameters */
-    pxt_storage *params;    /* (layout.numel) dt */
-    pxt_storage *grads;     /* (layout.numel) fp32 */
-    int busy;               /* a step of the owner (or of its optimizer) runs */
-    size_t optimizer_bytes; /* allocator bytes of optimizer state over these buffers */
+    pxt_dtype dt;                /* of the parameters */
+    pxt_storage *params;         /* (layout.numel) dt */
+    pxt_storage *grads;          /* (layout.numel) fp32 */
+    int busy;                    /* a step of the owner (or of its optimizer) runs */
+    size_t optimizer_bytes;      /* allocator bytes of optimizer state over these buffers */
+    size_t optimizer_host_bytes; /* ... and in the host pool (offloaded state) */
     /* tensors [layout.cond0, count) (the conditioning path) got gradients since the
      * last zero_grad: an optimizer step skips them otherwise, as torch's optimizers
      * skip parameters whose .grad is None (no decay of weights nothing used) */
@@ -39,6 +40,10 @@ int pxt_flat_init(pxt_flat *f, pxt_param_layout *layout, pxt_device dev, pxt_dty
 void pxt_flat_free(pxt_flat *f);
 
 int pxt_flat_zero_grad(pxt_flat *f);
+/* Marks f, and its parameter and gradient buffers (whose views then refuse writes),
+ * as used by a step that runs without its owner's lock, or no longer: one flag
+ * that the owner's and its optimizer's bindings both read. */
+void pxt_flat_set_busy(pxt_flat *f, int busy);
 /* Device pointers of tensor i of the layout. */
 char *pxt_flat_param(const pxt_flat *f, int i);
 float *pxt_flat_grad(const pxt_flat *f, int i);

@@ -1,8 +1,8 @@
 /* adamw.c: pyxtts._C.AdamW, the type object over the engine's AdamW (engine/adamw.h).
  *
- * Holds a reference to the Python model it steps (pyxtts._C.GPT), whose flat
- * state the engine's optimizer works on; converts the hyper-parameters, runs
- * the step with the GIL released, and moves the state to and from NumPy. */
+ * Holds the handle of the flat state it steps (a model's `_flat`, which keeps
+ * the model alive); converts the hyper-parameters, runs the step with the GIL
+ * released, and moves the state to and from NumPy. */
 #include "module.h"
 
 #include <float.h>
@@ -18,7 +18,8 @@
 
 typedef struct {
     PyObject_HEAD
-    PyObject *model; /* the model's pyxtts._C.GPT (strong reference): keeps opt.flat alive */
+    PyObject *model; /* the handle of the model's flat state (pxt_py_flat_handle): keeps
+                        opt.flat alive */
     pxt_adamw opt;
     int busy;
 } pxt_py_adamw;
@@ -95,33 +96,9 @@ static int parse_count(PyObject *obj, const char *name, long long *out, long lon
     return 0;
 }
 
-/* The rules that keep one step's update finite for any finite parameters of a
- * sane size: lr * weight_decay <= 1 (a decay factor in [0, 1], not an amplifier
- * that flips the sign), and, for beta1^2 < beta2, lr * U <= half the largest
- * finite value of the parameters' dtype, where U = 1 / sqrt((1 - b2)(1 - b1^2/b2))
- * bounds |m^ / (sqrt(v^) + eps)| at every step (Cauchy-Schwarz over the two running
- * sums, bias corrections included). 0, or -1 with ValueError naming `name`. */
+/* The engine's rules for one step (pxt_adamw_check_hparams) as a ValueError. */
 static int check_update_bound(const pxt_adamw_hparams *h, pxt_dtype dt, const char *name) {
-    char msg[400];
-    double b1 = h->beta1, b2 = h->beta2;
-    double u = b1 * b1 < b2 ? 1.0 / sqrt((1.0 - b2) * (1.0 - b1 * b1 / b2)) : 0.0;
-    double limit = (dt == PXT_FLOAT16 ? 65504.0 : 3.4028234663852886e38) / 2.0;
-    if (h->lr * h->weight_decay > 1.0) {
-        snprintf(msg, sizeof msg,
-                 "%s: lr * weight_decay must be <= 1, got %g * %g: a larger product makes the "
-                 "decay multiply the parameters by a negative factor, and they diverge",
-                 name, h->lr, h->weight_decay);
-    } else if (h->lr * u > limit) {
-        snprintf(msg, sizeof msg,
-                 "%s: lr = %g is too large for %s parameters: one step could move a parameter "
-                 "by up to %g (lr times %g, the bound of Adam's normalised update for betas "
-                 "(%g, %g)), past half of the dtype's largest value",
-                 name, h->lr, pxt_dtype_name(dt), h->lr * u, u, b1, b2);
-    } else {
-        return 0;
-    }
-    PyErr_SetString(PyExc_ValueError, msg);
-    return -1;
+    return pxt_adamw_check_hparams(h, dt, name) == PXT_OK ? 0 : pxt_raise_int(PXT_ERR_VALUE);
 }
 
 /* ---- construction ---------------------------------------------------------------------- */
@@ -153,6 +130,28 @@ static int check_init(pxt_py_adamw *o) {
         PyErr_SetString(PyExc_RuntimeError, "AdamW: not initialised (call AdamW(model, ...))");
         return -1;
     }
+    return 0;
+}
+
+/* state_device: None (beside the parameters) or "cpu" (the host pool: offloaded). */
+static int parse_state_device(PyObject *obj, int *offload) {
+    *offload = 0;
+    if (obj == Py_None) {
+        return 0;
+    }
+    if (!PyUnicode_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "state_device: expected None or 'cpu', got %.100s",
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    if (PyUnicode_CompareWithASCIIString(obj, "cpu") != 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "state_device: expected None (the state beside the parameters, on the "
+                     "model's device) or 'cpu' (host memory: the state offloaded), got %R",
+                     obj);
+        return -1;
+    }
+    *offload = 1;
     return 0;
 }
 
@@ -221,17 +220,20 @@ static int parse_decay(PyObject *obj, const pxt_param_layout *L, unsigned char *
 
 static int adamw_init(PyObject *op, PyObject *args, PyObject *kwargs) {
     pxt_py_adamw *o = (pxt_py_adamw *)op;
-    static char *kw[] = {"model",           "lr",        "betas",      "eps",
-                         "weight_decay",    "grad_clip", "loss_scale", "ema_decay",
-                         "growth_interval", "decay",     NULL};
+    static char *kw[] = {
+        "model",      "lr",        "betas",           "eps",   "weight_decay", "grad_clip",
+        "loss_scale", "ema_decay", "growth_interval", "decay", "state_device", "offload_chunk",
+        NULL};
     PyObject *model, *lr = NULL, *betas = NULL, *eps = NULL, *wd = NULL, *clip = NULL;
-    PyObject *ls = Py_None, *ema = Py_None, *gi = NULL, *decay = Py_None;
+    PyObject *ls = Py_None, *ema = Py_None, *gi = NULL, *decay = Py_None, *sdev = Py_None;
+    pxt_py_int chunk = PXT_PY_INT_OPT("offload_chunk", 1, (long long)1 << 40, 0);
     if (o->model) {
         PyErr_SetString(PyExc_RuntimeError, "AdamW.__init__ called twice");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OOOOOOOOO:AdamW", kw, &model, &lr, &betas,
-                                     &eps, &wd, &clip, &ls, &ema, &gi, &decay)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OOOOOOOOOOO&:AdamW", kw, &model, &lr, &betas,
+                                     &eps, &wd, &clip, &ls, &ema, &gi, &decay, &sdev,
+                                     pxt_py_int_converter, &chunk)) {
         return -1;
     }
     /* every argument checked before anything is allocated */
@@ -254,22 +256,23 @@ static int adamw_init(PyObject *op, PyObject *args, PyObject *kwargs) {
         (gi && parse_count(gi, "growth_interval", &h.growth_interval, 1) < 0)) {
         return -1;
     }
-    /* the model: a pyxtts._C.GPT, or what holds one as _core (pyxtts.XTTSGPT) */
-    PyObject *core = NULL;
-    pxt_flat *flat = pxt_py_gpt_flat(model);
-    if (flat) {
-        core = Py_NewRef(model);
-    } else {
-        core = PyObject_GetAttrString(model, "_core");
-        if (!core) {
-            PyErr_Clear();
-        }
-        if (!core || !(flat = pxt_py_gpt_flat(core))) {
-            Py_XDECREF(core);
-            PyErr_Format(PyExc_TypeError, "model: expected a pyxtts.XTTSGPT, got %.100s",
-                         Py_TYPE(model)->tp_name);
-            return -1;
-        }
+    pxt_adamw_placement where = {.chunk = (size_t)chunk.value};
+    if (parse_state_device(sdev, &where.offload) < 0) {
+        return -1;
+    }
+    if (chunk.a.given && !where.offload) {
+        PyErr_Format(PyExc_ValueError, "offload_chunk: only with state_device='cpu' (the state "
+                                       "offloaded), got state_device=None");
+        return -1;
+    }
+    /* the model: what has a flat state (pyxtts._C.GPT), or holds one as _core
+     * (pyxtts.XTTSGPT) */
+    pxt_flat *flat = NULL;
+    PyObject *core = pxt_py_flat_handle_of(model, &flat);
+    if (!core) {
+        PyErr_Format(PyExc_TypeError, "model: expected a pyxtts.XTTSGPT, got %.100s",
+                     Py_TYPE(model)->tp_name);
+        return -1;
     }
     if (flat->busy) {
         Py_DECREF(core);
@@ -286,7 +289,10 @@ static int adamw_init(PyObject *op, PyObject *args, PyObject *kwargs) {
         Py_DECREF(core);
         return -1;
     }
-    int rc = pxt_adamw_init(&o->opt, flat, &h, has_ema, flags);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS /* a large state takes a while to fill, and to page-lock */
+    rc = pxt_adamw_init(&o->opt, flat, &h, has_ema, flags, &where);
+    Py_END_ALLOW_THREADS
     PyMem_RawFree(flags);
     if (rc != PXT_OK) {
         Py_DECREF(core);
@@ -314,12 +320,12 @@ static PyObject *adamw_step(PyObject *op, PyObject *unused) {
     pxt_adamw_result r;
     int rc;
     o->busy = 1;
-    pxt_py_flat_busy(o->opt.flat, 1);
+    pxt_flat_set_busy(o->opt.flat, 1);
     Py_BEGIN_ALLOW_THREADS
     rc = pxt_adamw_run(&o->opt, &r);
     Py_END_ALLOW_THREADS
     o->busy = 0;
-    pxt_py_flat_busy(o->opt.flat, 0);
+    pxt_flat_set_busy(o->opt.flat, 0);
     if (rc != PXT_OK) {
         return pxt_raise(rc);
     }
@@ -467,37 +473,6 @@ static PyArrayObject *flat_arg(PyObject *obj, const char *key, size_t n) {
 
 static const void *data_or_null(PyArrayObject *a) { return a ? PyArray_DATA(a) : NULL; }
 
-/* Moments an AdamW can have made: v >= 0 (a mean of squares), and |m| <= c sqrt(v) + t
- * with c^2 = (1-b1)^2 / ((1-b2)(1-b1^2/b2)) (Cauchy-Schwarz over the two running sums
- * of the same gradients; needs b1^2 < b2, else m is left unchecked), 1% of slack for
- * rounding. t: a gradient g with (1-b2) g^2 below FLT_MIN reaches v as a subnormal or
- * as 0 (it underflows) while m keeps it, and m, an average of gradients, holds at most
- * their size: t = 2 sqrt(FLT_MIN / (1-b2)) (7e-18 at b2 = 0.999). A file with m and v
- * swapped, or a negative v, fails here: its next step would turn every parameter NaN. */
-static int check_moments(const float *m, const float *v, size_t n, double b1, double b2) {
-    double c = b1 * b1 < b2 ? (1 - b1) / sqrt((1 - b2) * (1 - b1 * b1 / b2)) * 1.01 : INFINITY;
-    double t = 2.0 * sqrt((double)FLT_MIN / (1 - b2));
-    char msg[300];
-    for (size_t i = 0; i < n; i++) {
-        if (!(v[i] >= 0.0f)) {
-            snprintf(msg, sizeof msg,
-                     "state['v']: the second moments must be >= 0, got %g at index %zu (m and v "
-                     "swapped?)",
-                     (double)v[i], i);
-        } else if (fabs((double)m[i]) > c * sqrt((double)v[i]) + t) {
-            snprintf(msg, sizeof msg,
-                     "state['m']: |m| = %g at index %zu exceeds what v = %g allows with betas "
-                     "(%g, %g) (m and v swapped, or not this optimizer's state)",
-                     fabs((double)m[i]), i, (double)v[i], b1, b2);
-        } else {
-            continue;
-        }
-        PyErr_SetString(PyExc_ValueError, msg);
-        return -1;
-    }
-    return 0;
-}
-
 /* state['num_elements'], where present (state dicts of older versions lack it), names the
  * size of the flat buffer the state belongs to: another model's state is refused by name
  * rather than by the first array whose shape differs. */
@@ -606,7 +581,11 @@ static PyObject *adamw_load_state_dict(PyObject *op, PyObject *state) {
     if (!(arr[0] = flat_arg(val[K_M], "m", a->n)) || !(arr[1] = flat_arg(val[K_V], "v", a->n)) ||
         !(arr[2] = flat_arg(val[K_MASTER], "master", a->n)) ||
         (has_ema && !(arr[3] = flat_arg(val[K_EMA], "ema", a->n))) ||
-        check_moments(PyArray_DATA(arr[0]), PyArray_DATA(arr[1]), a->n, h.beta1, h.beta2) < 0) {
+        pxt_adamw_check_moments(PyArray_DATA(arr[0]), PyArray_DATA(arr[1]), a->n, h.beta1,
+                                h.beta2) != PXT_OK) {
+        if (!PyErr_Occurred()) {
+            pxt_raise(PXT_ERR_VALUE);
+        }
         goto done;
     }
     /* all checked: now write */
@@ -701,6 +680,23 @@ static PyObject *get_state_bytes(PyObject *op, void *c) {
     (void)c;
     return PyLong_FromSize_t(((pxt_py_adamw *)op)->opt.state_bytes);
 }
+static PyObject *get_host_state_bytes(PyObject *op, void *c) {
+    (void)c;
+    return PyLong_FromSize_t(((pxt_py_adamw *)op)->opt.host_bytes);
+}
+static PyObject *get_state_device(PyObject *op, void *c) {
+    (void)c;
+    pxt_py_adamw *o = (pxt_py_adamw *)op;
+    if (check_init(o) < 0) {
+        return NULL;
+    }
+    return o->opt.offload ? PyUnicode_FromString("cpu") : Py_NewRef(Py_None);
+}
+static PyObject *get_offload_chunk(PyObject *op, void *c) {
+    (void)c;
+    pxt_py_adamw *o = (pxt_py_adamw *)op;
+    return o->opt.offload ? PyLong_FromSize_t(o->opt.chunk) : Py_NewRef(Py_None);
+}
 static PyObject *get_decay(PyObject *op, void *c) {
     (void)c;
     pxt_py_adamw *o = (pxt_py_adamw *)op;
@@ -735,7 +731,15 @@ static PyGetSetDef adamw_getset[] = {
     {"loss_scale", get_scale, NULL, "current dynamic loss scale, or None", NULL},
     {"ema_decay", get_ema_decay, NULL, "EMA decay, or None", NULL},
     {"step_count", get_step_count, NULL, "updates applied (skipped steps not counted)", NULL},
-    {"state_bytes", get_state_bytes, NULL, "allocator bytes of the optimizer state", NULL},
+    {"state_bytes", get_state_bytes, NULL,
+     "allocator bytes of the optimizer state on the model's device", NULL},
+    {"host_state_bytes", get_host_state_bytes, NULL,
+     "allocator bytes of the optimizer state in the host pool (offloaded; else 0)", NULL},
+    {"state_device", get_state_device, NULL,
+     "'cpu' when the state is offloaded to host memory, None when it is on the model's device",
+     NULL},
+    {"offload_chunk", get_offload_chunk, NULL,
+     "elements per staged transfer of an offloaded step, or None", NULL},
     {"ema_swapped", get_swapped, NULL, "whether the model holds the EMA weights now", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
@@ -759,12 +763,16 @@ static PyTypeObject adamw_type = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "AdamW(model, lr=1e-4, betas=(0.9, 0.96), eps=1e-8, weight_decay=0.01, "
               "grad_clip=1.0, loss_scale=None, ema_decay=None, growth_interval=2000, "
-              "decay=None)\n\n"
+              "decay=None, state_device=None, offload_chunk=None)\n\n"
               "torch.optim.AdamW over the model's flat buffers, with global-norm clipping "
               "(grad_clip None or 0: off), weight decay on the tensors named by decay (None: "
               "those of 2+ dims), optional "
               "dynamic loss scaling (loss_scale: the start scale; x2 after growth_interval clean "
-              "steps, x0.5 and the step skipped on inf/NaN) and an optional EMA of the weights.",
+              "steps, x0.5 and the step skipped on inf/NaN) and an optional EMA of the weights.\n"
+              "state_device='cpu' keeps the moments, the fp32 master and the EMA in host memory "
+              "(the host pool, page-locked beside a GPU): the device keeps the parameters and "
+              "gradients, and step() moves the gradients down and the parameters up in chunks of "
+              "offload_chunk elements (default 4Mi) around the CPU's update, with the same bits.",
     .tp_new = PyType_GenericNew,
     .tp_init = adamw_init,
     .tp_dealloc = adamw_dealloc,

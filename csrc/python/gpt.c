@@ -152,11 +152,10 @@ static pxt_gpt *ready(PyObject *op) {
     return NULL;
 }
 
-pxt_flat *pxt_py_gpt_flat(PyObject *obj) {
-    if (!PyObject_TypeCheck(obj, &gpt_type) || !((pxt_py_gpt *)obj)->ready) {
-        return NULL;
-    }
-    return &((pxt_py_gpt *)obj)->m.flat;
+static PyObject *gpt_flat_handle(PyObject *op, void *c) {
+    (void)c;
+    pxt_gpt *m = ready(op);
+    return m ? pxt_py_flat_handle(op, &m->flat) : NULL;
 }
 
 /* ---- views ------------------------------------------------------------------------- */
@@ -262,9 +261,12 @@ static PyObject *gpt_write(PyObject *op, PyObject *args) {
 
 /* ---- plans --------------------------------------------------------------------------- */
 
-/* n_params: elements of the flat buffers (padding included); count: the parameters. */
+/* n_params: elements of the flat buffers (padding included); count: the parameters.
+ * opt: the optimizer state's bytes on the device and in the host pool; pinned: the
+ * host pool is page-locked (a GPU's). */
 static PyObject *plan_dict(size_t n_params, size_t count, pxt_dtype dt, const pxt_plan *p,
-                           size_t opt_bytes) {
+                           pxt_adamw_bytes opt, int pinned) {
+    size_t opt_bytes = opt.device;
     size_t param_bytes = n_params * pxt_dtype_size(dt);
     size_t grad_bytes = p->train ? n_params * sizeof(float) : 0;
     size_t total = pxt_gpt_total_bytes(n_params, dt, p, opt_bytes);
@@ -290,7 +292,7 @@ static PyObject *plan_dict(size_t n_params, size_t count, pxt_dtype dt, const px
     const pxt_cond_plan *q = &p->cond;
     return Py_BuildValue(
         "{s:n,s:n,s:n,s:n,s:n,s:n,s:N,s:N,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:i,s:i,s:i,"
-        "s:i,s:n,s:n,s:s,s:i,s:z,s:n,s:n,s:n,s:n}",
+        "s:i,s:n,s:n,s:s,s:i,s:z,s:n,s:n,s:n,s:n,s:n,s:n,s:n}",
         "parameters", (Py_ssize_t)param_bytes, "gradients", (Py_ssize_t)grad_bytes, "optimizer",
         (Py_ssize_t)opt_bytes, "inputs", (Py_ssize_t)p->inputs_bytes, "residuals",
         (Py_ssize_t)p->resid_bytes, "final_norms", (Py_ssize_t)p->final_bytes, "saved_per_block",
@@ -306,7 +308,8 @@ static PyObject *plan_dict(size_t n_params, size_t count, pxt_dtype dt, const px
         "cond_frames", q->S, "conditioning_policy", q->S ? pxt_py_ckpt_names[q->policy] : NULL,
         "conditioning_inputs", (Py_ssize_t)q->inputs_bytes, "conditioning_saved",
         (Py_ssize_t)q->saved_bytes, "conditioning_scratch", (Py_ssize_t)q->scratch_bytes,
-        "parameter_count", (Py_ssize_t)count);
+        "parameter_count", (Py_ssize_t)count, "host_optimizer", (Py_ssize_t)opt.host, "host_pinned",
+        (Py_ssize_t)(pinned ? opt.host : 0), "host_pageable", (Py_ssize_t)(pinned ? 0 : opt.host));
 }
 
 /* The arena's budget from a budget argument: what is left of it once the
@@ -315,13 +318,19 @@ static size_t budget_left(long long budget, size_t fixed) {
     return (size_t)(budget > 0 ? budget : 0) > fixed ? (size_t)budget - fixed : 0;
 }
 
+/* The host pool is page-locked for a GPU's state (pxt_host_pool, backend host_alloc). */
+static int pool_pinned(pxt_device dev) { return dev.type == PXT_CUDA; }
+
 /* estimate_memory(batch_size, text_len, audio_len, cond_len=None, checkpointing=None,
- *                 train=True, budget=None, optimizer=None, cond_frames=0) -> dict
+ *                 train=True, budget=None, optimizer=None, cond_frames=0,
+ *                 offload=False) -> dict
  * optimizer: None counts the optimizer state attached to this model (0 without
- * one), True that or else a default AdamW's, False none. */
+ * one), True that or else a default AdamW's (offload: its state in the host pool),
+ * False none. */
 static PyObject *gpt_estimate(PyObject *op, PyObject *args, PyObject *kwargs) {
-    static char *kw[] = {"batch_size", "text_len", "audio_len", "cond_len",    "checkpointing",
-                         "train",      "budget",   "optimizer", "cond_frames", NULL};
+    static char *kw[] = {"batch_size",    "text_len", "audio_len", "cond_len",
+                         "checkpointing", "train",    "budget",    "optimizer",
+                         "cond_frames",   "offload",  NULL};
     pxt_gpt *m = ready(op);
     if (!m) {
         return NULL;
@@ -335,28 +344,34 @@ static PyObject *gpt_estimate(PyObject *op, PyObject *args, PyObject *kwargs) {
     pxt_py_int S = PXT_PY_INT_OPT("cond_frames", INT_MIN, INT_MAX, 0);
     PyObject *opt_arg = Py_None;
     pxt_py_bool train = PXT_PY_BOOL_DFLT("train", 1);
+    pxt_py_bool offload = PXT_PY_BOOL_DFLT("offload", 0);
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, "O&O&O&|O&O&O&O&OO&:estimate_memory", kw, pxt_py_int_converter, &B,
+            args, kwargs, "O&O&O&|O&O&O&O&OO&O&:estimate_memory", kw, pxt_py_int_converter, &B,
             pxt_py_int_converter, &Lt, pxt_py_int_converter, &La, pxt_py_int_converter, &Nc,
             pxt_py_choice_converter, &ckpt, pxt_py_bool_converter, &train, pxt_py_int_converter,
-            &budget, &opt_arg, pxt_py_int_converter, &S)) {
+            &budget, &opt_arg, pxt_py_int_converter, &S, pxt_py_bool_converter, &offload)) {
         return NULL;
     }
     const pxt_flat *f = &m->flat;
-    size_t opt_bytes = f->optimizer_bytes; /* optimizer=None: what is attached */
+    /* optimizer=None: what is attached */
+    pxt_adamw_bytes opt = {f->optimizer_bytes, f->optimizer_host_bytes};
+    int attached = f->optimizer_bytes || f->optimizer_host_bytes;
     if (opt_arg != Py_None) {
         int want = PyObject_IsTrue(opt_arg);
         if (want < 0) {
             return NULL;
         }
-        opt_bytes = !want ? 0
-                    : f->optimizer_bytes
-                        ? f->optimizer_bytes
-                        : pxt_adamw_state_bytes(f->layout.numel, f->layout.count, f->dt, 0);
+        pxt_adamw_placement where = {.offload = offload.value};
+        pxt_adamw_bytes none = {0, 0};
+        opt = !want ? none
+              : attached
+                  ? opt
+                  : pxt_adamw_state_bytes(f->layout.numel, f->layout.count, f->dt, 0, &where);
     }
     if (!train.value) {
-        opt_bytes = 0;
+        opt = (pxt_adamw_bytes){0, 0};
     }
+    size_t opt_bytes = opt.device;
     /* without a budget, parameters and gradients are already allocated: the arena gets the rest */
     size_t avail =
         budget.a.given
@@ -368,20 +383,22 @@ static PyObject *gpt_estimate(PyObject *op, PyObject *args, PyObject *kwargs) {
     if (rc != PXT_OK) {
         return pxt_raise(rc);
     }
-    PyObject *d = plan_dict(f->layout.numel, pxt_flat_num_parameters(f), f->dt, &p, opt_bytes);
+    PyObject *d = plan_dict(f->layout.numel, pxt_flat_num_parameters(f), f->dt, &p, opt,
+                            pool_pinned(f->device));
     pxt_plan_free(&p);
     return d;
 }
 
 /* plan_memory(n_layers, ..., max_attention_sequence_length, batch_size, text_len,
  *             audio_len, cond_len=None, checkpointing="none", train=True, budget=None,
- *             device="cpu", optimizer=False, precision="fp32", cond_frames=0) -> dict: a plan
- * without a model (nothing is allocated). */
+ *             device="cpu", optimizer=False, precision="fp32", cond_frames=0,
+ *             offload=False) -> dict: a plan without a model (nothing is allocated);
+ * offload: a default AdamW's state in the host pool. */
 static PyObject *py_plan_memory(PyObject *mod, PyObject *args, PyObject *kwargs) {
     (void)mod;
     static char *kw[] = {CONFIG_KW,       "batch_size",  "text_len", "audio_len", "cond_len",
                          "checkpointing", "train",       "budget",   "device",    "optimizer",
-                         "precision",     "cond_frames", NULL};
+                         "precision",     "cond_frames", "offload",  NULL};
     config_args ca = config_args_make();
     pxt_py_int B = PXT_PY_INT("batch_size", INT_MIN, INT_MAX);
     pxt_py_int Lt = PXT_PY_INT("text_len", INT_MIN, INT_MAX);
@@ -393,13 +410,15 @@ static PyObject *py_plan_memory(PyObject *mod, PyObject *args, PyObject *kwargs)
     pxt_py_choice prec = PXT_PY_CHOICE("precision", pxt_py_precision_names);
     pxt_py_int S = PXT_PY_INT_OPT("cond_frames", INT_MIN, INT_MAX, 0);
     pxt_py_bool train = PXT_PY_BOOL_DFLT("train", 1);
+    pxt_py_bool offload = PXT_PY_BOOL_DFLT("offload", 0);
     int optimizer = 0; /* the Python layer passes bool(optimizer): an AdamW counts as True */
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwargs, CONFIG_FMT "O&O&O&|O&O&O&O&O&pO&O&:plan_memory", kw, CONFIG_ARGS(ca),
+            args, kwargs, CONFIG_FMT "O&O&O&|O&O&O&O&O&pO&O&O&:plan_memory", kw, CONFIG_ARGS(ca),
             pxt_py_int_converter, &B, pxt_py_int_converter, &Lt, pxt_py_int_converter, &La,
             pxt_py_int_converter, &Nc, pxt_py_choice_converter, &ckpt, pxt_py_bool_converter,
             &train, pxt_py_int_converter, &budget, pxt_py_device_converter, &dev, &optimizer,
-            pxt_py_choice_converter, &prec, pxt_py_int_converter, &S)) {
+            pxt_py_choice_converter, &prec, pxt_py_int_converter, &S, pxt_py_bool_converter,
+            &offload)) {
         return NULL;
     }
     pxt_dtype dt = pxt_py_precision_dtype(prec.index);
@@ -421,8 +440,11 @@ static PyObject *py_plan_memory(PyObject *mod, PyObject *args, PyObject *kwargs)
     for (int i = 0; i < layout.count; i++) {
         count += layout.params[i].numel;
     }
-    size_t opt_bytes =
-        optimizer && train.value ? pxt_adamw_state_bytes(n_params, layout.count, dt, 0) : 0;
+    pxt_adamw_placement where = {.offload = offload.value};
+    pxt_adamw_bytes opt = optimizer && train.value
+                              ? pxt_adamw_state_bytes(n_params, layout.count, dt, 0, &where)
+                              : (pxt_adamw_bytes){0, 0};
+    size_t opt_bytes = opt.device;
     pxt_param_layout_free(&layout);
     size_t avail =
         budget.a.given
@@ -435,7 +457,7 @@ static PyObject *py_plan_memory(PyObject *mod, PyObject *args, PyObject *kwargs)
     if (rc != PXT_OK) {
         return pxt_raise(rc);
     }
-    PyObject *d = plan_dict(n_params, count, dt, &p, opt_bytes);
+    PyObject *d = plan_dict(n_params, count, dt, &p, opt, pool_pinned(dev.value));
     pxt_plan_free(&p);
     return d;
 }
@@ -614,11 +636,11 @@ static PyObject *gpt_step(PyObject *op, PyObject *args) {
         return pxt_raise(rc);
     }
     pxt_gpt_losses out = {0};
-    pxt_py_flat_busy(&m->flat, 1);
+    pxt_flat_set_busy(&m->flat, 1);
     Py_BEGIN_ALLOW_THREADS
     rc = pxt_gpt_step(m, &in, &out);
     Py_END_ALLOW_THREADS
-    pxt_py_flat_busy(&m->flat, 0);
+    pxt_flat_set_busy(&m->flat, 0);
     if (rc != PXT_OK) {
         return pxt_raise(rc);
     }
@@ -700,6 +722,7 @@ static PyGetSetDef gpt_getset[] = {
     {"checkpointing", gpt_get_ckpt, gpt_set_ckpt, "'none', 'selective', 'full' or 'auto'", NULL},
     {"num_parameters", gpt_get_num_parameters, NULL, "number of parameters", NULL},
     {"arena_bytes", gpt_get_arena_bytes, NULL, "bytes of the cached step arena", NULL},
+    {"_flat", gpt_flat_handle, NULL, "the handle of the flat state (what AdamW steps)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -34,16 +34,15 @@ extern PyMethodDef pxt_py_ops_cond_methods[];  /* ops_cond.c: the conditioning p
 extern PyMethodDef pxt_py_attention_methods[]; /* attention.c: attention_forward/backward */
 extern PyMethodDef pxt_py_gpt_methods[];       /* gpt.c: plan_memory, check_model_config */
 
-/* gpt.c: pyxtts._C.GPT */
+/* gpt.c: pyxtts._C.GPT (its `_flat` is the handle of its flat state) */
 int pxt_py_gpt_init_type(PyObject *module);
-/* The flat state of an initialised pyxtts._C.GPT (borrowed: obj keeps it),
- * else NULL (no exception set). */
-pxt_flat *pxt_py_gpt_flat(PyObject *obj);
-/* Marks f (and its parameter and gradient buffers, whose Tensor views then refuse
- * copy_) as used by a step running without the GIL, or no longer. */
-static inline void pxt_py_flat_busy(pxt_flat *f, int busy) {
-    f->busy = f->params->busy = f->grads->busy = busy;
-}
+
+/* flat_handle.c: the handle of a model's flat state. A model type exposes it as
+ * `_flat`; an optimizer keeps it, and with it the model, for its lifetime. */
+PyObject *pxt_py_flat_handle(PyObject *owner, pxt_flat *f);
+/* obj._flat, or obj._core._flat (a Python model over a native one): the handle (new
+ * reference) and *out its flat state, else NULL with no exception set. */
+PyObject *pxt_py_flat_handle_of(PyObject *obj, pxt_flat **out);
 /* adamw.c: pyxtts._C.AdamW */
 int pxt_py_adamw_init_type(PyObject *module);
 /* block.c: pyxtts.Block */
