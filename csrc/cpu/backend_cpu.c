@@ -42,9 +42,25 @@ static int cpu_device_props(int index, pxt_device_props *out) {
     return PXT_OK;
 }
 
+/* Free host memory as the kernel judges what a new allocation can get: MemAvailable
+ * (free pages plus the caches it would drop), else the free pages alone. */
+static size_t available_bytes(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    unsigned long long kib = 0;
+    int found = 0;
+    if (f) {
+        char line[256];
+        while (!found && fgets(line, sizeof line, f)) {
+            found = sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+        }
+        fclose(f);
+    }
+    return found ? (size_t)kib * 1024 : phys_bytes(_SC_AVPHYS_PAGES);
+}
+
 static int cpu_mem_info(int index, size_t *free_bytes, size_t *total_bytes) {
     (void)index;
-    *free_bytes = phys_bytes(_SC_AVPHYS_PAGES);
+    *free_bytes = available_bytes();
     *total_bytes = phys_bytes(_SC_PHYS_PAGES);
     return PXT_OK;
 }

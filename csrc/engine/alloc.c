@@ -207,6 +207,13 @@ static int segment_new(pxt_allocator *a, int pool, size_t seg_size) {
         return pxt_error(PXT_ERR_OOM,
                          "raw allocation failed (injected by pyxtts.testing.inject_oom)");
     }
+    if (a->host) { /* the host would give pages it does not have by swapping, or by
+                      killing a process once they are touched: refuse them here */
+        size_t avail = 0, total = 0;
+        if (pxt_backend_for(PXT_CPU)->mem_info(0, &avail, &total) == PXT_OK && seg_size > avail) {
+            return pxt_error(PXT_ERR_OOM, "the host has %zu bytes of memory available", avail);
+        }
+    }
     pxt_segment *s = malloc(sizeof *s);
     if (!s) {
         return pxt_error(PXT_ERR_OOM, "out of host memory for allocator bookkeeping");
@@ -567,8 +574,10 @@ static pxt_allocator *host_pool;
 pxt_allocator *pxt_host_pool(pxt_device user) {
     pthread_mutex_lock(&registry_lock);
     pxt_allocator *a = host_pool;
-    if (!a) {
-        const pxt_backend *be = pxt_backend_for(user.type);
+    if (!a) { /* pinned wherever a GPU is: its copies then need no bounce, whoever asked */
+        const pxt_backend *cuda = pxt_backend_for(PXT_CUDA);
+        int gpu = user.type == PXT_CUDA || (cuda && cuda->device_count() > 0);
+        const pxt_backend *be = gpu ? cuda : pxt_backend_for(PXT_CPU);
         if (!be || !be->host_alloc) {
             pthread_mutex_unlock(&registry_lock);
             pxt_error(PXT_ERR_VALUE, "this build has no host memory for the %s backend",
@@ -585,7 +594,7 @@ pxt_allocator *pxt_host_pool(pxt_device user) {
         a->device = (pxt_device){PXT_CPU, 0};
         a->backend = be;
         a->host = 1;
-        a->host_index = user.index;
+        a->host_index = user.type == PXT_CUDA ? user.index : 0;
         a->st.limit_bytes = PXT_NO_LIMIT;
         a->inject_after = -1;
         host_pool = a;

@@ -47,10 +47,11 @@ pxt_device pxt_allocator_device(const pxt_allocator *a);
 
 /* The host pool: host memory for state kept off the device (the optimizer's,
  * offloaded), with its own budget and stats beside the devices'. One per
- * process, made on first use through `user`'s backend: page-locked under
- * user's context on CUDA (so every device copies it without a bounce), plain
- * memory on the CPU. Later users share it. Its blocks are CPU memory (the CPU
- * backend computes on them); pxt_allocator_device says PXT_CPU. */
+ * process, made on first use: page-locked (portable, so every GPU copies it
+ * without a bounce) where the build has CUDA and the machine a GPU, under the
+ * context of `user` when it is one (else cuda:0's); plain memory without a GPU.
+ * Later users share it. Its blocks are CPU memory (the CPU backend computes on
+ * them); pxt_allocator_device says PXT_CPU. */
 pxt_allocator *pxt_host_pool(pxt_device user);
 int pxt_allocator_is_host(const pxt_allocator *a);
 

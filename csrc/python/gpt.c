@@ -318,8 +318,11 @@ static size_t budget_left(long long budget, size_t fixed) {
     return (size_t)(budget > 0 ? budget : 0) > fixed ? (size_t)budget - fixed : 0;
 }
 
-/* The host pool is page-locked for a GPU's state (pxt_host_pool, backend host_alloc). */
-static int pool_pinned(pxt_device dev) { return dev.type == PXT_CUDA; }
+/* The host pool is page-locked for a GPU's state, and wherever a GPU is (pxt_host_pool). */
+static int pool_pinned(pxt_device dev) {
+    const pxt_backend *cuda = pxt_backend_for(PXT_CUDA);
+    return dev.type == PXT_CUDA || (cuda && cuda->device_count() > 0);
+}
 
 /* estimate_memory(batch_size, text_len, audio_len, cond_len=None, checkpointing=None,
  *                 train=True, budget=None, optimizer=None, cond_frames=0,
