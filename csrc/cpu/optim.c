@@ -41,16 +41,33 @@ int pxt_cpu_grad_sumsq(int index, double *sumsq, int *nonfinite, const float *g,
     return PXT_OK;
 }
 
-/* The update of elements [lo, hi) of one segment, vectorised: every operation
- * is IEEE-exact per element (no contraction in C11 mode), so the SIMD lanes give
- * the bits of the scalar loop. has_ema is a constant at each call site. */
+/* pxt_f32_to_bf16 (round to nearest even, NaN kept quiet) written to inline, so that
+ * the update's loop stores its bf16 parameters in SIMD lanes; the same bits. */
+static inline uint16_t bf16_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t quiet = (u >> 16) | 0x0040u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+}
+
+/* How the update writes the compute-precision parameters: not at all (they are the
+ * master), fp32, bf16, fp16. A constant at each call site of adamw_core. */
+enum { OUT_NONE, OUT_F32, OUT_BF16, OUT_F16 };
+
+/* The update of elements [lo, hi) of one segment, vectorised: every operation is
+ * IEEE-exact per element (no contraction in C11 mode), so the SIMD lanes give the
+ * bits of the scalar loop. has_ema and out are constants at each call site. */
 static inline void adamw_core(const pxt_adamw_args *a, float df, size_t lo, size_t hi,
                               float *restrict master, float *restrict m, float *restrict v,
-                              float *restrict ema, const float *restrict grads, int has_ema) {
+                              float *restrict ema, const float *restrict grads,
+                              void *restrict params, int has_ema, int out) {
     const float gs = a->grad_scale, w1 = a->one_minus_beta1, b2 = a->beta2;
     const float w2 = a->one_minus_beta2, nss = a->neg_step_size;
     const float bc2 = a->bias_correction2_sqrt, eps = a->eps;
     const float ed = a->ema_decay, w3 = a->one_minus_ema_decay;
+    float *restrict p32 = params;
+    uint16_t *restrict p16 = params;
 #pragma omp simd
     for (size_t i = lo; i < hi; i++) {
         float g = grads[i] * gs;
@@ -65,23 +82,39 @@ static inline void adamw_core(const pxt_adamw_args *a, float df, size_t lo, size
         if (has_ema) {
             ema[i] = ed * ema[i] + w3 * p;
         }
+        if (out == OUT_F32) {
+            p32[i] = p;
+        } else if (out == OUT_BF16) {
+            p16[i] = bf16_of(p);
+        }
+    }
+    if (out == OUT_F16) { /* fp16's rounding has no branch-free form worth inlining */
+        for (size_t i = lo; i < hi; i++) {
+            p16[i] = pxt_f32_to_f16(master[i]);
+        }
     }
 }
+
+/* adamw_core with its constants spelt out, one instance per case. */
+#define ADAMW_CORE(out)                                                                            \
+    (ema ? adamw_core(a, df, lo, hi, master, m, v, ema, grads, params, 1, (out))                   \
+         : adamw_core(a, df, lo, hi, master, m, v, NULL, grads, params, 0, (out)))
 
 static void adamw_range(const pxt_adamw_args *a, int decay, size_t lo, size_t hi, float *master,
                         float *m, float *v, float *ema, void *params, const float *grads) {
     float df = decay ? a->decay_factor : 1.0f;
-    if (ema) {
-        adamw_core(a, df, lo, hi, master, m, v, ema, grads, 1);
+    if ((void *)master == params) {
+        ADAMW_CORE(OUT_NONE);
+    } else if (a->dt == PXT_BFLOAT16) {
+        ADAMW_CORE(OUT_BF16);
+    } else if (a->dt == PXT_FLOAT16) {
+        ADAMW_CORE(OUT_F16);
     } else {
-        adamw_core(a, df, lo, hi, master, m, v, NULL, grads, 0);
-    }
-    if ((void *)master != params) { /* the compute-precision copy */
-        for (size_t i = lo; i < hi; i++) {
-            pxt_st(params, i, a->dt, master[i]);
-        }
+        ADAMW_CORE(OUT_F32);
     }
 }
+
+#undef ADAMW_CORE
 
 /* Chunks of this many elements are the unit of work: big tensors split over
  * threads, small ones (biases) go whole to one thread. Elementwise: any split
