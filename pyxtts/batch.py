@@ -99,7 +99,7 @@ def largest_fitting(fits, start: int = 1, cap: int | None = None) -> int | None:
 def find_optimal_batch_size(model, optimizer=None, text_len: int | None = None,
                             audio_len: int | None = None, start_batch_size: int = 1,
                             max_batch_size: int | None = None, safety_margin: float = 0.05,
-                            verify: bool = True) -> int:
+                            verify: bool = True, offload: bool = False) -> int:
     """The largest batch size whose step fits the device's memory budget.
 
     The budget is the device's limit (``set_memory_limit``/``set_memory_fraction``) or, with
@@ -113,7 +113,8 @@ def find_optimal_batch_size(model, optimizer=None, text_len: int | None = None,
     batch; on an out-of-memory error the next smaller size the plan allows (at least one less)
     is tried, at most 3 real steps in all, the last of them at ``start_batch_size``. Parameters, gradients and the optimizer's state are
     restored exactly afterwards: the search never trains the model. With no ``optimizer`` a
-    temporary default ``AdamW`` takes the step. Raises ``OutOfMemoryError`` when not even
+    temporary default ``AdamW`` takes the step (its state in host memory with ``offload``;
+    a given optimizer's state counts where it lives). Raises ``OutOfMemoryError`` when not even
     ``start_batch_size`` fits a real step, ``ValueError`` when the plan says it cannot."""
     c = model.config
     text_len = c.max_text_tokens if text_len is None else _positive_int("text_len", text_len)
@@ -124,11 +125,13 @@ def find_optimal_batch_size(model, optimizer=None, text_len: int | None = None,
         raise ValueError(f"max_batch_size: {cap} is smaller than start_batch_size={start}")
     safety_margin = real("safety_margin", safety_margin, minimum=0.0, maximum=1.0, below=True)
     verify = flag("verify", verify)
+    offload = flag("offload", offload)
     cond_len, frames = c.n_cond_latents, c.planned_cond_frames
     device = model.device
     model.release_memory()  # a cached step arena is not part of the budget's "else"
     budget = _budget(device, safety_margin)
-    base = model.estimate_memory(1, text_len, audio_len, cond_len, optimizer=True, cond_frames=frames)
+    base = model.estimate_memory(1, text_len, audio_len, cond_len, optimizer=True, cond_frames=frames,
+                                 offload=offload)
     # bytes allocated on the device that are neither the model's nor the optimizer's
     resident = base.parameters + base.gradients + base.optimizer
     foreign = max(0, _C.memory_stats(device)["allocated_bytes"] - resident)
@@ -136,7 +139,7 @@ def find_optimal_batch_size(model, optimizer=None, text_len: int | None = None,
     def fits(b: int, avail: int) -> bool:
         try:
             plan = model.estimate_memory(b, text_len, audio_len, cond_len, budget=avail, optimizer=True,
-                                         cond_frames=frames)
+                                         cond_frames=frames, offload=offload)
         except ValueError:  # past the engine's limit on the rows of one step: does not fit
             return False
         return plan.total + foreign <= avail
@@ -147,7 +150,7 @@ def find_optimal_batch_size(model, optimizer=None, text_len: int | None = None,
     size = solve(budget, cap)
     if size is None:
         plan = model.estimate_memory(start, text_len, audio_len, cond_len, budget=budget, optimizer=True,
-                                     cond_frames=frames)
+                                     cond_frames=frames, offload=offload)
         raise ValueError(f"find_optimal_batch_size: a step at batch size {start} x {text_len} text + "
                          f"{audio_len} audio tokens needs {plan.total + foreign} bytes, over the budget of "
                          f"{budget} bytes on {device} (safety margin {safety_margin:.0%}); shorten the "
@@ -155,7 +158,7 @@ def find_optimal_batch_size(model, optimizer=None, text_len: int | None = None,
     if not verify:
         return size
 
-    opt = optimizer if optimizer is not None else _C.AdamW(model)
+    opt = optimizer if optimizer is not None else _C.AdamW(model, state_device="cpu" if offload else None)
     snap = _snapshot(model, optimizer if optimizer is not None else None)
     try:
         for attempt in range(_MAX_VERIFY_STEPS):

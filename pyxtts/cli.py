@@ -42,7 +42,11 @@ def _optimize_config(args: argparse.Namespace) -> int:
 
     try:
         config = XTTSConfig.load(args.config)
-        new, explanation = optimize_config(config, args.memory, device=args.device)
+        device = args.device if args.device is not None else config.training.resolved_device()
+        if device == "cpu" and args.device is None and config.training.device == "auto":
+            print("pyxtts optimize-config: no GPU here, so training.device 'auto' plans for this machine's "
+                  "CPU and RAM; for a GPU elsewhere say which: --device cuda --memory 8GiB", file=sys.stderr)
+        new, explanation = optimize_config(config, args.memory, device=device)
     except (OSError, TypeError, ValueError) as exc:
         print(f"pyxtts optimize-config: {exc}", file=sys.stderr)
         return 2
@@ -101,6 +105,31 @@ def _init_from_xtts(config: Any, source: str) -> Any:
     return config
 
 
+def _replanned(before: Any, after: Any, device: str | None) -> str | None:
+    """One line when ``--init`` changed the model (or the data's longest sequences) the
+    config was planned for: what changed, and the new plan against the device's budget.
+    None when it changed nothing."""
+    from pyxtts.config import device_present, plan_for
+
+    changed = [f"{f} {getattr(before.model, f)!r} -> {getattr(after.model, f)!r}"
+               for f in before.model.__dataclass_fields__ if getattr(before.model, f) != getattr(after.model, f)]
+    changed += [f"data.{f} {getattr(before.data, f)} -> {getattr(after.data, f)}"
+                for f in ("max_text_tokens", "max_audio_tokens") if getattr(before.data, f) != getattr(after.data, f)]
+    if not changed:
+        return None
+    t = after.training
+    dev = device if device is not None else t.resolved_device()
+    line = f"--init: the checkpoint's model replaces the config's ({'; '.join(changed[:4])}"
+    line += f"; and {len(changed) - 4} more)" if len(changed) > 4 else ")"
+    if not device_present(dev):
+        return line
+    budget = int(pyxtts.device_info(dev)["total_memory"] * t.max_memory_fraction)
+    plan = plan_for(after, dev)
+    verdict = "fits" if plan.total <= budget else "DOES NOT FIT (`pyxtts optimize-config` re-plans it)"
+    return (f"{line}; re-planned on {dev}: {format_bytes(plan.total)} of the budget {format_bytes(budget)}: "
+            f"{verdict}")
+
+
 def _train(args: argparse.Namespace) -> int:
     from pyxtts.checkpoint import CheckpointError
     from pyxtts.config import XTTSConfig
@@ -120,7 +149,11 @@ def _train(args: argparse.Namespace) -> int:
         if args.checkpoint_dir is not None:
             config.training.checkpoint_dir = args.checkpoint_dir
         if args.init is not None:
+            before = config
             config = _init_from_xtts(config, args.init)
+            note = _replanned(before, config, args.device)
+            if note is not None:
+                print(f"pyxtts train: {note}", file=sys.stderr)
         if args.data is not None:
             train, held = _dataset(args.data, "--data"), None
         elif config.data.train_metadata is not None:

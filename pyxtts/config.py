@@ -37,11 +37,11 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Mapping
 
-from pyxtts._args import flag, real
+from pyxtts._args import flag, integer, real
 from pyxtts.model import ModelConfig, estimate_memory
 
-__all__ = ["DataConfig", "TrainingConfig", "XTTSConfig", "optimize_config", "parse_memory_size",
-           "CONFIGS_DIR", "PATH_FIELDS", "shipped_configs"]
+__all__ = ["DataConfig", "TrainingConfig", "XTTSConfig", "offload_for", "optimize_config", "parse_memory_size",
+           "plan_for", "tier_for", "CONFIGS_DIR", "PATH_FIELDS", "SIZE_TIERS", "shipped_configs"]
 
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
 
@@ -177,10 +177,19 @@ class TrainingConfig:
     # weights a fresh run starts from: a pyxtts checkpoint's model tensors, e.g. the file
     # import_xtts_checkpoint writes (a resumed run takes its own checkpoint's instead)
     init_checkpoint: str | None = None
+    # where AdamW keeps its moments, fp32 master and EMA: true, in host memory (the device
+    # keeps parameters and gradients; each optimizer step moves them); false, on the
+    # device; "auto", in host memory only when the plan does not fit the device without
+    # (never on the CPU, where both are the same RAM)
+    optimizer_offload: bool | str = "auto"
 
     def __post_init__(self) -> None:
         _check_types(self, "training")
         w = "training."
+        if not isinstance(self.optimizer_offload, bool) and self.optimizer_offload != "auto":
+            kind = TypeError if not isinstance(self.optimizer_offload, str) else ValueError
+            raise kind(f"training.optimizer_offload: expected true, false or 'auto', got "
+                       f"{self.optimizer_offload!r}")
         # precision <-> mixed_precision: an explicit precision wins; both must agree
         if self.precision is None:
             self.precision = "bf16" if self.mixed_precision else "fp32"
@@ -340,16 +349,10 @@ class XTTSConfig:
         """The longest sequence the data allows: cond latents + text + audio."""
         return self.model.n_cond_latents + self.data.max_text_tokens + self.data.max_audio_tokens
 
-    def memory_plan(self, device: str | None = None):
-        """``pyxtts.estimate_memory`` of one training step at the configured micro-batch,
-        precision and policy, the longest sequences and the AdamW state counted."""
-        t = self.training
-        return estimate_memory(self.model, self.data.batch_size, self.data.max_text_tokens,
-                               self.data.max_audio_tokens, cond_len=self.model.n_cond_latents,
-                               cond_frames=self.model.planned_cond_frames,
-                               checkpointing=t.checkpointing, train=True,
-                               device=t.resolved_device() if device is None else device, optimizer=True,
-                               precision=t.precision)
+    def memory_plan(self, device: str | None = None, memory: int | str | None = None):
+        """``plan_for(self, device, memory=memory)``: the plan of one training step as
+        configured, at the longest sequences, the AdamW state counted where it lives."""
+        return plan_for(self, device, memory=memory)
 
     # ---- dict / YAML ----------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -540,6 +543,85 @@ def shipped_configs() -> dict[str, Path]:
     return {p.stem: p for p in sorted(CONFIGS_DIR.glob("*.yaml"))}
 
 
+# The shipped tiers by the card size (GiB) each is planned for, largest first: Coqui's whole
+# recipe, each with optimize_config's settings for its size.
+SIZE_TIERS = {"large_gpu": 80, "gpu_24gb": 24, "gpu_16gb": 16, "gpu_12gb": 12, "gpu_8gb": 8, "gpu_6gb": 6,
+              "gpu_4gb": 4}
+
+
+def tier_for(total_memory: int) -> str:
+    """The shipped tier for a card of ``total_memory`` bytes: the largest whose size it
+    has, counting 90% of the size as having it (a card reports somewhat less than its
+    label: 11.6 GiB for a 12 GB one); ``gpu_4gb`` below that."""
+    total_memory = integer("total_memory", total_memory, minimum=0)
+    return next((name for name, gib in SIZE_TIERS.items() if total_memory >= 0.9 * gib * 2**30), "gpu_4gb")
+
+
+# ---- one plan for a config ----------------------------------------------------------
+
+def _device_total(device: str, memory: int | str | None) -> int:
+    """``memory`` in bytes, else the total memory of ``device`` (which must be here)."""
+    if memory is not None:
+        return parse_memory_size(memory)
+    from pyxtts import _C
+
+    return int(_C.device_info(device)["total_memory"])
+
+
+def device_present(device: str) -> bool:
+    """Whether ``device`` is in this machine (and this build)."""
+    from pyxtts import _C
+
+    try:
+        _C.device_info(device)
+    except ValueError:
+        return False
+    return True
+
+
+def offload_for(config: XTTSConfig, device: str | None = None, memory: int | str | None = None,
+                budget: int | None = None) -> bool:
+    """Whether the run of ``config`` on ``device`` keeps AdamW's state in host memory:
+    ``training.optimizer_offload`` when true or false; "auto" resolved: never on the CPU
+    (host memory is its memory), else only when the plan without offload is over
+    ``budget`` (bytes; default ``memory``, else the device's total, x
+    ``max_memory_fraction``)."""
+    t = config.training
+    if t.optimizer_offload != "auto":
+        return bool(t.optimizer_offload)
+    dev = t.resolved_device() if device is None else device
+    if not str(dev).startswith("cuda"):
+        return False
+    if budget is None:
+        if memory is None and not device_present(dev):
+            raise ValueError(f"training.optimizer_offload: 'auto' decides by the memory of {dev}, which is not in "
+                             "this machine: give its memory (memory='8GiB', --memory 8GiB) or set "
+                             "optimizer_offload true or false")
+        budget = int(_device_total(dev, memory) * t.max_memory_fraction)
+    return plan_for(config, dev, offload=False).total > budget
+
+
+def plan_for(config: XTTSConfig, device: str | None = None, *, micro_batch: int | None = None,
+             checkpointing: str | None = None, precision: str | None = None, offload: bool | None = None,
+             memory: int | str | None = None):
+    """The memory plan (``pyxtts.MemoryPlan``) of one training step of ``config`` on
+    ``device`` (default: ``training.device`` resolved): its micro-batch, checkpointing,
+    precision and optimizer placement unless given, the longest sequences the data
+    allows, the conditioning path over its longest reference mel, a default AdamW's state
+    counted (on the device, or with ``offload`` in the host pool). ``offload=None`` is
+    ``offload_for(config, device, memory)``. Nothing is allocated: the plan for
+    ``cuda:0`` is computed on any machine whose build has the CUDA backend."""
+    t, d, m = config.training, config.data, config.model
+    dev = t.resolved_device() if device is None else device
+    if offload is None:
+        offload = offload_for(config, dev, memory)
+    return estimate_memory(m, d.batch_size if micro_batch is None else micro_batch, d.max_text_tokens,
+                           d.max_audio_tokens, cond_len=m.n_cond_latents, cond_frames=m.planned_cond_frames,
+                           checkpointing=t.checkpointing if checkpointing is None else checkpointing, train=True,
+                           device=dev, optimizer=True, precision=t.precision if precision is None else precision,
+                           offload=bool(offload))
+
+
 # ---- memory sizes ---------------------------------------------------------------
 
 _UNITS = {"": 1, "b": 1,
@@ -581,6 +663,9 @@ RECOMPUTE_COST = {"none": 1.0, "selective": 1.05, "full": 4.0 / 3.0}
 # narrower GEMMs), modelled as this fraction of one sample's compute.
 MICRO_STEP_OVERHEAD = 0.25
 DEFAULT_MARGIN = 0.10
+# Coqui's XTTS v2 recipe steps micro-batches of 3: optimize_config turns the optimizer
+# offload on to reach it (or to fit at all), never merely to grow a micro-batch further.
+COQUI_MICRO_BATCH = 3
 
 
 def _divisors(n: int) -> list[int]:
@@ -591,37 +676,43 @@ def _step_cost(policy: str, micro: int) -> float:
     return RECOMPUTE_COST[policy] * (1.0 + MICRO_STEP_OVERHEAD / micro)
 
 
+def offload_traffic(n_params: int, precision: str) -> tuple[int, int]:
+    """Bytes one offloaded optimizer step moves: fp32 gradients down to the host, and the
+    compute-precision parameters back up (each over every parameter)."""
+    return 4 * n_params, (4 if precision == "fp32" else 2) * n_params
+
+
 def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, *,
                     margin: float = DEFAULT_MARGIN, keep_precision: bool = False,
                     device: str | None = None) -> tuple[XTTSConfig, str]:
-    """Chooses precision, checkpoint policy, micro-batch and accumulation steps so that
-    the memory plan of a step fits ``device_memory × max_memory_fraction`` with
-    ``margin`` to spare, keeping the effective batch (micro-batch × accumulation).
+    """Chooses precision, checkpoint policy, micro-batch, accumulation steps and where
+    AdamW's state lives so that the memory plan of a step fits ``device_memory ×
+    max_memory_fraction`` with ``margin`` to spare, keeping the effective batch
+    (micro-batch × accumulation).
 
     ``device_memory`` (bytes or "12GiB"): default, the total memory of the config's
-    device. Plans come from ``pyxtts.estimate_memory`` (nothing is allocated), with the
-    AdamW state and the longest sequences the data config allows. Candidates: every
+    device; given, the device need not be in this machine (``device="cuda"`` plans for a
+    GPU elsewhere). Plans come from ``plan_for`` (nothing is allocated), with the AdamW
+    state and the longest sequences the data config allows. Candidates: every
     micro-batch dividing the effective batch, policies none/selective/full, precisions
     fp32 and bf16 (only the configured one with ``keep_precision=True`` or when it is
     fp16); they are ranked by an estimated step time (recomputation × per-micro-step
     overhead, see ``RECOMPUTE_COST``), ties going to the configured precision, then
-    fp32; the cheapest that fits wins. Returns ``(new_config, explanation)``; raises
-    ``ValueError`` when not even the smallest plan fits."""
+    fp32. The optimizer's state stays on the device unless ``training.optimizer_offload``
+    says true, or says "auto" (on a GPU) and no plan with the state on the device fits,
+    or none reaches Coqui's micro-batch of 3 (``COQUI_MICRO_BATCH``) while one with it in
+    host memory does; for a GPU the new config says true or false. Returns ``(new_config,
+    explanation)``; raises ``ValueError`` when not even the smallest plan fits."""
     if not isinstance(config, XTTSConfig):
         raise TypeError(f"config: expected an XTTSConfig, got {type(config).__name__}")
     margin = real("margin", margin, minimum=0.0, maximum=1.0, below=True)
-    from pyxtts import _C
     from pyxtts.memory import format_bytes as fb
 
     keep_precision = flag("keep_precision", keep_precision)
     t = config.training
     dev = t.resolved_device() if device is None else device
-    if device_memory is None:
-        total = int(_C.device_info(dev)["total_memory"])
-        source = f"total memory of {dev}"
-    else:
-        total = parse_memory_size(device_memory, "device_memory")
-        source = "given"
+    total = _device_total(dev, device_memory)
+    source = f"total memory of {dev}" if device_memory is None else "given"
     budget = int(total * t.max_memory_fraction)
     limit = int(budget * (1.0 - margin))
     effective = config.effective_batch_size
@@ -629,75 +720,103 @@ def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, 
         precisions = [t.precision]
     else:
         precisions = [t.precision] + [p for p in ("fp32", "bf16") if p != t.precision]
-    d = config.data
+    on_gpu = str(dev).startswith("cuda")
+    placements = [bool(t.optimizer_offload)] if t.optimizer_offload != "auto" else [False, True] if on_gpu else [False]
     cands = []
     for pi, prec in enumerate(precisions):
         for policy in ("none", "selective", "full"):
             for micro in _divisors(effective):
                 cands.append((_step_cost(policy, micro), pi, prec, policy, micro))
     cands.sort(key=lambda c: (c[0], c[1]))
-    plans: dict[tuple[str, str, int], int] = {}
+    plans: dict[tuple[str, str, int, bool], Any] = {}
 
-    def plan_total(prec: str, policy: str, micro: int) -> int:
-        key = (prec, policy, micro)
+    def plan(prec: str, policy: str, micro: int, off: bool):
+        key = (prec, policy, micro, off)
         if key not in plans:
-            plans[key] = estimate_memory(config.model, micro, d.max_text_tokens, d.max_audio_tokens,
-                                         cond_len=config.model.n_cond_latents,
-                                         cond_frames=config.model.planned_cond_frames, checkpointing=policy,
-                                         train=True, device=dev, optimizer=True, precision=prec).total
+            plans[key] = plan_for(config, dev, micro_batch=micro, checkpointing=policy, precision=prec, offload=off)
         return plans[key]
 
-    chosen = None
-    for cost, _, prec, policy, micro in cands:
-        if plan_total(prec, policy, micro) <= limit:
-            chosen = (cost, prec, policy, micro)
-            break
+    def cheapest(off: bool, min_micro: int = 1):
+        if off not in placements:
+            return None
+        return next(((c, off) for c in cands if c[4] >= min_micro and plan(c[2], c[3], c[4], off).total <= limit),
+                    None)
+
+    target = min(COQUI_MICRO_BATCH, effective)
+    chosen = cheapest(False)
+    if True in placements and (chosen is None or cheapest(False, target) is None):
+        # the state on the device does not fit, or keeps the micro-batch below Coqui's
+        chosen = cheapest(True, target) or chosen or cheapest(True)
     seq = config.sequence_length
     if chosen is None:
-        smallest = min(((plan_total(p, "full", 1), p) for p in precisions))
+        off = placements[-1]
+        smallest = min(((plan(p, "full", 1, off).total, p) for p in precisions))
+        where = " with the optimizer's state in host memory" if off else ""
+        hint = ("" if off or not on_gpu else
+                "; training.optimizer_offload true (or auto) keeps the optimizer's state in host memory")
         raise ValueError(
             f"optimize_config: no plan fits: the smallest, micro-batch 1 with full checkpointing in "
-            f"{smallest[1]} at {seq} tokens ({d.max_text_tokens} text + {d.max_audio_tokens} audio + "
-            f"{config.model.n_cond_latents} cond), needs {fb(smallest[0])}, over the budget of "
-            f"{fb(limit)} ({fb(total)} x max_memory_fraction {t.max_memory_fraction:g} less a "
-            f"{margin:.0%} margin); lower data.max_text_tokens/max_audio_tokens, use a smaller model "
+            f"{smallest[1]}{where} at {seq} tokens ({d_text(config)}), needs {fb(smallest[0])}, over the budget "
+            f"of {fb(limit)} ({fb(total)} x max_memory_fraction {t.max_memory_fraction:g} less a "
+            f"{margin:.0%} margin){hint}; lower data.max_text_tokens/max_audio_tokens, use a smaller model "
             "or a device with more memory")
-    cost, prec, policy, micro = chosen
+    (cost, _, prec, policy, micro), off = chosen
     accum = effective // micro
+    d = config.data
     new = XTTSConfig(
         model=dataclasses.replace(config.model),
         training=dataclasses.replace(t, precision=prec, mixed_precision=prec != "fp32",
                                      checkpointing=policy, enable_gradient_checkpointing=policy != "none",
                                      gradient_accumulation_steps=accum,
+                                     # on the CPU "auto" stays: host memory is its memory
+                                     optimizer_offload=off if on_gpu else t.optimizer_offload,
                                      lr_milestones=list(t.lr_milestones)),
         data=dataclasses.replace(d, batch_size=micro),
     )
-    used = plan_total(prec, policy, micro)
+    used = plan(prec, policy, micro, off)
     best = min(cands, key=lambda c: (c[0], c[1]))
     why = []
     if (policy, micro) == (best[3], best[4]):
         why.append("it is the cheapest candidate: no recomputation, the whole effective batch at once")
     else:
         cheaper = [c for c in cands if (c[0], c[1]) < (cost, precisions.index(prec))]
-        top = sorted(cheaper, key=lambda c: plan_total(c[2], c[3], c[4]))[:1]
+        top = sorted(cheaper, key=lambda c: plan(c[2], c[3], c[4], off).total)[:1]
         why.append(f"{len(cheaper)} cheaper candidate(s) do not fit"
                    + (f" (the smallest of them, {top[0][2]} {top[0][3]} micro-batch {top[0][4]}, needs "
-                      f"{fb(plan_total(top[0][2], top[0][3], top[0][4]))})" if top else ""))
+                      f"{fb(plan(top[0][2], top[0][3], top[0][4], off).total)})" if top else ""))
     if prec != t.precision:
         why.append(f"precision changed from {t.precision} to {prec}: it lets a cheaper plan fit")
+    if off and t.optimizer_offload == "auto":
+        why.append("the optimizer's state goes to host memory: on the device no plan fits"
+                   if cheapest(False) is None else
+                   f"the optimizer's state goes to host memory: on the device no micro-batch of {target} fits")
     lines = [
         f"device memory:      {fb(total)} ({source})",
         f"budget:             {fb(budget)} (x max_memory_fraction {t.max_memory_fraction:g})",
         f"plan limit:         {fb(limit)} (budget less a {margin:.0%} margin)",
-        f"longest sequence:   {seq} tokens ({config.model.n_cond_latents} cond + {d.max_text_tokens} text "
-        f"+ {d.max_audio_tokens} audio), AdamW state counted",
+        f"longest sequence:   {seq} tokens ({d_text(config)}), AdamW state counted",
         f"effective batch:    {effective} (kept)",
         f"chosen:             precision {prec}, checkpointing {policy}, micro-batch {micro} x "
-        f"{accum} accumulation step(s)",
-        f"plan total:         {fb(used)} ({used / limit:.0%} of the limit)",
+        f"{accum} accumulation step(s), optimizer state "
+        + ("in host memory (optimizer_offload: true)" if off else "on the device (optimizer_offload: false)"),
+        f"plan total:         {fb(used.total)} on the device ({used.total / limit:.0%} of the limit)"
+        + (f", {fb(used.host_total)} of host memory ({'page-locked' if used.host_pinned else 'pageable'})"
+           if used.host_total else ""),
         f"estimated step cost: {cost:.3f} (1.0 = no recomputation, no per-micro-step overhead)",
         f"was:                precision {t.precision}, checkpointing {t.checkpointing}, micro-batch "
-        f"{d.batch_size} x {t.gradient_accumulation_steps}",
+        f"{d.batch_size} x {t.gradient_accumulation_steps}, optimizer_offload {t.optimizer_offload}",
         "why:                " + "; ".join(why),
     ]
+    if off:
+        down, up = offload_traffic(used.parameter_count, prec)
+        lines.append(f"offload cost:       per optimizer step (once every {accum} micro-batch(es)) "
+                     f"{fb(down)} of gradients down and {fb(up)} of parameters up, and AdamW over "
+                     f"{used.parameter_count / 1e6:.0f} M parameters on the CPU "
+                     "(tests/bench/bench_offload.py measures both on a machine)")
     return new, "\n".join(lines)
+
+
+def d_text(config: XTTSConfig) -> str:
+    """'32 cond + 404 text + 608 audio': the parts of the longest sequence."""
+    d = config.data
+    return f"{config.model.n_cond_latents} cond + {d.max_text_tokens} text + {d.max_audio_tokens} audio"

@@ -1,22 +1,30 @@
-"""``pyxtts memtest``: a config's memory plan against a device, one real step at the
-longest sequences the config allows, predicted vs measured, a verdict and advice.
+"""``pyxtts memtest``: a config's memory plan against a device and the host, one real
+step at the longest sequences the config allows, predicted vs measured, a verdict and
+advice that names the settings that fit.
 
-    report = run_memtest(XTTSConfig.load("memory_optimized"), memory="12GiB", step=False)
+    report = run_memtest(XTTSConfig.load("gpu_12gb"), device="cuda", memory="12GiB", step=False)
     print(report.text)
+
+A device that is not in this machine is planned for when its memory is given (the
+step is then left out): a user preparing a run for an 8 GB card elsewhere gets that
+card's plan. The host check is this machine's available memory against the host pool an
+offloaded optimizer reserves.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass, field
 
 from pyxtts import _C
 from pyxtts._args import integer
-from pyxtts.config import XTTSConfig, optimize_config, parse_memory_size
+from pyxtts.config import (XTTSConfig, device_present, offload_for, optimize_config, parse_memory_size, plan_for,
+                           SIZE_TIERS, shipped_configs)
 from pyxtts.memory import cleanup_gpu_memory
 from pyxtts.memory import format_bytes as fb
-from pyxtts.model import MemoryPlan, estimate_memory
+from pyxtts.model import MemoryPlan
 
 __all__ = ["MemtestReport", "memtest", "run_memtest"]
 
@@ -31,6 +39,9 @@ class MemtestReport:
     budget: int  # device memory x max_memory_fraction (bytes)
     plan: MemoryPlan
     verdict: str
+    offload: bool = False  # the optimizer's state in host memory (training.optimizer_offload resolved)
+    host_available: int | None = None  # this machine's available memory (MemAvailable), with offload
+    short: str | None = None  # "device" or "host": the memory that is short, when the plan does not fit
     measured_peak: int | None = None  # allocator peak during the real step (bytes)
     measured_rss: int | None = None  # process peak RSS after the step (bytes)
     step_time_s: float | None = None
@@ -40,22 +51,17 @@ class MemtestReport:
     text: str = ""
 
 
-def _largest_batch(config: XTTSConfig, device: str, policy: str, precision: str, limit: int) -> int:
+def _largest_batch(config: XTTSConfig, device: str, policy: str, offload: bool, limit: int) -> int:
     """Largest micro-batch whose plan fits ``limit`` (0 when not even 1 does)."""
     from pyxtts.batch import largest_fitting
 
-    d = config.data
-
     def fits(b: int) -> bool:
-        return estimate_memory(config.model, b, d.max_text_tokens, d.max_audio_tokens,
-                               cond_len=config.model.n_cond_latents,
-                               cond_frames=config.model.planned_cond_frames, checkpointing=policy, train=True,
-                               device=device, optimizer=True, precision=precision).total <= limit
+        return plan_for(config, device, micro_batch=b, checkpointing=policy, offload=offload).total <= limit
 
     return largest_fitting(fits) or 0
 
 
-def _synthetic_step(config: XTTSConfig, device: str, batch_size: int) -> tuple[int, float, int]:
+def _synthetic_step(config: XTTSConfig, device: str, batch_size: int, offload: bool) -> tuple[int, float, int]:
     """One real training step (forward, backward, AdamW) at the longest sequences with a
     fresh model and optimizer; returns (allocator peak, seconds, the micro-batch that ran).
     A micro-batch smaller than ``batch_size`` means the step ran out of memory and was
@@ -67,7 +73,7 @@ def _synthetic_step(config: XTTSConfig, device: str, batch_size: int) -> tuple[i
 
     d, m = config.data, config.model
     model = model_from_config(config, device)
-    opt = optimizer_from_config(model, config.training)
+    opt = optimizer_from_config(model, config.training, offload=offload)
     batch = _synthetic_batch(m, batch_size, d.max_text_tokens, d.max_audio_tokens, m.n_cond_latents,
                              m.planned_cond_frames)
     t0 = time.perf_counter()
@@ -80,8 +86,12 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
                 memory: int | str | None = None, step: bool = True, verbose: bool = False) -> MemtestReport:
     """Plans a training step of ``config`` (micro-batch ``batch_size`` or
     ``data.batch_size``) for ``device`` with ``memory`` bytes (default: the device's total)
-    times ``training.max_memory_fraction``; with ``step``, runs one real step under that
-    budget (as a memory limit) and compares the allocator's peak with the plan."""
+    times ``training.max_memory_fraction``, the optimizer's state where
+    ``training.optimizer_offload`` puts it; checks an offloaded state against this
+    machine's available memory; with ``step``, runs one real step under that budget (as a
+    memory limit) and compares the allocator's peak with the plan. A device this machine
+    lacks is planned for when ``memory`` is given (no step); else it is a ``ValueError``
+    saying so."""
     if not isinstance(config, XTTSConfig):
         raise TypeError(f"config: expected an XTTSConfig, got {type(config).__name__}")
     config = XTTSConfig.from_dict(config.to_dict())  # the caller's config stays as it is
@@ -89,31 +99,48 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
     if batch_size is not None:
         d.batch_size = integer("batch_size", batch_size, minimum=1)
     dev = t.resolved_device() if device is None else device
+    here = device_present(dev)
+    if not here and memory is None:
+        raise ValueError(f"device: {dev} is not in this machine; to plan for it elsewhere give its memory "
+                         f"(--memory 8GiB, say): the plan is then computed and no real step runs")
     total = int(_C.device_info(dev)["total_memory"]) if memory is None else parse_memory_size(memory)
     budget = int(total * t.max_memory_fraction)
-    plan = config.memory_plan(device=dev)
+    offload = offload_for(config, dev, budget=budget)
+    plan = plan_for(config, dev, offload=offload)
     head = (f"memtest: {m.n_layers} layers x d {m.d_model} ({m.n_heads} heads), micro-batch {d.batch_size} "
             f"x {config.sequence_length} tokens ({m.n_cond_latents} cond + {d.max_text_tokens} text + "
-            f"{d.max_audio_tokens} audio), {t.precision}, checkpointing {t.checkpointing}, on {dev}")
+            f"{d.max_audio_tokens} audio), {t.precision}, checkpointing {t.checkpointing}, on {dev}"
+            + (", optimizer state in host memory" if offload else ""))
     source = "(given)" if memory is not None else "total"
     lines = [head, f"budget: {fb(budget)} = {fb(total)} {source} x max_memory_fraction {t.max_memory_fraction:g}",
              "", str(plan)]
+    host_avail = int(_C.device_info("cpu")["free_memory"]) if plan.host_total else None
     if verbose:
         lines += ["", "per block (policy, activations kept for backward):"]
         lines += [f"  block {i:3d}  {p:9s} {fb(s):>14}"
                   for i, (p, s) in enumerate(zip(plan.policies, plan.saved_per_block))]
         lines.append(f"step arena {fb(plan.arena)} (saved {fb(plan.saved)} + scratch {fb(plan.scratch)}), "
                      f"logits rows per chunk {plan.logits_rows}")
-    report = MemtestReport(device=dev, budget=budget, plan=plan, verdict="")
-    fits_plan = plan.total <= budget
+    report = MemtestReport(device=dev, budget=budget, plan=plan, verdict="", offload=offload,
+                           host_available=host_avail)
+    fits_device = plan.total <= budget
+    fits_host = host_avail is None or plan.host_total <= host_avail
+    fits_plan = fits_device and fits_host
+    report.short = None if fits_plan else "device" if not fits_device else "host"
     lines.append("")
-    if step and fits_plan:
+    if host_avail is not None:
+        lines.append(f"host: the offloaded optimizer state needs {fb(plan.host_total)} "
+                     f"({'page-locked' if plan.host_pinned else 'pageable'}); this machine has {fb(host_avail)} "
+                     f"available{'' if fits_host else ': NOT ENOUGH'}")
+    if step and not here:
+        lines.append(f"real step: not run ({dev} is not in this machine: planned for {fb(total)})")
+    elif step and fits_plan:
         saved = _C.memory_stats(dev)["limit_bytes"]
         _C.set_memory_limit(budget, dev)
         _C.reset_peak_memory_stats(dev)
         oom = None
         try:
-            peak, secs, ran = _synthetic_step(config, dev, d.batch_size)
+            peak, secs, ran = _synthetic_step(config, dev, d.batch_size, offload)
             if ran < d.batch_size:  # its peak is that of a smaller batch: not a measurement of this one
                 oom = (f"micro-batch {d.batch_size} ran out of memory; the step went through only split into "
                        f"micro-batches of {ran}")
@@ -137,7 +164,8 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
         else:
             lines.append(f"real step: out of memory under the budget: {oom}")
     elif step:
-        lines.append("real step: not run (the plan is over the budget)")
+        lines.append("real step: not run (the plan is over the budget)" if not fits_device else
+                     "real step: not run (the host lacks the memory the optimizer state needs)")
     peak = report.measured_peak if report.measured_peak is not None else plan.total
     if not fits_plan or report.oom is not None:
         report.verdict = "does not fit"
@@ -148,6 +176,13 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
     if report.oom is not None:
         lines.append(f"verdict: {report.verdict.upper()}: the real step ran out of memory under the budget of "
                      f"{fb(budget)} (planned {fb(plan.total)})")
+    elif report.short == "host":
+        lines.append(f"verdict: {report.verdict.upper()}: host memory is short: the optimizer state needs "
+                     f"{fb(plan.host_total)}, {fb(host_avail or 0)} is available (the device would take "
+                     f"{fb(plan.total)} of {fb(budget)})")
+    elif report.short == "device":
+        lines.append(f"verdict: {report.verdict.upper()}: device memory is short: {fb(peak)} of {fb(budget)} "
+                     f"({peak / budget:.0%} of the budget)")
     else:
         lines.append(f"verdict: {report.verdict.upper()}: {fb(peak)} of {fb(budget)} "
                      f"({peak / budget:.0%} of the budget)")
@@ -172,17 +207,28 @@ def _advice(config: XTTSConfig, dev: str, total: int, budget: int, report: Memte
                        f"gradient_accumulation_steps {effective // micro} keeps the effective batch {effective}")
         return out
     if report.verdict == "does not fit":
-        try:
-            new, _ = optimize_config(config, total, device=dev)
+        if report.short == "host":
+            on_device = plan_for(config, dev, offload=False).total
+            out.append(f"free host memory for the optimizer state ({fb(report.plan.host_total)}), or keep the "
+                       f"state on the device: training.optimizer_offload false plans {fb(on_device)} there, "
+                       f"{'within' if on_device <= budget else 'over'} the budget of {fb(budget)}")
+            return out
+        try:  # the optimizer's placement is among the settings it may change
+            anywhere = config.replace(training=dataclasses.replace(t, optimizer_offload="auto"))
+            new, _ = optimize_config(anywhere, total, device=dev)
             nt, nd = new.training, new.data
             out.append(f"this fits with margin: precision {nt.precision}, checkpointing {nt.checkpointing}, "
                        f"data.batch_size {nd.batch_size} x gradient_accumulation_steps "
-                       f"{nt.gradient_accumulation_steps} (effective batch {new.effective_batch_size} kept); "
-                       "`pyxtts optimize-config` writes it")
+                       f"{nt.gradient_accumulation_steps} (effective batch {new.effective_batch_size} kept), "
+                       f"training.optimizer_offload {str(nt.optimizer_offload).lower()}; "
+                       f"`pyxtts optimize-config --memory {_size_arg(total)} --device {dev}` writes it")
         except ValueError as exc:
             out.append(str(exc))
+        tier = _fitting_tier(config, dev, total)
+        if tier is not None:
+            out.append(f"the shipped tier {tier} (Coqui's recipe for that card size) fits: --config {tier}")
         return out
-    largest = _largest_batch(config, dev, t.checkpointing, t.precision, int(budget * (1 - TIGHT)))
+    largest = _largest_batch(config, dev, t.checkpointing, report.offload, int(budget * (1 - TIGHT)))
     if report.verdict == "tight":
         out.append("less than 10% of the budget is left: a longer-than-planned batch cannot happen "
                    "(sequences are capped by data.max_*_tokens), but other processes on the device may "
@@ -200,11 +246,30 @@ def _advice(config: XTTSConfig, dev: str, total: int, budget: int, report: Memte
                    "with the learning rate adjusted to the larger batch)")
     if t.checkpointing in ("full", "selective"):
         lighter = "selective" if t.checkpointing == "full" else "none"
-        if _largest_batch(config, dev, lighter, t.precision, int(budget * (1 - TIGHT))) >= d.batch_size:
+        if _largest_batch(config, dev, lighter, report.offload, int(budget * (1 - TIGHT))) >= d.batch_size:
             out.append(f"checkpointing {lighter!r} also fits at this micro-batch and recomputes less")
     if not out:
         out.append("the config fits as it is")
     return out
+
+
+def _fitting_tier(config: XTTSConfig, dev: str, total: int) -> str | None:
+    """The largest shipped tier whose plan fits ``total`` bytes of ``dev`` (its own
+    fraction and margin), when ``config`` trains the tiers' model; else None."""
+    shipped = shipped_configs()
+    for name in SIZE_TIERS:
+        tier = XTTSConfig.load(shipped[name])
+        if tier.model != config.model:
+            return None
+        budget = int(total * tier.training.max_memory_fraction)
+        if plan_for(tier, dev, memory=total).total <= budget * (1 - TIGHT):
+            return name
+    return None
+
+
+def _size_arg(nbytes: int) -> str:
+    """A size as --memory takes it: whole GiB where it is one, else bytes."""
+    return f"{nbytes // 2**30}GiB" if nbytes % 2**30 == 0 else str(nbytes)
 
 
 def memtest(args: argparse.Namespace) -> int:

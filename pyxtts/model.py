@@ -147,8 +147,12 @@ class ModelConfig:
 
 @dataclass
 class MemoryPlan:
-    """Bytes of one training step by component; `total` is what the step peaks at
-    (parameters, gradients and, with an optimizer, its state included)."""
+    """Bytes of one training step by component; `total` is what the step peaks at on its
+    device (parameters, gradients and, with an optimizer, its state there included).
+    An optimizer whose state is offloaded keeps it in the host pool instead:
+    ``host_optimizer`` bytes, page-locked (``host_pinned``) beside a GPU, plain memory
+    (``host_pageable``) beside the CPU; ``host_total`` is what the plan needs of the
+    host's RAM besides the process itself."""
 
     parameters: int
     gradients: int
@@ -183,6 +187,9 @@ class MemoryPlan:
     conditioning_saved: int = 0  # its stream, saved activations, the latents' gradient (in saved)
     conditioning_scratch: int = 0  # its phases' scratch (shares the scratch with the GPT's)
     parameter_count: int = 0  # the model's parameters (elements, not bytes)
+    host_optimizer: int = 0  # an offloaded optimizer's state and staging, in the host pool
+    host_pinned: int = 0  # of it, page-locked (the pool of a GPU)
+    host_pageable: int = 0  # of it, pageable (the pool of the CPU)
 
     @classmethod
     def _from_native(cls, d: Mapping[str, Any]) -> "MemoryPlan":
@@ -192,6 +199,11 @@ class MemoryPlan:
     @property
     def saved_activations(self) -> int:
         return sum(self.saved_per_block)
+
+    @property
+    def host_total(self) -> int:
+        """Host memory the plan reserves (the host pool's blocks)."""
+        return self.host_pinned + self.host_pageable
 
     def __str__(self) -> str:
         from pyxtts.memory import format_bytes as fb
@@ -215,17 +227,23 @@ class MemoryPlan:
                  + ", ".join(f"{n} blocks {p}" for p, n in pol.items()) + cond, "-" * 52]
         lines += [f"{name:34}{fb(v):>18}" for name, v in rows]
         lines += ["-" * 52, f"{'total':34}{fb(self.total):>18}"]
+        if self.host_total:
+            kind = "page-locked" if self.host_pinned else "pageable"
+            lines += [f"{'host: optimizer state (offloaded)':34}{fb(self.host_optimizer):>18}",
+                      f"{'host total (' + kind + ')':34}{fb(self.host_total):>18}"]
         return "\n".join(lines)
 
 
 def estimate_memory(config: ModelConfig, batch_size: int, text_len: int, audio_len: int,
                     cond_len: int | None = None, checkpointing: str = "none", train: bool = True,
                     budget: int | None = None, device: str = "cpu", optimizer: bool = False,
-                    precision: str = "fp32", cond_frames: int = 0) -> MemoryPlan:
+                    precision: str = "fp32", cond_frames: int = 0, offload: bool = False) -> MemoryPlan:
     """The memory plan of one step of a model of this config, without building the model:
     nothing is allocated, so the plan of the full XTTS v2 size prints on any machine.
     ``optimizer=True`` counts the state of a default ``AdamW`` (moments, no EMA; with a
-    16-bit ``precision`` its fp32 master copy too). ``precision``: "fp32", "bf16", "fp16".
+    16-bit ``precision`` its fp32 master copy too); with ``offload=True`` that state is
+    an ``AdamW(state_device="cpu")``'s, in the host pool (``MemoryPlan.host_total``), and
+    only the norm's workspace stays on the device. ``precision``: "fp32", "bf16", "fp16".
     ``cond_frames``: the mel frames of a batch's ``cond_mels`` (0: the batch has none; the
     conditioning path is then not in the plan)."""
     if not isinstance(config, ModelConfig):
@@ -233,7 +251,7 @@ def estimate_memory(config: ModelConfig, batch_size: int, text_len: int, audio_l
     return MemoryPlan._from_native(_C.plan_memory(
         **config.engine_args(), batch_size=batch_size, text_len=text_len, audio_len=audio_len,
         cond_len=cond_len, checkpointing=checkpointing, train=train, budget=budget, device=device,
-        optimizer=bool(optimizer), precision=precision, cond_frames=cond_frames))
+        optimizer=bool(optimizer), precision=precision, cond_frames=cond_frames, offload=offload))
 
 
 def _as_array(value: Any, key: str) -> np.ndarray:
@@ -411,15 +429,16 @@ class XTTSGPT:
     def estimate_memory(self, batch_size: int, text_len: int, audio_len: int, cond_len: int | None = None,
                         checkpointing: str | None = None, train: bool = True,
                         budget: int | None = None, optimizer: bool | None = None,
-                        cond_frames: int = 0) -> MemoryPlan:
+                        cond_frames: int = 0, offload: bool = False) -> MemoryPlan:
         """The plan of a step at this shape, computed without allocating anything.
         ``budget`` (bytes in all) guides checkpointing='auto'; default: the device's limit.
-        ``optimizer``: None counts the state of the AdamW attached to this model (none: 0),
-        True that or else a default AdamW's, False leaves optimizer state out.
-        ``cond_frames``: the mel frames of the batch's ``cond_mels`` (0: none)."""
+        ``optimizer``: None counts the state of the AdamW attached to this model (none: 0;
+        on the device and, offloaded, in the host pool), True that or else a default
+        AdamW's (``offload``: with its state in the host pool), False leaves optimizer
+        state out. ``cond_frames``: the mel frames of the batch's ``cond_mels`` (0: none)."""
         return MemoryPlan._from_native(self._core.estimate_memory(
             batch_size, text_len, audio_len, cond_len, checkpointing, train, budget, optimizer,
-            cond_frames))
+            cond_frames, offload))
 
     def release_memory(self) -> int:
         """Frees the cached step arena (it is re-reserved by the next step); bytes freed."""

@@ -45,7 +45,7 @@ from pyxtts import _C
 from pyxtts._args import flag
 from pyxtts.batch import find_optimal_batch_size, train_step_with_accumulation
 from pyxtts.checkpoint import CheckpointError, load_checkpoint, load_checkpoint_checked, save_checkpoint
-from pyxtts.config import XTTSConfig
+from pyxtts.config import XTTSConfig, offload_for
 from pyxtts.coqui_config import coqui_decay
 from pyxtts.data import DataError, Sample, TTSDataset, batch_groups, collate, collate_references
 from pyxtts.memory import cleanup_gpu_memory, format_bytes
@@ -81,15 +81,17 @@ def model_from_config(config: XTTSConfig, device: str) -> XTTSGPT:
                    seed=t.seed)
 
 
-def optimizer_from_config(model: XTTSGPT, t) -> Any:
+def optimizer_from_config(model: XTTSGPT, t, offload: bool = False) -> Any:
     """The ``AdamW`` a ``TrainingConfig`` describes; fp16 gets a dynamic loss scale.
     ``weight_decay_on`` "weights" decays the tensors Coqui's recipe decays
-    (``pyxtts.coqui_config.coqui_decay``), "matrices" every tensor of 2+ dims."""
+    (``pyxtts.coqui_config.coqui_decay``), "matrices" every tensor of 2+ dims. With
+    ``offload`` its state lives in host memory (``state_device="cpu"``; whether a config
+    wants it: ``pyxtts.config.offload_for``)."""
     decay = coqui_decay(model.parameters()) if t.weight_decay_on == "weights" else None
     try:
         return _C.AdamW(model, lr=t.learning_rate, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay,
                         grad_clip=t.grad_clip, loss_scale=2.0**16 if t.precision == "fp16" else None,
-                        decay=decay)
+                        decay=decay, state_device="cpu" if offload else None)
     except ValueError as exc:  # AdamW's rules (a step that could overflow) in the config's names
         raise ValueError(f"training: AdamW refuses learning_rate={t.learning_rate!r}, "
                          f"weight_decay={t.weight_decay!r}, eps={t.eps!r}, betas={t.betas!r}, "
@@ -193,7 +195,10 @@ class Trainer:
                 load_checkpoint(t.init_checkpoint, self.model)
             except (OSError, CheckpointError) as exc:  # named by the field it came from
                 raise type(exc)(f"training.init_checkpoint: {exc}") from exc
-        self.optimizer = optimizer_from_config(self.model, t)
+        # the optimizer's state in host memory when the config says so, or says "auto" and
+        # the plan does not fit the device without (pyxtts.config.offload_for)
+        budget = _C.memory_stats(self.device)["limit_bytes"]
+        self.optimizer = optimizer_from_config(self.model, t, offload=offload_for(config, self.device, budget=budget))
         self.schedule = schedule_from_config(t)
         self.checkpoint_dir = Path(t.checkpoint_dir)
         self.log_path = Path(log_path) if log_path is not None else self.checkpoint_dir / "train_log.jsonl"
