@@ -10,12 +10,14 @@ import yaml
 import pyxtts
 import pyxtts.cli
 from pyxtts.config import (CONFIGS_DIR, DataConfig, TrainingConfig, XTTSConfig, optimize_config,
-                           parse_memory_size, shipped_configs)
+                           parse_memory_size, plan_for, shipped_configs)
 
-GB, GiB = 10**9, 2**30
+GB, GiB, MiB = 10**9, 2**30, 2**20
 
-# tier -> (lower bound of the device memory it is for, in bytes)
-TIERS = {"large_gpu": 80 * GB, "standard": 20 * GB, "memory_optimized": 12 * GB, "extreme_memory_optimized": 8 * GB}
+# tier -> the card size it is for (GiB), at which optimize_config chooses its settings
+TIERS = {"large_gpu": 80, "gpu_24gb": 24, "gpu_16gb": 16, "gpu_12gb": 12, "gpu_8gb": 8, "gpu_6gb": 6, "gpu_4gb": 4}
+# the tiers' names before the sizes: each now just its size tier
+ALIASES = {"standard": "gpu_24gb", "memory_optimized": "gpu_12gb", "extreme_memory_optimized": "gpu_8gb"}
 MARGIN = 0.10
 # The tiers are for GPUs: their fits are checked on the plan for "cuda:0" where this build
 # has the CUDA backend (CI builds it; no GPU is needed, a plan allocates nothing), and on
@@ -33,8 +35,8 @@ def xtts_v2(batch=8, accum=4, conditioning=True, **training) -> XTTSConfig:
                       data=DataConfig(batch_size=batch))
 
 
-def plan_total(cfg: XTTSConfig, device=PLAN_DEVICE) -> int:
-    return cfg.memory_plan(device).total
+def plan_total(cfg: XTTSConfig, device=PLAN_DEVICE, memory=None) -> int:
+    return cfg.memory_plan(device, memory=memory).total
 
 
 # ---- sections and aliases -------------------------------------------------------
@@ -185,12 +187,10 @@ def test_yaml_reads_exponent_floats_without_a_dot():
 # ---- shipped configs ------------------------------------------------------------
 
 def test_shipped_configs_present():
-    assert set(shipped_configs()) == {"xtts_v2_finetune", "large_gpu", "standard", "memory_optimized",
-                                      "extreme_memory_optimized", "cpu_demo"}
+    assert set(shipped_configs()) == {"xtts_v2_finetune", "cpu_demo", *TIERS, *ALIASES}
 
 
-@pytest.mark.parametrize("name", ["xtts_v2_finetune", "large_gpu", "standard", "memory_optimized",
-                                  "extreme_memory_optimized", "cpu_demo"])
+@pytest.mark.parametrize("name", ["xtts_v2_finetune", "cpu_demo", *TIERS, *ALIASES])
 def test_shipped_config_loads_and_round_trips(name, tmp_path):
     cfg = XTTSConfig.load(CONFIGS_DIR / f"{name}.yaml")
     assert XTTSConfig.load(name) == cfg  # by its stem
@@ -236,26 +236,75 @@ def test_paths_in_a_file_are_relative_to_the_file(tmp_path, monkeypatch):
     assert XTTSConfig.load("cpu_demo").training.checkpoint_dir == "checkpoints/cpu_demo"
 
 
+def _stated(name: str) -> tuple[float, float]:
+    """The device and host totals (GiB) a tier's YAML header states for its plan."""
+    import re
+
+    text = shipped_configs()[name].read_text()
+    device = re.search(r"([\d.]+) GiB on the device", text.replace("\n# ", " "))
+    host = re.search(r"([\d.]+) GiB of host memory", text.replace("\n# ", " "))
+    assert device is not None, f"{name}: the header states no device total"
+    return float(device.group(1)), float(host.group(1)) if host else 0.0
+
+
 @pytest.mark.parametrize("plan_device", PLAN_DEVICES)
 @pytest.mark.parametrize("name", list(TIERS))
-def test_tier_is_xtts_v2_and_fits_its_lower_bound(name, plan_device):
+def test_tier_is_coquis_whole_recipe_and_fits_its_card(name, plan_device):
     cfg = XTTSConfig.load(name)
     xtts_v2_framing = dict(start_text_token=261, stop_text_token=0, start_audio_token=1024, stop_audio_token=1025)
-    # tiers train the XTTS v2 GPT, framed as Coqui does; the 8 GB one without its conditioning
-    # path, whose parameters, gradients and moments (0.7 GiB) do not fit beside the GPT's
-    xtts_v2 = pyxtts.ModelConfig(**xtts_v2_framing, conditioning=name != "extreme_memory_optimized")
-    assert cfg.model == xtts_v2
+    # every tier trains the XTTS v2 GPT with its conditioning path and dropout 0.1, framed as
+    # Coqui does, on the recipe's batch of 3 x 84 = 252 samples per optimizer step
+    xtts_v2 = pyxtts.ModelConfig(**xtts_v2_framing)
+    assert cfg.model == xtts_v2 and cfg.model.conditioning and cfg.model.dropout == 0.1
     assert (cfg.data.max_text_tokens, cfg.data.max_audio_tokens) == (404, 608), "full-length sequences"
-    assert cfg.effective_batch_size == 32
-    limit = TIERS[name] * cfg.training.max_memory_fraction
-    total = plan_total(cfg, plan_device)
-    assert total <= limit * (1 - MARGIN), f"{name}: plan {total / GiB:.2f} GiB over {limit / GiB:.2f} GiB"
+    assert cfg.effective_batch_size == 252
+    assert isinstance(cfg.training.optimizer_offload, bool), "a tier says where the optimizer state lives"
+    limit = TIERS[name] * GiB * cfg.training.max_memory_fraction
+    plan = cfg.memory_plan(plan_device)
+    # the GPU's plan within the margin; the CPU backend's (larger workspaces: 3.28 against
+    # 3.20 GiB at 4 GB) within the budget
+    room = limit * (1 - MARGIN) if plan_device != "cpu" else limit
+    assert plan.total <= room, f"{name}: plan {plan.total / GiB:.2f} GiB over {room / GiB:.2f} GiB"
+    assert (plan.host_total > 0) == cfg.training.optimizer_offload
+    if plan_device != "cpu":  # the header states the GPU's plan, to the hundredth of a GiB
+        assert _stated(name) == (round(plan.total / GiB, 2), round(plan.host_total / GiB, 2)), name
     # and the plan is the one estimate_memory gives for those settings directly
     direct = pyxtts.estimate_memory(xtts_v2, cfg.data.batch_size, 404, 608, cond_len=32,
                                     checkpointing=cfg.training.checkpointing, optimizer=True,
                                     precision=cfg.training.precision, device=plan_device,
-                                    cond_frames=xtts_v2.planned_cond_frames)
-    assert direct.total == total
+                                    cond_frames=xtts_v2.planned_cond_frames, offload=cfg.training.optimizer_offload)
+    assert (direct.total, direct.host_total) == (plan.total, plan.host_total)
+
+
+SETTINGS = ("precision", "checkpointing", "gradient_accumulation_steps", "optimizer_offload")
+
+
+@pytest.mark.skipif(not HAS_CUDA_BACKEND, reason="the tiers are optimize_config's choices on the plan for cuda:0, "
+                                                 "which a build without the CUDA backend cannot compute")
+@pytest.mark.parametrize("name", list(TIERS))
+def test_tier_is_what_optimize_config_chooses_for_its_size(name):
+    """Each size tier is the choice of optimize_config for its card from Coqui's recipe in
+    bf16; no two sizes share settings (else they would be one tier)."""
+    base = XTTSConfig.load("xtts_v2_finetune")
+    base = base.replace(training=dataclasses.replace(base.training, precision="bf16", mixed_precision=True))
+    chosen, _ = optimize_config(base, f"{TIERS[name]}GiB", device="cuda:0", keep_precision=True)
+    tier = XTTSConfig.load(name)
+    got = [getattr(tier.training, k) for k in SETTINGS] + [tier.data.batch_size]
+    assert got == [getattr(chosen.training, k) for k in SETTINGS] + [chosen.data.batch_size], name
+
+
+def test_no_two_size_tiers_share_settings():
+    seen = {}
+    for name in TIERS:
+        t = XTTSConfig.load(name)
+        key = tuple(getattr(t.training, k) for k in SETTINGS) + (t.data.batch_size,)
+        assert key not in seen, f"{name} and {seen.get(key)} have the same settings: one tier"
+        seen[key] = name
+
+
+@pytest.mark.parametrize("alias", list(ALIASES))
+def test_old_tier_names_are_their_size_tiers(alias):
+    assert XTTSConfig.load(alias) == XTTSConfig.load(ALIASES[alias])
 
 
 RECIPE = ("learning_rate", "betas", "eps", "weight_decay", "weight_decay_on", "grad_clip", "lr_schedule",
@@ -271,7 +320,7 @@ def test_tiers_inherit_coquis_recipe(name, tmp_path):
     for field in RECIPE:
         assert getattr(tier.training, field) == getattr(base.training, field), field
     assert (base.training.learning_rate, base.training.betas, base.training.weight_decay) == (5e-6, (0.9, 0.96), 1e-2)
-    assert tier.model == dataclasses.replace(base.model, conditioning=tier.model.conditioning)
+    assert tier.model == base.model
     assert (tier.data.max_text_tokens, tier.data.max_audio_tokens) == (404, 608)
     # an edit of the base reaches the tier: a copy of both, the base's learning rate changed
     (tmp_path / "xtts_v2_finetune.yaml").write_text(
@@ -301,8 +350,10 @@ def test_base_errors_name_the_file(tmp_path):
 
 @pytest.mark.parametrize("plan_device", PLAN_DEVICES)
 def test_tiers_trade_memory_for_recomputation(plan_device):
-    totals = {n: plan_total(XTTSConfig.load(n), plan_device) for n in TIERS}
-    assert totals["large_gpu"] > totals["standard"] > totals["memory_optimized"] > totals["extreme_memory_optimized"]
+    totals = [plan_total(XTTSConfig.load(n), plan_device) for n in TIERS]
+    assert totals == sorted(totals, reverse=True), "a smaller card, a smaller plan on the device"
+    offloaded = [XTTSConfig.load(n).training.optimizer_offload for n in TIERS]
+    assert offloaded == sorted(offloaded), "the optimizer state goes to the host below some card size"
     order = ["none", "selective", "full"]
     ranks = [order.index(XTTSConfig.load(n).training.checkpointing) for n in TIERS]
     assert ranks == sorted(ranks)
@@ -348,9 +399,11 @@ def test_parse_memory_size_rejects(bad):
 @pytest.mark.parametrize("memory", [80 * GiB, 24 * GiB, 16 * GiB, 12 * GiB, 10 * GiB, 8 * GiB])
 @pytest.mark.parametrize("start", [(8, 4), (32, 1), (1, 32), (3, 2)])
 def test_optimize_keeps_effective_batch_and_fits(memory, start):
-    # 8 GB trains the GPT without its conditioning path (as the 8 GB tier): the 441 M
-    # parameters' fp32 gradients and moments alone take 6.6 GiB of its 6.5 GiB budget
-    cfg = xtts_v2(*start, conditioning=memory > 8 * GiB, mixed_precision=True)
+    # on a GPU every size trains the whole recipe, the optimizer state in host memory where
+    # it must; the CPU's plan keeps the state beside the parameters (offload: auto is never
+    # on the CPU), and at 8 GB the 441 M parameters' fp32 gradients and moments alone take
+    # 6.6 GiB of its 6.5 GiB budget: that check trains the GPT without its conditioning path
+    cfg = xtts_v2(*start, conditioning=memory > 8 * GiB or PLAN_DEVICE != "cpu", mixed_precision=True)
     new, why = optimize_config(cfg, memory, device=PLAN_DEVICE)
     assert new.effective_batch_size == cfg.effective_batch_size
     limit = memory * cfg.training.max_memory_fraction * (1 - MARGIN)
@@ -396,7 +449,41 @@ def test_optimize_keep_precision():
 
 def test_optimize_raises_when_nothing_fits():
     with pytest.raises(ValueError, match=r"no plan fits: the smallest.*needs [\d.]+ GiB.*budget of [\d.]+ GiB"):
-        optimize_config(xtts_v2(8, 4), "4GiB", device=PLAN_DEVICE)
+        optimize_config(xtts_v2(8, 4), "2GiB", device=PLAN_DEVICE)
+
+
+def recipe_bf16(offload="auto") -> XTTSConfig:
+    base = XTTSConfig.load("xtts_v2_finetune")
+    return base.replace(training=dataclasses.replace(base.training, precision="bf16", mixed_precision=True,
+                                                     optimizer_offload=offload))
+
+
+@pytest.mark.skipif(not HAS_CUDA_BACKEND, reason="offload is a GPU's choice: the plan for cuda:0 needs the CUDA "
+                                                 "backend in the build")
+def test_optimize_offloads_only_to_fit_or_to_reach_coquis_micro_batch():
+    for size, offload in ((4, True), (8, True), (12, False), (24, False)):
+        new, why = optimize_config(recipe_bf16(), f"{size}GiB", device="cuda:0", keep_precision=True)
+        assert new.training.optimizer_offload is offload, size
+        plan = new.memory_plan("cuda:0")
+        assert (plan.host_total > 0) is offload and plan.total <= size * GiB * 0.9 * 0.9
+        assert ("offload cost:" in why) is offload and ("optimizer_offload: true" in why) is offload
+        if offload:  # what each optimizer step moves: 4 bytes down, 2 (bf16) up per parameter
+            assert f"{4 * plan.parameter_count / GiB:.2f} GiB of gradients down" in why
+            assert f"{2 * plan.parameter_count / MiB:.2f} MiB of parameters up" in why \
+                or f"{2 * plan.parameter_count / GiB:.2f} GiB of parameters up" in why
+    # 9.5 GiB: with the state on the device full recomputation fits micro-batches of 1 and
+    # 2, not Coqui's 3; in host memory, 3 and more fit: offload is chosen for that
+    on_device = [m for m in (1, 2, 3) if plan_for(recipe_bf16(), "cuda:0", micro_batch=m, checkpointing="full",
+                                                   offload=False).total <= 9.5 * GiB * 0.81]
+    assert on_device == [1, 2]
+    new, why = optimize_config(recipe_bf16(), "9.5GiB", device="cuda:0", keep_precision=True)
+    assert new.training.optimizer_offload is True and new.data.batch_size >= 3
+    assert "on the device no micro-batch of 3 fits" in why
+    # a placement the config states is kept: false at 8 GiB fits nothing, and says what would
+    with pytest.raises(ValueError, match="optimizer_offload true"):
+        optimize_config(recipe_bf16(offload=False), "8GiB", device="cuda:0", keep_precision=True)
+    kept, _ = optimize_config(recipe_bf16(offload=True), "80GiB", device="cuda:0", keep_precision=True)
+    assert kept.training.optimizer_offload is True
 
 
 def test_optimize_default_memory_is_the_devices():
@@ -439,7 +526,7 @@ def test_cli_optimize_config_subprocess(tmp_path):
                    "--device", PLAN_DEVICE)
     assert r.returncode == 0, r.stderr
     new = XTTSConfig.load(out)
-    assert new.effective_batch_size == 32
+    assert new.effective_batch_size == 252
     assert plan_total(new) <= 10 * GB * 0.9 * 0.9
 
 

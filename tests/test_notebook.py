@@ -112,7 +112,7 @@ def test_notebook_runs_the_xtts_workflow_from_recordings(tmp_path, monkeypatch):
     client.execute()
     text = outputs(nb)
     assert "prepared 12 of 12 samples" in text  # prepare's summary
-    assert "tier extreme_memory_optimized: 2 layers x d 64" in text  # the folder's GPT, the CPU's tier
+    assert "tier gpu_12gb: 2 layers x d 64" in text  # the folder's GPT, the CPU's tier
     assert "FitResult(step=3" in text
     assert "exported" in text
     exported = tmp_path / "runs" / "notebook" / "xtts_finetuned"
