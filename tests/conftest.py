@@ -94,8 +94,10 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture
 def check_memory(request, devices):
-    """Allocator bytes in use are back to their start value after the test."""
+    """Allocator bytes in use (on every device and in the host pool) are back to their
+    start value after the test."""
     collect_and_freeze()
+    devices = [*devices, "host"]  # the host pool: an offloaded optimizer's state
     start = {d: pyxtts.memory_allocated(d) for d in devices}
     yield
     rep = getattr(request.node, "_pxt_rep_call", None)
