@@ -39,6 +39,20 @@ const char *pxt_error_message(void);
             return pxt_rc_;                                                                        \
     } while (0)
 
+/* ---- size arithmetic ----------------------------------------------------- */
+
+/* *out = a * b and 1 when the product fits in size_t, else 0 (*out is then
+ * unspecified). Sizes that come from a caller (a batch, a sequence length, a
+ * shape) can multiply past 64 bits: in int64_t that is undefined behaviour, in
+ * size_t it wraps into a small, wrong size that a check or a plan then accepts.
+ * So a product that a caller's value reaches, and that no earlier check bounds,
+ * goes through here and an overflow is refused by name. Sizes are >= 0: cast
+ * them to size_t first. __builtin_mul_overflow is gcc's and clang's (also
+ * nvcc's host compilers'). */
+static inline int pxt_mul_ok(size_t a, size_t b, size_t *out) {
+    return !__builtin_mul_overflow(a, b, out);
+}
+
 /* ---- dtypes --------------------------------------------------------------- */
 typedef enum {
     PXT_FLOAT32 = 0,
