@@ -477,6 +477,29 @@ def test_estimate_memory_rejects_bad_arguments():
     assert cross.estimate_memory(1, 4, 3)["context_length"] == 3
 
 
+@pytest.mark.parametrize("cross,args,pattern", [
+    (False, (2**40, 2**40, 0), r"batch: batch 1099511627776 x T 1099511627776 at d_model 16 is too large"),
+    (False, (2**62, 2, 0), r"batch: batch 4611686018427387904 x T 2 .*B\*T\*4\*d_model must stay below 2\*\*31"),
+    (False, (2**63 - 1, 2**63 - 1, 0), r"batch: .*too large"),
+    (False, (1, 2**25), r"batch: batch 1 x T 33554432 at d_model 16 is too large"),
+    (True, (1, 1, 2**62), r"Tc: batch 1 x Tc 4611686018427387904 at d_model 16 is too large"),
+    (True, (2**20, 1, 2**40), r"Tc: .*B\*Tc\*2\*d_model must stay below 2\*\*31"),
+], ids=["2**40 x 2**40", "2**62 x 2", "int64 max", "just past", "Tc 2**62", "Tc 2**40"])
+def test_estimate_memory_refuses_sizes_past_the_kernels_limit(cross, args, pattern):
+    """B*T*4*d_model (and B*Tc*2*d_model) must fit an int: a product past 64 bits once
+    wrapped to a small number, and the block planned a batch of 0."""
+    b = pyxtts.Block(16, 2, cross_attention=cross)
+    with pytest.raises(ValueError, match=pattern):
+        b.estimate_memory(*args)
+
+
+def test_estimate_memory_plans_up_to_the_kernels_limit():
+    b = pyxtts.Block(16, 2)
+    est = b.estimate_memory(1, 2**25 - 1)  # B*T*4*16 = 2**31 - 64: the largest that fits
+    assert est["batch_size"] == 1 and est["sequence_length"] == 2**25 - 1
+    assert est["inputs"] >= (2**25 - 1) * 16 * 4
+
+
 @requires_cuda
 def test_tensor_on_another_device_is_refused():
     b = pyxtts.Block(16, 2)

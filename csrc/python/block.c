@@ -290,16 +290,30 @@ static int get_mask(PyObject *obj, const char *name, int B, int L, PyArrayObject
     return 0;
 }
 
-/* Sizes the kernels index with int: rows x widest row (4C; 2C for the context). */
-static int check_sizes(const char *name, int64_t B, int64_t T, int64_t Tc, int C) {
-    if (B * T * 4 * C <= INT32_MAX && B * Tc * 2 * C <= INT32_MAX) {
-        return 0;
+/* Sizes the kernels index with int: rows x widest row, B*T*4C (the MLP's) and
+ * B*Tc*2C (the context's keys and values). B, T and Tc are the caller's (any
+ * int for estimate_memory), so their products are checked: in int64_t they
+ * could overflow. name is the argument of B and T, ctx_name Tc's. */
+static int check_sizes(const char *name, const char *ctx_name, int64_t B, int64_t T, int64_t Tc,
+                       int C) {
+    size_t n;
+    if (!pxt_mul_ok((size_t)B, (size_t)T, &n) || !pxt_mul_ok(n, 4 * (size_t)C, &n) ||
+        n > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: batch %lld x T %lld at d_model %d is too large for one block call: "
+                     "B*T*4*d_model must stay below 2**31",
+                     name, (long long)B, (long long)T, C);
+        return -1;
     }
-    PyErr_Format(PyExc_ValueError,
-                 "%s: batch %lld x T %lld (x Tc %lld) at d_model %d is too large "
-                 "for one block call: B*T*4*d_model and B*Tc*2*d_model must stay below 2**31",
-                 name, (long long)B, (long long)T, (long long)Tc, C);
-    return -1;
+    if (!pxt_mul_ok((size_t)B, (size_t)Tc, &n) || !pxt_mul_ok(n, 2 * (size_t)C, &n) ||
+        n > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: batch %lld x Tc %lld at d_model %d is too large for one block call: "
+                     "B*Tc*2*d_model must stay below 2**31",
+                     ctx_name, (long long)B, (long long)Tc, C);
+        return -1;
+    }
+    return 0;
 }
 
 /* ---- forward -------------------------------------------------------------------- */
@@ -390,7 +404,7 @@ static PyObject *block_forward(PyObject *op, PyObject *args, PyObject *kwargs) {
             goto done;
         }
     }
-    if (check_sizes("x", B, T, Tc, m->C) < 0) {
+    if (check_sizes("x", "context", B, T, Tc, m->C) < 0) {
         goto done;
     }
     if (get_mask(km_arg, "key_mask", (int)B, (int)T, &in.key_mask) < 0) {
@@ -531,7 +545,7 @@ static PyObject *block_estimate(PyObject *op, PyObject *args, PyObject *kwargs) 
                             "got %lld",
                             Tc);
     }
-    if (check_sizes("batch", B, T, Tc, m->C) < 0) {
+    if (check_sizes("batch", "Tc", B, T, Tc, m->C) < 0) {
         return NULL;
     }
     pxt_ckpt policy = ckpt.a.given ? (pxt_ckpt)ckpt.index : m->ckpt;
