@@ -263,3 +263,12 @@ def test_absurd_configs_are_refused_at_once():
         with pytest.raises(ValueError, match=name):
             pyxtts.ModelConfig(**{**base, **change})
         assert time.perf_counter() - t0 < 0.01, change
+
+
+@pytest.mark.parametrize("d_model", [2**31 - 1, 1518500250, 2**30])
+def test_huge_d_model_is_refused_by_its_tensor_size(d_model):
+    """4 * d_model * d_model (the MLP's matrices) passes 2**63 from d_model = 1518500250:
+    the rule that refuses it once computed it in int64 and wrapped below its limit."""
+    with pytest.raises(ValueError, match=rf"^ModelConfig\.d_model \(its 4\*d_model x d_model MLP matrices\): "
+                                         rf"a {4 * d_model} x {d_model} tensor has more than 2\*\*31 - 1 elements"):
+        pyxtts.ModelConfig(n_layers=1, d_model=d_model, n_heads=1, n_cond_latents=0)

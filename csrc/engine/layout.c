@@ -266,7 +266,8 @@ int pxt_gpt_config_check(const pxt_gpt_config *c) {
                   {"max_text_tokens", c->max_text},
                   {"max_audio_tokens", c->max_audio}};
     for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
-        if (tables[i].rows * c->d_model > INT32_MAX) {
+        size_t n; /* 4 * d_model * d_model passes 2**63 from d_model = 1.52e9 */
+        if (!pxt_mul_ok((size_t)tables[i].rows, (size_t)c->d_model, &n) || n > INT32_MAX) {
             return pxt_error(PXT_ERR_VALUE,
                              "ModelConfig.%s: a %lld x %d tensor has more than 2**31 - 1 "
                              "elements, the limit of one tensor",
