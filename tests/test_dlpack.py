@@ -545,7 +545,12 @@ def test_hand_made_read_only_flag_carries_over():
     ({"versioned": True, "major": 2}, BufferError, r"major version 2 is not supported"),
     ({"ndim": 9}, ValueError, r"at most 8 dimensions, got 9"),
     ({"shape": (2, -2)}, ValueError, r"shape: sizes must be >= 0, got -2 at dim 1"),
-], ids=["f64", "lanes", "complex", "opencl", "v2", "ndim9", "negative"])
+    ({"shape": (2**40, 2**40)}, ValueError,
+     r"^from_dlpack: shape: the number of elements overflows: a tensor holds at most 2\*\*59 - 1 elements, "
+     r"got shape \(1099511627776, 1099511627776\)$"),
+    ({"shape": (2**40, 2**40), "strides": (2**40, 1)}, ValueError,
+     r"^from_dlpack: shape: the number of elements overflows"),
+], ids=["f64", "lanes", "complex", "opencl", "v2", "ndim9", "negative", "huge", "huge strided"])
 def test_hand_made_rejections_leave_the_capsule_alone(kwargs, exc, pattern):
     arr = np.arange(4, dtype=np.int32)
     h = HandMade(arr, **{"shape": (4,), **kwargs})
@@ -553,6 +558,16 @@ def test_hand_made_rejections_leave_the_capsule_alone(kwargs, exc, pattern):
     with pytest.raises(exc, match=pattern):
         pyxtts.from_dlpack(h.capsule)
     assert capsule_name(h.capsule) == name and h.calls == 0  # not consumed, still the caller's
+
+
+def test_empty_strided_source_with_huge_sizes_after_its_zero():
+    # the sizes after a 0 are not bounded (nothing is held): the C-order strides of such
+    # a shape pass 64 bits, which no stride can equal
+    arr = np.zeros(1, np.float32)
+    h = HandMade(arr, shape=(0, 2**62, 2**62), strides=(1, 1, 1))
+    t = pyxtts.from_dlpack(h.capsule)
+    assert t.shape == (0, 2**62, 2**62) and t.numel() == 0 and t.nbytes == 0
+    assert h.calls == 1  # not C-contiguous: gathered (nothing), the producer's memory given back
 
 
 def test_deleter_runs_cleanly_when_import_fails_after_consuming():

@@ -444,12 +444,24 @@ def test_bad_dtype(dt, exc, pattern):
     (2.0, TypeError, r"shape: expected an int or a sequence of ints, got float"),
     (None, TypeError, r"shape: expected an int or a sequence of ints"),
     ((1,) * 9, ValueError, r"shape: at most 8 dimensions, got 9"),
-    ((2**40, 2**40), ValueError, r"shape: the number of elements overflows"),
+    ((2**40, 2**40), ValueError, r"shape: the number of elements overflows: a tensor holds at most "
+                                 r"2\*\*59 - 1 elements, got shape \(1099511627776, 1099511627776\)"),
+    ((2**62, 2**62, 0), ValueError, r"got shape \(4611686018427387904, 4611686018427387904, 0\)"),
+    ((2**59,), ValueError, r"shape: the number of elements overflows: .* got shape \(576460752303423488,\)"),
+    ((2**31, 2**31, 2**31, -1), ValueError, r"shape: the number of elements overflows"),
 ])
 def test_bad_shape(shape, exc, pattern):
     for make in (pyxtts.empty, pyxtts.zeros):
         with pytest.raises(exc, match=pattern):
             make(shape)
+
+
+def test_the_largest_shape_is_out_of_memory_not_refused():
+    # 2**59 - 1 elements pass the size rule; no machine holds them
+    with pytest.raises(pyxtts.OutOfMemoryError, match="out of memory"):
+        pyxtts.empty(2**59 - 1, dtype=pyxtts.uint8)
+    # an empty tensor multiplies no size after its 0, as before
+    assert pyxtts.empty((0, 2**62, 2**62)).shape == (0, 2**62, 2**62)
 
 
 def test_bad_keywords():

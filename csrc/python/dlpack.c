@@ -447,24 +447,24 @@ PyObject *pxt_from_dlpack(PyObject *module, PyObject *args, PyObject *kwargs) {
                      (int)dl->ndim);
         goto fail;
     }
-    /* checked before the capsule is consumed, so a rejected one stays the caller's */
-    for (int i = 0; i < dl->ndim; i++) {
-        if (dl->shape[i] < 0) {
-            PyErr_Format(PyExc_ValueError,
-                         "from_dlpack: shape: sizes must be >= 0, got %lld at "
-                         "dim %d",
-                         (long long)dl->shape[i], i);
-            goto fail;
-        }
+    /* checked before the capsule is consumed, so a rejected one stays the caller's:
+     * sizes >= 0 and not too many elements, the rule of every tensor */
+    int64_t numel;
+    if (pxt_tensor_shape_numel("from_dlpack: shape", dl->ndim, dl->shape, &numel) < 0) {
+        goto fail;
     }
     int contiguous = 1;
     if (dl->strides) {
-        int64_t expect = 1;
+        /* expect: dim i's stride in C order, the product of the sizes after it. The
+         * sizes after a 0 are not bounded (the tensor is empty), so it may pass
+         * int64_t (huge): no stride equals it then. */
+        size_t expect = 1;
+        int huge = 0;
         for (int i = dl->ndim - 1; i >= 0; i--) {
-            if (dl->shape[i] != 1 && dl->strides[i] != expect) {
+            if (dl->shape[i] != 1 && (huge || dl->strides[i] != (int64_t)expect)) {
                 contiguous = 0;
             }
-            expect *= dl->shape[i];
+            huge = huge || !pxt_mul_ok(expect, (size_t)dl->shape[i], &expect) || expect > INT64_MAX;
         }
     }
     char *data = (char *)dl->data + dl->byte_offset;

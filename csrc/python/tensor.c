@@ -8,27 +8,46 @@
 
 /* ---- construction ---------------------------------------------------------- */
 
-/* numel and nbytes of a shape, or -1 with ValueError on negative sizes or overflow. */
-static int shape_bytes(int ndim, const int64_t *shape, pxt_dtype dt, int64_t *numel,
-                       size_t *nbytes) {
-    int64_t n = 1;
+/* At most 2**59 - 1 elements: the bytes of any dtype then fit in int64_t, with room. */
+#define MAX_NUMEL (INT64_MAX / 16)
+
+int pxt_tensor_shape_numel(const char *name, int ndim, const int64_t *shape, int64_t *numel) {
+    size_t n = 1;
     int zero = 0;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0) {
-            PyErr_Format(PyExc_ValueError, "shape: sizes must be >= 0, got %lld at dim %d",
+            PyErr_Format(PyExc_ValueError, "%s: sizes must be >= 0, got %lld at dim %d", name,
                          (long long)shape[i], i);
             return -1;
         }
         if (shape[i] == 0) {
             zero = 1;
-        } else if (!zero && n > INT64_MAX / 16 / shape[i]) {
-            PyErr_SetString(PyExc_ValueError, "shape: the number of elements overflows");
+        } else if (!zero && (!pxt_mul_ok(n, (size_t)shape[i], &n) || n > MAX_NUMEL)) {
+            char got[PXT_MAX_DIMS * 22 + 4];
+            size_t len = 0;
+            for (int j = 0; j < ndim; j++) {
+                len += (size_t)snprintf(got + len, sizeof got - len, "%s%lld", j ? ", " : "(",
+                                        (long long)shape[j]);
+            }
+            snprintf(got + len, sizeof got - len, "%s)", ndim == 1 ? "," : "");
+            PyErr_Format(PyExc_ValueError,
+                         "%s: the number of elements overflows: a tensor holds at most 2**59 - 1 "
+                         "elements, got shape %s",
+                         name, got);
             return -1;
         }
-        n = zero ? 0 : n * shape[i];
     }
-    *numel = n;
-    *nbytes = (size_t)n * pxt_dtype_size(dt);
+    *numel = zero ? 0 : (int64_t)n;
+    return 0;
+}
+
+/* numel and nbytes of a shape, or -1 with ValueError on negative sizes or overflow. */
+static int shape_bytes(int ndim, const int64_t *shape, pxt_dtype dt, int64_t *numel,
+                       size_t *nbytes) {
+    if (pxt_tensor_shape_numel("shape", ndim, shape, numel) < 0) {
+        return -1;
+    }
+    *nbytes = (size_t)*numel * pxt_dtype_size(dt);
     return 0;
 }
 

@@ -42,6 +42,11 @@ int pxt_dtype_from_descr(PyObject *descr, pxt_dtype *out);
 
 /* ---- tensors (tensor.c) ---------------------------------------------------- */
 int pxt_tensor_init_type(PyObject *module);
+/* The elements of a tensor of this shape, or -1 with ValueError naming `name`
+ * ("name: ..."): sizes must be >= 0 and their product at most 2**59 - 1, so
+ * that its bytes fit in int64_t at any dtype (sizes after a 0 are not
+ * multiplied: the tensor is empty). */
+int pxt_tensor_shape_numel(const char *name, int ndim, const int64_t *shape, int64_t *numel);
 /* A new uninitialised tensor (new reference, or NULL with an exception). */
 PyObject *pxt_tensor_empty(pxt_device dev, pxt_dtype dt, int ndim, const int64_t *shape);
 /* A view of engine memory: bytes from `offset` of storage s (a new reference
