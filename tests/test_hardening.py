@@ -272,3 +272,23 @@ def test_huge_d_model_is_refused_by_its_tensor_size(d_model):
     with pytest.raises(ValueError, match=rf"^ModelConfig\.d_model \(its 4\*d_model x d_model MLP matrices\): "
                                          rf"a {4 * d_model} x {d_model} tensor has more than 2\*\*31 - 1 elements"):
         pyxtts.ModelConfig(n_layers=1, d_model=d_model, n_heads=1, n_cond_latents=0)
+
+
+def test_huge_batches_are_refused_naming_batch_size():
+    """The plans' products (B x T rows, B x (S + latents) conditioning rows) stay in range
+    because the batch is refused first, by name, whatever its size."""
+    cfg = pyxtts.ModelConfig(n_layers=1, d_model=32, n_heads=2, text_vocab_size=5, audio_vocab_size=5,
+                             max_text_tokens=8, max_audio_tokens=8, n_cond_latents=4, max_cond_frames=64)
+    model = pyxtts.XTTSGPT(cfg)
+    for estimate in (lambda *a, **k: pyxtts.estimate_memory(cfg, *a, **k), model.estimate_memory):
+        for batch in (2**31 - 1, 2**28):
+            with pytest.raises(ValueError, match=r"^batch_size: \d+ samples of 20 positions make \d+ rows, "
+                                                 r"more than the limit of 2\*\*31 - 1 per step"):
+                estimate(batch, 8, 8)
+        with pytest.raises(ValueError, match=r"^batch_size: 33554432 samples of 64 mel frames make more rows "
+                                             r"than the limit of 2\*\*31 - 1"):
+            estimate(2**25, 8, 8, cond_frames=64)
+        for batch in (2**31, 2**40, 2**63, 2**70):
+            with pytest.raises(ValueError, match=r"^batch_size: "):
+                estimate(batch, 8, 8)
+        assert estimate(2**31 // 20, 8, 8).batch_size == 2**31 // 20  # the largest that fits
