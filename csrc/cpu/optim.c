@@ -100,6 +100,17 @@ static inline void adamw_core(const pxt_adamw_args *a, float df, size_t lo, size
     (ema ? adamw_core(a, df, lo, hi, master, m, v, ema, grads, params, 1, (out))                   \
          : adamw_core(a, df, lo, hi, master, m, v, NULL, grads, params, 0, (out)))
 
+/* Clones for AVX-512 and AVX2 beside the baseline (SSE2 on x86-64), picked at load time:
+ * the update is bound by memory and the divider, and the baseline's vectors are half
+ * AVX2's. The bits are the same in every clone: C11 mode contracts nothing into FMAs, and
+ * sqrt and division are exact in every lane. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define ADAMW_CLONES __attribute__((target_clones("avx512f", "avx2", "default"), noinline))
+#else
+#define ADAMW_CLONES
+#endif
+
+ADAMW_CLONES
 static void adamw_range(const pxt_adamw_args *a, int decay, size_t lo, size_t hi, float *master,
                         float *m, float *v, float *ema, void *params, const float *grads) {
     float df = decay ? a->decay_factor : 1.0f;
@@ -115,6 +126,7 @@ static void adamw_range(const pxt_adamw_args *a, int decay, size_t lo, size_t hi
 }
 
 #undef ADAMW_CORE
+#undef ADAMW_CLONES
 
 /* Chunks of this many elements are the unit of work: big tensors split over
  * threads, small ones (biases) go whole to one thread. Elementwise: any split
