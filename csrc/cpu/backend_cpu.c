@@ -82,14 +82,29 @@ static void cpu_raw_free(int index, void *ptr) {
     free(ptr);
 }
 
+/* Large copies split over the cores in 1 MiB pieces: one thread does not reach the
+ * machine's memory bandwidth (on the 2-core development machine 11 GB/s of 35). */
+#define COPY_PIECE ((size_t)1 << 20)
+
 static int cpu_copy(int index, void *dst, const void *src, size_t nbytes, pxt_copy_kind kind) {
     (void)index;
     (void)kind;
-    if (nbytes) {
-        memcpy(dst, src, nbytes);
+    if (nbytes < 4 * COPY_PIECE) {
+        if (nbytes) {
+            memcpy(dst, src, nbytes);
+        }
+        return PXT_OK;
+    }
+    size_t pieces = (nbytes + COPY_PIECE - 1) / COPY_PIECE;
+#pragma omp parallel for schedule(static)
+    for (size_t p = 0; p < pieces; p++) {
+        size_t lo = p * COPY_PIECE, len = nbytes - lo < COPY_PIECE ? nbytes - lo : COPY_PIECE;
+        memcpy((char *)dst + lo, (const char *)src + lo, len);
     }
     return PXT_OK;
 }
+
+#undef COPY_PIECE
 
 /* Host memory for transfers is ordinary memory here: the CPU copies with memcpy,
  * and a copy_async is done when it returns, so fences have nothing to wait for. */

@@ -772,7 +772,7 @@ static PyTypeObject adamw_type = {
               "state_device='cpu' keeps the moments, the fp32 master and the EMA in host memory "
               "(the host pool, page-locked beside a GPU): the device keeps the parameters and "
               "gradients, and step() moves the gradients down and the parameters up in chunks of "
-              "offload_chunk elements (default 4Mi) around the CPU's update, with the same bits.",
+              "offload_chunk elements (default 1Mi) around the CPU's update, with the same bits.",
     .tp_new = PyType_GenericNew,
     .tp_init = adamw_init,
     .tp_dealloc = adamw_dealloc,
