@@ -96,6 +96,7 @@ class Case:
     errors: tuple = (pyxtts.OutOfMemoryError,)
     prefix_ok: bool = False  # Trainer.fit: a raise leaves the state of a clean shorter run
     smaller_ok: bool = False  # find_optimal_batch_size: a fault may settle on a smaller size
+    pool: str = "cpu"  # the allocator whose requests are counted and faulted: "cpu" or "host"
 
 
 @dataclass
@@ -118,11 +119,14 @@ def batch_of(cfg: pyxtts.ModelConfig, salt: str, B: int, Lt: int, La: int, mels:
     return b
 
 
-def trained(tmp: Path, precision: str = "fp32", cfg: pyxtts.ModelConfig = TINY, mels: int = 0) -> World:
+def trained(tmp: Path, precision: str = "fp32", cfg: pyxtts.ModelConfig = TINY, mels: int = 0,
+            offload: bool = False) -> World:
     """A model and optimizer one step in, with gradients left in place and a cached step
-    arena of another shape than the calls' batches (so a call's reservation can fail)."""
+    arena of another shape than the calls' batches (so a call's reservation can fail);
+    with ``offload`` the optimizer's state is in the host pool."""
     m = pyxtts.XTTSGPT(cfg, precision=precision, seed=1)
-    opt = pyxtts.AdamW(m, weight_decay=0.01, loss_scale=2.0**10 if precision == "fp16" else None)
+    opt = pyxtts.AdamW(m, weight_decay=0.01, loss_scale=2.0**10 if precision == "fp16" else None,
+                       **({"state_device": "cpu", "offload_chunk": 700} if offload else {}))
     b = batch_of(cfg, "warm", 2, 6, 8, min(mels, 8))  # an arena of the small pool (<= 1 MiB)
     m.forward_backward(b, loss_scale=opt.loss_scale)
     opt.step()
@@ -131,10 +135,10 @@ def trained(tmp: Path, precision: str = "fp32", cfg: pyxtts.ModelConfig = TINY, 
 
 
 def with_batch(cfg: pyxtts.ModelConfig = TINY, mels: int = 0, precision: str = "fp32",
-               shape: tuple[int, int, int] = (4, 12, 20)) -> Callable[[Path], World]:
+               shape: tuple[int, int, int] = (4, 12, 20), offload: bool = False) -> Callable[[Path], World]:
     """A trained world and the call's batch of ``shape`` (rows, text, audio)."""
     def setup(tmp: Path) -> World:
-        w = trained(tmp, precision, cfg, mels)
+        w = trained(tmp, precision, cfg, mels, offload)
         w.data["batch"] = batch_of(cfg, "call", *shape, mels)
         return w
     return setup
@@ -152,13 +156,13 @@ def with_checkpoint(tmp: Path) -> World:
     return w
 
 
-def trainer_config(tmp: Path, recipe: bool = False) -> pyxtts.XTTSConfig:
+def trainer_config(tmp: Path, recipe: bool = False, offload: bool = False) -> pyxtts.XTTSConfig:
     """Micro-batches of one sample (2 per step), so every fault in a training step raises
     (nothing left to halve) and a success is the clean run's, bit for bit."""
     t = {"learning_rate": 3e-3, "lr_schedule": "constant", "max_steps": 2, "epochs": None,
          "checkpoint_dir": str(tmp / "run"), "checkpoint_interval": 1, "eval_interval": 1,
          "log_interval": 1, "device": "cpu", "enable_memory_cleanup": False, "max_memory_fraction": 1.0,
-         "gradient_accumulation_steps": 2}
+         "gradient_accumulation_steps": 2, "optimizer_offload": offload}
     return pyxtts.XTTSConfig.from_dict({"model": RECIPE_TRAINER_MODEL if recipe else TRAINER_MODEL, "training": t,
                                         "data": {"batch_size": 1, "bucketing": False, "num_workers": 0}})
 
@@ -175,9 +179,9 @@ def recordings(n: int, salt: str) -> TTSDataset:
     return TTSDataset(out, mel_stats=make_rng("oom_sweep.mel_stats").uniform(1.0, 5.0, 80))
 
 
-def with_trainer(tmp: Path, steps: int = 1, recipe: bool = False) -> World:
+def with_trainer(tmp: Path, steps: int = 1, recipe: bool = False, offload: bool = False) -> World:
     """A Trainer that has trained ``steps`` steps and saved them, with its datasets."""
-    cfg = trainer_config(tmp, recipe)
+    cfg = trainer_config(tmp, recipe, offload)
     if recipe:
         train, held = recordings(4, "train"), recordings(2, "held")
     else:
@@ -201,6 +205,18 @@ def recipe_trainer(tmp: Path) -> World:
 
 def fresh_recipe_trainer(tmp: Path) -> World:
     return with_trainer(tmp, steps=0, recipe=True)
+
+
+def fresh_offload_trainer(tmp: Path) -> World:
+    return with_trainer(tmp, steps=0, recipe=True, offload=True)
+
+
+def offload_checkpoint(tmp: Path) -> World:
+    """A trained world whose optimizer is offloaded, and a checkpoint of a plain one to load."""
+    src = with_checkpoint(tmp)
+    w = trained(tmp, offload=True)
+    w.data["src"] = src.data["src"]
+    return w
 
 
 def trainer_and_checkpoint(tmp: Path) -> World:
@@ -294,6 +310,26 @@ CASES: list[Case] = [
          lambda w: pyxtts.AdamW(w.model, weight_decay=0.01), d_opt),
     Case("AdamW() fp16 loss scale", lambda tmp: World(tmp, pyxtts.XTTSGPT(TINY, precision="fp16", seed=2)),
          lambda w: pyxtts.AdamW(w.model, loss_scale=2.0**12), d_opt),
+    # the optimizer's state in the host pool: its construction faulted on each allocator
+    *(Case(f"AdamW(state_device='cpu') bf16 [{pool}]",
+           lambda tmp: World(tmp, pyxtts.XTTSGPT(TINY, precision="bf16", seed=2)),
+           lambda w: pyxtts.AdamW(w.model, weight_decay=0.01, ema_decay=0.99, state_device="cpu",
+                                  offload_chunk=500), d_opt, pool=pool) for pool in ("cpu", "host")),
+    # its step allocates nothing on either side; the step of a batch and a Trainer's run
+    *(Case(f"AdamW.step offloaded [{pool}]", with_batch(offload=True), lambda w: w.opt.step(), d_loss, pool=pool)
+      for pool in ("cpu", "host")),
+    Case("train_step_with_accumulation offloaded", with_batch(offload=True), _acc(2), d_step),
+    Case("find_optimal_batch_size offload=True [host]", with_batch(),
+         lambda w: pyxtts.find_optimal_batch_size(w.model, max_batch_size=4, offload=True), d_value,
+         smaller_ok=True, pool="host"),
+    Case("load_checkpoint into an offloaded optimizer", offload_checkpoint,
+         lambda w: pyxtts.load_checkpoint(w.data["src"], w.model, w.opt), d_meta),
+    Case("Trainer() offloaded (optimizer_offload: true) [host]", lambda tmp: World(tmp),
+         lambda w: pyxtts.Trainer(trainer_config(w.dir, recipe=True, offload=True), progress=False) and None,
+         d_none, pool="host"),
+    *(Case(f"Trainer.fit 2 steps offloaded (optimizer_offload: true) [{pool}]", fresh_offload_trainer,
+           lambda w: w.trainer.fit(w.data["train"], w.data["held"]), d_fit, prefix_ok=True, pool=pool)
+      for pool in ("cpu", "host")),
     *step_cases(raw=False),
     *step_cases(raw=True),
     Case("XTTSGPT.load_state_dict", with_checkpoint,
@@ -335,8 +371,12 @@ def _counter(raw: bool) -> str:
     return "num_raw_allocs" if raw else "num_allocs"
 
 
-def _faults() -> int:
-    st = pyxtts.memory_stats("cpu")
+# the device's allocator and the host pool (an offloaded optimizer's state)
+POOLS = ("cpu", "host")
+
+
+def _faults(pool: str) -> int:
+    st = pyxtts.memory_stats(pool)
     return st["num_ooms"] + st["num_alloc_retries"]
 
 
@@ -350,27 +390,31 @@ def _run(case: Case, tmp: Path, after: int | None) -> dict:
     ``after`` (None: the clean call)."""
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    pyxtts.testing.inject_oom(None, "cpu")
-    pyxtts.set_memory_limit(None, "cpu")
+    for pool in POOLS:
+        pyxtts.testing.inject_oom(None, pool)
+        pyxtts.set_memory_limit(None, pool)
     w = case.setup(tmp)
     pyxtts.cleanup_gpu_memory("cpu")  # raw=True counts the call's own new segments
+    pyxtts.empty_cache("host")
     before, arena = snapshot(w), _arena(w)
-    allocated, n0, f0 = pyxtts.memory_allocated("cpu"), pyxtts.memory_stats("cpu")[_counter(case.raw)], _faults()
+    allocated, host0 = pyxtts.memory_allocated("cpu"), pyxtts.memory_allocated("host")
+    n0, f0 = pyxtts.memory_stats(case.pool)[_counter(case.raw)], _faults(case.pool)
     error = result = None
     try:
         if after is not None:
-            pyxtts.testing.inject_oom(after, "cpu", raw=case.raw)
+            pyxtts.testing.inject_oom(after, case.pool, raw=case.raw)
         result = case.call(w)
     except Exception as exc:  # noqa: BLE001 - judged below; only its type and text are kept
         error = (type(exc), str(exc))
     finally:
-        pyxtts.testing.inject_oom(None, "cpu")
+        pyxtts.testing.inject_oom(None, case.pool)
     # the world itself is not kept: its cached arena would serve the next trial's requests
     out = {"before": before, "after": snapshot(w), "error": error, "arena": arena, "arena_after": _arena(w),
            "step": w.trainer.step if w.trainer is not None else None, "per_epoch": w.data.get("per_epoch"),
            "rows": len(w.data["batch"]["text_lengths"]) if "batch" in w.data else None,
            "allocated": allocated, "allocated_delta": pyxtts.memory_allocated("cpu") - allocated,
-           "requests": pyxtts.memory_stats("cpu")[_counter(case.raw)] - n0, "fired": _faults() > f0}
+           "host_delta": pyxtts.memory_allocated("host") - host0,
+           "requests": pyxtts.memory_stats(case.pool)[_counter(case.raw)] - n0, "fired": _faults(case.pool) > f0}
     out["digest"] = case.digest(w, result) if error is None else None
     pyxtts.set_memory_limit(None, "cpu")
     return out
@@ -415,6 +459,8 @@ def _judge(case: Case, root: Path, t: dict, clean: dict, references: dict, prefi
             return f"raised {kind.__name__}: {text}"
         if not _allocator_ok(t):
             return f"memory_allocated {t['allocated']} changed by {t['allocated_delta']} (arena {t['arena']})"
+        if t["host_delta"] != 0:
+            return f"memory_allocated('host') changed by {t['host_delta']}"
         got, want = t["after"], t["before"]
         if case.prefix_ok and t["step"] > 0:  # the state of the steps it took
             want = _prefix(case, root, t["step"], prefixes)
@@ -442,6 +488,8 @@ def _judge(case: Case, root: Path, t: dict, clean: dict, references: dict, prefi
     # larger arena for smaller micro-batches)
     if t["allocated_delta"] > ref["allocated_delta"] or (not halved and t["allocated_delta"] != ref["allocated_delta"]):
         diff.append("memory_allocated")
+    if t["host_delta"] != ref["host_delta"]:
+        diff.append("memory_allocated('host')")
     return f"returned with another result or state: {diff[:8]}" if diff else ""
 
 
