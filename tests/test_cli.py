@@ -127,3 +127,87 @@ def test_memtest_cli_verdicts(capsys):
     assert "nonexistent-tier" in capsys.readouterr().err
     assert pyxtts.cli.main(["memtest", "--config", "cpu_demo", "--batch-size", "0"]) == 2
     assert "batch_size" in capsys.readouterr().err
+
+
+# ---- planning for a card, the host's memory, the advice -----------------------------------
+
+CUDA_BACKEND = pyxtts.build_info()["cuda"]
+
+
+@pytest.mark.skipif(not CUDA_BACKEND, reason="the plan for a GPU needs the CUDA backend in the build (its "
+                                             "workspaces); CI's build has it")
+def test_memtest_plans_a_card_this_machine_lacks_when_given_its_memory(capsys):
+    rc = pyxtts.cli.main(["memtest", "--config", "gpu_8gb", "--device", "cuda:0", "--memory", "8GiB"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "verdict: FITS" in out, out
+    assert "optimizer state in host memory" in out and "host: optimizer state (offloaded)" in out
+    assert "host: the offloaded optimizer state needs 4.94 GiB (page-locked)" in out
+    if not pyxtts.cuda_available():  # no step on a card that is not here, and it says why
+        assert "real step: not run (cuda:0 is not in this machine: planned for 8.00 GiB)" in out
+
+
+@pytest.mark.skipif(pyxtts.cuda_available(), reason="needs a machine without the GPU it names")
+def test_memtest_of_a_missing_card_without_its_memory_says_what_to_pass(capsys):
+    assert pyxtts.cli.main(["memtest", "--config", "gpu_8gb", "--device", "cuda:0"]) == 2
+    err = capsys.readouterr().err
+    assert "cuda:0 is not in this machine" in err and "--memory" in err
+
+
+@pytest.mark.skipif(not CUDA_BACKEND, reason="the plan for a GPU needs the CUDA backend in the build")
+def test_memtest_advice_names_the_settings_and_the_tier_that_fit(capsys):
+    # the 12 GB tier keeps the optimizer's state on the device: at 8 GiB it does not fit, and
+    # the advice says what does (the state in host memory among the settings) and which tier
+    rc = pyxtts.cli.main(["memtest", "--config", "memory_optimized", "--memory", "8GiB", "--device", "cuda:0",
+                          "--no-step"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "DOES NOT FIT: device memory is short" in out
+    assert "training.optimizer_offload true" in out and "--memory 8GiB --device cuda:0" in out
+    assert "the shipped tier gpu_8gb" in out and "use a smaller model" not in out
+
+
+def test_memtest_names_the_host_when_it_is_short(monkeypatch):
+    from pyxtts import memtest
+
+    cfg = XTTSConfig.load("cpu_demo")
+    cfg.training.optimizer_offload = True  # the state in the host pool, as on a GPU
+    real = memtest._C.device_info
+
+    def short_host(device):
+        info = dict(real(device))
+        if device == "cpu":
+            info["free_memory"] = 1 << 20  # 1 MiB available
+        return info
+
+    monkeypatch.setattr(memtest._C, "device_info", short_host)
+    report = run_memtest(cfg, step=True)
+    assert report.verdict == "does not fit" and report.short == "host" and report.offload
+    assert report.plan.host_total > report.host_available == 1 << 20
+    assert "host memory is short" in report.text and "NOT ENOUGH" in report.text
+    assert "real step: not run (the host lacks the memory the optimizer state needs)" in report.text
+    assert any("training.optimizer_offload false" in a for a in report.advice)
+
+
+@pytest.mark.skipif(pyxtts.cuda_available(), reason="says so only where no GPU is")
+def test_optimize_config_says_when_auto_plans_for_the_cpu(tmp_path, capsys):
+    rc = pyxtts.cli.main(["optimize-config", "--config", "cpu_demo", "--output", str(tmp_path / "o.yaml")])
+    assert rc == 0
+    assert "no GPU here" not in capsys.readouterr().err  # cpu_demo says device: cpu
+    cfg = XTTSConfig.load("cpu_demo")
+    cfg.training.device = "auto"
+    cfg.save(tmp_path / "auto.yaml")
+    rc = pyxtts.cli.main(["optimize-config", "--config", str(tmp_path / "auto.yaml"), "--output",
+                          str(tmp_path / "o2.yaml")])
+    err = capsys.readouterr().err
+    assert rc == 0 and "no GPU here" in err and "--device cuda --memory 8GiB" in err
+
+
+def test_init_that_changes_the_model_says_so_and_replans():
+    tier = XTTSConfig.load("cpu_demo")
+    assert pyxtts.cli._replanned(tier, tier, "cpu") is None  # nothing changed: nothing said
+    other = tier.with_model(pyxtts.ModelConfig(**{**tier.model.__dict__, "n_layers": 3, "dropout": 0.1}))
+    line = pyxtts.cli._replanned(tier, other, "cpu")
+    assert line.startswith("--init: the checkpoint's model replaces the config's (n_layers 2 -> 3; dropout 0.0 -> 0.1")
+    plan = other.memory_plan("cpu")
+    budget = int(pyxtts.device_info("cpu")["total_memory"] * tier.training.max_memory_fraction)
+    assert f"re-planned on cpu: {pyxtts.memory.format_bytes(plan.total)} of the budget " in line
+    assert line.endswith("fits") == (plan.total <= budget)
