@@ -964,11 +964,14 @@ def case_find_batch(draw) -> Case:
 def case_adamw(draw) -> Case:
     pools = {"lr": [1e-3, 0.0, 0.5], "betas": [(0.9, 0.99), (0.0, 0.5)], "eps": [1e-8, 1.0],
              "weight_decay": [0.0, 0.1], "grad_clip": [None, 1.0], "loss_scale": [None, 1024.0],
-             "ema_decay": [None, 0.99], "growth_interval": [1, 2000], "decay": [None, 0.5]}  # decay: names
+             "ema_decay": [None, 0.99], "growth_interval": [1, 2000], "decay": [None, 0.5],  # decay: names
+             "state_device": [None, "cpu"], "offload_chunk": [1, 64, 1000]}
     args = {n: draw(mostly(st.sampled_from(p))) for n, p in pools.items() if draw(st.integers(0, 2)) == 0}
 
     def check(opt: Any) -> None:
         s = opt.state_dict()
+        expect(opt.state_device == args.get("state_device"), f"state_device {opt.state_device!r}")
+        expect((opt.host_state_bytes > 0) == (opt.state_device == "cpu"), f"host bytes {opt.host_state_bytes}")
         for k in ("lr", "eps", "weight_decay", "grad_clip", "loss_scale", "growth_interval", "ema_decay"):
             if k in args:
                 want = None if k == "grad_clip" and args[k] == 0 else args[k]  # documented: 0 is off
@@ -1115,7 +1118,7 @@ def case_optimize(draw) -> Case:
 def case_memory(draw) -> Case:
     f = draw(st.sampled_from([pyxtts.memory_stats, pyxtts.memory_allocated, pyxtts.empty_cache,
                               pyxtts.device_info, pyxtts.reset_peak_memory_stats]))
-    v = draw(device_args)
+    v = draw(st.one_of(device_args, st.just("host")))  # "host": the host pool (device_info refuses it)
     return Case("memory", (f.__name__, v), lambda: f(v))
 
 
