@@ -533,6 +533,21 @@ size_t pxt_allocator_device_total(pxt_allocator *a) {
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static pxt_allocator *registry[PXT_NUM_DEVICE_TYPES][PXT_MAX_DEVICES];
 
+/* A new allocator of dev over be's memory, unlimited; NULL (error set) out of memory. */
+static pxt_allocator *allocator_new(pxt_device dev, const pxt_backend *be) {
+    pxt_allocator *a = calloc(1, sizeof *a);
+    if (!a) {
+        pxt_error(PXT_ERR_OOM, "out of host memory creating an allocator");
+        return NULL;
+    }
+    pthread_mutex_init(&a->lock, NULL);
+    a->device = dev;
+    a->backend = be;
+    a->st.limit_bytes = PXT_NO_LIMIT;
+    a->inject_after = -1;
+    return a;
+}
+
 pxt_allocator *pxt_allocator_get(pxt_device dev) {
     const pxt_backend *be = pxt_backend_for(dev.type);
     if (!be) {
@@ -551,18 +566,7 @@ pxt_allocator *pxt_allocator_get(pxt_device dev) {
     pthread_mutex_lock(&registry_lock);
     pxt_allocator *a = registry[dev.type][dev.index];
     if (!a) {
-        a = calloc(1, sizeof *a);
-        if (!a) {
-            pthread_mutex_unlock(&registry_lock);
-            pxt_error(PXT_ERR_OOM, "out of host memory creating an allocator");
-            return NULL;
-        }
-        pthread_mutex_init(&a->lock, NULL);
-        a->device = dev;
-        a->backend = be;
-        a->st.limit_bytes = PXT_NO_LIMIT;
-        a->inject_after = -1;
-        registry[dev.type][dev.index] = a;
+        a = registry[dev.type][dev.index] = allocator_new(dev, be);
     }
     pthread_mutex_unlock(&registry_lock);
     return a;
@@ -584,20 +588,11 @@ pxt_allocator *pxt_host_pool(pxt_device user) {
                       be ? be->name : "requested");
             return NULL;
         }
-        a = calloc(1, sizeof *a);
-        if (!a) {
-            pthread_mutex_unlock(&registry_lock);
-            pxt_error(PXT_ERR_OOM, "out of host memory creating the host pool");
-            return NULL;
+        a = host_pool = allocator_new((pxt_device){PXT_CPU, 0}, be);
+        if (a) {
+            a->host = 1;
+            a->host_index = user.type == PXT_CUDA ? user.index : 0;
         }
-        pthread_mutex_init(&a->lock, NULL);
-        a->device = (pxt_device){PXT_CPU, 0};
-        a->backend = be;
-        a->host = 1;
-        a->host_index = user.type == PXT_CUDA ? user.index : 0;
-        a->st.limit_bytes = PXT_NO_LIMIT;
-        a->inject_after = -1;
-        host_pool = a;
     }
     pthread_mutex_unlock(&registry_lock);
     return a;

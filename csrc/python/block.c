@@ -290,30 +290,29 @@ static int get_mask(PyObject *obj, const char *name, int B, int L, PyArrayObject
     return 0;
 }
 
+/* B*T*width*d_model within int (what the kernels index with), computed without
+ * overflowing: B and T are the caller's, any int for estimate_memory. */
+static int check_rows(const char *name, const char *t_name, int64_t B, int64_t T, int width,
+                      int C) {
+    size_t n;
+    if (pxt_mul_ok((size_t)B, (size_t)T, &n) && pxt_mul_ok(n, (size_t)width * (size_t)C, &n) &&
+        n <= INT32_MAX) {
+        return 0;
+    }
+    PyErr_Format(PyExc_ValueError,
+                 "%s: batch %lld x %s %lld at d_model %d is too large for one block call: "
+                 "B*%s*%d*d_model must stay below 2**31",
+                 name, (long long)B, t_name, (long long)T, C, t_name, width);
+    return -1;
+}
+
 /* Sizes the kernels index with int: rows x widest row, B*T*4C (the MLP's) and
- * B*Tc*2C (the context's keys and values). B, T and Tc are the caller's (any
- * int for estimate_memory), so their products are checked: in int64_t they
- * could overflow. name is the argument of B and T, ctx_name Tc's. */
+ * B*Tc*2C (the context's keys and values). name is the argument of B and T,
+ * ctx_name Tc's. */
 static int check_sizes(const char *name, const char *ctx_name, int64_t B, int64_t T, int64_t Tc,
                        int C) {
-    size_t n;
-    if (!pxt_mul_ok((size_t)B, (size_t)T, &n) || !pxt_mul_ok(n, 4 * (size_t)C, &n) ||
-        n > INT32_MAX) {
-        PyErr_Format(PyExc_ValueError,
-                     "%s: batch %lld x T %lld at d_model %d is too large for one block call: "
-                     "B*T*4*d_model must stay below 2**31",
-                     name, (long long)B, (long long)T, C);
-        return -1;
-    }
-    if (!pxt_mul_ok((size_t)B, (size_t)Tc, &n) || !pxt_mul_ok(n, 2 * (size_t)C, &n) ||
-        n > INT32_MAX) {
-        PyErr_Format(PyExc_ValueError,
-                     "%s: batch %lld x Tc %lld at d_model %d is too large for one block call: "
-                     "B*Tc*2*d_model must stay below 2**31",
-                     ctx_name, (long long)B, (long long)Tc, C);
-        return -1;
-    }
-    return 0;
+    return check_rows(name, "T", B, T, 4, C) < 0 || check_rows(ctx_name, "Tc", B, Tc, 2, C) < 0 ? -1
+                                                                                                : 0;
 }
 
 /* ---- forward -------------------------------------------------------------------- */
