@@ -289,10 +289,14 @@ static int adamw_init(PyObject *op, PyObject *args, PyObject *kwargs) {
         Py_DECREF(core);
         return -1;
     }
+    /* a large state takes a while to fill and to page-lock: without the GIL, the model
+     * marked busy meanwhile so that nothing writes the parameters it copies */
     int rc;
-    Py_BEGIN_ALLOW_THREADS /* a large state takes a while to fill, and to page-lock */
+    pxt_flat_set_busy(flat, 1);
+    Py_BEGIN_ALLOW_THREADS
     rc = pxt_adamw_init(&o->opt, flat, &h, has_ema, flags, &where);
     Py_END_ALLOW_THREADS
+    pxt_flat_set_busy(flat, 0);
     PyMem_RawFree(flags);
     if (rc != PXT_OK) {
         Py_DECREF(core);
