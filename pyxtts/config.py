@@ -568,6 +568,11 @@ def _device_total(device: str, memory: int | str | None) -> int:
     return int(_C.device_info(device)["total_memory"])
 
 
+def _on_gpu(device: str | int) -> bool:
+    """Whether ``device`` names a GPU ("cuda", "cuda:N", or an int N as the C layer takes it)."""
+    return (isinstance(device, int) and not isinstance(device, bool)) or str(device).startswith("cuda")
+
+
 def device_present(device: str) -> bool:
     """Whether ``device`` is in this machine (and this build)."""
     from pyxtts import _C
@@ -590,7 +595,7 @@ def offload_for(config: XTTSConfig, device: str | None = None, memory: int | str
     if t.optimizer_offload != "auto":
         return bool(t.optimizer_offload)
     dev = t.resolved_device() if device is None else device
-    if not str(dev).startswith("cuda"):
+    if not _on_gpu(dev):
         return False
     if budget is None:
         if memory is None and not device_present(dev):
@@ -720,7 +725,7 @@ def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, 
         precisions = [t.precision]
     else:
         precisions = [t.precision] + [p for p in ("fp32", "bf16") if p != t.precision]
-    on_gpu = str(dev).startswith("cuda")
+    on_gpu = _on_gpu(dev)
     placements = [bool(t.optimizer_offload)] if t.optimizer_offload != "auto" else [False, True] if on_gpu else [False]
     cands = []
     for pi, prec in enumerate(precisions):
@@ -756,8 +761,8 @@ def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, 
                 "; training.optimizer_offload true (or auto) keeps the optimizer's state in host memory")
         raise ValueError(
             f"optimize_config: no plan fits: the smallest, micro-batch 1 with full checkpointing in "
-            f"{smallest[1]}{where} at {seq} tokens ({d_text(config)}), needs {fb(smallest[0])}, over the budget "
-            f"of {fb(limit)} ({fb(total)} x max_memory_fraction {t.max_memory_fraction:g} less a "
+            f"{smallest[1]}{where} at {seq} tokens ({_sequence_parts(config)}), needs {fb(smallest[0])}, over "
+            f"the budget of {fb(limit)} ({fb(total)} x max_memory_fraction {t.max_memory_fraction:g} less a "
             f"{margin:.0%} margin){hint}; lower data.max_text_tokens/max_audio_tokens, use a smaller model "
             "or a device with more memory")
     (cost, _, prec, policy, micro), off = chosen
@@ -794,7 +799,7 @@ def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, 
         f"device memory:      {fb(total)} ({source})",
         f"budget:             {fb(budget)} (x max_memory_fraction {t.max_memory_fraction:g})",
         f"plan limit:         {fb(limit)} (budget less a {margin:.0%} margin)",
-        f"longest sequence:   {seq} tokens ({d_text(config)}), AdamW state counted",
+        f"longest sequence:   {seq} tokens ({_sequence_parts(config)}), AdamW state counted",
         f"effective batch:    {effective} (kept)",
         f"chosen:             precision {prec}, checkpointing {policy}, micro-batch {micro} x "
         f"{accum} accumulation step(s), optimizer state "
@@ -816,7 +821,7 @@ def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, 
     return new, "\n".join(lines)
 
 
-def d_text(config: XTTSConfig) -> str:
+def _sequence_parts(config: XTTSConfig) -> str:
     """'32 cond + 404 text + 608 audio': the parts of the longest sequence."""
     d = config.data
     return f"{config.model.n_cond_latents} cond + {d.max_text_tokens} text + {d.max_audio_tokens} audio"
