@@ -206,7 +206,7 @@ run_one() {
     cp $R/xtts_gpu.json "$OUTDIR"/ 2> /dev/null
     # the optimizer's state in host memory: its extra time per step, its share of an
     # optimizer cycle at accumulation 84 and 1, its bits against the on-device step
-    step offload 60 "$PY" tests/bench/bench_offload_gpu.py --steps 3 --json $R/offload_gpu.json
+    step offload 90 "$PY" tests/bench/bench_offload_gpu.py --steps 3 --json $R/offload_gpu.json
     cp $R/offload_gpu.json "$OUTDIR"/ 2> /dev/null
     step profile-core 40 "$PY" tests/bench/profile_xtts_gpu.py --json $R/profile_xtts_gpu.json
     step profile-recipe 45 "$PY" tests/bench/profile_xtts_gpu.py --recipe --json $R/profile_xtts_gpu.json
