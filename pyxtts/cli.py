@@ -246,12 +246,15 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pyxtts.config import shipped_configs
+
+    shipped = ", ".join(shipped_configs())
     parser = argparse.ArgumentParser(prog="pyxtts", description=pyxtts.__doc__)
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command")
     tr = sub.add_parser("train", help="train a config (the default command; no --config: the CPU demo)")
     tr.add_argument("--config", default=None,
-                    help="YAML config or a shipped one's name (default: cpu_demo on a synthetic set)")
+                    help=f"YAML config or a shipped one's name ({shipped}; default: cpu_demo on a synthetic set)")
     tr.add_argument("--data", default=None, help="training samples: a folder of .npz shards or a JSONL manifest")
     tr.add_argument("--eval-data", default=None, help="evaluation samples (same formats)")
     tr.add_argument("--init", default=None, metavar="XTTS_DIR",
@@ -270,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--no-progress", action="store_true", help="no progress bar nor log lines")
     tr.set_defaults(func=_train)
     mt = sub.add_parser("memtest", help="a config's memory plan, one real step, predicted vs measured")
-    mt.add_argument("--config", required=True, help="YAML config or a shipped one's name")
+    mt.add_argument("--config", required=True, help=f"YAML config or a shipped one's name ({shipped})")
     mt.add_argument("--batch-size", type=int, default=None, help="micro-batch to test (default: data.batch_size)")
     mt.add_argument("--device", default=None, help="override training.device")
     mt.add_argument("--memory", default=None,
@@ -310,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     gi.add_argument("--json", action="store_true", help="machine-readable output")
     gi.set_defaults(func=_gpu_info)
     oc = sub.add_parser("optimize-config", help="fit a training config's memory plan to a device")
-    oc.add_argument("--config", required=True, help="YAML config to start from (or a shipped one's name)")
+    oc.add_argument("--config", required=True,
+                    help=f"YAML config to start from, or a shipped one's name ({shipped})")
     oc.add_argument("--output", required=True, help="where to write the optimized YAML")
     oc.add_argument("--memory", default=None,
                     help="device memory, e.g. 12GiB, 12G, 12GB (10^9) or bytes; default: the device's total")

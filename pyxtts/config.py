@@ -433,10 +433,12 @@ class XTTSConfig:
         A relative path in the file (``PATH_FIELDS``) is relative to the file's folder and
         becomes one relative to the working directory (or absolute); the shipped configs'
         paths are relative to the working directory. An unreadable file is an ``OSError``
-        naming it. A file may start from another: ``base: NAME_OR_PATH`` (a shipped config's
-        name, or a path relative to the file's folder) takes that file's sections, and this
-        file's keys replace theirs one by one (the shipped tiers are ``base:
-        xtts_v2_finetune`` plus their batch, precision and checkpointing)."""
+        naming it; a path that is neither a file nor a shipped config's name is a
+        ``FileNotFoundError`` suggesting the closest shipped name (or listing them). A file
+        may start from another: ``base: NAME_OR_PATH`` (a shipped config's name, or a path
+        relative to the file's folder) takes that file's sections, and this file's keys
+        replace theirs one by one (the shipped tiers are ``base: xtts_v2_finetune`` plus their
+        batch, precision and checkpointing)."""
         return cls.from_dict(_load_raw(Path(path), ()))
 
     def replace(self, **sections: Any) -> "XTTSConfig":
@@ -489,19 +491,28 @@ def _yaml_text(d: dict[str, Any]) -> str:
     return yaml.dump(d, Dumper=_yaml_dumper(), sort_keys=False, default_flow_style=False)
 
 
-def _config_path(path: Path) -> Path:
-    """``path``, or the shipped config of that name ("standard") when there is no such file."""
-    if not path.exists() and path.suffix == "" and (CONFIGS_DIR / f"{path.name}.yaml").exists():
-        return CONFIGS_DIR / f"{path.name}.yaml"
-    return path
+def _config_path(path: Path, where: str) -> Path:
+    """``path``, or the shipped config of that name ("standard") when there is no such file.
+    Neither is a ``FileNotFoundError`` starting with ``where`` that names the path and the
+    closest shipped name (or all of them)."""
+    if path.exists():
+        return path
+    shipped = shipped_configs()
+    if path.suffix == "" and path.name in shipped:
+        return shipped[path.name]
+    name = path.stem if path.suffix in (".yaml", ".yml") else path.name
+    close = difflib.get_close_matches(name, list(shipped), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?" if close else f"the shipped configs are {', '.join(shipped)}"
+    raise FileNotFoundError(f"{where}: {str(path)!r} is neither a file nor a shipped config's name; {hint}")
 
 
-def _load_raw(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+def _load_raw(path: Path, chain: tuple[Path, ...], where: str = "config") -> dict[str, Any]:
     """The sections of a YAML config file as a dict, its ``base`` merged in (key by key,
-    this file's winning) and its relative paths made relative to the working directory."""
+    this file's winning) and its relative paths made relative to the working directory.
+    ``where`` starts the message when there is no such file."""
     import yaml
 
-    p = _config_path(path)
+    p = _config_path(path, where)
     text = p.read_text(encoding="utf-8")
     try:
         d = yaml.load(text, Loader=_yaml_loader())
@@ -529,7 +540,7 @@ def _load_raw(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     bp = Path(base)
     if not bp.is_absolute() and (p.parent / bp).exists():
         bp = p.parent / bp
-    merged = _load_raw(bp, (*chain, here))
+    merged = _load_raw(bp, (*chain, here), f"{p}: base")
     for key, value in d.items():
         if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
             merged[key] = {**merged[key], **value}

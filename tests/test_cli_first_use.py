@@ -110,6 +110,21 @@ def test_optimize_config_output_in_a_missing_folder_is_an_error_not_a_traceback(
         in r.stderr
 
 
+@pytest.mark.parametrize("command", ["train", "memtest", "optimize-config"])
+def test_a_misspelled_config_name_gets_the_shipped_one_suggested(tmp_path, command):
+    """It used to be "[Errno 2] No such file or directory: 'extreme_memory_optimised'"."""
+    from pyxtts.config import shipped_configs
+
+    extra = ["--output", "x.yaml"] if command == "optimize-config" else []
+    r = pyxtts_cli(tmp_path, command, "--config", "extreme_memory_optimised", *extra)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip() == (f"pyxtts {command}: config: 'extreme_memory_optimised' is neither a file nor a "
+                                "shipped config's name; did you mean 'extreme_memory_optimized'?")
+    r = pyxtts_cli(tmp_path, command, "--help")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert all(name in r.stdout for name in shipped_configs()), r.stdout
+
+
 def test_optimize_config_writes_one_yaml_style(tmp_path):
     """Every mapping in block style (the model and data sections used to come out as flow
     mappings wrapped over lines), lists on one line."""

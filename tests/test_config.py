@@ -190,6 +190,24 @@ def test_shipped_configs_present():
     assert set(shipped_configs()) == {"xtts_v2_finetune", "cpu_demo", *TIERS, *ALIASES}
 
 
+def test_a_missing_config_names_the_path_and_the_closest_shipped_name(tmp_path, monkeypatch):
+    """A misspelled name used to give "[Errno 2] No such file or directory: '...'"."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as info:
+        XTTSConfig.load("extreme_memory_optimised")
+    assert str(info.value) == ("config: 'extreme_memory_optimised' is neither a file nor a shipped config's name; "
+                               "did you mean 'extreme_memory_optimized'?")
+    with pytest.raises(FileNotFoundError, match=r"'gpu_12GB\.yaml' .*; did you mean 'gpu_12gb'\?$"):
+        XTTSConfig.load("gpu_12GB.yaml")
+    with pytest.raises(FileNotFoundError) as info:  # nothing close: every shipped name
+        XTTSConfig.load(tmp_path / "my_run.yaml")
+    assert str(info.value) == (f"config: {str(tmp_path / 'my_run.yaml')!r} is neither a file nor a shipped "
+                               f"config's name; the shipped configs are {', '.join(shipped_configs())}")
+    (tmp_path / "tier.yaml").write_text("base: standrd\n")  # in a base, the file that names it is named
+    with pytest.raises(FileNotFoundError, match=r"tier\.yaml: base: 'standrd' .*; did you mean 'standard'\?$"):
+        XTTSConfig.load(tmp_path / "tier.yaml")
+
+
 @pytest.mark.parametrize("name", ["xtts_v2_finetune", "cpu_demo", *TIERS, *ALIASES])
 def test_shipped_config_loads_and_round_trips(name, tmp_path):
     cfg = XTTSConfig.load(CONFIGS_DIR / f"{name}.yaml")
