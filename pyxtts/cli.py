@@ -82,6 +82,22 @@ def _dataset(path: str, where: str):
         raise DataError(f"{where}: {exc}") from exc
 
 
+def _train_data(data: str, want_eval: bool) -> tuple[Any, Any]:
+    """``--data``'s samples and None; for an output folder of ``pyxtts prepare`` (no shards
+    of its own, shards in ``train/``), its ``train/`` samples and, when ``want_eval``, its
+    ``eval/`` ones (None without eval/), said in one line on stderr."""
+    from pyxtts.data import prepared_splits
+
+    splits = prepared_splits(data)
+    if splits is None:
+        return _dataset(data, "--data"), None
+    train, held = splits
+    held = held if want_eval else None
+    print(f"pyxtts train: --data {data} is an output folder of pyxtts prepare: training on {train}"
+          + (f", evaluating on {held}" if held is not None else ""), file=sys.stderr)
+    return _dataset(str(train), "--data"), None if held is None else _dataset(str(held), "--data")
+
+
 def _init_from_xtts(config: Any, source: str) -> Any:
     """``--init``: the run starts from a Coqui XTTS checkpoint (the released folder, its
     ``model.pth``, or a GPTTrainer checkpoint), imported into
@@ -155,7 +171,7 @@ def _train(args: argparse.Namespace) -> int:
             if note is not None:
                 print(f"pyxtts train: {note}", file=sys.stderr)
         if args.data is not None:
-            train, held = _dataset(args.data, "--data"), None
+            train, held = _train_data(args.data, want_eval=args.eval_data is None)
         elif config.data.train_metadata is not None:
             train, held = _dataset(config.data.train_metadata, "data.train_metadata"), None
         elif demo or args.synthetic is not None:
@@ -165,8 +181,9 @@ def _train(args: argparse.Namespace) -> int:
                   f"set of {n} samples whose audio codes are a function of the text, {DEMO_EVAL} held out",
                   file=sys.stderr)
         else:
-            raise ValueError("no training data: pass --data (a folder of .npz shards or a JSONL manifest), "
-                             "set data.train_metadata in the config, or --synthetic N")
+            raise ValueError("no training data: pass --data (a folder of .npz shards, a JSONL manifest or the "
+                             "output folder of pyxtts prepare), set data.train_metadata in the config, or "
+                             "--synthetic N")
         evals = held
         if args.eval_data is not None:
             evals = _dataset(args.eval_data, "--eval-data")
@@ -255,8 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     tr = sub.add_parser("train", help="train a config (the default command; no --config: the CPU demo)")
     tr.add_argument("--config", default=None,
                     help=f"YAML config or a shipped one's name ({shipped}; default: cpu_demo on a synthetic set)")
-    tr.add_argument("--data", default=None, help="training samples: a folder of .npz shards or a JSONL manifest")
-    tr.add_argument("--eval-data", default=None, help="evaluation samples (same formats)")
+    tr.add_argument("--data", default=None,
+                    help="training samples: a folder of .npz shards, a JSONL manifest, or the --out folder of "
+                         "pyxtts prepare (its train/, and eval/ unless --eval-data)")
+    tr.add_argument("--eval-data", default=None, help="evaluation samples (a folder of .npz shards or a manifest)")
     tr.add_argument("--init", default=None, metavar="XTTS_DIR",
                     help="start from a Coqui XTTS checkpoint (the released folder or a model.pth); its model "
                          "config replaces the config's model section")

@@ -43,7 +43,7 @@ from pyxtts._args import integer
 from pyxtts.framing import AUDIO_OVERHEAD, TEXT_OVERHEAD, frame_batch
 
 __all__ = ["DataError", "Sample", "TTSDataset", "SyntheticDataset", "shard_arrays", "write_shards", "collate",
-           "collate_references", "batch_groups", "bucketed_batches"]
+           "collate_references", "batch_groups", "bucketed_batches", "prepared_splits"]
 
 
 class DataError(ValueError):
@@ -151,11 +151,34 @@ def json_lines(path: Path, error: type[ValueError] = DataError) -> Iterator[tupl
                 raise error(f"{where}: not valid JSON: {exc}") from exc
 
 
+def prepared_splits(folder: str | os.PathLike) -> tuple[Path, Path | None] | None:
+    """``(folder/train, folder/eval or None)`` when ``folder`` is an output folder of
+    ``pyxtts prepare``: no ``.npz`` shards of its own, a ``train/`` subfolder that has
+    some. None for any other path (a folder of shards, a manifest, a missing path)."""
+    folder = Path(folder)
+    train, held = folder / "train", folder / "eval"
+    if not folder.is_dir() or any(folder.glob("*.npz")) or not any(train.glob("*.npz")):
+        return None
+    return train, (held if any(held.glob("*.npz")) else None)
+
+
+def _prepared_hint(folder: Path) -> str:
+    """For a folder without shards: where its shards are when it is a prepare output folder."""
+    splits = prepared_splits(folder)
+    if splits is None:
+        return ""
+    train, held = splits
+    also = f" and {str(held)!r} (the held-out samples)" if held is not None else ""
+    return f", but it is an output folder of pyxtts prepare: load {str(train)!r} (the training samples){also}"
+
+
 class TTSDataset(Sequence):
     """Pre-tokenised samples in memory. ``TTSDataset.from_shards(folder)``,
     ``TTSDataset.from_manifest(path)`` or ``TTSDataset.load(path)`` (either); with a
     ``config`` every sample is validated on load. ``mel_stats``: the (80,) mel normalisation
-    for the reference slices (``from_shards`` reads the folder's ``mel_stats.npy``)."""
+    for the reference slices (``from_shards`` reads the folder's ``mel_stats.npy``). The
+    output folder of ``pyxtts prepare`` is not itself a folder of shards: load its
+    ``train/`` (and ``eval/``); given the folder, the ``DataError`` says so."""
 
     def __init__(self, samples: Sequence[Sample], config=None, mel_stats: np.ndarray | None = None) -> None:
         self.samples = list(samples)
@@ -174,7 +197,7 @@ class TTSDataset(Sequence):
         folder = Path(folder)
         files = sorted(folder.glob("*.npz"))
         if not files:
-            raise DataError(f"{folder}: no .npz shards found")
+            raise DataError(f"{folder}: no .npz shards found{_prepared_hint(folder)}")
         samples: list[Sample] = []
         for f in files:
             with np.load(f, allow_pickle=False) as z:

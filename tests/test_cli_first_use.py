@@ -250,6 +250,33 @@ def test_paths_in_a_config_are_relative_to_it_and_errors_name_the_field(tmp_path
     assert "pyxtts train: training.init_checkpoint: ../exp/base.safetensors: no such checkpoint file" in r.stderr
 
 
+def test_train_takes_the_output_folder_of_prepare(tmp_path):
+    """`pyxtts prepare --out shards` then `pyxtts train --data shards` used to stop at
+    "shards: no .npz shards found": the shards are in shards/train and shards/eval."""
+    from pyxtts import ModelConfig, SyntheticDataset, write_shards
+
+    model = ModelConfig(n_layers=1, d_model=32, n_heads=2, text_vocab_size=32, audio_vocab_size=40,
+                        max_text_tokens=12, max_audio_tokens=24, n_cond_latents=0)
+    write_shards(SyntheticDataset(model, 6, seed=0), tmp_path / "shards" / "train")
+    cfg = tiny_config(tmp_path, steps=2)
+    run = ("train", "--config", str(cfg), "--no-progress", "--data", "shards")
+    r = pyxtts_cli(tmp_path, *run)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "pyxtts train: --data shards is an output folder of pyxtts prepare: training on shards/train\n" \
+        in r.stderr
+    assert "trained 2 steps" in r.stdout and "eval loss" not in r.stdout
+    write_shards(SyntheticDataset(model, 4, seed=1), tmp_path / "shards" / "eval")
+    r = pyxtts_cli(tmp_path, *run, "--overwrite")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert ("pyxtts train: --data shards is an output folder of pyxtts prepare: training on shards/train, "
+            "evaluating on shards/eval\n") in r.stderr
+    assert "eval loss" in r.stdout
+    # --eval-data wins over shards/eval
+    r = pyxtts_cli(tmp_path, *run, "--overwrite", "--eval-data", "missing")
+    assert r.returncode == 2
+    assert "training on shards/train\n" in r.stderr and "pyxtts train: --eval-data: cannot read 'missing'" in r.stderr
+
+
 def test_resume_refuses_other_data_or_batch_settings(tmp_path):
     """Resuming used to accept anything: another data set or batch size continued at
     "epoch 3, batch 50" of an epoch that now had 25 batches."""

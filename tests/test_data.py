@@ -78,6 +78,24 @@ def test_validation_names_file_sample_and_position(tmp_path, rng):
         write_shards([(np.zeros(3), np.zeros(3, int))], tmp_path / "x")
 
 
+def test_the_output_folder_of_prepare_is_refused_naming_its_splits(tmp_path, rng):
+    """TTSDataset.load("shards/") on prepare's --out folder used to say only "no .npz shards found"."""
+    out = tmp_path / "shards"
+    write_shards(samples(4, rng), out / "train")
+    with pytest.raises(DataError) as info:
+        TTSDataset.load(out)
+    assert str(info.value) == (f"{out}: no .npz shards found, but it is an output folder of pyxtts prepare: "
+                               f"load {str(out / 'train')!r} (the training samples)")
+    write_shards(samples(2, rng), out / "eval")
+    with pytest.raises(DataError, match=r"load '.*/shards/train' \(the training samples\) and '.*/shards/eval' "
+                                        r"\(the held-out samples\)$"):
+        TTSDataset.load(out)
+    assert len(TTSDataset.load(out / "train")) == 4 and len(TTSDataset.load(out / "eval")) == 2
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match=r"empty: no \.npz shards found$"):  # any other folder: as before
+        TTSDataset.load(tmp_path / "empty")
+
+
 def test_collate_pads_to_the_longest_and_shifts_targets():
     s = [Sample(np.array([1, 2, 3]), np.array([4, 5])), Sample(np.array([6]), np.array([7, 8, 9, 10]))]
     b = collate(s)
