@@ -221,6 +221,22 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _nothing_prepared(result: Any) -> str:
+    """The likely cause when ``prepare`` kept no sample, in one line: missing audio files
+    (with the folder they were looked for in), else the most frequent reason for a drop."""
+    from pyxtts.prepare import REASONS
+
+    s = result.summary
+    missing = s["dropped"].get("missing", 0)
+    if missing:
+        files = "1 audio file is" if missing == 1 else f"{missing} audio files are"
+        cause = f"{files} missing under {result.audio_dir}; is --audio-dir right?"
+    else:
+        top = max(s["dropped"], key=s["dropped"].get)
+        cause = f"{s['dropped'][top]} of {s['samples']} samples were dropped as {top} ({REASONS.get(top, top)})"
+    return f"no sample could be prepared: {cause} (each sample's reason is in {result.report})"
+
+
 def _prepare(args: argparse.Namespace) -> int:
     try:
         from pyxtts.prepare import prepare
@@ -239,6 +255,9 @@ def _prepare(args: argparse.Namespace) -> int:
     except (MetadataError, FileExistsError, OSError, TypeError, ValueError) as exc:
         return _fail("prepare", exc)
     print(result.format_summary())
+    if result.summary["kept"] == 0:
+        print(f"pyxtts prepare: {_nothing_prepared(result)}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -214,12 +214,12 @@ def test_every_unusable_sample_is_reported(small, tmp_path):
         (_clip(d / "silent.wav", np.zeros(30000, np.float32)), "Silence.", {}, "silent"),
         (_clip(d / "hiss.wav", (1e-5 * rng.standard_normal(30000)).astype(np.float32)), "Hiss.", {}, "silent"),
         ("garbage.wav", "Unreadable.", {}, "unreadable"),
-        ("missing.wav", "Missing.", {}, "unreadable"),
+        ("missing.wav", "Missing.", {}, "missing"),
         (good, "   ", {}, "text_empty"),
         (good, "A snowman ☃ here.", {}, "unknown_token"),
         (good, "word " * 400, {}, "text_too_long"),
         (good, "यह 3 किताबें हैं।", {"language": "hi"}, "text_error"),  # num2words cannot spell Hindi numbers
-        (good, "Reference missing.", {"reference": "nowhere.wav"}, "reference_unreadable"),
+        (good, "Reference missing.", {"reference": "nowhere.wav"}, "reference_missing"),
         (good, "Reference silent.", {"reference": "silent.wav"}, "reference_silent"),
         (good, "Reference short.", {"reference": "short.wav"}, "reference_too_short"),
     ]
@@ -232,6 +232,9 @@ def test_every_unusable_sample_is_reported(small, tmp_path):
     report = [line.split("\t") for line in r.report.read_text().splitlines()[1:]]
     assert [x[3] for x in report] == [want for *_, want in rows]
     assert all(x[7] for x in report if x[3] not in ("kept", "text_empty")), "every drop says why"
+    details = {x[3]: x[7] for x in report}
+    assert details["missing"] == f"{d / 'missing.wav'} does not exist"  # was libsndfile's "System error"
+    assert details["reference_missing"] == f"{d / 'nowhere.wav'} does not exist"
     assert r.summary["dropped"] == {k: sum(1 for *_, w in rows if w == k) for k in {w for *_, w in rows} - {"kept"}}
     kept = list(pyxtts.TTSDataset.load(tmp_path / "out" / "train"))
     assert len(kept) == 5
@@ -309,6 +312,34 @@ def test_cli(small, tmp_path, capsys):
     assert pyxtts.cli.main(["prepare", "--xtts-dir", str(small["xtts"]), "--metadata", str(tmp_path / "none.csv"),
                             "--out", str(tmp_path / "x")]) == 2
     assert "metadata: " in capsys.readouterr().err
+
+
+def test_cli_fails_when_no_sample_is_prepared_and_says_why(small, tmp_path, capsys):
+    """With the audio not where the transcript says, prepare used to print "prepared 0 of 3
+    samples ... dropped: 3 unreadable" and exit 0, each reason libsndfile's "System error"."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "metadata.csv").write_text("".join(small["meta"].read_text().splitlines(keepends=True)[:3]))
+    def argv(out: str) -> list[str]:
+        return ["prepare", "--xtts-dir", str(small["xtts"]), "--metadata", str(corpus / "metadata.csv"),
+                "--out", str(tmp_path / out), "--no-progress"]
+
+    assert pyxtts.cli.main(argv("o")) == 2
+    out, err = capsys.readouterr()
+    assert "prepared 0 of 3 samples" in out and "dropped: 3 missing" in out
+    assert err == (f"pyxtts prepare: no sample could be prepared: 3 audio files are missing under "
+                   f"{corpus / 'wavs'}; is --audio-dir right? (each sample's reason is in "
+                   f"{tmp_path / 'o' / 'report.tsv'})\n")
+    report = [x.split("\t") for x in (tmp_path / "o" / "report.tsv").read_text().splitlines()[1:]]
+    assert [(x[3], x[7]) for x in report] == [("missing", f"{corpus / 'wavs' / x[2]}.wav does not exist")
+                                              for x in report]
+    assert pyxtts.cli.main(argv("o") + ["--audio-dir", str(small["wavs"][0].parent)]) == 0  # the right folder: done
+    assert "prepared 3 of 3 samples" in capsys.readouterr().out
+    # nothing missing: the most frequent reason
+    (corpus / "metadata.csv").write_text("a| | \nb| | \n")
+    assert pyxtts.cli.main(argv("e")) == 2
+    assert ("pyxtts prepare: no sample could be prepared: 2 of 2 samples were dropped as text_empty (the "
+            "transcript is empty)") in capsys.readouterr().err
 
 
 def test_missing_extra_is_named(small, tmp_path, monkeypatch):

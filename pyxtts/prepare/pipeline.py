@@ -42,7 +42,7 @@ from pyxtts.data import shard_arrays
 from pyxtts.prepare.assets import XTTSAssets
 from pyxtts.prepare.audio import DVAE_MEL, SAMPLE_RATE, SILENCE_PEAK, AudioError, load_audio, mel_spectrogram
 from pyxtts.prepare.cleaners import clean_text
-from pyxtts.prepare.sources import Item, read_metadata
+from pyxtts.prepare.sources import Item, audio_folder, read_metadata
 
 __all__ = ["MAX_WAV_SAMPLES", "MIN_SECONDS", "REASONS", "PrepareResult", "prepare"]
 
@@ -51,7 +51,8 @@ MAX_WAV_SAMPLES = 255995  # Coqui's GPTArgs.max_wav_length (~11.6 s)
 MIN_SECONDS = 0.5  # Coqui's XTTSDataset drops shorter clips
 
 REASONS = {
-    "unreadable": "the audio file is missing or libsndfile cannot read it",
+    "missing": "the audio file does not exist",
+    "unreadable": "libsndfile cannot read the audio file",
     "silent": f"the clip's peak stays below {SILENCE_PEAK} (-60 dBFS)",
     "too_short": "shorter than the minimum duration",
     "too_long": "more samples at 22,050 Hz than the maximum (Coqui: 255,995)",
@@ -60,7 +61,8 @@ REASONS = {
     "unknown_token": "the cleaned transcript has characters the vocabulary lacks ([UNK]) or a [STOP] token",
     "text_too_long": "more text ids than the model's text positions",
     "codes_too_long": "more audio codes than the model's audio positions",
-    "reference_unreadable": "the reference recording is missing or unreadable",
+    "reference_missing": "the reference recording does not exist",
+    "reference_unreadable": "libsndfile cannot read the reference recording",
     "reference_silent": "the reference recording is silent",
     "reference_too_short": "the reference recording is shorter than the minimum duration",
 }
@@ -95,6 +97,7 @@ class PrepareResult:
     eval: Path | None
     report: Path
     summary: dict[str, Any]
+    audio_dir: Path | None = None  # the folder the transcript's relative audio paths start from
 
     def format_summary(self) -> str:
         s = self.summary
@@ -131,6 +134,8 @@ def _init_worker(xtts_dir: str, limits: _Limits) -> None:
 
 def _read_clip(path: Path, limits: _Limits) -> tuple[np.ndarray | None, str, str]:
     """(wav, reason, detail): wav None when the clip cannot be used."""
+    if not path.exists():
+        return None, "missing", f"{path} does not exist"
     try:
         wav = load_audio(path)
     except AudioError as exc:
@@ -183,7 +188,7 @@ def _process(item: Item) -> _Record:
     ref, ref_is_clip = wav, True
     if item.reference is not None:
         ref, reason, detail = _read_clip(item.reference, limits)
-        if reason:  # unreadable, too_short or silent
+        if reason:  # missing, unreadable, too_short or silent
             rec.status, rec.detail = f"reference_{reason}", detail
             return rec
         ref_is_clip = False
@@ -344,6 +349,7 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
     folder = XTTSAssets.check_folder(xtts_dir)
     assets = XTTSAssets.load(folder)
     items = read_metadata(metadata, audio_dir, language, metadata_format)
+    audio_base = audio_folder(metadata, audio_dir, metadata_format)
     for lang in sorted({it.language for it in items}):  # a missing language package fails now, not per sample
         try:
             clean_text("1 a.", lang)
@@ -437,11 +443,11 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
         bar.close()
 
     now = {(sh.split, sh.index) for sh in todo}
-    return _finish(out, shards, rows, now, len(items), workers, time.perf_counter() - start)
+    return _finish(out, shards, rows, now, len(items), workers, time.perf_counter() - start, audio_base)
 
 
 def _finish(out: Path, shards: list[_Shard], rows: dict[tuple[str, int], list[dict]], now: set[tuple[str, int]],
-            n_items: int, workers: int, wall: float) -> PrepareResult:
+            n_items: int, workers: int, wall: float, audio_dir: Path) -> PrepareResult:
     report = out / "report.tsv"
     lines = ["split\tshard\tkey\tstatus\tseconds\ttext_tokens\taudio_codes\tdetail\twhere"]
     dropped: Counter = Counter()
@@ -479,4 +485,5 @@ def _finish(out: Path, shards: list[_Shard], rows: dict[tuple[str, int], list[di
         "processed_seconds": processed, "audio_seconds_per_second": processed / wall if wall else 0.0,
     }
     _write_json(out / "summary.json", summary)
-    return PrepareResult(out, out / "train", out / "eval" if "eval" in splits else None, report, summary)
+    return PrepareResult(out, out / "train", out / "eval" if "eval" in splits else None, report, summary,
+                         audio_dir)

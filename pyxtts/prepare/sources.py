@@ -22,7 +22,7 @@ from pathlib import Path
 from pyxtts.data import json_lines
 from pyxtts.prepare.text import normalize_language
 
-__all__ = ["Item", "MetadataError", "read_metadata", "detect_format"]
+__all__ = ["Item", "MetadataError", "audio_folder", "read_metadata", "detect_format"]
 
 
 class MetadataError(ValueError):
@@ -103,6 +103,15 @@ def _jsonl(path: Path, audio_dir: Path, language: str) -> list[Item]:
     return items
 
 
+def audio_folder(metadata: str | os.PathLike, audio_dir: str | os.PathLike | None, fmt: str | None = None) -> Path:
+    """The folder a transcript's relative audio paths start from: ``audio_dir`` when given,
+    else ``wavs/`` beside an LJSpeech file, else the transcript's folder."""
+    path = Path(metadata)
+    if audio_dir is not None:
+        return Path(audio_dir)
+    return path.parent / "wavs" if (fmt or detect_format(path)) == "ljspeech" else path.parent
+
+
 def read_metadata(metadata: str | os.PathLike, audio_dir: str | os.PathLike | None, language: str,
                   fmt: str | None = None) -> list[Item]:
     """Every sample of a transcript file, in file order (format detected unless ``fmt``)."""
@@ -113,12 +122,9 @@ def read_metadata(metadata: str | os.PathLike, audio_dir: str | os.PathLike | No
     fmt = fmt or detect_format(path)
     if fmt not in ("ljspeech", "coqui", "jsonl"):
         raise ValueError(f"fmt: expected 'ljspeech', 'coqui' or 'jsonl', got {fmt!r}")
-    if audio_dir is None:
-        base = path.parent / "wavs" if fmt == "ljspeech" else path.parent
-    else:
-        base = Path(audio_dir)
-        if not base.is_dir():
-            raise FileNotFoundError(f"audio_dir: {str(base)!r} is not a folder")
+    base = audio_folder(path, audio_dir, fmt)
+    if audio_dir is not None and not base.is_dir():
+        raise FileNotFoundError(f"audio_dir: {str(base)!r} is not a folder")
     reader = {"ljspeech": _ljspeech, "coqui": _coqui, "jsonl": _jsonl}[fmt]
     try:
         items = reader(path, base, lang)
