@@ -205,6 +205,33 @@ def test_a_host_too_small_is_an_out_of_memory_error_before_anything_changes():
     assert pyxtts.memory_allocated("host") == host0 and state_diff(model.state_dict(), before) == []
 
 
+@pytest.mark.parametrize("offload", [False, True])
+def test_a_failed_construction_leaves_the_models_plans_as_they_were(offload):
+    """The bytes of the state are added to the model's plans once it is built; a
+    construction that ran out of memory took off bytes it had never added (the plans said
+    -72704 bytes of optimizer state after one)."""
+    model = pyxtts.XTTSGPT(CFG, seed=2)
+    before = model.estimate_memory(2, 10, 16)
+    pool = "host" if offload else "cpu"
+    for after in range(8):
+        pyxtts.testing.inject_oom(after, pool)
+        try:
+            opt = optimizer(model, offload, 1000)
+        except pyxtts.OutOfMemoryError:
+            opt = None
+        finally:
+            pyxtts.testing.inject_oom(None, pool)
+        if opt is None:
+            assert model.estimate_memory(2, 10, 16) == before, after
+        else:  # past the construction's requests: it was built, and counts
+            assert model.estimate_memory(2, 10, 16).optimizer == opt.state_bytes
+            del opt
+            assert model.estimate_memory(2, 10, 16) == before
+            break
+    else:
+        raise AssertionError("the construction never got past its faults")
+
+
 @pytest.mark.parametrize("kwargs, kind, text", [
     ({"state_device": "cuda:0"}, ValueError, "state_device: expected None .* or 'cpu' .*, got 'cuda:0'"),
     ({"state_device": "host"}, ValueError, "state_device: .*got 'host'"),

@@ -233,7 +233,8 @@ int pxt_adamw_init(pxt_adamw *o, pxt_flat *f, const pxt_adamw_hparams *h, int em
                                      parameters themselves */
         rc = sb->copy(sd, o->ema->data, master_of(o), fb, PXT_COPY_D2D);
     }
-    if (rc != PXT_OK) {
+    if (rc != PXT_OK) { /* f's plans never counted these bytes: nothing to take off them */
+        o->state_bytes = o->host_bytes = 0;
         pxt_adamw_free(o);
         return rc;
     }
