@@ -115,6 +115,11 @@ static char *stage_p(const pxt_adamw *o, int i) {
            (size_t)i * stage_p_bytes(o->chunk, o->flat->dt);
 }
 
+/* Elements of the chunk that starts at element lo (the last one may be short). */
+static size_t chunk_len(const pxt_adamw *o, size_t lo) {
+    return o->n - lo < o->chunk ? o->n - lo : o->chunk;
+}
+
 /* nbytes on the model's device, or in the host pool when offloaded. */
 static int reserve(pxt_adamw *o, pxt_storage **s, size_t nbytes, int host) {
     if (!host) {
@@ -159,7 +164,7 @@ static int download_params(pxt_adamw *o, float *dst) {
     size_t esz = pxt_dtype_size(f->dt);
     char *p = stage_p(o, 0);
     for (size_t lo = 0; lo < o->n; lo += o->chunk) {
-        size_t len = o->n - lo < o->chunk ? o->n - lo : o->chunk;
+        size_t len = chunk_len(o, lo);
         PXT_TRY(
             f->be->copy(f->device.index, p, f->params->data + lo * esz, len * esz, PXT_COPY_D2H));
         PXT_TRY(host_be()->cast(0, dst + lo, PXT_FLOAT32, p, f->dt, len));
@@ -276,7 +281,7 @@ enum { FENCE_G = 0, FENCE_P = 2 };
 static int fetch_grads(pxt_adamw *o, size_t c) {
     const pxt_flat *f = o->flat;
     int d = f->device.index, i = (int)(c & 1);
-    size_t lo = c * o->chunk, len = o->n - lo < o->chunk ? o->n - lo : o->chunk;
+    size_t lo = c * o->chunk, len = chunk_len(o, lo);
     PXT_TRY(f->be->copy_async(d, stage_g(o, i), (const float *)f->grads->data + lo,
                               len * sizeof(float), PXT_COPY_D2H));
     return f->be->fence_record(d, FENCE_G + i);
@@ -316,16 +321,20 @@ static int offload_update(pxt_adamw *o, const pxt_adamw_args *a) {
     const pxt_flat *f = o->flat;
     const pxt_backend *be = f->be;
     int d = f->device.index;
-    size_t esz = pxt_dtype_size(f->dt), chunks = (o->n + o->chunk - 1) / o->chunk;
     const pxt_adamw_segment *all = (const pxt_adamw_segment *)o->segments->data;
+    /* up to the end of the last tensor this step updates: the conditioning path's tail,
+     * left alone under fixed latents, is neither fetched nor sent */
+    int last = a->n_segments - 1;
+    size_t used = last >= 0 ? all[last].offset + all[last].numel : 0;
+    size_t esz = pxt_dtype_size(f->dt), chunks = (used + o->chunk - 1) / o->chunk;
     pxt_adamw_segment *clip = (pxt_adamw_segment *)o->segments->data + o->n_segments;
     float *master = fdata(o->master), *m = fdata(o->m), *v = fdata(o->v);
     float *ema = o->ema ? fdata(o->ema) : NULL;
     int first = 0;
-    int rc = fetch_grads(o, 0);
+    int rc = chunks ? fetch_grads(o, 0) : PXT_OK;
     for (size_t c = 0; c < chunks && rc == PXT_OK; c++) {
         int i = (int)(c & 1);
-        size_t lo = c * o->chunk, len = o->n - lo < o->chunk ? o->n - lo : o->chunk;
+        size_t lo = c * o->chunk, len = chunk_len(o, lo);
         if (c + 1 < chunks) { /* into g[1 - i], which chunk c - 1's update has done reading */
             rc = fetch_grads(o, c + 1);
         }
@@ -371,7 +380,7 @@ static int upload_params(pxt_adamw *o, const float *src) {
     size_t esz = pxt_dtype_size(f->dt);
     for (size_t c = 0, lo = 0; lo < o->n && rc == PXT_OK; c++, lo += o->chunk) {
         int i = (int)(c & 1);
-        size_t len = o->n - lo < o->chunk ? o->n - lo : o->chunk;
+        size_t len = chunk_len(o, lo);
         rc = f->be->fence_wait(d, FENCE_P + i);
         if (rc == PXT_OK) {
             rc = host_be()->cast(0, stage_p(o, i), f->dt, src + lo, PXT_FLOAT32, len);
