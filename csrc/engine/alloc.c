@@ -575,13 +575,16 @@ pxt_allocator *pxt_allocator_get(pxt_device dev) {
 /* The host pool: one per process, made through its first user's backend. */
 static pxt_allocator *host_pool;
 
+int pxt_host_pool_pinned(pxt_device user) {
+    const pxt_backend *cuda = pxt_backend_for(PXT_CUDA);
+    return user.type == PXT_CUDA || (cuda && cuda->device_count() > 0);
+}
+
 pxt_allocator *pxt_host_pool(pxt_device user) {
     pthread_mutex_lock(&registry_lock);
     pxt_allocator *a = host_pool;
     if (!a) { /* pinned wherever a GPU is: its copies then need no bounce, whoever asked */
-        const pxt_backend *cuda = pxt_backend_for(PXT_CUDA);
-        int gpu = user.type == PXT_CUDA || (cuda && cuda->device_count() > 0);
-        const pxt_backend *be = gpu ? cuda : pxt_backend_for(PXT_CPU);
+        const pxt_backend *be = pxt_backend_for(pxt_host_pool_pinned(user) ? PXT_CUDA : PXT_CPU);
         if (!be || !be->host_alloc) {
             pthread_mutex_unlock(&registry_lock);
             pxt_error(PXT_ERR_VALUE, "this build has no host memory for the %s backend",

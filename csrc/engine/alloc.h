@@ -53,6 +53,8 @@ pxt_device pxt_allocator_device(const pxt_allocator *a);
  * Later users share it. Its blocks are CPU memory (the CPU backend computes on
  * them); pxt_allocator_device says PXT_CPU. */
 pxt_allocator *pxt_host_pool(pxt_device user);
+/* Whether the host pool is page-locked when made for user (what plans report). */
+int pxt_host_pool_pinned(pxt_device user);
 int pxt_allocator_is_host(const pxt_allocator *a);
 
 /* A block of at least nbytes (nbytes > 0), 256-byte aligned. On failure

@@ -318,12 +318,6 @@ static size_t budget_left(long long budget, size_t fixed) {
     return (size_t)(budget > 0 ? budget : 0) > fixed ? (size_t)budget - fixed : 0;
 }
 
-/* The host pool is page-locked for a GPU's state, and wherever a GPU is (pxt_host_pool). */
-static int pool_pinned(pxt_device dev) {
-    const pxt_backend *cuda = pxt_backend_for(PXT_CUDA);
-    return dev.type == PXT_CUDA || (cuda && cuda->device_count() > 0);
-}
-
 /* estimate_memory(batch_size, text_len, audio_len, cond_len=None, checkpointing=None,
  *                 train=True, budget=None, optimizer=None, cond_frames=0,
  *                 offload=False) -> dict
@@ -387,7 +381,7 @@ static PyObject *gpt_estimate(PyObject *op, PyObject *args, PyObject *kwargs) {
         return pxt_raise(rc);
     }
     PyObject *d = plan_dict(f->layout.numel, pxt_flat_num_parameters(f), f->dt, &p, opt,
-                            pool_pinned(f->device));
+                            pxt_host_pool_pinned(f->device));
     pxt_plan_free(&p);
     return d;
 }
@@ -460,7 +454,7 @@ static PyObject *py_plan_memory(PyObject *mod, PyObject *args, PyObject *kwargs)
     if (rc != PXT_OK) {
         return pxt_raise(rc);
     }
-    PyObject *d = plan_dict(n_params, count, dt, &p, opt, pool_pinned(dev.value));
+    PyObject *d = plan_dict(n_params, count, dt, &p, opt, pxt_host_pool_pinned(dev.value));
     pxt_plan_free(&p);
     return d;
 }
