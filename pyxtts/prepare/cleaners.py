@@ -203,3 +203,61 @@ def clean_text(text: str, lang: str) -> str:
     elif lang == "ko":
         text = _hangul_romanize(text)
     return text
+
+
+# ---- a language XTTS v2 does not speak ---------------------------------------------------
+
+# typographic punctuation -> the ASCII XTTS v2's vocabulary was trained on
+_PUNCTUATION = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u2032": "'",
+                              "\u201c": "", "\u201d": "", "\u201e": "", "\u00ab": "", "\u00bb": "", '"': "",
+                              "\u2013": "-", "\u2014": "-", "\u2012": "-", "\u2212": "-", "\u00a0": " ",
+                              "\u2026": "...", "\u3002": ".", "\uff0c": ",", "\uff01": "!", "\uff1f": "?"})
+_DIGIT_RE = re.compile(r"\d")
+_LANGUAGE_CODE_RE = re.compile(r"[a-z]{2,3}")
+
+
+def check_language_code(language: str, argument: str = "language") -> str:
+    """The code of a language as a ``[code]`` token: two or three lowercase ASCII letters (ISO
+    639-1 or 639-3), after a region suffix is cut ("vi-VN" -> "vi"); ValueError otherwise."""
+    if not isinstance(language, str):
+        raise TypeError(f"{argument}: expected a str such as 'vi', got {type(language).__name__}")
+    code = language.split("-")[0]
+    if not _LANGUAGE_CODE_RE.fullmatch(code):
+        raise ValueError(f"{argument}: expected an ISO 639 code of 2 or 3 lowercase letters such as 'vi' or "
+                         f"'swa' (a region suffix such as '-VN' is ignored), got {language!r}")
+    return code
+
+
+def num2words_knows(lang: str) -> bool:
+    """Whether num2words can spell numbers in ``lang`` (so digits are expanded)."""
+    return lang in _num2words_languages()
+
+
+@lru_cache(maxsize=1)
+def _num2words_languages() -> frozenset[str]:
+    return frozenset(require("num2words", "expanding numbers in text").CONVERTER_CLASSES)
+
+
+def clean_new_language(text: str, lang: str) -> str:
+    """The cleaning of a language XTTS v2 does not speak (``prepare --new-language``), the same
+    at training and at inference (``pyxtts.coqui.enable_language``): Unicode NFC; typographic
+    quotes, dashes and ellipses to ASCII (double quotes dropped, as XTTS v2 drops them);
+    lowercase (a no-op for scripts without case); decimals, ordinals-free integers and
+    thousands (``1,000``/``1.000``) spelled by num2words when it knows ``lang``, digits left
+    as they are otherwise (``has_digits`` finds them); whitespace collapsed."""
+    import unicodedata
+
+    if not isinstance(text, str):
+        raise TypeError(f"text: expected a str, got {type(text).__name__}")
+    text = unicodedata.normalize("NFC", text).translate(_PUNCTUATION).lower()
+    if num2words_knows(lang) and _DIGIT_RE.search(text):
+        n2w = _num2words()
+        text = _THOUSANDS_COMMA_RE.sub(_strip_separator(","), text)
+        text = _DECIMAL_RE.sub(lambda m: " " + n2w(float(m.group(1).replace(",", ".")), lang=lang) + " ", text)
+        text = _INTEGER_RE.sub(lambda m: " " + n2w(int(m.group(0)), lang=lang) + " ", text)
+    text = _WHITESPACE_RE.sub(" ", text).strip()
+    return re.sub(r" ([.,!?;:])", r"\1", text)  # "mười ." -> "mười." after a spelled number
+
+
+def has_digits(text: str) -> bool:
+    return _DIGIT_RE.search(text) is not None

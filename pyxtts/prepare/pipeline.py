@@ -12,6 +12,8 @@ Output folder::
     OUT/eval/shard-NNNNN.npz  the held-out samples (eval_fraction > 0)
     OUT/report.tsv            every sample: kept, or the reason it was dropped
     OUT/summary.json          counts, hours, tokens per second of speech, throughput
+    OUT/vocab.json            with --new-language: XTTS v2's vocabulary extended by the
+                              language's tokens (``pyxtts.prepare.vocab``); the ids are its
 
 Shard j of a split holds the kept samples among that split's items j*S .. (j+1)*S - 1 (S =
 samples_per_shard) in transcript order, so the output depends only on the inputs and the
@@ -41,8 +43,11 @@ from pyxtts._args import flag, integer, real
 from pyxtts.data import shard_arrays
 from pyxtts.prepare.assets import XTTSAssets
 from pyxtts.prepare.audio import DVAE_MEL, SAMPLE_RATE, SILENCE_PEAK, AudioError, load_audio, mel_spectrogram
-from pyxtts.prepare.cleaners import clean_text
+from pyxtts.prepare.cleaners import clean_new_language, clean_text, has_digits, num2words_knows
 from pyxtts.prepare.sources import Item, audio_folder, read_metadata
+from pyxtts.prepare.text import XTTSTokenizer
+from pyxtts.prepare.vocab import (DEFAULT_NEW_TOKENS, MAX_NEW_TOKENS, check_new_language, extend_vocab,
+                                  read_vocab_doc, vocab_sha256)
 
 __all__ = ["MAX_WAV_SAMPLES", "MIN_SECONDS", "REASONS", "PrepareResult", "prepare"]
 
@@ -86,6 +91,7 @@ class _Record:
     seconds: float = 0.0  # of the clip, when it could be read
     text_tokens: int = 0
     audio_codes: int = 0
+    digits: bool = False  # a new language's digits num2words cannot spell, kept as they are
     arrays: dict[str, Any] | None = field(default=None, repr=False)  # text, audio, ref_audio, ref_is_clip
 
 
@@ -112,6 +118,17 @@ class PrepareResult:
                          + f" (each listed in {self.report.name})")
         else:
             lines.append("  dropped: none")
+        new = s.get("new_language")
+        if new:
+            lines.append(f"  new language [{new['language']}]: {new['added_tokens']} tokens added to XTTS v2's "
+                         f"{new['base_size']} ({new['characters']} of them characters) in {self.out / 'vocab.json'}")
+            if new.get("held_out_characters"):
+                lines.append(f"  held-out text: {new['held_out_unk']} [UNK], {new['tokens_per_char']:.3f} tokens per "
+                             f"character ({new['base_tokens_per_char']:.3f} with XTTS v2's vocabulary)")
+            if new["digits"]:
+                lines.append(f"  {len(new['digits'])} kept sample(s) still hold digits, which num2words cannot spell in "
+                             f"{new['language']!r} (listed in {self.report.name}; write them out as words): "
+                             + ", ".join(new["digits"][:5]) + (", ..." if len(new["digits"]) > 5 else ""))
         if s["kept"]:
             lines.append(f"  {s['text_tokens_per_second']:.2f} text tokens and {s['audio_codes_per_second']:.2f} "
                          "audio codes per second of speech")
@@ -127,9 +144,12 @@ _ASSETS: XTTSAssets | None = None
 _LIMITS: _Limits | None = None
 
 
-def _init_worker(xtts_dir: str, limits: _Limits) -> None:
+def _init_worker(xtts_dir: str, limits: _Limits, vocab: str | None = None) -> None:
+    """Loads the checkpoint's assets; ``vocab``: an extended vocabulary to tokenize with."""
     global _ASSETS, _LIMITS
     _ASSETS, _LIMITS = XTTSAssets.load(xtts_dir), limits
+    if vocab is not None:
+        _ASSETS.tokenizer = XTTSTokenizer(vocab)
 
 
 def _read_clip(path: Path, limits: _Limits) -> tuple[np.ndarray | None, str, str]:
@@ -163,6 +183,8 @@ def _process(item: Item) -> _Record:
         rec.status, rec.detail = "text_error", f"{type(exc).__name__}: {exc}"
         return rec
     rec.text_tokens = len(ids)
+    new_lang = item.language in tok.added_languages
+    rec.digits = new_lang and not num2words_knows(item.language) and has_digits(tok.clean(item.text, item.language))
     bad = {t for t in ("[UNK]", "[STOP]") if tok.token_id(t) is not None and tok.token_id(t) in ids}
     wav, reason, detail = _read_clip(item.audio, limits)
     if wav is not None:
@@ -199,6 +221,8 @@ def _process(item: Item) -> _Record:
     rec.audio_codes = n_codes
     rec.arrays = {"text": np.asarray(ids, dtype=np.int64), "audio": codes[:n_codes], "ref_audio": ref,
                   "ref_is_clip": ref_is_clip}
+    if rec.digits:
+        rec.detail = f"kept with digits num2words cannot spell in {item.language!r}: {tok.clean(item.text, item.language)!r}"
     return rec
 
 
@@ -275,6 +299,27 @@ class _Shard:
         return rows
 
 
+def _new_language_texts(items: list[Item], code: str) -> list[str]:
+    """The cleaned transcripts of the new language (a manifest may mix in others)."""
+    return [clean_new_language(it.text, code) for it in items if it.language == code]
+
+
+def _held_out_figures(base: XTTSTokenizer, extended: XTTSTokenizer, texts: list[str]) -> dict[str, Any]:
+    """[UNK] count and tokens per character of the held-out text under the extended and the
+    base vocabulary (the language token and the text's own characters only, as encode sees them)."""
+    unk = extended.token_id("[UNK]")
+    n_ext = n_base = n_unk = chars = 0
+    for t in texts:
+        piece = t.replace(" ", "[SPACE]")
+        ids = extended.tokenizer.encode(piece).ids
+        n_ext += len(ids)
+        n_unk += ids.count(unk) if unk is not None else 0
+        n_base += len(base.tokenizer.encode(piece).ids)
+        chars += len(t)
+    return {"held_out_characters": chars, "held_out_unk": n_unk, "tokens_per_char": n_ext / chars if chars else 0.0,
+            "base_tokens_per_char": n_base / chars if chars else 0.0}
+
+
 def _split(items: list[Item], eval_fraction: float, seed: int) -> tuple[list[Item], list[Item]]:
     if eval_fraction == 0:
         return items, []
@@ -320,7 +365,7 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
             workers: int = 1, samples_per_shard: int = 256, seed: int = 0, overwrite: bool = False,
             max_wav_samples: int = MAX_WAV_SAMPLES, min_seconds: float = MIN_SECONDS,
             max_text_tokens: int | None = None, metadata_format: str | None = None,
-            progress: bool = True) -> PrepareResult:
+            progress: bool = True, new_language: bool = False, new_tokens: int = DEFAULT_NEW_TOKENS) -> PrepareResult:
     """Turns a transcript file and its recordings into training shards for XTTS v2.
 
     ``xtts_dir``: the XTTS v2 checkpoint folder (``config.json``, ``vocab.json``, ``dvae.pth``,
@@ -334,6 +379,9 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
     ``workers``: processes (each gets its share of the cores). Limits, as Coqui's trainer:
     ``max_wav_samples`` at 22,050 Hz, ``min_seconds``, ``max_text_tokens`` (default: the
     model's ``gpt_max_text_tokens``); audio codes must fit the model's audio positions.
+    ``new_language``: ``language`` is one XTTS v2 does not speak; ``new_tokens`` BPE tokens
+    learnt from the training split's transcripts extend the vocabulary (``OUT/vocab.json``,
+    ``pyxtts.prepare.vocab``), and the ids are that vocabulary's.
     """
     # as plain ints and floats: they go into the output's settings file (JSON)
     eval_fraction = real("eval_fraction", eval_fraction, minimum=0.0, maximum=1.0, below=True)
@@ -345,12 +393,16 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
     if max_text_tokens is not None:
         max_text_tokens = integer("max_text_tokens", max_text_tokens, minimum=1)
     overwrite = flag("overwrite", overwrite)
+    new_language = flag("new_language", new_language)
+    new_code = check_new_language(language) if new_language else None
+    if new_language:
+        new_tokens = integer("new_tokens", new_tokens, minimum=1, maximum=MAX_NEW_TOKENS)
     start = time.perf_counter()
     folder = XTTSAssets.check_folder(xtts_dir)
     assets = XTTSAssets.load(folder)
-    items = read_metadata(metadata, audio_dir, language, metadata_format)
+    items = read_metadata(metadata, audio_dir, language, metadata_format, () if new_code is None else (new_code,))
     audio_base = audio_folder(metadata, audio_dir, metadata_format)
-    for lang in sorted({it.language for it in items}):  # a missing language package fails now, not per sample
+    for lang in sorted({it.language for it in items} - {new_code}):  # a missing package fails now, not per sample
         try:
             clean_text("1 a.", lang)
         except ImportError:
@@ -364,6 +416,13 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
     settings = {"format": FORMAT, "xtts_files": XTTSAssets.fingerprint(folder), "limits": asdict(limits),
                 "eval_fraction": eval_fraction, "seed": seed, "samples_per_shard": samples_per_shard,
                 "language": language}
+    train_items, eval_items = _split(items, eval_fraction, seed)
+    vocab_doc = None
+    if new_code is not None:  # before anything is written: a refusal leaves the folder as it was
+        base_doc = read_vocab_doc(folder / "vocab.json")
+        vocab_doc, ext = extend_vocab(base_doc, _new_language_texts(train_items, new_code), new_code, new_tokens)
+        settings["new_language"] = {"language": new_code, "new_tokens": new_tokens,
+                                    "vocab_sha256": vocab_sha256(vocab_doc)}
 
     out = Path(out)
     manifest = out / "prepare.json"
@@ -387,9 +446,13 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
                 elif p.exists():
                     p.unlink()
     out.mkdir(parents=True, exist_ok=True)
+    vocab_path = None
+    if vocab_doc is not None:
+        vocab_path = out / "vocab.json"
+        _write_json(vocab_path, vocab_doc)
+    elif (out / "vocab.json").exists():  # from an earlier --new-language run of this folder (overwritten)
+        (out / "vocab.json").unlink()
     _write_json(manifest, {"settings": settings, "metadata": str(Path(metadata).resolve())})
-
-    train_items, eval_items = _split(items, eval_fraction, seed)
     shards: list[_Shard] = []
     for split, split_items in (("train", train_items), ("eval", eval_items)):
         sub = out / split
@@ -420,13 +483,14 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
     bar = _progress(progress, len(items), len(items) - len(queue))
     try:
         if workers == 1 or len(queue) <= 1:
-            _init_worker(str(folder), limits)
+            _init_worker(str(folder), limits, None if vocab_path is None else str(vocab_path))
             results = map(_process, queue)
             pool = None
         else:
             with _BlasThreads(workers):
-                pool = multiprocessing.get_context("spawn").Pool(min(workers, len(queue)), _init_worker,
-                                                                 (str(folder), limits))
+                pool = multiprocessing.get_context("spawn").Pool(
+                    min(workers, len(queue)), _init_worker,
+                    (str(folder), limits, None if vocab_path is None else str(vocab_path)))
             results = pool.imap(_process, queue)
         try:
             for sh in todo:
@@ -443,7 +507,19 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
         bar.close()
 
     now = {(sh.split, sh.index) for sh in todo}
-    return _finish(out, shards, rows, now, len(items), workers, time.perf_counter() - start, audio_base)
+    result = _finish(out, shards, rows, now, len(items), workers, time.perf_counter() - start, audio_base)
+    if vocab_path is not None and new_code is not None:
+        new = {"language": new_code, "base_size": ext.base_size, "size": ext.size,
+               "added_tokens": len(ext.added) - 1, "characters": ext.characters, "requested_tokens": new_tokens,
+               "vocab": str(vocab_path), "vocab_sha256": vocab_sha256(vocab_doc),
+               "digits": [r["key"] for sh in shards for r in rows[(sh.split, sh.index)]
+                          if r["status"] == "kept" and r.get("digits")]}
+        held = _new_language_texts(eval_items, new_code)
+        if held:
+            new.update(_held_out_figures(assets.tokenizer, XTTSTokenizer(vocab_path), held))
+        result.summary["new_language"] = new
+        _write_json(out / "summary.json", result.summary)
+    return result
 
 
 def _finish(out: Path, shards: list[_Shard], rows: dict[tuple[str, int], list[dict]], now: set[tuple[str, int]],

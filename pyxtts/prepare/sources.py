@@ -84,7 +84,7 @@ def _coqui(path: Path, audio_dir: Path, language: str) -> list[Item]:
     return items
 
 
-def _jsonl(path: Path, audio_dir: Path, language: str) -> list[Item]:
+def _jsonl(path: Path, audio_dir: Path, language: str, added: tuple[str, ...] = ()) -> list[Item]:
     items = []
     for where, rec in json_lines(path, MetadataError):
         if not isinstance(rec, dict) or not isinstance(rec.get("audio"), str) \
@@ -95,7 +95,7 @@ def _jsonl(path: Path, audio_dir: Path, language: str) -> list[Item]:
         if ref is not None and not isinstance(ref, str):
             raise MetadataError(f"{where}: 'reference' must be a path (a string), got {ref!r}")
         try:
-            lang = normalize_language(rec.get("language", language))
+            lang = normalize_language(rec.get("language", language), added)
         except (TypeError, ValueError) as exc:
             raise MetadataError(f"{where}: {exc}") from exc
         items.append(Item(rec["audio"], _resolve(audio_dir, rec["audio"]), rec["text"], lang,
@@ -113,12 +113,13 @@ def audio_folder(metadata: str | os.PathLike, audio_dir: str | os.PathLike | Non
 
 
 def read_metadata(metadata: str | os.PathLike, audio_dir: str | os.PathLike | None, language: str,
-                  fmt: str | None = None) -> list[Item]:
-    """Every sample of a transcript file, in file order (format detected unless ``fmt``)."""
+                  fmt: str | None = None, added: tuple[str, ...] = ()) -> list[Item]:
+    """Every sample of a transcript file, in file order (format detected unless ``fmt``);
+    ``added``: the languages XTTS v2 does not speak that the lines may name (a new language)."""
     path = Path(metadata)
     if not path.is_file():
         raise FileNotFoundError(f"metadata: {str(path)!r} is not a file")
-    lang = normalize_language(language)
+    lang = normalize_language(language, added)
     fmt = fmt or detect_format(path)
     if fmt not in ("ljspeech", "coqui", "jsonl"):
         raise ValueError(f"fmt: expected 'ljspeech', 'coqui' or 'jsonl', got {fmt!r}")
@@ -127,7 +128,7 @@ def read_metadata(metadata: str | os.PathLike, audio_dir: str | os.PathLike | No
         raise FileNotFoundError(f"audio_dir: {str(base)!r} is not a folder")
     reader = {"ljspeech": _ljspeech, "coqui": _coqui, "jsonl": _jsonl}[fmt]
     try:
-        items = reader(path, base, lang)
+        items = reader(path, base, lang, added) if fmt == "jsonl" else reader(path, base, lang)
     except UnicodeDecodeError as exc:
         raise MetadataError(f"{path}: not UTF-8 text ({exc})") from exc
     if not items:
