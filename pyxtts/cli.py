@@ -98,12 +98,13 @@ def _train_data(data: str, want_eval: bool) -> tuple[Any, Any]:
     return _dataset(str(train), "--data"), None if held is None else _dataset(str(held), "--data")
 
 
-def _init_from_xtts(config: Any, source: str) -> Any:
+def _init_from_xtts(config: Any, source: str, vocab: Path | None = None) -> Any:
     """``--init``: the run starts from a Coqui XTTS checkpoint (the released folder, its
     ``model.pth``, or a GPTTrainer checkpoint), imported into
     ``<checkpoint_dir>/init_xtts.safetensors``; the checkpoint's own model config (sizes,
     token ids, XTTS v2's conditioning path and dropout) replaces the config's model section
-    (``XTTSConfig.with_model``); returns the config to train."""
+    (``XTTSConfig.with_model``); returns the config to train. ``vocab``: the extended
+    vocabulary of the data (prepare --new-language), which the text rows grow to."""
     from pyxtts.checkpoint import CheckpointError
     from pyxtts.coqui_checkpoint import import_xtts_checkpoint
     from pyxtts.model import ModelConfig
@@ -111,14 +112,32 @@ def _init_from_xtts(config: Any, source: str) -> Any:
     out = Path(config.training.checkpoint_dir) / "init_xtts.safetensors"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        meta = import_xtts_checkpoint(source, out)
+        meta = import_xtts_checkpoint(source, out, vocab=vocab)
     except CheckpointError as exc:
         raise CheckpointError(f"--init {source}: {exc}") from exc
     except OSError as exc:
         raise type(exc)(f"--init {source}: {exc.strerror or exc}") from exc
     config = config.with_model(ModelConfig(**meta["config"]))
     config.training.init_checkpoint = str(out)
+    grown = meta["extra"].get("vocab")
+    if grown is not None:
+        print(f"pyxtts train: --init: the text rows grow from {grown['base_size']} to {grown['size']} for the "
+              f"vocabulary {vocab} ([{grown['language']}]); the old rows keep their values, {grown['from_pieces']} new "
+              f"ones start from the mean of their pieces' rows, {grown['from_mean']} from a mean over rows",
+              file=sys.stderr)
     return config
+
+
+def _check_vocab_size(config: Any, vocab: Path, data: str) -> None:
+    """Without ``--init``, a model whose text rows do not match the data's extended
+    vocabulary cannot train on it: say how to start from XTTS v2 with the rows grown."""
+    from pyxtts.coqui_config import read_vocab
+
+    size = read_vocab(vocab)["number_text_tokens"]
+    if config.model.text_vocab_size != size:
+        raise ValueError(f"--data {data}: its text ids come from {vocab} ({size} tokens, a new language's), but the "
+                         f"model has {config.model.text_vocab_size} text rows; start from XTTS v2 with --init XTTS_DIR, "
+                         "which grows the rows to that vocabulary")
 
 
 def _replanned(before: Any, after: Any, device: str | None) -> str | None:
@@ -149,7 +168,7 @@ def _replanned(before: Any, after: Any, device: str | None) -> str | None:
 def _train(args: argparse.Namespace) -> int:
     from pyxtts.checkpoint import CheckpointError
     from pyxtts.config import XTTSConfig
-    from pyxtts.data import DataError, SyntheticDataset
+    from pyxtts.data import DataError, SyntheticDataset, prepared_vocab
     from pyxtts.trainer import RunExistsError, Terminated, Trainer
 
     demo = args.config is None
@@ -164,9 +183,10 @@ def _train(args: argparse.Namespace) -> int:
             config.data.__post_init__()
         if args.checkpoint_dir is not None:
             config.training.checkpoint_dir = args.checkpoint_dir
+        vocab = prepared_vocab(args.data) if args.data is not None else None
         if args.init is not None:
             before = config
-            config = _init_from_xtts(config, args.init)
+            config = _init_from_xtts(config, args.init, vocab)
             note = _replanned(before, config, args.device)
             if note is not None:
                 print(f"pyxtts train: {note}", file=sys.stderr)
@@ -184,6 +204,8 @@ def _train(args: argparse.Namespace) -> int:
             raise ValueError("no training data: pass --data (a folder of .npz shards, a JSONL manifest or the "
                              "output folder of pyxtts prepare), set data.train_metadata in the config, or "
                              "--synthetic N")
+        if vocab is not None and args.init is None:
+            _check_vocab_size(config, vocab, args.data)
         evals = held
         if args.eval_data is not None:
             evals = _dataset(args.eval_data, "--eval-data")
@@ -241,12 +263,19 @@ def _prepare(args: argparse.Namespace) -> int:
     try:
         from pyxtts.prepare import prepare
         from pyxtts.prepare.sources import MetadataError
+        from pyxtts.prepare.vocab import DEFAULT_NEW_TOKENS
+
+        if args.new_tokens is not None and not args.new_language:
+            raise ValueError(f"--new-tokens {args.new_tokens}: only means something with --new-language (a language "
+                             "XTTS v2 does not speak)")
 
         result = prepare(args.xtts_dir, args.metadata, args.out, language=args.language, audio_dir=args.audio_dir,
                          eval_fraction=args.eval_fraction, workers=args.workers,
                          samples_per_shard=args.samples_per_shard, seed=args.seed, overwrite=args.overwrite,
                          max_wav_samples=args.max_wav_samples, min_seconds=args.min_seconds,
-                         max_text_tokens=args.max_text_tokens, progress=not args.no_progress)
+                         max_text_tokens=args.max_text_tokens, progress=not args.no_progress,
+                         new_language=args.new_language,
+                         new_tokens=DEFAULT_NEW_TOKENS if args.new_tokens is None else args.new_tokens)
     except KeyboardInterrupt:
         print("pyxtts prepare: interrupted; finished shards are kept, the same command resumes", file=sys.stderr)
         return 130
@@ -266,7 +295,7 @@ def _export(args: argparse.Namespace) -> int:
     from pyxtts.coqui_checkpoint import export_xtts_checkpoint
 
     try:
-        report = export_xtts_checkpoint(args.checkpoint, args.base, args.out)
+        report = export_xtts_checkpoint(args.checkpoint, args.base, args.out, vocab=args.vocab)
     except (CheckpointError, OSError, TypeError, ValueError) as exc:
         return _fail("export", exc)
     print(f"written: {report['model_pth']}")
@@ -275,6 +304,9 @@ def _export(args: argparse.Namespace) -> int:
         print(f"  {len(report['carried_from_base'])} GPT tensors carried unchanged from the base (the model "
               f"does not train them): {', '.join(report['carried_from_base'][:3])}, ...")
     print("  every other tensor and the pickled config: the base's, byte for byte")
+    if report.get("language"):
+        print(f"  vocab.json: {args.vocab}; config.json: the base's, with {report['language']!r} in its languages "
+              f"(in Coqui, pyxtts.coqui.enable_language(model, {report['language']!r}) lets the tokenizer take it)")
     print(f"  copied beside it: {', '.join(report['copied']) or 'nothing'}")
     if report["not_in_base"]:
         print(f"  not in the base, so not copied: {', '.join(report['not_in_base'])}")
@@ -340,12 +372,21 @@ def main(argv: list[str] | None = None) -> int:
                     help="most text ids per sample (default: the model's gpt_max_text_tokens; Coqui's recipe: 200)")
     pr.add_argument("--overwrite", action="store_true", help="replace an output folder prepared from other inputs")
     pr.add_argument("--no-progress", action="store_true", help="no progress bar")
+    pr.add_argument("--new-language", action="store_true",
+                    help="--language is one XTTS v2 does not speak (e.g. vi): learn its BPE tokens from the training "
+                         "transcripts and write the extended vocabulary to OUT/vocab.json")
+    pr.add_argument("--new-tokens", type=int, default=None,
+                    help="with --new-language: tokens to add, its characters included (default 2000; "
+                         "docs/new-language.md says how to choose)")
     pr.set_defaults(func=_prepare)
     ex = sub.add_parser("export", help="write a fine-tuned GPT into a Coqui XTTS checkpoint folder")
     ex.add_argument("--checkpoint", required=True, help="pyxtts checkpoint (e.g. RUN/step_N.safetensors)")
     ex.add_argument("--base", required=True,
                     help="the Coqui XTTS folder (model.pth, config.json, vocab.json) the model was fine-tuned from")
     ex.add_argument("--out", required=True, help="folder to write model.pth, config.json and vocab.json into")
+    ex.add_argument("--vocab", default=None,
+                    help="the extended vocab.json a new language was trained with (prepare --new-language's "
+                         "OUT/vocab.json)")
     ex.set_defaults(func=_export)
     gi = sub.add_parser("gpu-info", help="build, devices and memory")
     gi.add_argument("--json", action="store_true", help="machine-readable output")

@@ -35,7 +35,9 @@ import numpy as np
 
 from pyxtts.checkpoint import (FORMAT, FORMAT_VERSION, MODEL_PREFIX, CheckpointError, read_checkpoint,
                                save_checkpoint, write_atomic)
-from pyxtts.torchfile import PickledObject, TensorRef, TorchFile, TorchFileError, rewrite_storages, storages_with
+from pyxtts.text_vocab import TEXT_ROWS
+from pyxtts.torchfile import (PickledObject, TensorRef, TorchFile, TorchFileError, resized_pickle, rewrite_storages,
+                              storages_with)
 
 __all__ = ["COQUI_LOADER_FILES", "XTTSCheckpoint", "export_xtts_checkpoint", "import_xtts_checkpoint",
            "read_xtts_checkpoint"]
@@ -175,7 +177,7 @@ def _float_array(ck: XTTSCheckpoint, name: str) -> np.ndarray:
 
 
 def import_xtts_checkpoint(pth_path: str | os.PathLike, out_path: str | os.PathLike,
-                           config: Any = None) -> dict:
+                           config: Any = None, vocab: str | os.PathLike | None = None) -> dict:
     """Converts the GPT of a Coqui XTTS checkpoint (the released ``model.pth`` or a
     ``GPTTrainer`` checkpoint; a folder means its ``model.pth``) into a pyxtts
     checkpoint at ``out_path``, keeping every GPT tensor: the model's as parameters,
@@ -183,7 +185,12 @@ def import_xtts_checkpoint(pth_path: str | os.PathLike, out_path: str | os.PathL
     file is executed. Returns the metadata written: ``config`` (the ModelConfig's
     fields: ``ModelConfig(**meta["config"])`` builds the model) and ``extra``
     (``imported_from``, ``config_source``, ``n_heads_guessed``, ``carried``: the names
-    kept aside). Nothing is written on a refusal (``CheckpointError``)."""
+    kept aside). Nothing is written on a refusal (``CheckpointError``).
+
+    ``vocab``: a ``vocab.json`` that extends the checkpoint's own (the one beside it), as
+    ``prepare --new-language`` writes it: the text rows grow to it (``pyxtts.text_vocab``,
+    old rows bit for bit, new ones from the mean of their pieces' rows) and ``extra`` gains
+    ``vocab`` (its digest, language, sizes and how the rows started)."""
     from pyxtts.model import XTTSGPT
 
     ck = read_xtts_checkpoint(pth_path, config)
@@ -204,17 +211,41 @@ def import_xtts_checkpoint(pth_path: str | os.PathLike, out_path: str | os.PathL
                                       f"from {ck.config_source} expects {params[k].shape}")
         state = {k: _float_array(ck, k) for k in params}
         carried = {k: _float_array(ck, k) for k in sorted(ck.tensors) if k not in params}
+        grown = None
+        if vocab is not None:
+            state, cfg, grown = _grown(ck, state, cfg, Path(vocab))
+            model = XTTSGPT(cfg, device="cpu", precision="fp32", seed=0)
         try:
             model.load_state_dict(state, strict=True)
         except (ValueError, TypeError, KeyError) as exc:
             raise CheckpointError(f"{ck.file.path}: {exc}") from exc
         extra = {"imported_from": str(ck.file.path), "config_source": ck.config_source,
                  "n_heads_guessed": ck.n_heads_guessed, "carried": list(carried)}
+        if grown is not None:
+            extra["vocab"] = grown
         save_checkpoint(out_path, model, step=0, extra=extra, carried=carried)
     finally:
         ck.file.close()
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "config": dataclasses.asdict(cfg),
             "step": 0, "extra": extra}
+
+
+def _grown(ck: XTTSCheckpoint, state: dict, cfg: Any, vocab: Path) -> tuple[dict, Any, dict]:
+    """The state and config over the extended ``vocab`` (``import_xtts_checkpoint``)."""
+    from pyxtts.prepare.vocab import read_vocab_doc, vocab_sha256
+    from pyxtts.text_vocab import resize_text_rows
+
+    base_vocab = ck.file.path.parent / "vocab.json"
+    if not base_vocab.is_file():
+        raise CheckpointError(f"{ck.file.path}: no vocab.json beside it, so the vocabulary {vocab} cannot be checked "
+                              "against the one the checkpoint was trained with")
+    try:
+        base_doc, doc = read_vocab_doc(base_vocab), read_vocab_doc(vocab)
+        state, cfg, report = resize_text_rows(state, cfg, base_doc, doc)
+    except ValueError as exc:
+        raise CheckpointError(f"vocab {vocab}: {exc}") from exc
+    return state, cfg, {**report, "file": str(vocab), "sha256": vocab_sha256(doc),
+                        "base_sha256": vocab_sha256(base_doc)}
 
 
 # ---- export ----------------------------------------------------------------------------
@@ -240,11 +271,12 @@ def _source(model_or_checkpoint: Any) -> tuple[Any, dict[str, np.ndarray], str]:
     return config, state, str(path)
 
 
-def _cast(name: str, value: np.ndarray, ref: TensorRef) -> np.ndarray:
-    """value in the base tensor's dtype (round to nearest even), finite."""
+def _cast(name: str, value: np.ndarray, ref: TensorRef, rows: int | None = None) -> np.ndarray:
+    """value in the base tensor's dtype (round to nearest even), finite; ``rows``: the first
+    dimension it has instead of the base's (text rows grown to a new vocabulary)."""
     if ref.dtype not in _FLOATS:
         raise CheckpointError(f"base tensor {name} has dtype {ref.dtype}, expected floating point")
-    if tuple(value.shape) != ref.shape:
+    if tuple(value.shape) != (ref.shape if rows is None else (rows,) + ref.shape[1:]):
         raise CheckpointError(f"{name}: the model's shape {tuple(value.shape)} differs from the base's {ref.shape}")
     with np.errstate(over="ignore"):
         out = np.ascontiguousarray(np.asarray(value).astype(np.float32).astype(ref.dtype))
@@ -261,7 +293,51 @@ def _compare(config: Any, base: Any, base_source: str, source: str) -> None:
         raise CheckpointError(f"the model and the base ({base_source}) describe different GPTs: " + "; ".join(diffs))
 
 
-def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, out: str | os.PathLike) -> dict:
+def _vocab_growth(config: Any, base_cfg: Any, base_dir: Path, vocab: str | os.PathLike | None) -> tuple | None:
+    """(extended vocabulary document, its VocabExtension) when the model's text rows outgrow
+    the base's; None when they are the same size. CheckpointError for a vocabulary missing,
+    not extending the base's, or of another size than the model's rows."""
+    from pyxtts.prepare.vocab import read_vocab_doc, vocab_extension
+
+    if config.text_vocab_size == base_cfg.text_vocab_size:
+        if vocab is not None:
+            raise CheckpointError(f"vocab: the model has the base's {base_cfg.text_vocab_size} text rows, so it was "
+                                  f"not grown to {vocab}; export without vocab (--vocab)")
+        return None
+    if vocab is None:
+        raise CheckpointError(f"the model has {config.text_vocab_size} text rows and the base "
+                              f"{base_cfg.text_vocab_size}: it was trained with an extended vocabulary (prepare "
+                              "--new-language); pass it: vocab= (--vocab), e.g. the vocab.json of prepare's output")
+    try:
+        doc = read_vocab_doc(vocab)
+        ext = vocab_extension(read_vocab_doc(base_dir / "vocab.json"), doc, f"vocab {vocab}")
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(str(exc)) from exc
+    if ext.size != config.text_vocab_size:
+        raise CheckpointError(f"vocab {vocab}: {ext.size} tokens, but the model has {config.text_vocab_size} text rows "
+                              "(another vocabulary than the one it was trained with)")
+    return doc, ext
+
+
+def _coqui_config_json(base_dir: Path, ext: Any) -> bytes:
+    """The base's config.json with the new language in ``languages`` and the text token
+    count of the extended vocabulary (Coqui reads the count from vocab.json anyway)."""
+    import json
+
+    try:
+        cfg = json.loads((base_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{base_dir / 'config.json'}: not a readable JSON config ({exc})") from exc
+    langs = cfg.get("languages") if isinstance(cfg.get("languages"), list) else []
+    if ext.language is not None and ext.language not in langs:
+        cfg["languages"] = langs + [ext.language]
+    if isinstance(cfg.get("model_args"), dict):
+        cfg["model_args"]["gpt_number_text_tokens"] = ext.size
+    return (json.dumps(cfg, indent=4, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, out: str | os.PathLike,
+                           vocab: str | os.PathLike | None = None) -> dict:
     """Writes a Coqui XTTS checkpoint folder ``out`` that ``Xtts.load_checkpoint(config,
     checkpoint_dir=out, strict=True)`` loads: the base's ``model.pth`` (``base``: a
     Coqui XTTS folder or its ``model.pth``) with every GPT tensor of the model (an
@@ -271,7 +347,12 @@ def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, ou
     base's ``config.json``, ``vocab.json`` and ``speakers_xtts.pth`` (those present) are
     copied beside it. The model and the base must describe the same GPT (sizes, heads,
     token ids). Returns ``{"model_pth", "replaced", "carried_from_base", "copied",
-    "not_in_base"}`` (lists of names); the base is never modified."""
+    "not_in_base"}`` (lists of names); the base is never modified.
+
+    A model grown to an extended vocabulary (``prepare --new-language``) needs ``vocab``,
+    that vocabulary: its text rows replace the base's at their new size, ``vocab.json`` is
+    that file, ``config.json`` the base's with the new language in ``languages`` and the
+    new ``gpt_number_text_tokens``; the report gains ``language``."""
     config, state, source = _source(model_or_checkpoint)
     base = Path(base)
     base_dir = base if base.is_dir() else base.parent
@@ -285,26 +366,41 @@ def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, ou
         if ck.n_heads_guessed:
             raise CheckpointError(f"{ck.file.path}: the base has no config (config.json beside it or pickled "
                                   "in it), so its GPT cannot be checked against the model")
-        _compare(config, ck.config, ck.config_source, source)
+        growth = _vocab_growth(config, ck.config, base_dir, vocab)
+        base_cfg = ck.config if growth is None else dataclasses.replace(ck.config, text_vocab_size=growth[1].size)
+        _compare(config, base_cfg, ck.config_source, source)
         unknown = [k for k in state if k not in ck.tensors]
         if unknown:
             raise CheckpointError(f"{len(unknown)} of the model's tensors are not in the base "
                                   f"{ck.file.path} (e.g. {ck.prefix}{unknown[0]})")
-        values = {ck.tensors[k]: _cast(ck.prefix + k, v, ck.tensors[k]) for k, v in state.items()}
+        grown = TEXT_ROWS if growth is not None else ()
+        values = {ck.tensors[k]: _cast(ck.prefix + k, v, ck.tensors[k]) for k, v in state.items() if k not in grown}
+        resized = {ck.tensors[k]: _cast(ck.prefix + k, state[k], ck.tensors[k], config.text_vocab_size)
+                   for k in grown}
         try:
             storages = storages_with(ck.file, values)
+            storages.update({ref.storage.key: v.tobytes() for ref, v in resized.items()})
+            pickle_data = resized_pickle(ck.file, {ref: v.shape for ref, v in resized.items()}) if resized else None
         except TorchFileError as exc:
             raise CheckpointError(f"{ck.file.path}: {exc}") from exc
         out.mkdir(parents=True, exist_ok=True)
         target = out / "model.pth"
-        write_atomic(target, lambda tmp: rewrite_storages(ck.file, tmp, storages))
+        write_atomic(target, lambda tmp: rewrite_storages(ck.file, tmp, storages, pickle_data))
         report = {"model_pth": str(target), "replaced": sorted(ck.prefix + k for k in state),
                   "carried_from_base": sorted(ck.prefix + k for k in ck.tensors if k not in state)}
     finally:
         ck.file.close()
     copied, absent = [], []
+    if growth is not None:  # the extended vocabulary and the config that names its language
+        doc_bytes = Path(vocab).read_bytes()
+        config_bytes = _coqui_config_json(base_dir, growth[1])
+        write_atomic(out / "vocab.json", lambda tmp: Path(tmp).write_bytes(doc_bytes))
+        write_atomic(out / "config.json", lambda tmp: Path(tmp).write_bytes(config_bytes))
+        report["language"] = growth[1].language
     for name in COQUI_LOADER_FILES:
         src = base_dir / name
+        if growth is not None and name in ("vocab.json", "config.json"):
+            continue
         if src.is_file():
             write_atomic(out / name, lambda tmp, src=src: shutil.copyfile(src, tmp))
             copied.append(name)

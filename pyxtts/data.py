@@ -43,7 +43,7 @@ from pyxtts._args import integer
 from pyxtts.framing import AUDIO_OVERHEAD, TEXT_OVERHEAD, frame_batch
 
 __all__ = ["DataError", "Sample", "TTSDataset", "SyntheticDataset", "shard_arrays", "write_shards", "collate",
-           "collate_references", "batch_groups", "bucketed_batches", "prepared_splits"]
+           "collate_references", "batch_groups", "bucketed_batches", "prepared_splits", "prepared_vocab"]
 
 
 class DataError(ValueError):
@@ -160,6 +160,16 @@ def prepared_splits(folder: str | os.PathLike) -> tuple[Path, Path | None] | Non
     if not folder.is_dir() or any(folder.glob("*.npz")) or not any(train.glob("*.npz")):
         return None
     return train, (held if any(held.glob("*.npz")) else None)
+
+
+def prepared_vocab(data: str | os.PathLike) -> Path | None:
+    """The extended ``vocab.json`` of a ``prepare --new-language`` output folder (given as
+    the folder or as its ``train/``), or None."""
+    folder = Path(data)
+    for candidate in (folder / "vocab.json", folder.parent / "vocab.json"):
+        if candidate.is_file() and (candidate.parent / "prepare.json").is_file():
+            return candidate
+    return None
 
 
 def _prepared_hint(folder: Path) -> str:

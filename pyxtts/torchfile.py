@@ -22,12 +22,18 @@ anything else the pickle names is refused.
 replaced byte for byte: every other record, the pickle included, is copied unchanged,
 so keys, dtypes, the other tensors and any pickled objects are exactly those of the
 source. Records are aligned to 64 bytes as ``torch.save`` aligns them.
+
+``resized_pickle(src, shapes)`` is the source's pickle with the first dimension of some
+tensors changed (a vocabulary grown by rows): only the integers of their shape and of
+their storage's element count are rewritten, each found where ``torch.save`` puts it and
+checked against the value read, so the rest of the pickle stays byte for byte.
 """
 from __future__ import annotations
 
 import io
 import os
 import pickle
+import pickletools
 import zipfile
 import zlib
 from collections import OrderedDict
@@ -39,7 +45,7 @@ import ml_dtypes
 import numpy as np
 
 __all__ = ["PickledObject", "StorageRef", "TensorRef", "TorchFile", "TorchFileError", "read_tensors",
-           "rewrite_storages"]
+           "resized_pickle", "rewrite_storages"]
 
 ALIGNMENT = 64  # torch.save aligns every record's data to 64 bytes
 
@@ -326,13 +332,104 @@ def storages_with(src: TorchFile, values: Mapping[TensorRef, np.ndarray]) -> dic
     return {k: v.tobytes() for k, v in out.items()}
 
 
-def rewrite_storages(src: TorchFile, dst: str | os.PathLike, storages: Mapping[str, bytes]) -> None:
+_INT_OPS = frozenset({"BININT", "BININT1", "BININT2", "LONG1", "INT", "LONG"})
+_TUPLE_OPS = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3}
+
+
+def _int_op(value: int) -> bytes:
+    """The pickle opcode (protocol 2) of a non-negative int."""
+    return pickle.dumps(value, protocol=2)[2:-1]
+
+
+def resized_pickle(src: TorchFile, shapes: Mapping[TensorRef, tuple[int, ...]]) -> bytes:
+    """``src``'s ``data.pkl`` with each tensor of ``shapes`` given its new shape (module
+    docstring). A tensor must own its storage (offset 0, contiguous, every element) and
+    only its first dimension may change; ``TorchFileError`` when one does not, or when the
+    pickle is not laid out as ``torch.save`` lays it out."""
+    data = src._read(src.prefix + "data.pkl")
+    ops = list(pickletools.genops(data))
+    by_key: dict[str, tuple[TensorRef, tuple[int, ...]]] = {}
+    for ref, shape in shapes.items():
+        contiguous = tuple(int(np.prod(ref.shape[i + 1:])) for i in range(len(ref.shape)))
+        if ref.offset != 0 or ref.stride != contiguous or int(np.prod(ref.shape)) != ref.storage.numel:
+            raise TorchFileError(f"storage {ref.storage.key!r}: a tensor that does not own its whole storage "
+                                 "cannot be resized")
+        if len(shape) != len(ref.shape) or tuple(shape[1:]) != ref.shape[1:] or shape[0] < 1:
+            raise TorchFileError(f"storage {ref.storage.key!r}: shape {ref.shape} -> {tuple(shape)}: only the first "
+                                 "dimension may change")
+        by_key[ref.storage.key] = (ref, tuple(int(v) for v in shape))
+    patches: dict[int, bytes] = {}  # op index -> its new bytes
+
+    def expect_int(j: int, value: int, what: str, key: str) -> None:
+        if ops[j][0].name not in _INT_OPS or ops[j][1] != value:
+            raise TorchFileError(f"storage {key!r}: the pickle does not hold its {what} ({value}) where torch.save "
+                                 f"puts it (found {ops[j][0].name} {ops[j][1]!r})")
+
+    memo_ops = ("BINPUT", "LONG_BINPUT", "MEMOIZE")
+
+    def after(k: int) -> int:
+        """The index of the first op after ``k`` that is not a memo write."""
+        k += 1
+        while k < len(ops) and ops[k][0].name in memo_ops:
+            k += 1
+        if k >= len(ops):
+            raise TorchFileError("the pickle ends inside a tensor")
+        return k
+
+    found: set[str] = set()
+    for j, (op, arg, _) in enumerate(ops):
+        # torch.save: the key string, the location, numel, TUPLE, BINPERSID, the offset, the
+        # shape's ints, a TUPLEn (after a MARK for more than 3 dimensions); memo writes between
+        if op.name not in ("BINUNICODE", "SHORT_BINUNICODE") or arg not in by_key or arg in found:
+            continue
+        prev = j - 1
+        while prev > 0 and ops[prev][0].name in memo_ops:
+            prev -= 1
+        storage_type = ops[prev][0].name in ("BINGET", "LONG_BINGET") or (
+            ops[prev][0].name == "GLOBAL" and str(ops[prev][1]).startswith("torch ")
+            and str(ops[prev][1]).endswith("Storage"))
+        if not storage_type:  # the same text elsewhere (a config value "0"): not a storage's key
+            continue
+        ref, shape = by_key[arg]
+        numel = after(after(j))  # past the location string (or its BINGET)
+        expect_int(numel, ref.storage.numel, "element count", arg)
+        k = after(numel)
+        if ops[k][0].name != "TUPLE" or ops[after(k)][0].name != "BINPERSID":
+            raise TorchFileError(f"storage {arg!r}: its persistent id is not where torch.save puts it")
+        k = after(k)
+        k = after(k)
+        expect_int(k, 0, "offset", arg)
+        k = after(k)
+        if len(ref.shape) > 3:
+            k = after(k)  # past the MARK
+        first = k
+        for d in range(len(ref.shape)):
+            expect_int(k, ref.shape[d], f"dimension {d}", arg)
+            k = after(k)
+        close = ops[k][0].name
+        if _TUPLE_OPS.get(close, 0) != len(ref.shape) and not (close == "TUPLE" and len(ref.shape) > 3):
+            raise TorchFileError(f"storage {arg!r}: its shape is not a tuple where torch.save puts it")
+        patches[numel] = _int_op(int(np.prod(shape)))
+        patches[first] = _int_op(shape[0])
+        found.add(arg)
+    if found != set(by_key):
+        raise TorchFileError(f"storages {sorted(set(by_key) - found)} are not named in the pickle")
+    out = bytearray()
+    for j, (op, _, pos) in enumerate(ops):
+        end = ops[j + 1][2] if j + 1 < len(ops) else len(data)
+        out += patches.get(j, data[pos:end])
+    return bytes(out)
+
+
+def rewrite_storages(src: TorchFile, dst: str | os.PathLike, storages: Mapping[str, bytes],
+                     pickle_data: bytes | None = None) -> None:
     """Writes ``dst``: the archive of ``src`` record by record, in its order, with the
-    data of the storages named in ``storages`` replaced (same sizes). Not atomic: the
-    caller writes to a temporary name and renames."""
+    data of the storages named in ``storages`` replaced (same sizes, unless ``pickle_data``,
+    a new ``data.pkl`` from ``resized_pickle``, gives them new ones). Not atomic: the caller
+    writes to a temporary name and renames."""
     sizes = src._sizes
     for key, data in storages.items():
-        if key not in sizes or sizes[key] != len(data):
+        if key not in sizes or (sizes[key] != len(data) and pickle_data is None):
             raise TorchFileError(f"storage {key!r}: {len(data)} new bytes for a record of {sizes.get(key)}")
     data_dir = src.prefix + "data/"
     with open(dst, "wb") as fh, zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_STORED,
@@ -340,7 +437,10 @@ def rewrite_storages(src: TorchFile, dst: str | os.PathLike, storages: Mapping[s
         for info in src._zip.infolist():
             name = info.filename
             key = name[len(data_dir):] if name.startswith(data_dir) else None
-            data = storages[key] if key in storages else src._zip.read(info)
+            if pickle_data is not None and name == src.prefix + "data.pkl":
+                data = pickle_data
+            else:
+                data = storages[key] if key in storages else src._zip.read(info)
             zi = zipfile.ZipInfo(name, date_time=info.date_time)
             zi.compress_type = zipfile.ZIP_STORED
             zi.external_attr = info.external_attr

@@ -1,0 +1,398 @@
+"""A language XTTS v2 does not speak: the extended vocabulary (``pyxtts.prepare.vocab``),
+its cleaning, the grown text rows (``pyxtts.text_vocab``), ``prepare --new-language`` and
+the refusals. The whole path through Coqui is in ``test_new_language_coqui.py``.
+
+The base vocabulary is the test's BPE trained on the other test languages' text
+(``fixtures_prepare.write_vocab``, XTTS v2's layout); the new language is Vietnamese
+(``fixtures_language``), whose letters with two diacritics that base lacks."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pyxtts
+import pyxtts.cli
+
+tokenizers = pytest.importorskip("tokenizers")
+fx = pytest.importorskip("fixtures_prepare")
+from fixtures_language import HELD_OUT_VI, SENTENCES_SW, SENTENCES_VI, make_corpus  # noqa: E402
+from pyxtts.prepare.cleaners import clean_new_language, has_digits  # noqa: E402
+from pyxtts.prepare.text import XTTSTokenizer, normalize_language  # noqa: E402
+from pyxtts.prepare.vocab import (DEFAULT_NEW_TOKENS, extend_vocab, new_token_pieces, read_vocab_doc,  # noqa: E402
+                                  vocab_extension, vocab_sha256)
+from pyxtts.text_vocab import TEXT_ROWS, resize_text_rows  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
+
+CLEAN_VI = [clean_new_language(s, "vi") for s in SENTENCES_VI]
+HELD = CLEAN_VI[HELD_OUT_VI]
+TRAIN = CLEAN_VI[:HELD_OUT_VI.start] + CLEAN_VI[HELD_OUT_VI.stop:]
+
+
+@pytest.fixture(scope="module")
+def base_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("vocab") / "vocab.json"
+    fx.write_vocab(path, fx.training_texts())
+    return path
+
+
+@pytest.fixture(scope="module")
+def base(base_file) -> dict:
+    return read_vocab_doc(base_file)
+
+
+@pytest.fixture(scope="module")
+def extended(base, tmp_path_factory) -> tuple[dict, object, Path]:
+    doc, ext = extend_vocab(base, TRAIN, "vi", DEFAULT_NEW_TOKENS)
+    path = tmp_path_factory.mktemp("ext") / "vocab.json"
+    path.write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
+    return doc, ext, path
+
+
+def library_ids(doc: dict) -> dict[str, int]:
+    """token -> id as the tokenizers library loads the document (not as the JSON says)."""
+    return tokenizers.Tokenizer.from_str(json.dumps(doc)).get_vocab()
+
+
+# ---- the extended vocabulary ---------------------------------------------------------------
+
+def test_every_old_token_keeps_its_id_and_every_merge_its_rank(base, extended):
+    doc, ext, _ = extended
+    old, new = library_ids(base), library_ids(doc)
+    assert all(new[t] == i for t, i in old.items())
+    base_size = max(old.values()) + 1
+    assert ext.base_size == base_size and ext.size == max(new.values()) + 1
+    # the added ids are base_size, base_size + 1, ...: the language token first, then its characters
+    assert sorted(new[t] for t in ext.added) == list(range(base_size, ext.size))
+    assert new["[vi]"] == base_size and list(ext.added)[0] == "[vi]"
+    n_base = len(base["model"]["merges"])
+    assert [tuple(m) for m in doc["model"]["merges"][:n_base]] == [tuple(m) for m in base["model"]["merges"]]
+    assert len(doc["model"]["merges"]) > n_base
+    # every character of the training text is a token now
+    assert {c for t in TRAIN for c in t if c != " "} <= set(new)
+
+
+def test_held_out_text_round_trips_without_unk_and_in_fewer_tokens(base_file, extended):
+    _, ext, path = extended
+    tok, old = XTTSTokenizer(path), XTTSTokenizer(base_file)
+    assert tok.added_languages == ("vi",)
+    unk = tok.token_id("[UNK]")
+    n_new = n_old = chars = 0
+    for raw, clean in zip(SENTENCES_VI[HELD_OUT_VI], HELD):
+        ids = tok.encode(raw, "vi")
+        assert ids[0] == tok.token_id("[vi]") and unk not in ids, (clean, ids)
+        decoded = "".join(tok.tokenizer.id_to_token(i) for i in ids[1:]).replace("[SPACE]", " ")
+        assert decoded == clean  # nothing lost
+        n_new += len(ids) - 1
+        n_old += len(old.tokenizer.encode(clean.replace(" ", "[SPACE]")).ids)
+        chars += len(clean)
+    print(f"held-out Vietnamese: {n_new / chars:.3f} tokens per character extended, {n_old / chars:.3f} with the "
+          f"base vocabulary; 0 [UNK] ({len(ext.added)} tokens added)")
+    assert n_new / chars < 0.85 * (n_old / chars)
+
+
+def test_new_tokens_counts_characters_and_stops_at_n(base):
+    doc, ext = extend_vocab(base, TRAIN, "vi", 60)
+    assert len(ext.added) == 1 + 60 and ext.characters < 60  # the language token is not counted
+    chars = ext.characters
+    with pytest.raises(ValueError, match=rf"at least {chars}"):
+        extend_vocab(base, TRAIN, "vi", chars - 1)
+    # the same inputs, the same vocabulary: prepare resumes on its digest
+    assert vocab_sha256(extend_vocab(base, TRAIN, "vi", 60)[0]) == vocab_sha256(doc)
+
+
+def test_old_language_text_mostly_keeps_its_ids(base, extended):
+    """The new merges rank after the old ones: a text of the old languages changes only where
+    a pair no old merge joins is joined by a new one. Measured here, not assumed zero."""
+    doc, _, _ = extended
+    old_tok, new_tok = (tokenizers.Tokenizer.from_str(json.dumps(d)) for d in (base, doc))
+    texts = fx.training_texts()
+    changed = [t for t in texts if old_tok.encode(t.replace(" ", "[SPACE]")).ids
+               != new_tok.encode(t.replace(" ", "[SPACE]")).ids]
+    print(f"old-language sentences whose ids change: {len(changed)} of {len(texts)}")
+    assert len(changed) <= 0.05 * len(texts), changed
+    for t in changed:  # they still decode to the same text
+        ids = new_tok.encode(t.replace(" ", "[SPACE]")).ids
+        assert "".join(new_tok.id_to_token(i) for i in ids).replace("[SPACE]", " ") == t
+
+
+def test_pieces_of_new_tokens_are_their_text_under_the_old_vocabulary(base, extended):
+    _, ext, _ = extended
+    old_tok = tokenizers.Tokenizer.from_str(json.dumps(base))
+    unk = old_tok.token_to_id("[UNK]")
+    pieces = new_token_pieces(base, ext)
+    assert pieces["[vi]"] == []
+    for token, ids in pieces.items():
+        if token == "[vi]":
+            continue
+        text = "".join(old_tok.id_to_token(i) for i in ids)
+        # either the token itself or its decomposition with the unknown marks left out
+        import unicodedata
+        nfd = unicodedata.normalize("NFD", token)
+        assert text in (token, "".join(c for c in nfd if old_tok.token_to_id(c) not in (None, unk))), token
+    assert pieces["ô"] == [old_tok.token_to_id("o")]  # "ô" = "o" + a combining circumflex
+
+
+def test_vocab_extension_refuses_moved_ids_and_reordered_merges(base, extended):
+    doc, _, _ = extended
+    moved = json.loads(json.dumps(doc))
+    vocab = moved["model"]["vocab"]
+    a, b = "[SPACE]", next(t for t in vocab if t not in ("[SPACE]", "[STOP]") and not t.startswith("["))
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    with pytest.raises(ValueError, match=rf"does not extend the base vocabulary: its token {b!r} has id"):
+        vocab_extension(base, moved)
+    reordered = json.loads(json.dumps(doc))
+    m = reordered["model"]["merges"]
+    m[0], m[1] = m[1], m[0]
+    with pytest.raises(ValueError, match="merges are not the base's"):
+        vocab_extension(base, reordered)
+    missing = json.loads(json.dumps(doc))
+    del missing["model"]["vocab"]["[UNK]"]
+    missing["added_tokens"] = [t for t in missing["added_tokens"] if t["content"] != "[UNK]"]
+    with pytest.raises(ValueError, match=r"'\[UNK\]' is missing"):
+        vocab_extension(base, missing)
+
+
+@pytest.mark.parametrize("code, error, match", [
+    ("VI", ValueError, "2 or 3 lowercase letters"), ("v", ValueError, "2 or 3 lowercase"),
+    ("vietnamese", ValueError, "got 'vietnamese'"), ("vi_VN", ValueError, "got 'vi_VN'"),
+    ("", ValueError, "got ''"), (3, TypeError, "expected a str"),
+    ("en", ValueError, "already speaks 'en'; drop --new-language"), ("zh-cn", ValueError, "already speaks"),
+])
+def test_language_code_of_the_wrong_form_or_known(base, code, error, match):
+    with pytest.raises(error, match=match):
+        extend_vocab(base, TRAIN, code, 100)
+
+
+@pytest.mark.parametrize("n, error, match", [(0, ValueError, "1 to 20000"), (20001, ValueError, "1 to 20000"),
+                                             (True, TypeError, "expected an int"), ("10", TypeError, "an int")])
+def test_new_tokens_out_of_range(base, n, error, match):
+    with pytest.raises(error, match=match):
+        extend_vocab(base, TRAIN, "vi", n)
+
+
+@pytest.mark.parametrize("texts", [[], [""], ["xin chào"], ["xin chào", "  "]])
+def test_empty_or_one_transcript_is_refused(base, texts):
+    with pytest.raises(ValueError, match="at least 2 are needed"):
+        extend_vocab(base, texts, "vi", 100)
+
+
+def test_a_base_that_already_has_the_language_is_refused(extended):
+    doc, _, _ = extended
+    with pytest.raises(ValueError, match=r"already has the token \[vi\]"):
+        extend_vocab(doc, TRAIN, "vi", 100)
+
+
+# ---- cleaning --------------------------------------------------------------------------
+
+def test_cleaning_of_a_new_language():
+    import unicodedata
+
+    decomposed = unicodedata.normalize("NFD", "Tiếng Việt")
+    assert decomposed != "Tiếng Việt"
+    assert clean_new_language(decomposed, "vi") == "tiếng việt"  # NFC, lowercase
+    assert clean_new_language("“Xin chào” — thế giới…  nhé", "vi") == "xin chào - thế giới... nhé"
+    assert clean_new_language("Tôi có 3 con mèo.", "vi") == "tôi có ba con mèo."  # num2words knows Vietnamese
+    sw = clean_new_language("Nina paka 3.", "sw")  # it does not know Swahili: the digit stays
+    assert sw == "nina paka 3." and has_digits(sw)
+    assert clean_new_language("ΑΒΓ", "el") == "αβγ" and clean_new_language("አማርኛ", "am") == "አማርኛ"  # no case
+    with pytest.raises(TypeError, match="text: expected a str"):
+        clean_new_language(None, "vi")
+
+
+def test_an_unknown_language_names_the_flag(base_file, extended):
+    with pytest.raises(ValueError, match="--new-language"):
+        normalize_language("vi")
+    with pytest.raises(ValueError, match="--new-language"):
+        XTTSTokenizer(base_file).encode("xin chào", "vi")
+    _, _, path = extended
+    assert XTTSTokenizer(path).encode("Xin chào", "vi-VN")[0] == XTTSTokenizer(path).token_id("[vi]")
+
+
+# ---- the grown text rows ---------------------------------------------------------------------
+
+def small_config(size: int) -> pyxtts.ModelConfig:
+    return pyxtts.ModelConfig(n_layers=2, d_model=32, n_heads=4, text_vocab_size=size, audio_vocab_size=23,
+                              max_text_tokens=64, max_audio_tokens=24, n_cond_latents=2, conditioning=False,
+                              dropout=0.0)
+
+
+def test_old_rows_keep_their_bits_and_new_rows_start_from_their_pieces(base, extended, rng):
+    _, ext, _ = extended
+    cfg = small_config(ext.base_size)
+    model = pyxtts.XTTSGPT(cfg, seed=int(rng.integers(1 << 30)))
+    state = model.state_dict()
+    doc = extended[0]
+    grown, gcfg, report = resize_text_rows(state, cfg, base, doc)
+    assert gcfg.text_vocab_size == ext.size and report["size"] == ext.size and report["init"] == "mean"
+    assert report["from_pieces"] + report["from_mean"] == len(ext.added)
+    old_tok = tokenizers.Tokenizer.from_str(json.dumps(base))
+    languages = [i for t, i in old_tok.get_vocab().items() if t in fx.SPECIAL_TOKENS and t not in
+                 ("[STOP]", "[UNK]", "[SPACE]", "[START]")]
+    pieces = new_token_pieces(base, ext)
+    for name in TEXT_ROWS:
+        old, new = state[name], grown[name]
+        assert new.shape == (ext.size,) + old.shape[1:] and new.dtype == old.dtype
+        assert np.array_equal(new[:ext.base_size].view(np.uint32), old.view(np.uint32)), name  # bit for bit
+        o64 = old.astype(np.float64)
+        for token, i in ext.added.items():
+            ids = pieces[token]
+            want = o64[ids].mean(axis=0) if ids else (o64[languages].mean(axis=0) if token == "[vi]"
+                                                       else o64.mean(axis=0))
+            # float64 mean rounded once to float32: within half an ulp
+            np.testing.assert_allclose(new[i], want, rtol=6e-8, atol=1e-12, err_msg=f"{name} {token}")
+    assert set(k for k in grown if k not in TEXT_ROWS) == set(k for k in state if k not in TEXT_ROWS)
+    for k in state:
+        if k not in TEXT_ROWS:
+            assert grown[k] is state[k] or np.array_equal(grown[k], state[k])
+    grown_model = pyxtts.XTTSGPT(gcfg)
+    grown_model.load_state_dict(grown, strict=True)
+
+
+def test_resize_refusals(base, extended, rng):
+    doc, ext, _ = extended
+    cfg = small_config(ext.base_size)
+    state = pyxtts.XTTSGPT(cfg, seed=1).state_dict()
+    with pytest.raises(ValueError, match="init: expected 'mean' or 'random'"):
+        resize_text_rows(state, cfg, base, doc, init="zeros")
+    with pytest.raises(ValueError, match=f"the model has {ext.base_size + 1} text rows"):
+        resize_text_rows(state, small_config(ext.base_size + 1), base, doc)
+    with pytest.raises(ValueError, match="does not extend"):
+        resize_text_rows(state, cfg, doc, base)
+
+
+def english_batch(rng, size: int) -> dict:
+    """Text ids of the old vocabulary only, as English text has."""
+    batch = {"text_inputs": rng.integers(0, size, (3, 12)), "text_targets": rng.integers(0, size, (3, 12)),
+             "audio_inputs": rng.integers(0, 23, (3, 16)), "audio_targets": rng.integers(0, 23, (3, 16)),
+             "text_lengths": np.array([12, 9, 7]), "audio_lengths": np.array([16, 11, 14])}
+    batch["cond_latents"] = rng.standard_normal((3, 2, 32)).astype(np.float32)
+    return batch
+
+
+def test_an_english_batch_keeps_its_loss(base, extended, rng):
+    """An English batch (old ids only) after the resize: the audio loss is bit for bit the
+    same, and so is every old text logit; the text loss's softmax also spans the new rows
+    now, so it rises by the log of 1 + the probability they take (on this random model, where
+    every class is about equally likely, about log(V'/V)). Both losses, before and after,
+    match the float64 PyTorch reference (tests/helpers/torch_ref.py) to fp32 rounding."""
+    torch = pytest.importorskip("torch")
+    from helpers.torch_ref import RefGPT
+
+    doc, ext, _ = extended
+    cfg = small_config(ext.base_size)
+    model = pyxtts.XTTSGPT(cfg, seed=int(rng.integers(1 << 30)))
+    batch = english_batch(rng, ext.base_size)
+    before = model.forward(batch)
+    grown, gcfg, _ = resize_text_rows(model.state_dict(), cfg, base, doc)
+    big = pyxtts.XTTSGPT(gcfg)
+    big.load_state_dict(grown)
+    after = big.forward(batch)
+    assert after["audio_loss"] == before["audio_loss"]
+    refs = []
+    for c, state in ((cfg, model.state_dict()), (gcfg, grown)):
+        ref = RefGPT(c, dtype=torch.float64)
+        ref.load(state)
+        with torch.no_grad():
+            refs.append([float(v) for v in ref(batch)[1:]])
+    # fp32 forward against float64 over 2 layers: ~1e-6 relative; 1e-5
+    for ours, (text, audio) in zip((before, after), refs):
+        np.testing.assert_allclose([ours["text_loss"], ours["audio_loss"]], [text, audio], rtol=1e-5)
+    rise, ref_rise = after["text_loss"] - before["text_loss"], refs[1][0] - refs[0][0]
+    print(f"text loss {before['text_loss']:.6f} -> {after['text_loss']:.6f} ({len(ext.added)} rows added; "
+          f"log(V'/V) = {np.log(ext.size / ext.base_size):.6f})")
+    assert rise > 0 and abs(rise - ref_rise) < 1e-5 * refs[1][0]
+
+
+# ---- prepare --new-language ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    if fx.ESPEAK is None:
+        pytest.skip("espeak-ng is not installed")
+    root = tmp_path_factory.mktemp("vi")
+    meta = make_corpus(root / "corpus", SENTENCES_VI, "vi")
+    wavs = sorted((root / "corpus" / "wavs").glob("*.wav"))
+    fx.write_assets(root / "xtts", wavs[:4], 7, fx.training_texts(), dvae=fx.TINY_DVAE)
+    return root, meta
+
+
+def prepare_cli(*argv: str) -> int:
+    return pyxtts.cli.main(["prepare", *argv, "--no-progress"])
+
+
+def test_prepare_new_language_writes_the_vocabulary_and_its_ids(corpus, capsys):
+    root, meta = corpus
+    out = root / "shards"
+    assert prepare_cli("--xtts-dir", str(root / "xtts"), "--metadata", str(meta), "--language", "vi",
+                       "--new-language", "--new-tokens", "150", "--eval-fraction", "0.2", "--out", str(out)) == 0
+    printed = capsys.readouterr().out
+    assert "new language [vi]:" in printed and "held-out text:" in printed
+    settings = json.loads((out / "prepare.json").read_text())["settings"]
+    doc = read_vocab_doc(out / "vocab.json")
+    assert settings["new_language"] == {"language": "vi", "new_tokens": 150, "vocab_sha256": vocab_sha256(doc)}
+    summary = json.loads((out / "summary.json").read_text())
+    new = summary["new_language"]
+    ext = vocab_extension(read_vocab_doc(root / "xtts" / "vocab.json"), doc)
+    assert new["added_tokens"] == len(ext.added) - 1 <= 150 and new["size"] == ext.size
+    assert new["tokens_per_char"] < new["base_tokens_per_char"] and new["digits"] == []
+    tok = XTTSTokenizer(out / "vocab.json")
+    ds = pyxtts.TTSDataset.load(str(out / "train"))
+    for s in ds:
+        assert s.text[0] == tok.token_id("[vi]") and s.text.max() < ext.size
+    assert any(int(s.text.max()) >= ext.base_size for s in ds)  # the new tokens are used
+    # the eval split's text never trained the tokens: every BPE token is learnt from train/
+    keys = {r.split("\t")[2] for r in (out / "report.tsv").read_text().splitlines()[1:] if r.startswith("eval")}
+    held = [clean_new_language(s, "vi") for i, s in enumerate(SENTENCES_VI) if f"vi-{i + 1:04d}" in keys]
+    trained = [clean_new_language(s, "vi") for i, s in enumerate(SENTENCES_VI) if f"vi-{i + 1:04d}" not in keys]
+    again, _ = extend_vocab(read_vocab_doc(root / "xtts" / "vocab.json"), trained, "vi", 150)
+    assert vocab_sha256(again) == vocab_sha256(doc) and held
+    # the same command again resumes: nothing is redone
+    assert prepare_cli("--xtts-dir", str(root / "xtts"), "--metadata", str(meta), "--language", "vi",
+                       "--new-language", "--new-tokens", "150", "--eval-fraction", "0.2", "--out", str(out)) == 0
+    assert "2 shard(s) kept from an earlier run" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--language", "en", "--new-language"], "already speaks 'en'; drop --new-language"),
+    (["--language", "Vietnamese", "--new-language"], "2 or 3 lowercase letters"),
+    (["--language", "vi", "--new-language", "--new-tokens", "0"], "new_tokens: expected an int in [1, 20000], got 0"),
+    (["--language", "vi", "--new-tokens", "50"], "only means something with --new-language"),
+    (["--language", "vi"], "--new-language"),
+])
+def test_prepare_refusals_write_nothing(corpus, tmp_path, capsys, argv, match):
+    root, meta = corpus
+    out = tmp_path / "out"
+    assert prepare_cli("--xtts-dir", str(root / "xtts"), "--metadata", str(meta), "--out", str(out), *argv) == 2
+    assert match in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_prepare_refuses_one_clip(corpus, tmp_path, capsys):
+    root, meta = corpus
+    one = tmp_path / "one.csv"
+    one.write_text(meta.read_text(encoding="utf-8").splitlines()[0] + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    assert prepare_cli("--xtts-dir", str(root / "xtts"), "--metadata", str(one), "--audio-dir",
+                       str(root / "corpus" / "wavs"), "--language", "vi", "--new-language", "--out", str(out)) == 2
+    assert "at least 2 are needed" in capsys.readouterr().err and not out.exists()
+
+
+def test_digits_num2words_cannot_spell_are_kept_and_reported(corpus, tmp_path, capsys):
+    if fx.ESPEAK is None:
+        pytest.skip("espeak-ng is not installed")
+    root, _ = corpus
+    meta = make_corpus(tmp_path / "sw", SENTENCES_SW, "sw")
+    out = tmp_path / "out"
+    assert prepare_cli("--xtts-dir", str(root / "xtts"), "--metadata", str(meta), "--language", "sw",
+                       "--new-language", "--new-tokens", "80", "--out", str(out)) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["kept"] == len(SENTENCES_SW)
+    assert summary["new_language"]["digits"] == ["sw-0002"]  # "Nina paka 3 na mbwa 2 ..."
+    assert "1 kept sample(s) still hold digits" in printed and "sw-0002" in printed
+    row = next(r for r in (out / "report.tsv").read_text().splitlines() if "\tsw-0002\t" in r)
+    assert "\tkept\t" in row and "digits num2words cannot spell in 'sw'" in row and "paka 3 na mbwa 2" in row
