@@ -42,6 +42,10 @@ def _optimize_config(args: argparse.Namespace) -> int:
 
     try:
         config = XTTSConfig.load(args.config)
+        if args.vocab is not None:
+            from pyxtts.text_vocab import with_vocab
+
+            config = with_vocab(config, args.vocab)
         device = args.device if args.device is not None else config.training.resolved_device()
         if device == "cpu" and args.device is None and config.training.device == "auto":
             print("pyxtts optimize-config: no GPU here, so training.device 'auto' plans for this machine's "
@@ -62,6 +66,8 @@ def _optimize_config(args: argparse.Namespace) -> int:
 
 
 DEMO_SAMPLES, DEMO_EVAL = 1024, 64
+VOCAB_HELP = ("plan with the text rows of this vocab.json (a new language's, from prepare --new-language) "
+              "instead of the config's")
 
 
 def _fail(command: str, exc: BaseException) -> int:
@@ -98,18 +104,56 @@ def _train_data(data: str, want_eval: bool) -> tuple[Any, Any]:
     return _dataset(str(train), "--data"), None if held is None else _dataset(str(held), "--data")
 
 
-def _init_from_xtts(config: Any, source: str, vocab: Path | None = None) -> Any:
+def _init_vocab(path: Path) -> str | None:
+    """The digest of the vocabulary an ``init_xtts.safetensors`` was grown to (None: XTTS
+    v2's own)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as f:
+        meta = json.loads((f.metadata() or {}).get("pyxtts", "{}"))
+    grown = (meta.get("extra") or {}).get("vocab")
+    return grown.get("sha256") if isinstance(grown, dict) else None
+
+
+def _check_run_vocab(out: Path, vocab: Path | None) -> None:
+    """A run whose checkpoints exist keeps the vocabulary it started with: the same text
+    has other ids under another one. Checked before ``init_xtts.safetensors`` is replaced."""
+    from pyxtts.prepare.vocab import read_vocab_doc, vocab_sha256
+    from pyxtts.trainer import CHECKPOINT_RE
+
+    if not out.is_file() or not any(CHECKPOINT_RE.fullmatch(p.name) for p in out.parent.iterdir()):
+        return
+    try:
+        then = _init_vocab(out)
+    except Exception:  # noqa: BLE001 - an unreadable earlier import is replaced as before
+        return
+    now = None if vocab is None else vocab_sha256(read_vocab_doc(vocab))
+    if then != now:
+        def name(digest: str | None) -> str:
+            return "XTTS v2's own vocabulary" if digest is None else f"an extended vocabulary (sha256 {digest[:12]}...)"
+
+        raise ValueError(f"the run in {out.parent} started from {name(then)}, and --data's text ids come from "
+                         f"{name(now)}{'' if vocab is None else f' ({vocab})'}: the same text has other ids under "
+                         "another vocabulary, so the run cannot continue on it; train on the data it started "
+                         "with, or start a new run (--checkpoint-dir DIR, or --overwrite)")
+
+
+def _init_from_xtts(config: Any, source: str, vocab: Path | None = None, keep_run: bool = True) -> Any:
     """``--init``: the run starts from a Coqui XTTS checkpoint (the released folder, its
     ``model.pth``, or a GPTTrainer checkpoint), imported into
     ``<checkpoint_dir>/init_xtts.safetensors``; the checkpoint's own model config (sizes,
     token ids, XTTS v2's conditioning path and dropout) replaces the config's model section
     (``XTTSConfig.with_model``); returns the config to train. ``vocab``: the extended
-    vocabulary of the data (prepare --new-language), which the text rows grow to."""
+    vocabulary of the data (prepare --new-language), which the text rows grow to.
+    ``keep_run``: an existing run in the folder continues (not --overwrite), so its
+    vocabulary must be ``vocab``'s (``_check_run_vocab``)."""
     from pyxtts.checkpoint import CheckpointError
     from pyxtts.coqui_checkpoint import import_xtts_checkpoint
     from pyxtts.model import ModelConfig
 
     out = Path(config.training.checkpoint_dir) / "init_xtts.safetensors"
+    if keep_run:
+        _check_run_vocab(out, vocab)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         meta = import_xtts_checkpoint(source, out, vocab=vocab)
@@ -186,7 +230,7 @@ def _train(args: argparse.Namespace) -> int:
         vocab = prepared_vocab(args.data) if args.data is not None else None
         if args.init is not None:
             before = config
-            config = _init_from_xtts(config, args.init, vocab)
+            config = _init_from_xtts(config, args.init, vocab, keep_run=not args.overwrite)
             note = _replanned(before, config, args.device)
             if note is not None:
                 print(f"pyxtts train: {note}", file=sys.stderr)
@@ -303,7 +347,11 @@ def _export(args: argparse.Namespace) -> int:
     if report["carried_from_base"]:
         print(f"  {len(report['carried_from_base'])} GPT tensors carried unchanged from the base (the model "
               f"does not train them): {', '.join(report['carried_from_base'][:3])}, ...")
-    print("  every other tensor and the pickled config: the base's, byte for byte")
+    if report.get("language"):
+        print("  every other tensor and the pickled config: the base's, byte for byte (the pickle's only change: "
+              "the grown text rows' shapes)")
+    else:
+        print("  every other tensor and the pickled config: the base's, byte for byte")
     if report.get("language"):
         print(f"  vocab.json: {args.vocab}; config.json: the base's, with {report['language']!r} in its languages "
               f"(in Coqui, pyxtts.coqui.enable_language(model, {report['language']!r}) lets the tokenizer take it)")
@@ -350,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="plan for this much device memory (e.g. 12GiB) instead of the device's total")
     mt.add_argument("--no-step", action="store_true", help="plan only, no real step")
     mt.add_argument("--verbose", action="store_true", help="every block's policy and saved bytes, the arena")
+    mt.add_argument("--vocab", default=None, help=VOCAB_HELP)
     mt.set_defaults(func=_memtest)
     pr = sub.add_parser("prepare", help="recordings and transcripts -> training shards (text ids, DVAE codes)")
     pr.add_argument("--xtts-dir", required=True,
@@ -398,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     oc.add_argument("--memory", default=None,
                     help="device memory, e.g. 12GiB, 12G, 12GB (10^9) or bytes; default: the device's total")
     oc.add_argument("--device", default=None, help="device to plan for (default: the config's training.device)")
+    oc.add_argument("--vocab", default=None, help=VOCAB_HELP)
     oc.set_defaults(func=_optimize_config)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in (*sub.choices, "-h", "--help", "--version"):

@@ -18,6 +18,12 @@ in the pyxtts checkpoint as ``carried.<name>``, listed in its metadata, and load
 ``load_checkpoint`` into a model that has them. Export writes the base ``model.pth``
 with every GPT tensor the model has replaced (cast to the base's dtype) and every other
 record copied byte for byte, and names the GPT tensors it carried from the base.
+
+A new language (``prepare --new-language``): import with ``vocab=`` grows the text rows to
+the extended vocabulary (``pyxtts.text_vocab``); export with ``vocab=`` writes them at
+their new size, the pickle changed only in those tensors' shape and element count
+(``torchfile.resized_pickle``), with that ``vocab.json`` and a ``config.json`` naming the
+language.
 """
 from __future__ import annotations
 

@@ -276,6 +276,10 @@ def memtest(args: argparse.Namespace) -> int:
     """The ``pyxtts memtest`` command: 0 fits (or tight), 1 does not fit, 2 bad input."""
     try:
         config = XTTSConfig.load(args.config)
+        if getattr(args, "vocab", None) is not None:
+            from pyxtts.text_vocab import with_vocab
+
+            config = with_vocab(config, args.vocab)
         report = run_memtest(config, args.batch_size, args.device, args.memory, step=not args.no_step,
                              verbose=args.verbose)
     except (OSError, TypeError, ValueError) as exc:

@@ -17,13 +17,14 @@ from ``seed``) over the first steps.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-__all__ = ["TEXT_ROWS", "resize_text_rows"]
+__all__ = ["TEXT_ROWS", "resize_text_rows", "with_vocab"]
 
 TEXT_ROWS = ("text_embedding.weight", "text_head.weight", "text_head.bias")
 _OLD_LANGUAGE_RE = re.compile(r"\[([a-z]{2}|zh-cn)\]")
@@ -81,3 +82,12 @@ def resize_text_rows(state: Mapping[str, np.ndarray], config: Any, base_doc: Map
     report = {"language": ext.language, "base_size": ext.base_size, "size": ext.size, "added": len(ext.added),
               "init": init, "from_pieces": from_pieces, "from_mean": from_mean}
     return out, new_config, report
+
+
+def with_vocab(config: Any, vocab: str | os.PathLike) -> Any:
+    """An ``XTTSConfig`` whose model has the text rows of ``vocab`` (an extended
+    ``vocab.json``): what ``memtest --vocab`` and ``optimize-config --vocab`` plan for."""
+    from pyxtts.coqui_config import read_vocab
+
+    size = read_vocab(vocab)["number_text_tokens"]
+    return config.with_model(dataclasses.replace(config.model, text_vocab_size=size))
