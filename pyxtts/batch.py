@@ -11,6 +11,7 @@ import numpy as np
 from pyxtts import _C
 from pyxtts._args import flag, integer, real
 from pyxtts.memory import cleanup_gpu_memory
+from pyxtts.strategy import SingleProcess, Strategy
 
 _MAX_SEARCH = 1 << 20  # upper end of the exponential search when max_batch_size is None
 _MAX_VERIFY_STEPS = 3
@@ -234,7 +235,8 @@ def _splits(n: int, pieces: int) -> list[tuple[int, int]]:
 
 
 def train_step_with_accumulation(model, optimizer, batch: Mapping[str, Any],
-                                 accumulation_steps: int) -> StepResult:
+                                 accumulation_steps: int, strategy: Strategy | None = None,
+                                 first_row: int = 0) -> StepResult:
     """One optimizer step over ``batch``, run as ``accumulation_steps`` micro-batches.
 
     The rows are split into contiguous micro-batches whose sizes differ by at most one
@@ -252,9 +254,19 @@ def train_step_with_accumulation(model, optimizer, batch: Mapping[str, Any],
     that never ran out of memory — it differs from that one only by the order of the fp32
     gradient sums (a few ulp). The error is raised only when a micro-batch of one sample
     does not fit; then the parameters, gradients, the optimizer's state and
-    ``dropout_step`` are as before the call. Resets the device's peak-memory statistics."""
+    ``dropout_step`` are as before the call. Resets the device's peak-memory statistics.
+
+    With a ``strategy`` of several processes (``pyxtts.distributed.DataParallel``), ``batch``
+    is this process's rows of the global batch (``strategy.shard``), ``first_row`` the
+    global number of its first row (its dropout masks are those rows'); the counts, the
+    gradients and the reported losses are the global batch's, an out-of-memory error on any
+    process halves every process's micro-batch, and every process takes the same optimizer
+    step. The default, ``SingleProcess``, is the step above."""
     steps = _positive_int("accumulation_steps", accumulation_steps)
-    _, (n_text, n_audio) = model._prepare(batch)  # validates the whole batch before any work
+    strategy = SingleProcess() if strategy is None else strategy
+    first_row = integer("first_row", first_row, minimum=0)
+    _, counts = model._prepare(batch)  # validates the whole batch before any work
+    n_text, n_audio = strategy.reduce_counts((int(counts[0]), int(counts[1])))
     first = next(iter(batch.values()))
     n = int(first.shape[0] if isinstance(first, _C.Tensor) else np.asarray(first).shape[0])
     device = model.device
@@ -271,23 +283,31 @@ def train_step_with_accumulation(model, optimizer, batch: Mapping[str, Any],
             for i, (lo, hi) in enumerate(_splits(n, pieces)):
                 r = model.forward_backward(_rows(batch, lo, hi), token_counts=(n_text, n_audio),
                                            loss_scale=optimizer.loss_scale, dropout_step=dropout_step,
-                                           sample_offset=lo, zero_grad=i == 0, keep_larger_arena=True)
+                                           sample_offset=first_row + lo, zero_grad=i == 0,
+                                           keep_larger_arena=True)
                 text += r["text_loss"]
                 audio += r["audio_loss"]
             out = (text, audio)
         except _C.OutOfMemoryError:
-            if micro == 1:
+            if micro == 1 and strategy.world_size == 1:
                 raise
-        if out is not None:
+        failed = strategy.failed_rank(out is None)  # one process: None when out is not None
+        if failed is None:
             break
         # outside the except block, so the traceback's frames are already released
         cleanup_gpu_memory(device)
         model.release_memory()
+        if strategy.agree(micro) == 1:  # several processes: one has no smaller micro-batch left
+            raise _C.OutOfMemoryError(f"train_step_with_accumulation: out of memory on rank {failed} of "
+                                      f"{strategy.world_size} (this is rank {strategy.rank}) with a micro-batch of "
+                                      "one sample; every process stops with its parameters and optimizer state as "
+                                      "before the step")
         micro = max(1, micro // 2)
         pieces = -(-n // micro)
         micro = -(-n // pieces)
         splits += 1
-    text, audio = out
+    strategy.all_reduce_grads(model)
+    text, audio = strategy.reduce_losses(out)
     step = optimizer.step()  # allocates nothing: AdamW reserves its state when it is built
     model.dropout_step = dropout_step + 1
     elapsed = time.perf_counter() - t0

@@ -350,6 +350,12 @@ class XTTSGPT:
         """name -> Tensor view of the flat fp32 gradient buffer."""
         return self._core.gradients()
 
+    def flat_gradients(self) -> _C.Tensor:
+        """The whole fp32 gradient buffer as one 1-D Tensor view (the tensors of
+        ``gradients()`` and the zero padding between them): one all-reduce sums every
+        gradient (``pyxtts.distributed``; ``torch.from_dlpack`` wraps it without a copy)."""
+        return self._core.flat_gradients()
+
     def zero_grad(self) -> None:
         self._core.zero_grad()
 

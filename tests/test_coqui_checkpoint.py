@@ -201,7 +201,7 @@ def test_export_is_atomic(base, tmp_path, monkeypatch):
     pyxtts.export_xtts_checkpoint(pyxtts.XTTSGPT(cfg, seed=1), base, out)
     done = file_hash(out / "model.pth")
 
-    def dies_half_way(src, dst, storages):
+    def dies_half_way(src, dst, storages, pickle_data=None):
         dst.write_bytes(b"PK\x03\x04 half a file")
         raise KeyboardInterrupt
 

@@ -172,6 +172,18 @@ static PyObject *gpt_gradients(PyObject *op, PyObject *unused) {
     return m ? pxt_tensor_flat_views(&m->flat.layout, m->flat.grads, PXT_FLOAT32) : NULL;
 }
 
+/* flat_gradients(): the whole fp32 gradient buffer as one 1-D Tensor view (padding
+ * included, always zero), for one collective over every gradient (an all-reduce). */
+static PyObject *gpt_flat_gradients(PyObject *op, PyObject *unused) {
+    (void)unused;
+    pxt_gpt *m = ready(op);
+    if (!m) {
+        return NULL;
+    }
+    int64_t n = (int64_t)m->flat.layout.numel;
+    return pxt_tensor_view(m->flat.grads, 0, PXT_FLOAT32, 1, &n);
+}
+
 static PyObject *gpt_zero_grad(PyObject *op, PyObject *unused) {
     (void)unused;
     pxt_gpt *m = ready(op);
@@ -726,6 +738,8 @@ static PyGetSetDef gpt_getset[] = {
 static PyMethodDef gpt_methods[] = {
     {"parameters", gpt_parameters, METH_NOARGS, "name -> Tensor view of the flat parameters"},
     {"gradients", gpt_gradients, METH_NOARGS, "name -> Tensor view of the flat fp32 gradients"},
+    {"flat_gradients", gpt_flat_gradients, METH_NOARGS,
+     "the whole flat fp32 gradient buffer (padding included) as one 1-D Tensor view"},
     {"zero_grad", gpt_zero_grad, METH_NOARGS, "set every gradient to 0"},
     {"_write", gpt_write, METH_VARARGS,
      "_write(which, arrays): write parameters or gradients, all or none (see pyxtts.XTTSGPT)"},

@@ -1,0 +1,99 @@
+"""One process of the distributed tests (``tests/test_distributed.py``), started by
+torchrun: ``torchrun --nproc_per_node=N tests/dist_child.py SCENARIO OUT``. Writes
+``OUT/rank<R>.npz`` with what the test compares."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from dist_common import ACCUMULATION, CFG, SEED, STEPS, global_batch, rows  # noqa: E402
+
+import pyxtts  # noqa: E402
+import pyxtts.testing  # noqa: E402
+from pyxtts.batch import train_step_with_accumulation  # noqa: E402
+from pyxtts.distributed import DataParallel  # noqa: E402
+
+
+def exact(out: Path) -> None:
+    """STEPS AdamW steps, each over this rank's slice of the global batch."""
+    dp = DataParallel("cpu", timeout_s=120)
+    model = pyxtts.XTTSGPT(CFG, seed=SEED)
+    opt = pyxtts.AdamW(model, lr=1e-3)
+    record: dict[str, np.ndarray] = {}
+    for step in range(STEPS):
+        batch = global_batch(step)
+        n = batch["text_inputs"].shape[0]
+        lo, hi = dp.shard(n)
+        local = rows(batch, lo, hi)
+        r = train_step_with_accumulation(model, opt, local, ACCUMULATION, strategy=dp, first_row=lo)
+        if step == 0:
+            record["loss0"] = np.array([r.loss, r.text_loss, r.audio_loss, r.grad_norm])
+            record["grads0"] = model.flat_gradients().numpy().copy()
+            record["tokens0"] = np.array([r.text_tokens, r.audio_tokens])
+    dp.check_identical(model)
+    record["checksum"] = np.array([dp.checksum(model)], dtype=np.uint64)
+    for name, value in model.state_dict().items():
+        record[f"param.{name}"] = value
+    np.savez(out / f"rank{dp.rank}.npz", **record)
+    dp.close()
+
+
+def oom_once(out: Path) -> None:
+    """The last rank runs out of memory at its first allocation of step 0: every rank
+    halves its micro-batch, and the run goes on as ``exact``."""
+    dp = DataParallel("cpu", timeout_s=120)
+    model = pyxtts.XTTSGPT(CFG, seed=SEED)
+    opt = pyxtts.AdamW(model, lr=1e-3)
+    record: dict[str, np.ndarray] = {}
+    for step in range(STEPS):
+        batch = global_batch(step)
+        lo, hi = dp.shard(batch["text_inputs"].shape[0])
+        if step == 0 and dp.rank == dp.world_size - 1:
+            pyxtts.testing.inject_oom(0, "cpu")
+        r = train_step_with_accumulation(model, opt, rows(batch, lo, hi), ACCUMULATION, strategy=dp, first_row=lo)
+        if step == 0:
+            record["split0"] = np.array([r.oom_splits, r.micro_batch_size])
+    for name, value in model.state_dict().items():
+        record[f"param.{name}"] = value
+    np.savez(out / f"rank{dp.rank}.npz", **record)
+    dp.close()
+
+
+def oom_always(out: Path) -> None:
+    """The last rank cannot fit even one sample: every rank raises OutOfMemoryError, each
+    with its parameters and optimizer state as they were."""
+    dp = DataParallel("cpu", timeout_s=120)
+    model = pyxtts.XTTSGPT(CFG, seed=SEED)
+    opt = pyxtts.AdamW(model, lr=1e-3)
+    before = model.state_dict()
+    batch = global_batch(0)
+    lo, hi = dp.shard(batch["text_inputs"].shape[0])
+    filler = []
+    if dp.rank == dp.world_size - 1:  # no new segment allowed, and the cache's free bytes taken
+        pyxtts.set_memory_limit(pyxtts.memory_stats("cpu")["reserved_bytes"] + 1024, "cpu")
+        size = pyxtts.memory_stats("cpu")["cached_bytes"]
+        while size >= 512:
+            try:
+                filler.append(pyxtts.empty((size,), pyxtts.uint8, "cpu"))
+            except pyxtts.OutOfMemoryError:
+                size //= 2
+    try:
+        train_step_with_accumulation(model, opt, rows(batch, lo, hi), ACCUMULATION, strategy=dp, first_row=lo)
+        message = "no error"
+    except pyxtts.OutOfMemoryError as exc:
+        message = str(exc)
+    finally:
+        pyxtts.set_memory_limit(None, "cpu")
+        del filler
+    after = model.state_dict()
+    same = all(np.array_equal(before[k], after[k]) for k in before)
+    (out / f"rank{dp.rank}.txt").write_text(f"{same}\n{message}\n", encoding="utf-8")
+    dp.close()
+
+
+if __name__ == "__main__":
+    {"exact": exact, "oom_once": oom_once, "oom_always": oom_always}[sys.argv[1]](Path(sys.argv[2]))
