@@ -81,8 +81,9 @@ def test_failed_step_releases_the_arena_of_another_shape_and_nothing_else():
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_accumulation_after_oom_equals_the_call_at_the_micro_batch_that_fitted(precision):
-    """What the README states: bit for bit the step of a call whose micro-batches are
-    those that fitted; and close to the never-failed step (summation order only)."""
+    """What docs/api.md states (Batch size and accumulation): bit for bit the step of a
+    call whose micro-batches are those that fitted; and close to the never-failed step
+    (summation order only)."""
     batch = random_batch(make_rng("failure_state.acc"), CFG, 8, 12, 20)
 
     def run(steps, inject):

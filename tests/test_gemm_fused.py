@@ -296,7 +296,7 @@ def test_gpu_takes_cublaslt_at_xtts_shapes():
     bias + GELU products and the weight gradients with their bias gradients must; fc's
     GELU gradient with its bias gradient may not: cuBLASLt 13.1 on an H200 has no
     DGELU_BGRAD kernel for bf16 at (3920, 4096, 1024), so the engine composes it there
-    (README's GPU section), and the test says which it was."""
+    (docs/gpu.md), and the test says which it was."""
     code = """
 import numpy as np, os, sys, pyxtts
 from pyxtts import _C
