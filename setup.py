@@ -1,6 +1,6 @@
 """Builds pyxtts._C: the C core always, the CUDA backend when nvcc is found.
 
-Environment (README, "Install", has the details and the build times):
+Environment (docs/install.md has the details and the build times):
   PYXTTS_CUDA=0|1        force CPU-only / require CUDA (default: CUDA when nvcc is found)
   PYXTTS_CUDA_ARCHS      e.g. "80 90" (default: the architectures of the GPUs nvidia-smi
                          sees, else cudafind.DEFAULT_ARCHS); PTX of the newest is embedded

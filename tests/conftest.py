@@ -129,17 +129,9 @@ def live_tensors(most: int = 8) -> str:
 # ---- helpers shared by the tensor tests (import them from conftest) -------------
 
 import ml_dtypes  # noqa: E402
+from helpers.arrays import NP_DTYPE  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-NP_DTYPE = {
-    "float32": np.dtype(np.float32),
-    "float16": np.dtype(np.float16),
-    "bfloat16": BF16,
-    "int32": np.dtype(np.int32),
-    "int64": np.dtype(np.int64),
-    "uint8": np.dtype(np.uint8),
-    "bool": np.dtype(np.bool_),
-}
 DTYPE_NAMES = list(NP_DTYPE)
 FLOAT_NAMES = ["float32", "float16", "bfloat16"]
 INT_NAMES = ["int32", "int64", "uint8", "bool"]

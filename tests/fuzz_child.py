@@ -16,9 +16,11 @@ python fuzz_child.py COUNT SEED [KIND,KIND...]
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -47,7 +49,10 @@ MODEL = pyxtts.XTTSGPT(CFG, seed=0)
 OPT = pyxtts.AdamW(MODEL)
 SPARE = pyxtts.XTTSGPT(CFG, seed=1)  # a second model: references of "before", fresh loads
 SPARE_OPT = pyxtts.AdamW(SPARE)
+# the checkpoints, manifests and .pth files the cases write; removed at exit, so that runs
+# do not pile up folders in the temp directory (tests/test_fuzz.py checks it)
 TMP = Path(tempfile.mkdtemp(prefix="pyxtts-fuzz-"))
+atexit.register(shutil.rmtree, TMP, True)
 BF16 = np.dtype(ml_dtypes.bfloat16)
 ref_counts: dict[str, int] = {}  # batches compared with the float64 torch GPT, by kind
 accepted: dict[str, int] = {}  # accepted calls by kind, reported at the end

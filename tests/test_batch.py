@@ -8,6 +8,7 @@ import pytest
 import pyxtts
 import pyxtts.testing
 from helpers import make_rng, random_batch
+from helpers.state import assert_same, full_state
 from pyxtts.batch import _synthetic_batch
 
 # dropout on: accumulation draws the whole batch's masks. The GPT alone keeps every buffer
@@ -20,21 +21,9 @@ CFG = pyxtts.ModelConfig(n_layers=2, d_model=64, n_heads=4, text_vocab_size=101,
 pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
 
 
-def snapshot(model, opt):
-    return (model.state_dict(), {k: v.numpy() for k, v in model.gradients().items()}, opt.state_dict())
-
-
-def assert_same_state(a, b):
-    for x, y in zip(a[:2], b[:2]):
-        for k in x:
-            assert np.array_equal(x[k], y[k]), k
-    for k, v in a[2].items():
-        assert np.array_equal(v, b[2][k]) if isinstance(v, np.ndarray) else v == b[2][k], k
-
-
 def fits_real_step(model, opt, B):
     """One real forward, backward and step at the full lengths (state restored)."""
-    snap = snapshot(model, opt)
+    snap = full_state(model, opt)
     ok = True
     try:
         opt.zero_grad()
@@ -44,10 +33,11 @@ def fits_real_step(model, opt, B):
         opt.step()
     except pyxtts.OutOfMemoryError:
         ok = False
-    opt.load_state_dict(snap[2])
-    model.load_state_dict(snap[0])
+    part = lambda tag: {k[2:]: v for k, v in snap.items() if k.startswith(tag)}  # noqa: E731
+    opt.load_state_dict(part("o."))
+    model.load_state_dict(part("p."))
     for k, g in model.gradients().items():
-        g.copy_(snap[1][k])
+        g.copy_(part("g.")[k])
     model.release_memory()
     pyxtts.cleanup_gpu_memory("cpu")
     return ok
@@ -61,10 +51,10 @@ def test_found_batch_fits_and_is_close_to_the_true_largest(limit_mib, rng):
     m.forward_backward(random_batch(rng, CFG, 2, 8, 12))  # non-zero gradients and moments to preserve
     opt.step()
     m.forward_backward(random_batch(rng, CFG, 2, 8, 12))
-    before = snapshot(m, opt)
+    before = full_state(m, opt)
     pyxtts.set_memory_limit(limit_mib << 20, "cpu")
     found = pyxtts.find_optimal_batch_size(m, opt)
-    assert_same_state(snapshot(m, opt), before)
+    assert_same(full_state(m, opt), before, "the model and optimizer")
     # brute force: real steps at growing sizes until one fails (memory is monotone)
     true = 0
     while fits_real_step(m, opt, true + 1):
@@ -73,7 +63,7 @@ def test_found_batch_fits_and_is_close_to_the_true_largest(limit_mib, rng):
     assert fits_real_step(m, opt, found)
     assert found >= 0.85 * true, (found, true)
     print(f"limit {limit_mib} MiB: found {found}, brute force {true}")
-    assert_same_state(snapshot(m, opt), before)
+    assert_same(full_state(m, opt), before, "the model and optimizer")
 
 
 def test_search_respects_bounds_and_needs_no_optimizer():
@@ -98,12 +88,12 @@ def test_verification_falls_back_after_an_oom():
     opt = pyxtts.AdamW(m)
     pyxtts.set_memory_limit(40 << 20, "cpu")
     plain = pyxtts.find_optimal_batch_size(m, opt)
-    before = snapshot(m, opt)
+    before = full_state(m, opt)
     pyxtts.testing.inject_oom(0, "cpu")  # the first real step fails as on a full device
     after_oom = pyxtts.find_optimal_batch_size(m, opt)
     assert after_oom < plain
     assert fits_real_step(m, opt, after_oom)
-    assert_same_state(snapshot(m, opt), before)
+    assert_same(full_state(m, opt), before, "the model and optimizer")
 
 
 def test_small_budget_whose_segments_outgrow_the_plan_still_finds_a_size():
@@ -116,13 +106,13 @@ def test_small_budget_whose_segments_outgrow_the_plan_still_finds_a_size():
                              max_cond_frames=12)
     m = pyxtts.XTTSGPT(cfg, seed=0)
     opt = pyxtts.AdamW(m)
-    before = snapshot(m, opt)
+    before = full_state(m, opt)
     pyxtts.set_memory_limit(pyxtts.memory_allocated("cpu") + (8 << 20), "cpu")
     n0 = pyxtts.memory_stats("cpu")["num_ooms"]
     size = pyxtts.find_optimal_batch_size(m, opt)
     assert pyxtts.memory_stats("cpu")["num_ooms"] > n0, "the case: a verification step ran out of memory"
     assert size >= 1 and fits_real_step(m, opt, size)
-    assert_same_state(snapshot(m, opt), before)
+    assert_same(full_state(m, opt), before, "the model and optimizer")
 
 
 # ---- accumulation -------------------------------------------------------------------

@@ -21,6 +21,7 @@ from safetensors.numpy import save_file
 
 import pyxtts
 from helpers import TINY, edit_checkpoint
+from helpers.state import assert_same, full_state
 from pyxtts.checkpoint import _flatten_optimizer as flatten_optimizer
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -66,19 +67,6 @@ def assert_same_state(got, want, msg=""):
     assert set(got[1]) == set(want[1])
     for k, v in want[1].items():
         assert_bits_equal(got[1][k], v, f"{k} {msg}")
-
-
-def snapshot(model, opt=None):
-    params = {k: v.copy() for k, v in model.state_dict().items()}
-    return params, (None if opt is None else flat_state(opt))
-
-
-def assert_unchanged(model, before, opt=None):
-    params, opt_state = before
-    for k, v in model.state_dict().items():
-        assert_bits_equal(v, params[k], k)
-    if opt is not None:
-        assert_same_state(flat_state(opt), opt_state, "(the optimizer changed)")
 
 
 def rewrite(src: Path, dst: Path, edit_meta=None, edit_tensors=None) -> None:
@@ -168,10 +156,10 @@ def test_extra_must_be_json(tmp_path):
 # ---- refusals: CheckpointError, nothing changed -------------------------------------
 
 def refuse(path, model, opt, match):
-    before = snapshot(model, opt)
+    before = full_state(model, opt, gradients=False)
     with pytest.raises(pyxtts.CheckpointError, match=match):
         pyxtts.load_checkpoint(path, model, opt)
-    assert_unchanged(model, before, opt)
+    assert_same(full_state(model, opt, gradients=False), before, "a refused load")
 
 
 def test_truncated_files_are_refused(saved, tmp_path, seed):
@@ -224,13 +212,13 @@ def test_other_architecture_names_the_fields(saved, seed):
                                 "max_attention_sequence_length": None})
     model = pyxtts.XTTSGPT(cfg, seed=seed % 1000)
     opt = FakeOptimizer(model, np.random.default_rng(seed))
-    before = snapshot(model, opt)
+    before = full_state(model, opt, gradients=False)
     with pytest.raises(pyxtts.CheckpointError, match="another architecture") as e:
         pyxtts.load_checkpoint(path, model, opt)
     msg = str(e.value)
     assert "n_layers: checkpoint 2, model 3" in msg and "text_vocab_size: checkpoint 37, model 40" in msg
     assert "n_heads" not in msg
-    assert_unchanged(model, before, opt)
+    assert_same(full_state(model, opt, gradients=False), before, "a refused load")
 
 
 def test_wrong_shape_version_and_content_are_refused(saved, tmp_path, seed):
@@ -420,12 +408,12 @@ def test_adamw_state_round_trip(tmp_path, seed):
     pyxtts.save_checkpoint(tmp_path / "a.safetensors", model, opt, step=2)
     m2 = pyxtts.XTTSGPT(TINY, seed=seed % 1000 + 1)
     o2 = pyxtts.AdamW(m2, lr=1.0)
-    before = snapshot(m2, o2)
+    before = full_state(m2, o2, gradients=False)
     bad = tmp_path / "bad.safetensors"
     rewrite(tmp_path / "a.safetensors", bad, lambda m: m.__setitem__("format_version", 7))
     with pytest.raises(pyxtts.CheckpointError):
         pyxtts.load_checkpoint(bad, m2, o2)
-    assert_unchanged(m2, before, o2)
+    assert_same(full_state(m2, o2, gradients=False), before, "a refused load")
     pyxtts.load_checkpoint(tmp_path / "a.safetensors", m2, o2)
     assert o2.lr == opt.lr
     assert_same_state(flat_state(o2), flat_state(opt))

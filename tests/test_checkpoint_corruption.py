@@ -16,7 +16,8 @@ from safetensors import safe_open
 
 import pyxtts
 import pyxtts.checkpoint
-from helpers import edit_checkpoint, make_rng, random_batch
+from helpers import edit_checkpoint, make_rng, trained
+from helpers.state import full_state
 
 CFG = pyxtts.ModelConfig(n_layers=1, d_model=16, n_heads=2, text_vocab_size=11, audio_vocab_size=9,
                          max_text_tokens=6, max_audio_tokens=8, n_cond_latents=0)
@@ -36,23 +37,6 @@ def release_cache():
     pyxtts.empty_cache("cpu")
 
 
-def trained(precision="fp32", seed=0):
-    m = pyxtts.XTTSGPT(CFG, precision=precision, seed=seed)
-    opt = pyxtts.AdamW(m, loss_scale=2.0**8 if precision == "fp16" else None)
-    rng = make_rng("corruption", seed)
-    for _ in range(2):
-        opt.zero_grad()
-        m.forward_backward(random_batch(rng, CFG, 2, 5, 7), loss_scale=opt.loss_scale)
-        opt.step()
-    return m, opt
-
-
-def state_of(m, opt) -> dict:
-    s = {f"p.{k}": v for k, v in m.state_dict().items()}
-    s.update({f"o.{k}": v for k, v in opt.state_dict().items()})
-    return s
-
-
 def same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(
         (np.array_equal(np.asarray(a[k]).view(np.uint8), np.asarray(b[k]).view(np.uint8))
@@ -62,7 +46,7 @@ def same(a: dict, b: dict) -> bool:
 @pytest.fixture(scope="module")
 def good(tmp_path_factory):
     d = tmp_path_factory.mktemp("corruption")
-    m, opt = trained()
+    m, opt, _ = trained(CFG, steps=2, shape=(2, 5, 7), salt="corruption")
     path = d / "good.safetensors"
     pyxtts.save_checkpoint(path, m, opt, step=2, extra={"epoch": 1, "batch_in_epoch": 3})
     return path, path.read_bytes()
@@ -72,8 +56,8 @@ class Target:
     """A model and optimizer that must stay exactly as they are through every refusal."""
 
     def __init__(self):
-        self.m, self.opt = trained(seed=1)
-        self.before = state_of(self.m, self.opt)
+        self.m, self.opt, _ = trained(CFG, seed=1, steps=2, shape=(2, 5, 7), salt="corruption")
+        self.before = full_state(self.m, self.opt, gradients=False)
 
     def refuse(self, path, what: str, match: str | None = None) -> str:
         with pytest.raises(pyxtts.CheckpointError) as e:
@@ -81,7 +65,7 @@ class Target:
         assert str(path) in str(e.value), (what, str(e.value))
         if match is not None:
             assert match in str(e.value), (what, str(e.value))
-        assert same(state_of(self.m, self.opt), self.before), f"{what}: state changed"
+        assert same(full_state(self.m, self.opt, gradients=False), self.before), f"{what}: state changed"
         return str(e.value)
 
 

@@ -49,7 +49,7 @@ def test_set_max_steps_keeps_a_warmup_that_fits_and_refuses_nonsense():
 
 def test_a_second_plain_run_is_refused_and_deletes_nothing(tmp_path):
     """`pyxtts train` twice: the second used to delete the first run's checkpoints and
-    log without a word; the README promises a refusal, in the command line's words."""
+    log without a word; docs/cli.md promises a refusal, in the command line's words."""
     ck = tmp_path / "checkpoints" / "cpu_demo"
     assert pyxtts_cli(tmp_path, "train", "--max-steps", "2", "--no-progress").returncode == 0
     before = {p.name: p.read_bytes() for p in ck.iterdir()}
@@ -386,9 +386,10 @@ def test_memtest_out_of_memory_in_the_real_step_does_not_fit(tmp_path):
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_readme_quickstart_runs_without_torch(tmp_path):
-    """`pip install .` does not install PyTorch; the Quickstart used to import it."""
-    text = (REPO / "README.md").read_text()
+def test_api_quickstart_runs_without_torch(tmp_path):
+    """`pip install .` does not install PyTorch; the Quickstart (docs/api.md, once the
+    README's) used to import it."""
+    text = (REPO / "docs" / "api.md").read_text()
     quick = text[text.index("## Quickstart"):]
     code = quick[quick.index("```python\n") + len("```python\n"):quick.index("```\n", quick.index("```python"))]
     r = run_python("import sys\nsys.modules['torch'] = None  # as when it is not installed\n" + code,
@@ -438,26 +439,61 @@ def test_tokens_per_second_shown_is_averaged(tmp_path):
         assert f"{x['tokens_per_s_avg']:,.0f} tok/s" in line, (line, x)
 
 
-def test_readme_links_stay_in_the_repository_and_its_commands_exist():
-    """The design link pointed outside the repository; every relative link must resolve
-    inside it, and every `pyxtts` command the README shows must be one the CLI has."""
+def anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a page's headings (lower case, punctuation dropped, spaces
+    to hyphens)."""
+    import re
+
+    return {re.sub(r"[^a-z0-9 _-]", "", h.lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", text, flags=re.M)}
+
+
+def test_readme_and_docs_links_resolve_and_their_commands_exist():
+    """The design link pointed outside the repository; every relative link of the README and
+    of docs/ must resolve inside it (a page's #anchor included), and every `pyxtts` command
+    they show must be one the CLI has."""
     import re
 
     import pyxtts.cli
 
-    text = (REPO / "README.md").read_text()
-    for target in re.findall(r"\]\(([^)\s]+)\)", text):
-        if target.startswith(("http://", "https://", "#")):
-            continue
-        path = (REPO / target.split("#")[0]).resolve()
-        assert path.is_relative_to(REPO) and path.exists(), target
-    anchors = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
-               for h in re.findall(r"^#+ (.+)$", text, flags=re.M)}
-    for anchor in re.findall(r"\]\(#([^)]+)\)", text):
-        assert anchor in anchors, anchor
-    shell = "\n".join(re.findall(r"```bash\n(.*?)```", text, flags=re.S))
-    shown = set(re.findall(r"(?:^|&& )pyxtts ([a-z-]+)", shell, flags=re.M))
-    assert {"train", "export", "memtest", "optimize-config", "gpu-info"} <= shown
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    shell = []
+    for page in pages:
+        text = page.read_text()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if target.startswith(("http://", "https://")):
+                continue
+            file, _, anchor = target.partition("#")
+            path = (page.parent / file).resolve() if file else page
+            assert path.is_relative_to(REPO) and path.exists(), f"{page.name}: {target}"
+            if anchor and path.suffix == ".md":
+                assert anchor in anchors(path.read_text()), f"{page.name}: {target}"
+        shell += re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    shown = set(re.findall(r"(?:^|&& )pyxtts ([a-z-]+)", "\n".join(shell), flags=re.M))
+    assert {"train", "prepare", "export", "memtest", "optimize-config", "gpu-info"} <= shown
     r = run_python("import pyxtts.cli, sys; pyxtts.cli.main(['--help'])")
     commands = set(re.search(r"\{([a-z,-]+)\}", r.stdout).group(1).split(","))
     assert shown <= commands, shown - commands
+
+
+def test_readme_is_a_front_page_with_the_ci_test_command():
+    """The README was 1,178 lines of reference; it is the front page now (what pyxtts is,
+    the two commands, the fine-tuning path, the figures), the rest in docs/, every page of
+    which it or the docs index links. CI runs the README's test command verbatim: the two
+    must stay the same command."""
+    import re
+
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    at = next(i for i, line in enumerate(ci) if "the README's test command, verbatim" in line)
+    command = next(line.strip() for line in ci[at + 1:] if not line.lstrip().startswith("#"))
+    assert command.startswith("pip install") and "pytest tests" in command
+    bash = "\n".join(re.findall(r"```bash\n(.*?)```", text, flags=re.S))
+    assert command in bash.splitlines(), command
+    for step in ("pyxtts prepare ", "pyxtts train ", "--init XTTS-v2", "pyxtts export "):
+        assert step in bash, step
+    assert "huggingface.co/coqui/XTTS-v2" in text and "Coqui Public Model License" in text
+    linked = set(re.findall(r"\]\(docs/([^)#\s]+)", text))
+    linked |= set(re.findall(r"\]\(([a-z-]+\.md)", (REPO / "docs" / "README.md").read_text()))
+    pages = {p.name for p in (REPO / "docs").glob("*.md")} - {"README.md"}
+    assert pages <= linked, pages - linked

@@ -23,7 +23,8 @@ import pytest
 import torch
 from conftest import assert_bits_equal, requires_cuda, run_python
 from test_attention import ISAS
-from test_ops import HALF, U, T, assert_within, check_fd, f64, fd, r16, rand
+from helpers.arrays import f64, rand
+from test_ops import HALF, U, T, assert_within, check_fd, fd, r16
 
 import philox
 import pyxtts
@@ -165,7 +166,7 @@ def test_groupnorm_backward(rng, seed, B, S, C, G, device):
 
 def test_groupnorm_finite_differences(rng, seed, device):
     B, S, C, G = 2, 3, 8, 4
-    x, w, b, dout = rand(rng, (B, S, C), 1.5, 0.5), rand(rng, C), rand(rng, C), rand(rng, (B, S, C))
+    x, w, b, dout = rand(rng, (B, S, C), scale=1.5, offset=0.5), rand(rng, C), rand(rng, C), rand(rng, (B, S, C))
     x64, w64, b64, d64 = (a.astype(np.float64) for a in (x, w, b, dout))
     msg = f"seed={seed} {device}"
     T = lambda a: Td(a, device=device)  # noqa: E731, N806
@@ -192,7 +193,7 @@ def test_groupnorm_16bit(rng, seed, dtype, device):
     # 3 channels per group: on the GPU every dtype reads one element per vector, so the
     # 16-bit and fp32 kernels add the same floats in the same tree
     B, S, C, G = 3, 40, 96, 32
-    x, w, b = rand(rng, (B, S, C), 2.0, 1.0, dtype), rand(rng, C, dtype=dtype), rand(rng, C, dtype=dtype)
+    x, w, b = rand(rng, (B, S, C), dtype, scale=2.0, offset=1.0), rand(rng, C, dtype=dtype), rand(rng, C, dtype=dtype)
     dout, di0 = rand(rng, (B, S, C), dtype=dtype), rand(rng, (B, S, C), dtype=dtype)
     msg = f"seed={seed} {dtype} {device}"
     T = lambda a, dt="float32": Td(a, dt, device)  # noqa: E731, N806
@@ -228,7 +229,7 @@ def test_groupnorm_errors():
 @pytest.mark.parametrize("shape", RMS_SHAPES, ids=str)
 def test_rmsnorm_forward_and_backward(rng, seed, shape, device):
     C = shape[-1]
-    x, g, dout = rand(rng, shape, 1.5, 0.5), rand(rng, C), rand(rng, shape)
+    x, g, dout = rand(rng, shape, scale=1.5, offset=0.5), rand(rng, C), rand(rng, shape)
     scale = math.sqrt(C)
     msg = f"seed={seed} shape={shape} {device}"
     T = lambda a: Td(a, device=device)  # noqa: E731, N806
@@ -316,7 +317,7 @@ def test_geglu_forward_and_backward(rng, seed, shape, device):
 
 @pytest.mark.parametrize("dtype", HALF)
 def test_geglu_16bit(rng, seed, dtype, device):
-    x, dout = rand(rng, (40, 66), 2.0, dtype=dtype), rand(rng, (40, 33), dtype=dtype)
+    x, dout = rand(rng, (40, 66), dtype, scale=2.0), rand(rng, (40, 33), dtype=dtype)
     msg = f"seed={seed} {dtype} {device}"
     T = lambda a, dt="float32": Td(a, dt, device)  # noqa: E731, N806
     assert_bits_equal(_C._op_geglu_forward(T(x, dtype)).numpy(), r16(_C._op_geglu_forward(T(x)).numpy(), dtype), msg)
@@ -362,9 +363,9 @@ def assert_close_16(got, want, terms, dtype, msg):
 @pytest.mark.parametrize("B,S,C,G", [(2, 5, 48, 16), (3, 17, 64, 16), (2, 9, 256, 2), (8, 517, 1024, 32)], ids=str)
 def test_cuda_matches_the_cpu_groupnorm(rng, seed, B, S, C, G, dtype):
     msg = f"seed={seed} B,S,C,G={B},{S},{C},{G} {dtype}"
-    x0 = rand(rng, (B, S, C), 2.0, 1.0, dtype)
+    x0 = rand(rng, (B, S, C), dtype, scale=2.0, offset=1.0)
     (x, xg), (w, wg), (b, bg) = both(x0, dtype), both(rand(rng, C, dtype=dtype), dtype), both(
-        rand(rng, C, 0.5, dtype=dtype), dtype)
+        rand(rng, C, dtype, scale=0.5), dtype)
     poison(GPU, ((B, S, C), dtype), ((B, G), "float32"), ((B, G), "float32"))
     out, mean, rstd = _C._op_groupnorm_forward(x, w, b, G)
     outg, meang, rstdg = _C._op_groupnorm_forward(xg, wg, bg, G)
@@ -403,7 +404,7 @@ def test_cuda_matches_the_cpu_groupnorm(rng, seed, B, S, C, G, dtype):
 def test_cuda_matches_the_cpu_rmsnorm(rng, seed, N, C, dtype):
     msg = f"seed={seed} N,C={N},{C} {dtype}"
     scale = math.sqrt(C)
-    x0, g0 = rand(rng, (N, C), 1.5, 0.5, dtype), rand(rng, C, dtype=dtype)
+    x0, g0 = rand(rng, (N, C), dtype, scale=1.5, offset=0.5), rand(rng, C, dtype=dtype)
     (x, xg), (g, gg) = both(x0, dtype), both(g0, dtype)
     poison(GPU, ((N, C), dtype), ((N,), "float32"))
     out, norm = _C._op_rmsnorm_forward(x, g, scale)
@@ -431,7 +432,7 @@ def test_cuda_matches_the_cpu_rmsnorm(rng, seed, N, C, dtype):
 @pytest.mark.parametrize("N,F", [(1, 1), (3, 5), (40, 33), (8 * 32, 2730)], ids=str)
 def test_cuda_matches_the_cpu_geglu(rng, seed, N, F, dtype):
     msg = f"seed={seed} N,F={N},{F} {dtype}"
-    x0, dout0 = rand(rng, (N, 2 * F), 2.0, dtype=dtype), rand(rng, (N, F), dtype=dtype)
+    x0, dout0 = rand(rng, (N, 2 * F), dtype, scale=2.0), rand(rng, (N, F), dtype=dtype)
     (x, xg), (d, dg) = both(x0, dtype), both(dout0, dtype)
     poison(GPU, ((N, F), dtype), ((N, 2 * F), dtype))
     a, g = np.abs(x0[:, :F]), np.abs(x0[:, F:])

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import NP_DTYPE, assert_bits_equal, requires_cuda
+from helpers.arrays import f64, rand
 
 import pyxtts
 from pyxtts import _C
@@ -30,19 +31,10 @@ U16 = {"float16": 2.0**-11, "bfloat16": 2.0**-8}
 N_REAL = 8 * 430
 
 
-def rand(rng, shape, scale=1.0, dtype="float32"):
-    a = (scale * rng.standard_normal(shape)).astype(np.float32)
-    return a.astype(NP_DTYPE[dtype]).astype(np.float32)
-
-
 def pair(a, dtype="float32"):
     """The same values as a CPU tensor and a GPU tensor of `dtype`."""
     dt = getattr(pyxtts, dtype)
     return pyxtts.tensor(np.asarray(a), dtype=dt), pyxtts.tensor(np.asarray(a), dtype=dt, device=GPU)
-
-
-def f64(t):
-    return np.asarray(t.numpy()).astype(np.float64)
 
 
 def close(gpu, cpu, tol, msg):
@@ -123,7 +115,7 @@ def test_bias_forward_and_backward_are_the_cpus_bits(rng, seed, M, N, dtype):
 @pytest.mark.parametrize("shape", [(1, 1), (3, 8), (5, 33), (N_REAL, 1024)], ids=str)
 def test_layernorm(rng, seed, shape, dtype):
     C = shape[-1]
-    x0 = rand(rng, shape, 2.0, dtype) + np.float32(0.5)
+    x0 = rand(rng, shape, dtype, scale=2.0) + np.float32(0.5)
     x0 = x0.astype(NP_DTYPE[dtype]).astype(np.float32)
     w0, b0, dout = rand(rng, C, dtype=dtype), rand(rng, C, dtype=dtype), rand(rng, shape, dtype=dtype)
     (x, xg), (w, wg), (b, bg), (d, dg) = pair(x0, dtype), pair(w0, dtype), pair(b0, dtype), pair(dout, dtype)
@@ -150,7 +142,7 @@ def test_layernorm(rng, seed, shape, dtype):
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("n", [1, 7, 5 * 33, N_REAL * 1024])
 def test_gelu_and_add(rng, seed, n, dtype):
-    x0 = rand(rng, n, 3.0, dtype)
+    x0 = rand(rng, n, dtype, scale=3.0)
     x0[: min(n, 4)] = np.array([-200.0, 200.0, -9.0, 0.0], np.float32)[: min(n, 4)]
     dout = rand(rng, n, dtype=dtype)
     (x, xg), (d, dg) = pair(x0, dtype), pair(dout, dtype)
@@ -191,7 +183,7 @@ def test_embedding_is_the_cpus_bits(rng, seed, N, V, C, dtype):
 
 @pytest.mark.parametrize("N,V", [(1, 1), (1, 2), (6, 5), (N_REAL // 2, 1026), (N_REAL, 6681)], ids=str)
 def test_softmax_xent(rng, seed, N, V):
-    logits0 = rand(rng, (N, V), 4.0)
+    logits0 = rand(rng, (N, V), scale=4.0)
     targets0 = rng.integers(-1, V, N).astype(np.int32)
     (lg, lgg), (tg, tgg) = pair(logits0), pair(targets0, "int32")
     msg = f"seed={seed} {N, V}"

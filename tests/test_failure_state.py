@@ -12,24 +12,13 @@ import pytest
 
 import pyxtts
 import pyxtts.testing
-from helpers import make_rng, random_batch
+from helpers import make_rng, random_batch, trained
 from helpers.state import assert_same, full_state
 
 CFG = pyxtts.ModelConfig(n_layers=2, d_model=32, n_heads=4, text_vocab_size=37, audio_vocab_size=29,
                          max_text_tokens=24, max_audio_tokens=40, n_cond_latents=3)
 
 pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
-
-
-def trained(precision="fp32", seed=0):
-    """A model and optimizer with non-zero moments and gradients."""
-    m = pyxtts.XTTSGPT(CFG, precision=precision, seed=seed)
-    opt = pyxtts.AdamW(m, loss_scale=2.0**10 if precision == "fp16" else None)
-    batch = random_batch(make_rng("failure_state", seed), CFG, 3, 10, 16)
-    m.forward_backward(batch, loss_scale=opt.loss_scale)
-    opt.step()
-    m.forward_backward(batch, loss_scale=opt.loss_scale)  # gradients left in place
-    return m, opt, batch
 
 
 # ---- 5. load_state_dict and load_checkpoint: all or nothing --------------------------
@@ -39,7 +28,7 @@ def test_load_state_dict_allocates_nothing_and_writes_all(precision):
     """The per-tensor device temporaries that an out-of-memory error could interrupt
     (leaving 1-35 of 36 tensors written) are gone: the load makes no allocator request,
     so a fault injected at any point never fires inside it."""
-    m, _, _ = trained(precision)
+    m, _, _ = trained(CFG, precision, salt="failure_state")
     new = {k: make_rng("new", k).standard_normal(v.shape) for k, v in m.state_dict().items()}
     n0 = pyxtts.memory_stats("cpu")["num_allocs"]
     for after in range(4):
@@ -55,7 +44,7 @@ def test_load_state_dict_allocates_nothing_and_writes_all(precision):
 
 def test_load_state_dict_refusal_writes_nothing():
     """A bad tensor late in the mapping: the ones before it are not written."""
-    m, opt, _ = trained()
+    m, opt, _ = trained(CFG, salt="failure_state")
     before = full_state(m, opt)
     new = {k: np.full(v.shape, 0.5, np.float32) for k, v in m.state_dict().items()}
     last = list(new)[-1]
@@ -72,7 +61,7 @@ def test_load_state_dict_refusal_writes_nothing():
 # ---- 7. the step arena: released by a failed reservation, documented -----------------
 
 def test_failed_step_releases_the_arena_of_another_shape_and_nothing_else():
-    m, opt, batch = trained()
+    m, opt, batch = trained(CFG, salt="failure_state")
     before = full_state(m, opt)
     assert m._core.arena_bytes > 0
     arena = pyxtts.memory_allocated("cpu")
@@ -92,8 +81,9 @@ def test_failed_step_releases_the_arena_of_another_shape_and_nothing_else():
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_accumulation_after_oom_equals_the_call_at_the_micro_batch_that_fitted(precision):
-    """What the README states: bit for bit the step of a call whose micro-batches are
-    those that fitted; and close to the never-failed step (summation order only)."""
+    """What docs/api.md states (Batch size and accumulation): bit for bit the step of a
+    call whose micro-batches are those that fitted; and close to the never-failed step
+    (summation order only)."""
     batch = random_batch(make_rng("failure_state.acc"), CFG, 8, 12, 20)
 
     def run(steps, inject):
@@ -123,7 +113,7 @@ def test_accumulation_after_oom_equals_the_call_at_the_micro_batch_that_fitted(p
 def test_forward_backward_zero_grad_zeroes_only_once_the_step_fits():
     """zero_grad=True: a step that does not fit leaves the gradients as they were (what
     train_step_with_accumulation relies on); one that fits equals zero_grad() then the step."""
-    m, opt, batch = trained()
+    m, opt, batch = trained(CFG, salt="failure_state")
     before = full_state(m, opt)
     m.release_memory()
     pyxtts.testing.inject_oom(0, "cpu")

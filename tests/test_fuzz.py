@@ -18,10 +18,12 @@ from helpers import SEED
 COUNT = 5000 if os.environ.get("PYXTTS_FULL_FUZZ") == "1" else 500
 
 
-def test_fuzz_public_entry_points():
+def test_fuzz_public_entry_points(tmp_path):
     child = Path(__file__).with_name("fuzz_child.py").read_text()
+    tmp = tmp_path / "tmp"  # the child's temp directory: what it writes there, it removes
+    tmp.mkdir()
     r = run_python(child.replace('if __name__ == "__main__":', "if True:"), str(COUNT), str(SEED),
-                   timeout=3600)
+                   env={"TMPDIR": str(tmp)}, timeout=3600)
     lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
     started = [x["start"] for x in lines if "start" in x]
     done = [x for x in lines if "done" in x]
@@ -30,3 +32,5 @@ def test_fuzz_public_entry_points():
         f"{r.stderr[-3000:]}")
     assert done[0]["done"] >= COUNT
     assert not done[0]["findings"], f"seed {SEED}:\n" + "\n".join(done[0]["findings"])
+    # its pyxtts-fuzz-* folder of checkpoints and manifests went with it (they used to pile up)
+    assert not list(tmp.iterdir()), sorted(p.name for p in tmp.iterdir())

@@ -25,6 +25,7 @@ import tempfile
 import numpy as np
 import pytest
 from conftest import NP_DTYPE, assert_bits_equal, requires_cuda, run_python
+from helpers.arrays import f64, rand
 from test_ops import GELU_K, U16, assert_within, gelu_grad_ref, gelu_ref
 
 import pyxtts
@@ -36,17 +37,8 @@ EPILOGUES = ["none", "bias", "bias_gelu", "dgelu_bgrad", "bgrad_b"]
 XTTS_ROWS = 8 * 490
 
 
-def rand(rng, shape, dtype="float32", scale=1.0):
-    a = (scale * rng.standard_normal(shape)).astype(np.float32)
-    return a.astype(NP_DTYPE[dtype]).astype(np.float32)
-
-
 def on(device, a, dtype="float32"):
     return pyxtts.tensor(np.asarray(a), dtype=getattr(pyxtts, dtype), device=device)
-
-
-def f64(t):
-    return np.asarray(t.numpy()).astype(np.float64)
 
 
 def case(rng, epi, M, N, K, ta, tb, dt_ab, dt_c, beta):
@@ -304,7 +296,7 @@ def test_gpu_takes_cublaslt_at_xtts_shapes():
     bias + GELU products and the weight gradients with their bias gradients must; fc's
     GELU gradient with its bias gradient may not: cuBLASLt 13.1 on an H200 has no
     DGELU_BGRAD kernel for bf16 at (3920, 4096, 1024), so the engine composes it there
-    (README's GPU section), and the test says which it was."""
+    (docs/gpu.md), and the test says which it was."""
     code = """
 import numpy as np, os, sys, pyxtts
 from pyxtts import _C

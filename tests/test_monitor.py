@@ -10,12 +10,22 @@ import pyxtts
 from pyxtts.monitor import GPUMonitor
 
 
+def wait_for_samples(mon: GPUMonitor, n: int, bound_s: float = 60.0, allocated: int = 0) -> None:
+    """Until the monitor holds n samples (of at least `allocated` bytes, if given): the
+    sampling thread may be slow to run on a loaded machine, so the test waits for what it
+    needs, not for a fixed time, and fails only past a bound no healthy run comes near."""
+    deadline = time.monotonic() + bound_s
+    while sum(s["cpu"]["allocated_bytes"] >= allocated for s in list(mon.samples)) < n:
+        assert time.monotonic() < deadline, f"{len(mon.samples)} samples after {bound_s} s, {n} wanted"
+        time.sleep(0.01)
+
+
 def test_monitor_sees_an_allocation_and_stops():
     mon = GPUMonitor(interval=0.01, devices=["cpu"])
     before = threading.active_count()
     mon.start_monitoring()
     x = pyxtts.empty(32 << 20, dtype=pyxtts.uint8)  # 32 MiB while sampling
-    time.sleep(0.1)
+    wait_for_samples(mon, 3, allocated=32 << 20)  # three taken while it is allocated
     del x
     mon.stop_monitoring()
     assert threading.active_count() == before, "the sampling thread is still running"
@@ -32,6 +42,7 @@ def test_context_manager_and_misuse():
     with GPUMonitor(interval=0.01, devices=["cpu"]) as mon:
         with pytest.raises(RuntimeError, match="already monitoring"):
             mon.start_monitoring()
+        wait_for_samples(mon, 2)
     assert len(mon.samples) >= 2
     mon.stop_monitoring()  # stopping twice is harmless
     with pytest.raises(ValueError, match="interval"):
@@ -45,7 +56,7 @@ def test_context_manager_and_misuse():
 def test_plot_needs_matplotlib_or_draws(tmp_path):
     mon = GPUMonitor(interval=0.01, devices=["cpu"])
     with mon:
-        time.sleep(0.03)
+        wait_for_samples(mon, 2)
     try:
         import matplotlib  # noqa: F401
     except ImportError:

@@ -13,7 +13,7 @@ A trial passes when one of these holds:
   of every file in the world's checkpoint folder (the JSONL training log excepted: it is
   a log, appended as things happen), and ``memory_allocated``, which is either exactly as
   before or lower by exactly the cached step arena the model held (a failed reservation of
-  a step of another shape frees the old arena first: README, "What a failure leaves";
+  a step of another shape frees the old arena first: docs/hardening.md, "What a failure leaves unchanged";
   then ``arena_bytes`` is 0). ``Trainer.fit`` is a loop of committed steps: a raise there
   must leave exactly the state of a clean run stopped at the trainer's ``step`` (0, 1 or 2
   steps), and every checkpoint on disk byte-identical to the clean run's of that name;

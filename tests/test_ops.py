@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import NP_DTYPE, assert_bits_equal, requires_cuda, run_python
+from helpers.arrays import f64, rand
 from helpers.reductions import embedding_backward_exact
 
 import pyxtts
@@ -50,19 +51,9 @@ def T(a, dtype="float32"):
     return pyxtts.tensor(np.asarray(a), dtype=getattr(pyxtts, dtype))
 
 
-def f64(t) -> np.ndarray:
-    return np.asarray(t.numpy()).astype(np.float64)
-
-
 def r16(a, dtype) -> np.ndarray:
     """float32/64 values rounded to a pyxtts float dtype (NumPy / ml_dtypes, RNE)."""
     return np.asarray(a, dtype=np.float32).astype(NP_DTYPE[dtype])
-
-
-def rand(rng, shape, scale=1.0, offset=0.0, dtype="float32") -> np.ndarray:
-    """Normal data representable in `dtype`, as float32 (never all zero)."""
-    a = (offset + scale * rng.standard_normal(shape)).astype(np.float32)
-    return a.astype(NP_DTYPE[dtype]).astype(np.float32)
 
 
 def poison_cache(*specs):
@@ -466,7 +457,7 @@ def test_layernorm_backward(rng, seed, shape):
 
 def test_layernorm_finite_differences(rng, seed):
     N, C = 3, 8
-    x, w, b, dout = rand(rng, (N, C), 1.5, 0.5), rand(rng, C), rand(rng, C), rand(rng, (N, C))
+    x, w, b, dout = rand(rng, (N, C), scale=1.5, offset=0.5), rand(rng, C), rand(rng, C), rand(rng, (N, C))
     x64, w64, b64, d64 = (a.astype(np.float64) for a in (x, w, b, dout))
     msg = f"seed={seed} N,C={N},{C}"
     # 1) the float64 NumPy gradients against central differences of the float64 reference
@@ -495,7 +486,7 @@ def test_layernorm_finite_differences(rng, seed):
 @pytest.mark.parametrize("shape", [(3, 8), (N_REAL, 1024)], ids=str)
 def test_layernorm_16bit(rng, seed, shape, dtype):
     C = shape[-1]
-    x, w, b = rand(rng, shape, 2.0, 1.0, dtype), rand(rng, C, dtype=dtype), rand(rng, C, dtype=dtype)
+    x, w, b = rand(rng, shape, dtype, scale=2.0, offset=1.0), rand(rng, C, dtype=dtype), rand(rng, C, dtype=dtype)
     dout, di0 = rand(rng, shape, dtype=dtype), rand(rng, shape, dtype=dtype)
     msg = f"seed={seed} shape={shape} {dtype}"
     # loads are exact and the arithmetic is float32: the 16-bit kernel equals the fp32

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import NP_DTYPE, assert_bits_equal
+from helpers.arrays import rand
 from helpers.reductions import add_once, colsum_chunk_rows, colsum_exact, embedding_backward_exact
 
 import pyxtts
@@ -23,12 +24,6 @@ pytestmark = pytest.mark.usefixtures("check_memory")
 
 FLOATS = ["float32", "float16", "bfloat16"]
 XTTS_ROWS = 8 * 490  # batch 8 x 490 positions
-
-
-def rand(rng, shape, dtype="float32", scale=1.0):
-    """Normal values representable in dtype, as float32."""
-    a = (scale * rng.standard_normal(shape)).astype(np.float32)
-    return a.astype(NP_DTYPE[dtype]).astype(np.float32)
 
 
 def on(device, a, dtype="float32"):

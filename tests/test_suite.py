@@ -11,6 +11,7 @@ run in child processes.
 from __future__ import annotations
 
 import ast
+import os
 import textwrap
 from pathlib import Path
 
@@ -119,3 +120,47 @@ def test_the_hypothesis_check_finds_what_it_should():
     tree = ast.parse("@given(x=st.integers())\ndef test_a(x): pass\n"
                      "@given(x=st.integers())\n@seed(SEED)\ndef test_b(x): pass\n")
     assert [name for _, name in unseeded_hypothesis(tree)] == ["@given test_a without @seed(SEED)"]
+
+
+# ---- what a run leaves in the temp directory ---------------------------------------
+
+def test_a_run_keeps_only_the_temporary_folders_of_failed_tests(tmp_path):
+    """A passing run of the suite left 2.5 GB under /tmp/pytest-of-<user> (checkpoints, XTTS
+    folders, corpora), times the three runs pytest keeps. The suite's pytest settings
+    (pyproject.toml) keep the folders of failed tests only; a session with those settings,
+    run here in a child, shows it."""
+    import subprocess
+    import sys
+    import tomllib
+
+    settings = tomllib.loads((TESTS.parent / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    keys = ("tmp_path_retention_policy", "tmp_path_retention_count")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pytest.ini").write_text("[pytest]\n" + "".join(f"{k} = {settings[k]}\n" for k in keys if k in settings))
+    (project / "test_leftovers.py").write_text(
+        "import os, pytest\n"
+        "@pytest.fixture(scope='session')\n"
+        "def shared(tmp_path_factory):\n"
+        "    d = tmp_path_factory.mktemp('shared'); (d / 'big').write_bytes(bytes(1 << 20)); return d\n"
+        "def test_passes(tmp_path, shared):\n"
+        "    (tmp_path / 'big').write_bytes(bytes(1 << 20))\n"
+        "def test_fails(tmp_path):\n"
+        "    (tmp_path / 'evidence').write_text('kept')\n"
+        "    assert os.environ.get('FAIL') != '1'\n")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+
+    def run(fail: bool) -> list[str]:
+        env = {**os.environ, "TMPDIR": str(temp), "FAIL": "1" if fail else "0"}
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+                            str(project)], capture_output=True, text=True, cwd=project, env=env, timeout=120)
+        assert r.returncode == (1 if fail else 0), r.stdout[-2000:]
+        return sorted(str(p.relative_to(temp)) for p in temp.rglob("*") if p.is_file())
+
+    assert run(fail=False) == []  # a passing run leaves no file
+    run(fail=True)
+    left = run(fail=True)  # a failing run keeps the failed test's folder (and the session's)
+    assert any(p.endswith("/test_fails0/evidence") for p in left), left
+    assert not any("/test_passes" in p for p in left), left  # never a passing test's
+    assert len({p.split("/")[1] for p in left}) == 1, left  # of the last run only

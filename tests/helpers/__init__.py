@@ -8,7 +8,10 @@ memory it measures. The PyTorch references are in ``helpers.torch_ref``.
 - ``make_rng(*salt)``: a NumPy generator of ``SEED`` and a salt naming its use (ints or
   strings), so that two uses never share a stream and every run can be repeated.
 - ``TINY``, ``SMALL``, ``MEDIUM``: the model configs of the step, optimizer, precision and
-  checkpoint tests; ``random_batch``: a batch with padding and ignored targets.
+  checkpoint tests; ``random_batch``: a batch with padding and ignored targets;
+  ``trained``: a model and optimizer with non-zero moments and gradients.
+- ``helpers.arrays``: ``rand`` (normal values of a dtype) and ``f64``; ``helpers.state``:
+  the snapshot a failure must leave alone and its bit-exact comparison.
 """
 from __future__ import annotations
 
@@ -82,6 +85,24 @@ def random_batch(rng, cfg, B, Lt, La, n_cond=None, full=False):
     if nc:
         batch["cond_latents"] = rng.standard_normal((B, nc, cfg.d_model)).astype(np.float32)
     return batch
+
+
+# ---- trained state ----------------------------------------------------------------
+
+def trained(cfg, precision="fp32", seed=0, steps=1, shape=(3, 10, 16), salt="trained"):
+    """(model, optimizer, batch): `steps` AdamW steps on one random batch of `shape`
+    (B, Lt, La), then that batch's gradients left in place, so the moments, the master copy
+    and the gradients all hold values a failure could disturb. Seeded by the run's seed,
+    `salt` and `seed`."""
+    m = pyxtts.XTTSGPT(cfg, precision=precision, seed=seed)
+    opt = pyxtts.AdamW(m, loss_scale=2.0**10 if precision == "fp16" else None)
+    batch = random_batch(make_rng(salt, seed), cfg, *shape)
+    for _ in range(steps):
+        opt.zero_grad()
+        m.forward_backward(batch, loss_scale=opt.loss_scale)
+        opt.step()
+    m.forward_backward(batch, loss_scale=opt.loss_scale)  # gradients left in place
+    return m, opt, batch
 
 
 # ---- checkpoints ------------------------------------------------------------------

@@ -11,12 +11,13 @@ from typing import Any
 import numpy as np
 
 
-def full_state(model: Any, opt: Any = None) -> dict:
+def full_state(model: Any, opt: Any = None, gradients: bool = True) -> dict:
     """Every array and scalar a failure must leave alone: ``p.<name>`` parameters,
-    ``g.<name>`` gradients, ``o.<key>`` the optimizer's state_dict (moments, master copy,
-    step, loss scale, hyper-parameters)."""
+    ``g.<name>`` gradients (unless ``gradients=False``: what a checkpoint holds), ``o.<key>``
+    the optimizer's state_dict (moments, master copy, step, loss scale, hyper-parameters)."""
     s = {f"p.{k}": v for k, v in model.state_dict().items()}
-    s.update({f"g.{k}": v.numpy() for k, v in model.gradients().items()})
+    if gradients:
+        s.update({f"g.{k}": v.numpy() for k, v in model.gradients().items()})
     if opt is not None:
         for k, v in opt.state_dict().items():
             s[f"o.{k}"] = v
