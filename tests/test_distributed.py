@@ -87,3 +87,20 @@ def test_out_of_memory_with_one_sample_stops_every_process_unchanged(tmp_path):
     assert here[0] == other[0] == "True"  # parameters as they were
     assert "out of memory on rank 1 of 2 (this is rank 1)" in here[1]
     assert "out of memory on rank 1 of 2 (this is rank 0)" in other[1]
+
+
+def test_the_scaling_benchmark_runs_and_world_size_one_changes_no_bit(tmp_path):
+    """tests/bench/bench_ddp.py with gloo on the CPU at a tiny size: the script works, and
+    a DataParallel step on one process is the SingleProcess step, bit for bit."""
+    import json
+
+    out = tmp_path / "ddp.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, str(HERE / "bench" / "bench_ddp.py"), "--device", "cpu", "--config", "tiny",
+                        "--gpus", "1,2", "--steps", "1", "--json", str(out)], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["world_size"] for r in runs] == [1, 2]
+    assert runs[0]["same_bits"] is True and runs[0]["efficiency"] == 1.0
+    assert all(r["tokens_per_s"] > 0 and r["allreduce_s"] > 0 for r in runs)

@@ -185,7 +185,8 @@ run_b() {
 # cold cache, torch.compile, memcheck; in
 # that order of value, each under a limit, the whole meant to end inside ~540 s. Its files
 # stay at 8 or fewer (the log, the summary, five JSON, the extension).
-# Since the optimizer offload: its bench after the step's (a sixth JSON: 8 files).
+# Since the optimizer offload: its bench after the step's (a sixth JSON), then world size 1
+# over NCCL (a seventh: 9 files).
 run_one() {
     local R=tests/bench/results run
     mkdir -p $R
@@ -208,6 +209,10 @@ run_one() {
     # optimizer cycle at accumulation 84 and 1, its bits against the on-device step
     step offload 90 "$PY" tests/bench/bench_offload_gpu.py --steps 3 --json $R/offload_gpu.json
     cp $R/offload_gpu.json "$OUTDIR"/ 2> /dev/null
+    # several processes: world size 1 over NCCL on cuda:0 (the DLPack hand-off, the step's bits
+    # against the single-process step) and the flat gradients' all-reduce against the step
+    step ddp 60 "$PY" tests/bench/bench_ddp.py --gpus 1 --steps 3 --json $R/ddp_gpu.json
+    cp $R/ddp_gpu.json "$OUTDIR"/ 2> /dev/null
     step profile-core 40 "$PY" tests/bench/profile_xtts_gpu.py --json $R/profile_xtts_gpu.json
     step profile-recipe 45 "$PY" tests/bench/profile_xtts_gpu.py --recipe --json $R/profile_xtts_gpu.json
     cp $R/profile_xtts_gpu.json "$OUTDIR"/ 2> /dev/null
