@@ -89,5 +89,8 @@ def with_vocab(config: Any, vocab: str | os.PathLike) -> Any:
     ``vocab.json``): what ``memtest --vocab`` and ``optimize-config --vocab`` plan for."""
     from pyxtts.coqui_config import read_vocab
 
-    size = read_vocab(vocab)["number_text_tokens"]
+    try:
+        size = read_vocab(vocab)["number_text_tokens"]
+    except OSError as exc:
+        raise FileNotFoundError(f"vocab: cannot read {str(vocab)!r}: {exc.strerror or exc}") from exc
     return config.with_model(dataclasses.replace(config.model, text_vocab_size=size))
