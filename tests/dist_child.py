@@ -18,45 +18,30 @@ from pyxtts.batch import train_step_with_accumulation  # noqa: E402
 from pyxtts.distributed import DataParallel  # noqa: E402
 
 
-def exact(out: Path) -> None:
-    """STEPS AdamW steps, each over this rank's slice of the global batch."""
+def start() -> tuple[DataParallel, pyxtts.XTTSGPT, pyxtts.AdamW]:
     dp = DataParallel("cpu", timeout_s=120)
     model = pyxtts.XTTSGPT(CFG, seed=SEED)
-    opt = pyxtts.AdamW(model, lr=1e-3)
-    record: dict[str, np.ndarray] = {}
-    for step in range(STEPS):
-        batch = global_batch(step)
-        n = batch["text_inputs"].shape[0]
-        lo, hi = dp.shard(n)
-        local = rows(batch, lo, hi)
-        r = train_step_with_accumulation(model, opt, local, ACCUMULATION, strategy=dp, first_row=lo)
-        if step == 0:
-            record["loss0"] = np.array([r.loss, r.text_loss, r.audio_loss, r.grad_norm])
-            record["grads0"] = model.flat_gradients().numpy().copy()
-            record["tokens0"] = np.array([r.text_tokens, r.audio_tokens])
-    dp.check_identical(model)
-    record["checksum"] = np.array([dp.checksum(model)], dtype=np.uint64)
-    for name, value in model.state_dict().items():
-        record[f"param.{name}"] = value
-    np.savez(out / f"rank{dp.rank}.npz", **record)
-    dp.close()
+    return dp, model, pyxtts.AdamW(model, lr=1e-3)
 
 
-def oom_once(out: Path) -> None:
-    """The last rank runs out of memory at its first allocation of step 0: every rank
-    halves its micro-batch, and the run goes on as ``exact``."""
-    dp = DataParallel("cpu", timeout_s=120)
-    model = pyxtts.XTTSGPT(CFG, seed=SEED)
-    opt = pyxtts.AdamW(model, lr=1e-3)
+def train(out: Path, oom_at_start: bool) -> None:
+    """STEPS AdamW steps, each over this rank's slice of the global batch; with
+    ``oom_at_start`` the last rank runs out of memory at its first allocation of step 0."""
+    dp, model, opt = start()
     record: dict[str, np.ndarray] = {}
     for step in range(STEPS):
         batch = global_batch(step)
         lo, hi = dp.shard(batch["text_inputs"].shape[0])
-        if step == 0 and dp.rank == dp.world_size - 1:
+        if oom_at_start and step == 0 and dp.rank == dp.world_size - 1:
             pyxtts.testing.inject_oom(0, "cpu")
         r = train_step_with_accumulation(model, opt, rows(batch, lo, hi), ACCUMULATION, strategy=dp, first_row=lo)
         if step == 0:
+            record["loss0"] = np.array([r.loss, r.text_loss, r.audio_loss, r.grad_norm])
+            record["grads0"] = model.flat_gradients().numpy().copy()
+            record["tokens0"] = np.array([r.text_tokens, r.audio_tokens])
             record["split0"] = np.array([r.oom_splits, r.micro_batch_size])
+    dp.check_identical(model)
+    record["checksum"] = np.array([dp.checksum(model)], dtype=np.uint64)
     for name, value in model.state_dict().items():
         record[f"param.{name}"] = value
     np.savez(out / f"rank{dp.rank}.npz", **record)
@@ -66,9 +51,7 @@ def oom_once(out: Path) -> None:
 def oom_always(out: Path) -> None:
     """The last rank cannot fit even one sample: every rank raises OutOfMemoryError, each
     with its parameters and optimizer state as they were."""
-    dp = DataParallel("cpu", timeout_s=120)
-    model = pyxtts.XTTSGPT(CFG, seed=SEED)
-    opt = pyxtts.AdamW(model, lr=1e-3)
+    dp, model, opt = start()
     before = model.state_dict()
     batch = global_batch(0)
     lo, hi = dp.shard(batch["text_inputs"].shape[0])
@@ -96,4 +79,6 @@ def oom_always(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    {"exact": exact, "oom_once": oom_once, "oom_always": oom_always}[sys.argv[1]](Path(sys.argv[2]))
+    scenarios = {"exact": lambda out: train(out, False), "oom_once": lambda out: train(out, True),
+                 "oom_always": oom_always}
+    scenarios[sys.argv[1]](Path(sys.argv[2]))

@@ -38,3 +38,40 @@ def write_xtts_folder(folder: Path, wavs: list[Path]) -> Path:
     (folder / "config.json").write_text(json.dumps(config.to_dict(), indent=2), encoding="utf-8")
     fx.write_assets(folder, wavs, SEED, fx.training_texts(), dvae=fx.TINY_DVAE)  # keeps config.json
     return folder
+
+
+def finetune_yaml(max_steps: int, interval: int) -> str:
+    """The end-to-end tests' training config: Coqui-free plain settings on the CPU, fp32,
+    checkpoint every ``max_steps``, evaluation and logging every ``interval`` steps."""
+    return f"""\
+training:
+  learning_rate: 1.0e-3
+  lr_schedule: constant
+  weight_decay: 0.0
+  max_steps: {max_steps}
+  epochs: null
+  checkpoint_interval: {max_steps}
+  eval_interval: {interval}
+  log_interval: {interval}
+  device: cpu
+  precision: fp32
+  checkpointing: none
+  enable_memory_cleanup: false
+data:
+  batch_size: 4
+  num_workers: 1
+"""
+
+
+def coqui_model(folder: Path):
+    """(coqui namespace, Coqui's ``Xtts`` loaded from an exported folder, strict, eval)."""
+    from coqui import require_coqui
+
+    c = require_coqui()
+    config = c.XttsConfig()
+    config.load_json(str(folder / "config.json"))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Xtts.init_from_config")
+        model = c.Xtts.init_from_config(config)
+    model.load_checkpoint(config, checkpoint_dir=str(folder), strict=True, eval=True)
+    return c, model

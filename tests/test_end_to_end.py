@@ -9,55 +9,22 @@ from __future__ import annotations
 
 import json
 import time
-import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import pyxtts
 import pyxtts.cli
-from conftest import SEED
 from pyxtts.checkpoint import load_checkpoint
 from pyxtts.prepare import load_audio
 
 fx = pytest.importorskip("fixtures_prepare")
-from fixtures_speech import write_xtts_folder  # noqa: E402
+from fixtures_speech import coqui_model, finetune_yaml, write_xtts_folder  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("no_limit_no_fault"),
               pytest.mark.skipif(fx.ESPEAK is None, reason="espeak-ng is not installed")]
 
-TRAIN_YAML = """\
-training:
-  learning_rate: 1.0e-3
-  lr_schedule: constant
-  weight_decay: 0.0
-  max_steps: 30
-  epochs: null
-  checkpoint_interval: 30
-  eval_interval: 10
-  log_interval: 10
-  device: cpu
-  precision: fp32
-  checkpointing: none
-  enable_memory_cleanup: false
-data:
-  batch_size: 4
-  num_workers: 1
-"""
-
-
-def coqui_model(folder: Path):
-    from coqui import require_coqui
-
-    c = require_coqui()
-    config = c.XttsConfig()
-    config.load_json(str(folder / "config.json"))
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"Xtts.init_from_config")
-        model = c.Xtts.init_from_config(config)
-    model.load_checkpoint(config, checkpoint_dir=str(folder), strict=True, eval=True)
-    return c, model
+TRAIN_YAML = finetune_yaml(30, 10)
 
 
 def run_cli(*argv: str) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -23,29 +22,12 @@ from pyxtts.torchfile import TorchFile
 
 fx = pytest.importorskip("fixtures_prepare")
 from fixtures_language import SENTENCES_VI, make_corpus  # noqa: E402
-from fixtures_speech import write_xtts_folder  # noqa: E402
+from fixtures_speech import coqui_model, finetune_yaml, write_xtts_folder  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("no_limit_no_fault"),
               pytest.mark.skipif(fx.ESPEAK is None, reason="espeak-ng is not installed")]
 
-TRAIN_YAML = """\
-training:
-  learning_rate: 1.0e-3
-  lr_schedule: constant
-  weight_decay: 0.0
-  max_steps: 16
-  epochs: null
-  checkpoint_interval: 8
-  eval_interval: 8
-  log_interval: 8
-  device: cpu
-  precision: fp32
-  checkpointing: none
-  enable_memory_cleanup: false
-data:
-  batch_size: 4
-  num_workers: 1
-"""
+TRAIN_YAML = finetune_yaml(16, 8)
 
 
 def cli(*argv: str) -> int:
@@ -119,12 +101,7 @@ def test_vietnamese_from_recordings_to_coqui(tmp_path, capsys):
     assert config_json["languages"][-1] == "vi" and config_json["model_args"]["gpt_number_text_tokens"] == new["size"]
 
     # 5. Coqui loads it strictly, speaks Vietnamese once enabled, with the fine-tuned rows
-    config = c.XttsConfig()
-    config.load_json(str(out / "config.json"))
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"Xtts.init_from_config")
-        coqui = c.Xtts.init_from_config(config)
-    coqui.load_checkpoint(config, checkpoint_dir=str(out), strict=True, eval=True)
+    _, coqui = coqui_model(out)
     theirs = {k[len("gpt."):]: v.detach().numpy() for k, v in coqui.state_dict().items() if k.startswith("gpt.")}
     for k, v in tuned.items():
         np.testing.assert_array_equal(theirs[k], v, err_msg=k)
