@@ -100,8 +100,31 @@ def largest_fitting(fits, start: int = 1, cap: int | None = None) -> int | None:
 def find_optimal_batch_size(model, optimizer=None, text_len: int | None = None,
                             audio_len: int | None = None, start_batch_size: int = 1,
                             max_batch_size: int | None = None, safety_margin: float = 0.05,
-                            verify: bool = True, offload: bool = False) -> int:
-    """The largest batch size whose step fits the device's memory budget.
+                            verify: bool = True, offload: bool = False, strategy: Strategy | None = None) -> int:
+    """The largest batch size whose step fits the device's memory budget (``_find_here``).
+    With a ``strategy`` of several processes each process searches its own device, and all
+    return the smallest answer; when one of them finds none, every process raises (that
+    process its own error, the others one that names it)."""
+    args = (model, optimizer, text_len, audio_len, start_batch_size, max_batch_size, safety_margin, verify, offload)
+    if strategy is None or strategy.world_size == 1:
+        return _find_here(*args)
+    size = error = None
+    try:
+        size = _find_here(*args)
+    except (_C.OutOfMemoryError, ValueError) as exc:
+        error = exc
+    failed = strategy.failed_rank(error is not None)
+    if error is not None:
+        raise error
+    if failed is not None:
+        raise _C.OutOfMemoryError(f"find_optimal_batch_size: rank {failed} of {strategy.world_size} found no batch "
+                                  f"size that fits its device (this is rank {strategy.rank}); see its error")
+    return strategy.agree(size)
+
+
+def _find_here(model, optimizer, text_len: int | None, audio_len: int | None, start_batch_size: int,
+               max_batch_size: int | None, safety_margin: float, verify: bool, offload: bool) -> int:
+    """The largest batch size whose step fits this device's memory budget.
 
     The budget is the device's limit (``set_memory_limit``/``set_memory_fraction``) or, with
     none set, its total memory, less ``safety_margin`` (a fraction) and less whatever else is

@@ -162,6 +162,12 @@ class DataParallel:
                                "processes no longer train the same model (a non-deterministic kernel, or memory "
                                "corrupted on one of them); stop and resume from the last checkpoint")
 
+    def gather(self, obj: Any) -> list:
+        """Every process's ``obj`` (picklable), in rank order, on every process."""
+        out: list = [None] * self.world_size
+        self._dist.all_gather_object(out, obj)
+        return out
+
     def barrier(self) -> None:
         """Waits for every process (at most ``timeout_s``)."""
         if self.cuda:

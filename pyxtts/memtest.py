@@ -280,6 +280,10 @@ def memtest(args: argparse.Namespace) -> int:
             from pyxtts.text_vocab import with_vocab
 
             config = with_vocab(config, args.vocab)
+        from pyxtts.distributed import launched
+
+        if launched():
+            return _memtest_every_rank(config, args)
         report = run_memtest(config, args.batch_size, args.device, args.memory, step=not args.no_step,
                              verbose=args.verbose)
     except (OSError, TypeError, ValueError) as exc:
@@ -287,3 +291,26 @@ def memtest(args: argparse.Namespace) -> int:
         return 2
     print(report.text)
     return 1 if report.verdict == "does not fit" else 0
+
+
+def _memtest_every_rank(config: XTTSConfig, args: argparse.Namespace) -> int:
+    """``torchrun ... -m pyxtts memtest``: each process tests its own device (``--device``,
+    else cuda:LOCAL_RANK or the CPU) and rank 0 prints every rank's report; the exit status
+    is the worst (2 when any process could not test)."""
+    from pyxtts.distributed import DataParallel
+
+    dp = DataParallel(args.device)
+    try:
+        try:
+            report = run_memtest(config, args.batch_size, dp.device, args.memory, step=not args.no_step,
+                                 verbose=args.verbose)
+            mine = (1 if report.verdict == "does not fit" else 0, report.text)
+        except (OSError, TypeError, ValueError) as exc:
+            mine = (2, f"pyxtts memtest: {exc}")
+        every = dp.gather(mine)
+        if dp.is_main:
+            for rank, (_, text) in enumerate(every):
+                print(f"--- rank {rank} of {dp.world_size}\n{text}")
+        return max(rc for rc, _ in every)
+    finally:
+        dp.close()

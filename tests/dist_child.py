@@ -78,7 +78,23 @@ def oom_always(out: Path) -> None:
     dp.close()
 
 
+def batch_size(out: Path) -> None:
+    """Each rank under its own memory limit: the batch size each finds alone, and the one
+    they agree on."""
+    dp, model, opt = start()
+    from pyxtts.batch import find_optimal_batch_size
+
+    pyxtts.set_memory_limit((48 if dp.rank == 0 else 24) * 2**20, "cpu")
+    try:
+        alone = find_optimal_batch_size(model, opt)
+        agreed = find_optimal_batch_size(model, opt, strategy=dp)
+    finally:
+        pyxtts.set_memory_limit(None, "cpu")
+    np.savez(out / f"rank{dp.rank}.npz", sizes=np.array([alone, agreed]))
+    dp.close()
+
+
 if __name__ == "__main__":
     scenarios = {"exact": lambda out: train(out, False), "oom_once": lambda out: train(out, True),
-                 "oom_always": oom_always}
+                 "oom_always": oom_always, "batch_size": batch_size}
     scenarios[sys.argv[1]](Path(sys.argv[2]))

@@ -104,3 +104,22 @@ def test_the_scaling_benchmark_runs_and_world_size_one_changes_no_bit(tmp_path):
     assert [r["world_size"] for r in runs] == [1, 2]
     assert runs[0]["same_bits"] is True and runs[0]["efficiency"] == 1.0
     assert all(r["tokens_per_s"] > 0 and r["allreduce_s"] > 0 for r in runs)
+
+
+def test_batch_size_search_agrees_on_the_smallest(tmp_path):
+    done = torchrun(2, "batch_size", tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    alone0, agreed0 = np.load(tmp_path / "rank0.npz")["sizes"]
+    alone1, agreed1 = np.load(tmp_path / "rank1.npz")["sizes"]
+    assert alone1 < alone0  # the smaller budget
+    assert agreed0 == agreed1 == alone1
+
+
+def test_memtest_under_torchrun_reports_every_rank(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+                        "pyxtts", "memtest", "--config", "cpu_demo"], env=env, capture_output=True, text=True,
+                       timeout=300, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count("--- rank 0 of 2") == 1 and p.stdout.count("--- rank 1 of 2") == 1
+    assert p.stdout.count("verdict: FITS") == 2
