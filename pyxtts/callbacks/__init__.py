@@ -1,0 +1,11 @@
+"""Callbacks of ``Trainer.fit``: the events of a run and the writers that watch it
+(``pyxtts.callbacks.base`` says how they fit together)."""
+from pyxtts.callbacks.base import Callback, CallbackList, Run, RunState
+from pyxtts.callbacks.checkpoints import StepCheckpoints
+from pyxtts.callbacks.divergence import MAX_SKIPPED, StopOnDivergence
+from pyxtts.callbacks.evaluation import Evaluation
+from pyxtts.callbacks.jsonl import JSONLLog
+from pyxtts.callbacks.progress import Progress, Reporter
+
+__all__ = ["MAX_SKIPPED", "Callback", "CallbackList", "Evaluation", "JSONLLog", "Progress", "Reporter", "Run",
+           "RunState", "StepCheckpoints", "StopOnDivergence"]

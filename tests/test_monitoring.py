@@ -1,0 +1,213 @@
+"""Watching a run: the Trainer's callbacks (events, order, state), and the loop's clean-up on every way out
+(issue 25)."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pyxtts
+from pyxtts import SyntheticDataset, Trainer, XTTSConfig
+from pyxtts.callbacks import Callback
+from pyxtts.data import Sample, TTSDataset
+from pyxtts.trainer import _check_fingerprint, _data_fingerprint
+
+pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
+
+MODEL = {"n_layers": 2, "d_model": 64, "n_heads": 4, "text_vocab_size": 64, "audio_vocab_size": 97,
+         "max_text_tokens": 24, "max_audio_tokens": 48, "n_cond_latents": 0, "conditioning": False}
+
+
+def make_config(folder: Path, num_workers: int = 0, **training) -> XTTSConfig:
+    # a learning rate high enough that the eval loss goes up and down: the best is not the last
+    t = {"learning_rate": 3e-2, "lr_schedule": "constant", "max_steps": 30, "epochs": None,
+         "checkpoint_dir": str(folder / "ckpt"), "checkpoint_interval": 5, "eval_interval": 3,
+         "log_interval": 1, "device": "cpu", "enable_memory_cleanup": False, "max_memory_fraction": 1.0}
+    t.update(training)
+    return XTTSConfig.from_dict({"model": MODEL, "training": t,
+                                 "data": {"batch_size": 4, "bucketing": True, "bucket_size_multiplier": 2,
+                                          "num_workers": num_workers}})
+
+
+def datasets(config: XTTSConfig, n: int = 16):
+    return SyntheticDataset(config.model, n + 8, seed=0).split(8)
+
+
+def read_log(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+class Interrupting(TTSDataset):
+    """Raises KeyboardInterrupt at the `after`-th sample read (as Ctrl-C would)."""
+
+    def __init__(self, base: TTSDataset, after: int) -> None:
+        super().__init__(base.samples)
+        self.reads, self.after = 0, after
+
+    def __getitem__(self, i):
+        self.reads += 1
+        if self.reads == self.after:
+            raise KeyboardInterrupt
+        return super().__getitem__(i)
+
+
+class Recorder(Callback):
+    """Writes down every event it gets."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+
+    def on_fit_start(self, run):
+        self.events.append(("fit_start", run.state.step))
+
+    def on_resume(self, run, path):
+        self.events.append(("resume", Path(path).name))
+
+    def on_train_start(self, run):
+        self.events.append(("train_start", run.state.step))
+
+    def on_step_end(self, run, record):
+        self.events.append(("step", record["step"]))
+
+    def on_evaluation(self, run, record):
+        self.events.append(("eval", record["step"]))
+
+    def on_checkpoint(self, run, path):
+        self.events.append(("checkpoint", Path(path).name))
+
+    def on_train_end(self, run):
+        self.events.append(("train_end", run.state.step))
+
+    def on_fit_end(self, run, error):
+        self.events.append(("fit_end", type(error).__name__ if error is not None else None))
+
+
+# ---- events -------------------------------------------------------------------------
+
+def test_events_come_in_the_order_of_the_run(tmp_path):
+    cfg = make_config(tmp_path, max_steps=5, eval_interval=2, checkpoint_interval=4, learning_rate=3e-3)
+    train, held = datasets(cfg)
+    rec = Recorder()
+    r = Trainer(cfg, progress=False, callbacks=[rec]).fit(train, held)
+    assert r.stopped == "max_steps"
+    assert rec.events == [
+        ("fit_start", 0), ("train_start", 0), ("eval", 0),
+        ("step", 1), ("step", 2), ("eval", 2),
+        ("step", 3), ("step", 4), ("eval", 4), ("checkpoint", "step_00000004.safetensors"),
+        ("step", 5), ("eval", 5), ("checkpoint", "step_00000005.safetensors"),
+        ("train_end", 5), ("fit_end", None)]
+
+
+def test_ctrl_c_ends_with_fit_end_the_checkpoint_and_the_threads(tmp_path):
+    """Ctrl-C mid-epoch (in a collating thread's read): every callback's on_fit_end gets
+    the KeyboardInterrupt, the checkpoint is saved, and no collating thread outlives fit,
+    even while the exception (and its traceback) is still held."""
+    cfg = make_config(tmp_path, num_workers=2, max_steps=20, eval_interval=100, checkpoint_interval=100)
+    train, _ = datasets(cfg)
+    rec = Recorder()
+    t = Trainer(cfg, progress=False, callbacks=[rec])
+    with pytest.raises(KeyboardInterrupt) as caught:
+        t.fit(Interrupting(train, after=16 + 4 * 2 + 3))  # lengths, then 2 batches, then mid-batch
+    alive = [th.name for th in threading.enumerate() if th.name.startswith("pyxtts-collate")]
+    assert caught.value.__traceback__ is not None and alive == [], alive
+    del caught  # its traceback holds this frame: a cycle that would keep the trainer until a collection
+    assert rec.events[-2:] == [("checkpoint", f"step_{t.step:08d}.safetensors"), ("fit_end", "KeyboardInterrupt")]
+    assert 0 < t.step < 20 and t.checkpoints()[-1].name == f"step_{t.step:08d}.safetensors"
+
+
+def test_an_error_ends_with_fit_end_and_no_thread(tmp_path, monkeypatch):
+    cfg = make_config(tmp_path, num_workers=2, max_steps=20)
+    train, _ = datasets(cfg)
+    rec = Recorder()
+
+    def failing(*args):
+        raise RuntimeError("the step failed")
+
+    monkeypatch.setattr(pyxtts.trainer, "train_step_with_accumulation", failing)
+    with pytest.raises(RuntimeError, match="the step failed"):
+        Trainer(cfg, progress=False, callbacks=[rec]).fit(train)
+    assert [th.name for th in threading.enumerate() if th.name.startswith("pyxtts-collate")] == []
+    assert rec.events[-1] == ("fit_end", "RuntimeError") and ("train_end", 0) not in rec.events
+    assert not list((tmp_path / "ckpt").glob("step_*"))  # an error is no Ctrl-C: nothing saved
+
+
+def test_callbacks_must_be_callbacks(tmp_path):
+    cfg = make_config(tmp_path)
+    with pytest.raises(TypeError, match=r"callbacks\[1\]: expected a pyxtts.callbacks.Callback, got dict"):
+        Trainer(cfg, progress=False, callbacks=[Recorder(), {}])
+    with pytest.raises(TypeError, match="callbacks: expected a sequence"):
+        Trainer(cfg, progress=False, callbacks=Recorder())
+
+
+def test_the_position_follows_from_the_step(tmp_path):
+    """(epoch, batch_in_epoch) = divmod(step, steps an epoch), also after a load; a
+    checkpoint whose position contradicts its step is refused, nothing loaded."""
+    cfg = make_config(tmp_path, max_steps=7, checkpoint_interval=100)
+    train, _ = datasets(cfg, 10)  # 3 steps an epoch
+    t = Trainer(cfg, progress=False)
+    r = t.fit(train)
+    assert (t.step, t.epoch, t.batch_in_epoch, r.epoch) == (7, 2, 1, 2)
+    other = Trainer(cfg, progress=False)
+    other.load(r.checkpoint)
+    assert (other.step, other.epoch, other.batch_in_epoch) == (7, 2, 1)
+    bad = tmp_path / "bad.safetensors"
+    pyxtts.save_checkpoint(bad, t.model, t.optimizer, step=7, extra={"epoch": 0, "batch_in_epoch": 1})
+    fresh = Trainer(cfg, progress=False)
+    before = fresh.model.state_dict()
+    with pytest.raises(pyxtts.CheckpointError, match=r"epoch 0, batch 1\) does not follow from its step 7"):
+        fresh.load(bad)
+    assert fresh.step == 0
+    for k, v in before.items():
+        assert np.array_equal(v, fresh.model.state_dict()[k]), k
+
+
+# ---- what a resume compares ---------------------------------------------------------------
+
+def test_fingerprint_covers_reference_recordings_and_their_masking(tmp_path, rng):
+    cfg = make_config(tmp_path)
+    base = SyntheticDataset(cfg.model, 4, seed=0)
+    clips = [rng.standard_normal(2000).astype(np.float32) for _ in range(4)]
+    with_refs = [Sample(s.text, s.audio, ref_audio=c) for s, c in zip(base, clips)]
+    plain = _data_fingerprint(list(base), cfg)
+    assert "references" not in plain and "mask_reference_targets" not in plain  # as before for such data
+    fp = _data_fingerprint(with_refs, cfg)
+    other_clip = [Sample(s.text, s.audio, ref_audio=c) for s, c in zip(base, clips[:3] + [clips[3] * 0.5])]
+    as_own_clip = [Sample(s.text, s.audio, ref_audio=c, ref_is_clip=True) for s, c in zip(base, clips)]
+    assert _data_fingerprint(other_clip, cfg)["references"] != fp["references"]
+    assert _data_fingerprint(as_own_clip, cfg)["references"] != fp["references"]
+    assert fp["digest"] == plain["digest"]
+    with pytest.raises(ValueError, match="the samples' reference recordings \\(ref_audio\\) differ"):
+        _check_fingerprint(Path("c.safetensors"), fp, _data_fingerprint(other_clip, cfg))
+    cfg.data.mask_reference_targets = False
+    with pytest.raises(ValueError, match="data.mask_reference_targets: True then, False now"):
+        _check_fingerprint(Path("c.safetensors"), fp, _data_fingerprint(with_refs, cfg))
+    with pytest.raises(ValueError, match="carried reference recordings \\(ref_audio\\) then, none now"):
+        _check_fingerprint(Path("c.safetensors"), fp, plain)
+    # a checkpoint of an older pyxtts, without these fields, resumes
+    older = {k: v for k, v in fp.items() if k not in ("references", "mask_reference_targets")}
+    _check_fingerprint(Path("c.safetensors"), older, _data_fingerprint(with_refs, cfg))
+
+
+def test_a_failed_fit_leaves_no_cycle_holding_the_trainer(tmp_path):
+    """After Ctrl-C in a collating thread the trainer (and its model's memory) goes as soon
+    as the caller lets go of it, without waiting for a garbage collection: neither the
+    error's traceback nor a collation's future ties it into a cycle."""
+    import gc
+    import weakref
+
+    cfg = make_config(tmp_path, num_workers=2, max_steps=20, eval_interval=100, checkpoint_interval=100)
+    train, _ = datasets(cfg)
+    t = Trainer(cfg, progress=False)
+    gone = weakref.ref(t)
+    gc.disable()
+    try:
+        try:
+            t.fit(Interrupting(train, after=16 + 4 * 2 + 3))
+        except KeyboardInterrupt:
+            pass
+        del t
+        assert gone() is None
+    finally:
+        gc.enable()
