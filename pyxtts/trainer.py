@@ -10,7 +10,8 @@ which do the rest:
 - a tqdm bar with the loss, tokens/s (over the last ``RATE_WINDOW`` steps) and the step's
   peak memory, and a line every ``log_interval`` steps (readable in a log file too);
 - a JSONL log, one object per optimizer step (``"type": "train"``) and per evaluation
-  (``"type": "eval"``), by default ``<checkpoint_dir>/train_log.jsonl``;
+  (``"type": "eval"``), by default ``<checkpoint_dir>/train_log.jsonl``; TensorBoard event
+  files of the same numbers beside it when the tensorboard package is installed;
 - evaluation every ``eval_interval`` steps (and before the first step) on an optional
   evaluation set: token-weighted mean losses, no gradients;
 - checkpoints every ``checkpoint_interval`` steps, at the end and on Ctrl-C, written
@@ -44,7 +45,7 @@ from pyxtts import _C
 from pyxtts._args import flag
 from pyxtts.batch import find_optimal_batch_size, train_step_with_accumulation
 from pyxtts.callbacks import (MAX_SKIPPED, Callback, CallbackList, Evaluation, JSONLLog, Progress, Reporter, Run,
-                              RunState, StepCheckpoints, StopOnDivergence)
+                              RunState, StepCheckpoints, StopOnDivergence, TensorBoardLog)
 from pyxtts.callbacks.checkpoints import CHECKPOINT_RE, step_checkpoint_name
 from pyxtts.checkpoint import CheckpointError, load_checkpoint, load_checkpoint_checked, save_checkpoint
 from pyxtts.config import XTTSConfig, offload_for
@@ -159,7 +160,7 @@ class Trainer:
     ``log_path`` defaults to ``<checkpoint_dir>/train_log.jsonl``; ``progress=False``
     silences the bar and the log lines (the JSONL log is always written). ``callbacks``
     (``pyxtts.callbacks.Callback``) watch the run beside the built-in ones: after the
-    writers (progress, the JSONL log), before those that act (divergence,
+    writers (progress, the JSONL log, TensorBoard), before those that act (divergence,
     evaluation, step checkpoints)."""
 
     def __init__(self, config: XTTSConfig, *, device: str | None = None, log_path: str | os.PathLike | None = None,
@@ -178,7 +179,7 @@ class Trainer:
         self._reporter = Reporter(self.progress, rank=self.state.rank)
         # the writers, the caller's, then those that act (evaluate, save, stop): in this order
         # the step's record is logged before its evaluation's (pyxtts.callbacks.base)
-        self.callbacks = CallbackList([Progress(self.progress), JSONLLog(), *callbacks,
+        self.callbacks = CallbackList([Progress(self.progress), JSONLLog(), TensorBoardLog(), *callbacks,
                                        StopOnDivergence(), Evaluation(), StepCheckpoints()])
         self.device = device if device is not None else t.resolved_device()
         self._apply_memory_fraction(t.max_memory_fraction)
@@ -359,17 +360,17 @@ class Trainer:
 
     def _step_record(self, r, batch: dict, lr: float, seconds: float) -> dict:
         """The JSONL record of the optimizer step just taken (``self.step``)."""
+        samples = int(batch["text_lengths"].shape[0])
         return {"type": "train", "step": self.step, "epoch": self.epoch, "lr": lr,
                 "loss": r.loss, "text_loss": r.text_loss, "audio_loss": r.audio_loss,
                 "grad_norm": r.grad_norm, "skipped": r.skipped, "loss_scale": self.optimizer.loss_scale,
-                "samples": int(batch["text_lengths"].shape[0]),
-                "text_tokens": r.text_tokens, "audio_tokens": r.audio_tokens,
-                "micro_batch_size": r.micro_batch_size, "oom_splits": r.oom_splits,
-                "step_time_s": seconds, "tokens_per_s": r.tokens_per_s,
+                "samples": samples, "text_tokens": r.text_tokens, "audio_tokens": r.audio_tokens,
+                "micro_batch_size": r.micro_batch_size, "accumulation_steps": -(-samples // r.micro_batch_size),
+                "oom_splits": r.oom_splits, "step_time_s": seconds, "tokens_per_s": r.tokens_per_s,
                 "peak_allocated_bytes": r.peak_memory_bytes,
                 "allocated_bytes": _C.memory_allocated(self.device),
                 "reserved_bytes": _C.memory_reserved(self.device), "rss_bytes": _rss_bytes(),
-                "time": time.time()}
+                "optimizer_host_bytes": int(self.optimizer.host_state_bytes), "time": time.time()}
 
     def _reference_draw(self, dataset: Sequence[Sample]) -> Any:
         """How each step draws the reference slices (``pyxtts.references.References``) when

@@ -1,7 +1,9 @@
-"""Watching a run: the Trainer's callbacks (events, order, state), and the loop's clean-up on every way out
+"""Watching a run: the Trainer's callbacks (events, order, state), TensorBoard event files
+against the JSONL log, and the loop's clean-up on every way out
 (issue 25)."""
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -10,7 +12,8 @@ import pytest
 
 import pyxtts
 from pyxtts import SyntheticDataset, Trainer, XTTSConfig
-from pyxtts.callbacks import Callback
+from pyxtts.callbacks import Callback, event_files, tensorboard_dir
+from pyxtts.callbacks.tensorboard_log import EVAL_SCALARS, INSTALL_HINT, TRAIN_SCALARS
 from pyxtts.data import Sample, TTSDataset
 from pyxtts.trainer import _check_fingerprint, _data_fingerprint
 
@@ -161,6 +164,95 @@ def test_the_position_follows_from_the_step(tmp_path):
     assert fresh.step == 0
     for k, v in before.items():
         assert np.array_equal(v, fresh.model.state_dict()[k]), k
+
+
+# ---- TensorBoard ------------------------------------------------------------------------
+
+def read_events(folder: Path) -> dict[str, list[tuple[int, object]]]:
+    """tag -> [(step, value)] as TensorBoard's own reader gives them."""
+    from tensorboard.backend.event_processing import event_accumulator as ea
+    from tensorboard.util import tensor_util
+
+    acc = ea.EventAccumulator(str(folder), size_guidance={ea.TENSORS: 0})
+    acc.Reload()
+    return {tag: [(e.step, tensor_util.make_ndarray(e.tensor_proto)) for e in acc.Tensors(tag)]
+            for tag in acc.Tags()["tensors"]}
+
+
+def assert_events_match_log(folder: Path, log: list[dict]) -> None:
+    """Every number of the event files is the log's, every one of the log's is there."""
+    events = read_events(folder)
+    train = [x for x in log if x["type"] == "train"]
+    evals = [x for x in log if x["type"] == "eval"]
+    for tag, key in TRAIN_SCALARS.items():
+        want = [(x["step"], float(x[key])) for x in train if x.get(key) is not None]
+        assert [(s, float(v)) for s, v in events.get(tag, [])] == want, tag
+    for tag, key in EVAL_SCALARS.items():
+        assert [(s, float(v)) for s, v in events[tag]] == [(x["step"], float(x[key])) for x in evals], tag
+    assert set(events) <= set(TRAIN_SCALARS) | set(EVAL_SCALARS) | {"config"}
+
+
+def test_tensorboard_events_are_the_jsonl_numbers(tmp_path):
+    pytest.importorskip("tensorboard", reason="the tensorboard extra (pip install 'pyxtts[tensorboard]') "
+                                              "is not installed")
+    cfg = make_config(tmp_path, max_steps=8, eval_interval=3)
+    train, held = datasets(cfg)
+    r = Trainer(cfg, progress=False).fit(train, held)
+    folder = tensorboard_dir(r.log_path)
+    assert folder == tmp_path / "ckpt" and [p.name.endswith(".train_log") for p in event_files(r.log_path)] == [True]
+    log = read_log(r.log_path)
+    assert_events_match_log(folder, log)
+    events = read_events(folder)
+    # the scalars the issue names are all there
+    for tag in ("train/loss", "train/text_loss", "train/audio_loss", "eval/loss", "eval/text_loss",
+                "eval/audio_loss", "train/learning_rate", "train/grad_norm", "train/skipped_step",
+                "train/tokens_per_s", "train/micro_batch_size", "train/accumulation_steps",
+                "memory/peak_allocated_bytes", "memory/rss_bytes", "memory/optimizer_host_bytes"):
+        assert len(events[tag]) == (8 if tag.startswith(("train", "memory")) else 4), tag
+    assert [x["accumulation_steps"] for x in log if x["type"] == "train"] == [1] * 8
+    (step, text), = events["config"]
+    assert step == 0 and json.loads(text.item().decode()) == cfg.to_dict()
+
+
+def test_tensorboard_after_a_resume_shows_each_step_once(tmp_path):
+    """Interrupted and resumed: TensorBoard's reader gives what the trimmed JSONL log
+    holds (the steps taken again replace the first file's), and those are the numbers of
+    a run that never stopped."""
+    pytest.importorskip("tensorboard", reason="the tensorboard extra (pip install 'pyxtts[tensorboard]') "
+                                              "is not installed")
+    cfg_a = make_config(tmp_path / "a", max_steps=12, eval_interval=3, checkpoint_interval=4)
+    train, held = datasets(cfg_a)
+    ra = Trainer(cfg_a, progress=False).fit(train, held)
+    cfg_b = make_config(tmp_path / "b", max_steps=12, eval_interval=3, checkpoint_interval=4)
+    b = Trainer(cfg_b, progress=False)
+    with pytest.raises(KeyboardInterrupt):  # after 6 steps (4 an epoch), in the 7th
+        b.fit(Interrupting(train, after=16 + 16 + 16 + 4 * 2 + 2), held)
+    assert b.step == 6
+    # resumed from step 4, the newest checkpoint but the one Ctrl-C wrote: steps 5, 6 again
+    (tmp_path / "b" / "ckpt" / "step_00000006.safetensors").unlink()
+    rb = Trainer(cfg_b, progress=False).fit(train, held, resume=True)
+    folder = tensorboard_dir(rb.log_path)
+    assert len(event_files(rb.log_path)) == 1  # the steps before the checkpoint copied, the first file gone
+    log_b = read_log(rb.log_path)
+    assert [x["step"] for x in log_b if x["type"] == "train"] == list(range(1, 13))
+    assert_events_match_log(folder, log_b)
+    la = read_log(ra.log_path)
+    assert [x["loss"] for x in la] == [x["loss"] for x in log_b]
+
+
+def test_without_tensorboard_one_line_says_how_and_training_goes_on(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(__import__("sys").modules, "tensorboard", None)  # import tensorboard fails
+    cfg = make_config(tmp_path, max_steps=3)
+    train, held = datasets(cfg)
+    t = Trainer(cfg, progress=True)
+    r = t.fit(train, held)
+    cfg.training.max_steps = 4
+    t.fit(train, held)  # a second fit says it no more
+    err = capsys.readouterr().err
+    assert r.step == 3 and t.step == 4
+    assert [line for line in err.splitlines() if "pyxtts[tensorboard]" in line] == [INSTALL_HINT]
+    assert "pip install 'pyxtts[tensorboard]'" in INSTALL_HINT
+    assert event_files(r.log_path) == []
 
 
 # ---- what a resume compares ---------------------------------------------------------------

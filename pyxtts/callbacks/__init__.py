@@ -6,6 +6,8 @@ from pyxtts.callbacks.divergence import MAX_SKIPPED, StopOnDivergence
 from pyxtts.callbacks.evaluation import Evaluation
 from pyxtts.callbacks.jsonl import JSONLLog
 from pyxtts.callbacks.progress import Progress, Reporter
+from pyxtts.callbacks.tensorboard_log import TensorBoardLog, event_files, tensorboard_dir
 
 __all__ = ["MAX_SKIPPED", "Callback", "CallbackList", "Evaluation", "JSONLLog", "Progress", "Reporter", "Run",
-           "RunState", "StepCheckpoints", "StopOnDivergence"]
+           "RunState", "StepCheckpoints", "StopOnDivergence", "TensorBoardLog", "event_files",
+           "tensorboard_dir"]
