@@ -171,6 +171,9 @@ class TrainingConfig:
     checkpoint_interval: int = 1000
     keep_checkpoints: int | None = 3  # newest step checkpoints kept in checkpoint_dir; None: all
     eval_interval: int = 1000
+    # evaluations in a row without a lower eval loss after which the run stops (needs
+    # evaluation data); None: never. The best checkpoint is kept either way (best.safetensors)
+    early_stopping_patience: int | None = None
     log_interval: int = 50
     seed: int = 0
     device: str = "auto"  # "auto": cuda:0 when a GPU is available, else cpu
@@ -232,6 +235,9 @@ class TrainingConfig:
               self.warmup_steps, f"0 with lr_schedule {self.lr_schedule!r} (only 'warmup_cosine' warms up)")
         _rule(self.keep_checkpoints is None or self.keep_checkpoints >= 1, w + "keep_checkpoints",
               self.keep_checkpoints, ">= 1 or null")
+        _rule(self.early_stopping_patience is None or self.early_stopping_patience >= 1,
+              w + "early_stopping_patience", self.early_stopping_patience,
+              "an int >= 1 (evaluations without improvement) or null (no early stopping)")
         _positive(w + "min_lr", self.min_lr, allow_zero=True)
         _rule(self.min_lr <= self.learning_rate, w + "min_lr", self.min_lr,
               f"<= learning_rate={self.learning_rate!r}")

@@ -13,10 +13,12 @@ which do the rest:
   (``"type": "eval"``), by default ``<checkpoint_dir>/train_log.jsonl``; TensorBoard event
   files of the same numbers beside it when the tensorboard package is installed;
 - evaluation every ``eval_interval`` steps (and before the first step) on an optional
-  evaluation set: token-weighted mean losses, no gradients;
+  evaluation set: token-weighted mean losses, no gradients; the checkpoint of the lowest
+  evaluation loss kept as ``<checkpoint_dir>/best.safetensors``, and early stopping after
+  ``early_stopping_patience`` evaluations without improvement;
 - checkpoints every ``checkpoint_interval`` steps, at the end and on Ctrl-C, written
   atomically as ``<checkpoint_dir>/step_<N>.safetensors`` (model, optimizer, position in
-  the data), the newest ``keep_checkpoints`` kept;
+  the data, the best evaluation so far), the newest ``keep_checkpoints`` kept;
 - ``fit(..., resume=True)`` continues from the newest checkpoint at the same batch of
   the same epoch: the data order is a function of ``(shuffle_seed, epoch)``, so a resumed
   run takes the same steps as one that never stopped;
@@ -44,8 +46,9 @@ import numpy as np
 from pyxtts import _C
 from pyxtts._args import flag
 from pyxtts.batch import find_optimal_batch_size, train_step_with_accumulation
-from pyxtts.callbacks import (MAX_SKIPPED, Callback, CallbackList, Evaluation, JSONLLog, Progress, Reporter, Run,
-                              RunState, StepCheckpoints, StopOnDivergence, TensorBoardLog)
+from pyxtts.callbacks import (BEST_NAME, MAX_SKIPPED, BestCheckpoint, Callback, CallbackList, Evaluation,
+                              JSONLLog, Progress, Reporter, Run, RunState, StepCheckpoints, StopOnDivergence,
+                              TensorBoardLog)
 from pyxtts.callbacks.checkpoints import CHECKPOINT_RE, step_checkpoint_name
 from pyxtts.checkpoint import CheckpointError, load_checkpoint, load_checkpoint_checked, save_checkpoint
 from pyxtts.config import XTTSConfig, offload_for
@@ -57,7 +60,7 @@ from pyxtts.monitor import _rss_bytes
 from pyxtts.schedule import ConstantLR, LRSchedule, MultiStepLR, WarmupCosineLR
 
 __all__ = ["CHECKPOINT_RE", "MAX_SKIPPED", "FitResult", "RunExistsError", "Terminated", "Trainer",
-           "model_from_config", "optimizer_from_config", "schedule_from_config"]
+           "model_from_config", "optimizer_from_config", "run_checkpoint", "schedule_from_config"]
 
 # Steps the tokens/s shown is averaged over: one step's rate swings several-fold with the
 # machine's other load and the batch's lengths.
@@ -140,7 +143,8 @@ class FitResult:
 
     step: int  # optimizer steps taken in all (a resumed run counts the earlier ones)
     epoch: int  # epochs completed
-    # "max_steps" or "epochs"; a callback's Run.stop reason otherwise
+    # "max_steps", "epochs", or "early_stopping" (training.early_stopping_patience
+    # evaluations without improvement); a callback's Run.stop reason otherwise
     stopped: str
     final_loss: float | None  # loss of the last step of this call
     eval_loss: float | None  # the last evaluation's loss
@@ -149,6 +153,7 @@ class FitResult:
     elapsed_s: float
     history: list[dict] = field(repr=False, default_factory=list)  # this call's step records
     evals: list[dict] = field(repr=False, default_factory=list)  # this call's evaluations
+    best_checkpoint: Path | None = None  # <checkpoint_dir>/best.safetensors when there is one
 
 
 class Trainer:
@@ -161,7 +166,7 @@ class Trainer:
     silences the bar and the log lines (the JSONL log is always written). ``callbacks``
     (``pyxtts.callbacks.Callback``) watch the run beside the built-in ones: after the
     writers (progress, the JSONL log, TensorBoard), before those that act (divergence,
-    evaluation, step checkpoints)."""
+    evaluation, the best checkpoint, step checkpoints)."""
 
     def __init__(self, config: XTTSConfig, *, device: str | None = None, log_path: str | os.PathLike | None = None,
                  progress: bool = True, callbacks: Sequence[Callback] = ()) -> None:
@@ -180,7 +185,8 @@ class Trainer:
         # the writers, the caller's, then those that act (evaluate, save, stop): in this order
         # the step's record is logged before its evaluation's (pyxtts.callbacks.base)
         self.callbacks = CallbackList([Progress(self.progress), JSONLLog(), TensorBoardLog(), *callbacks,
-                                       StopOnDivergence(), Evaluation(), StepCheckpoints()])
+                                       StopOnDivergence(), Evaluation(), BestCheckpoint(t.early_stopping_patience),
+                                       StepCheckpoints()])
         self.device = device if device is not None else t.resolved_device()
         self._apply_memory_fraction(t.max_memory_fraction)
         self.model = model_from_config(config, self.device)
@@ -213,6 +219,11 @@ class Trainer:
     def batch_in_epoch(self) -> int:
         """Batches of the current epoch already consumed."""
         return self.state.batch_in_epoch
+
+    @property
+    def best_checkpoint(self) -> Path:
+        """Where the checkpoint of the lowest evaluation loss is kept."""
+        return self.checkpoint_dir / BEST_NAME
 
     def _apply_memory_fraction(self, fraction: float) -> None:
         s = _C.memory_stats(self.device)
@@ -270,9 +281,10 @@ class Trainer:
         return [p for _, p in sorted(found)]
 
     def save(self, path: str | os.PathLike | None = None, weights_only: bool = False) -> Path:
-        """Writes model, optimizer, the position in the data and the callbacks' state
-        atomically; default ``<checkpoint_dir>/step_<N>.safetensors``, pruned to
-        ``keep_checkpoints`` (a file elsewhere is never pruned). ``weights_only``: without the optimizer's state (not a file to resume
+        """Writes model, optimizer, the position in the data and the callbacks' state (the
+        best evaluation so far) atomically; default ``<checkpoint_dir>/step_<N>.safetensors``,
+        pruned to ``keep_checkpoints`` (a file elsewhere, ``best.safetensors`` too, is never
+        pruned). ``weights_only``: without the optimizer's state (not a file to resume
         from; ``load_checkpoint`` loads it into a model)."""
         weights_only = flag("weights_only", weights_only)
         p = Path(path) if path is not None else self.checkpoint_dir / step_checkpoint_name(self.step)
@@ -393,12 +405,13 @@ class Trainer:
     def fit(self, dataset: Sequence[Sample], eval_dataset: Sequence[Sample] | None = None, *,
             resume: bool | str | os.PathLike = False, overwrite: bool = False) -> FitResult:
         """Trains until ``training.max_steps`` optimizer steps or ``training.epochs``
-        epochs, whichever comes first (or a callback's ``Run.stop``); called again (after
-        raising ``max_steps``, say) it goes on from where this trainer stands.
-        ``resume=True`` continues from the newest checkpoint in ``checkpoint_dir`` (from step
-        0 when there is none), a path from that file. A fresh run refuses a
-        ``checkpoint_dir`` that holds another run's checkpoints unless ``overwrite`` (which
-        deletes them and the log). Every sample is validated against the data config's maxima
+        epochs, whichever comes first, or until ``training.early_stopping_patience``
+        evaluations in a row do not improve on the best; called again (after raising
+        ``max_steps``, say) it goes on from where this trainer stands. ``resume=True``
+        continues from the newest checkpoint in ``checkpoint_dir`` (from step 0 when there
+        is none), a path from that file. A fresh run refuses a ``checkpoint_dir`` that holds
+        another run's checkpoints unless ``overwrite`` (which deletes them, the best
+        checkpoint and the log). Every sample is validated against the data config's maxima
         before the first step (``DataError``; nothing is truncated). Ctrl-C saves a
         checkpoint, then raises ``KeyboardInterrupt``; so does SIGTERM (in the main thread),
         at the end of the step under way, raising ``Terminated`` (a ``KeyboardInterrupt``).
@@ -469,11 +482,17 @@ class Trainer:
         train, held = checked
         if train is None:
             raise ValueError("dataset: expected a non-empty sequence of samples (a TTSDataset), got None")
+        patience = self.config.training.early_stopping_patience
+        if patience is not None and held is None:
+            raise ValueError(f"eval_dataset: expected evaluation samples, since training.early_stopping_patience "
+                             f"is {patience} (it counts evaluations); got None. Pass eval_dataset or set "
+                             "early_stopping_patience to null")
         return train, held
 
     def _start(self, resume: bool | str | os.PathLike, overwrite: bool, fingerprint: dict) -> Path | None:
         """Resumes (the checkpoint resumed from), or checks that a fresh run may start in
-        ``checkpoint_dir`` (None)."""
+        ``checkpoint_dir`` (None). A fresh run removes a best checkpoint left there by a
+        run that wrote no step checkpoint: it is no part of the new run."""
         resumed = None
         if resume is not False:
             resumed = self._resume(resume, fingerprint)
@@ -482,6 +501,8 @@ class Trainer:
                 raise RunExistsError(self.checkpoint_dir, self.checkpoints()[-1])
             for p in self.checkpoints():
                 p.unlink()
+        if resumed is None and self.step == 0 and self.best_checkpoint.exists():
+            self.best_checkpoint.unlink()
         return resumed
 
     def _loop(self, run: Run, train: TTSDataset, refs: Any, signals: list[int]) -> None:
@@ -553,9 +574,10 @@ class Trainer:
                       + f", {tok / train_s:,.0f} tok/s, peak "
                       + format_bytes(max(h["peak_allocated_bytes"] for h in history))
                       + f", {elapsed:.1f} s; checkpoint {ckpt}")
+        best = self.best_checkpoint if self.best_checkpoint.exists() else None
         return FitResult(step=self.step, epoch=self.epoch, stopped=self.state.stop_reason or "epochs",
                          final_loss=final, eval_loss=last_eval, checkpoint=ckpt, log_path=self.log_path,
-                         elapsed_s=elapsed, history=history, evals=run.evals)
+                         elapsed_s=elapsed, history=history, evals=run.evals, best_checkpoint=best)
 
 
 def _collated(dataset: Sequence[Sample], groups: list, workers: int, model_config: Any, references: Any = None,
@@ -693,6 +715,26 @@ def _steps_per_epoch(path: Any, step: int, epoch: int, batch: int, data: Any) ->
                               f"from its step {step}" + (f" at {per} steps an epoch" if per else "")
                               + ": not a consistent checkpoint of Trainer.save")
     return per
+
+
+def run_checkpoint(checkpoint_dir: str | os.PathLike, which: str) -> Path:
+    """The checkpoint ``which`` names in a run's ``checkpoint_dir``: "best" (the lowest
+    evaluation loss) or "latest" (the newest step checkpoint). FileNotFoundError when the
+    run has none."""
+    if which not in ("best", "latest"):
+        raise ValueError(f"which: expected 'best' or 'latest', got {which!r}")
+    folder = Path(checkpoint_dir)
+    if which == "best":
+        path = folder / BEST_NAME
+        if not path.is_file():
+            raise FileNotFoundError(f"no best checkpoint in {folder} ({BEST_NAME} is written at the evaluations of "
+                                    "a run with evaluation data)")
+        return path
+    found = sorted((int(m.group(1)), p) for p in (folder.iterdir() if folder.is_dir() else [])
+                   if (m := CHECKPOINT_RE.fullmatch(p.name)))
+    if not found:
+        raise FileNotFoundError(f"no step checkpoint (step_<N>.safetensors) in {folder}")
+    return found[-1][1]
 
 
 def _data_limits(config: XTTSConfig):

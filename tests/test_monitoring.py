@@ -1,6 +1,6 @@
 """Watching a run: the Trainer's callbacks (events, order, state), TensorBoard event files
-against the JSONL log, and the loop's clean-up on every way out
-(issue 25)."""
+against the JSONL log, the best checkpoint, early stopping, and the loop's clean-up on
+every way out (issue 25)."""
 from __future__ import annotations
 
 import json
@@ -12,10 +12,11 @@ import pytest
 
 import pyxtts
 from pyxtts import SyntheticDataset, Trainer, XTTSConfig
-from pyxtts.callbacks import Callback, event_files, tensorboard_dir
+from pyxtts.callbacks import BEST_NAME, Callback, event_files, tensorboard_dir
 from pyxtts.callbacks.tensorboard_log import EVAL_SCALARS, INSTALL_HINT, TRAIN_SCALARS
+from pyxtts.checkpoint import read_checkpoint
 from pyxtts.data import Sample, TTSDataset
-from pyxtts.trainer import _check_fingerprint, _data_fingerprint
+from pyxtts.trainer import _check_fingerprint, _data_fingerprint, run_checkpoint
 
 pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
 
@@ -40,6 +41,10 @@ def datasets(config: XTTSConfig, n: int = 16):
 
 def read_log(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def saved_meta(path: Path) -> dict:
+    return read_checkpoint(path)[0]
 
 
 class Interrupting(TTSDataset):
@@ -96,10 +101,10 @@ def test_events_come_in_the_order_of_the_run(tmp_path):
     r = Trainer(cfg, progress=False, callbacks=[rec]).fit(train, held)
     assert r.stopped == "max_steps"
     assert rec.events == [
-        ("fit_start", 0), ("train_start", 0), ("eval", 0),
-        ("step", 1), ("step", 2), ("eval", 2),
-        ("step", 3), ("step", 4), ("eval", 4), ("checkpoint", "step_00000004.safetensors"),
-        ("step", 5), ("eval", 5), ("checkpoint", "step_00000005.safetensors"),
+        ("fit_start", 0), ("train_start", 0), ("eval", 0), ("checkpoint", BEST_NAME),
+        ("step", 1), ("step", 2), ("eval", 2), ("checkpoint", BEST_NAME),
+        ("step", 3), ("step", 4), ("eval", 4), ("checkpoint", BEST_NAME), ("checkpoint", "step_00000004.safetensors"),
+        ("step", 5), ("eval", 5), ("checkpoint", BEST_NAME), ("checkpoint", "step_00000005.safetensors"),
         ("train_end", 5), ("fit_end", None)]
 
 
@@ -253,6 +258,116 @@ def test_without_tensorboard_one_line_says_how_and_training_goes_on(tmp_path, mo
     assert [line for line in err.splitlines() if "pyxtts[tensorboard]" in line] == [INSTALL_HINT]
     assert "pip install 'pyxtts[tensorboard]'" in INSTALL_HINT
     assert event_files(r.log_path) == []
+
+
+# ---- the best checkpoint and early stopping ------------------------------------------
+
+def test_best_checkpoint_follows_the_lowest_eval_loss(tmp_path):
+    cfg = make_config(tmp_path, keep_checkpoints=1)
+    train, held = datasets(cfg)
+    t = Trainer(cfg, progress=False)
+    r = t.fit(train, held)
+    losses = [e["loss"] for e in r.evals]
+    best = int(np.argmin(losses))
+    assert 0 < best < len(losses) - 1, losses  # the best is neither the first nor the last
+    assert r.best_checkpoint == tmp_path / "ckpt" / BEST_NAME == t.best_checkpoint
+    meta = saved_meta(r.best_checkpoint)
+    assert meta["step"] == r.evals[best]["step"]
+    assert meta["extra"]["callbacks"]["best"] == {"loss": losses[best], "step": r.evals[best]["step"],
+                                                   "evaluations_since": 0}
+    # its weights are the ones that scored that loss; the optimizer's state is not there
+    other = Trainer(cfg, progress=False)
+    pyxtts.load_checkpoint(r.best_checkpoint, other.model)
+    assert other.evaluate(held)["loss"] == losses[best]
+    assert not [k for k in read_checkpoint(r.best_checkpoint)[1] if k.startswith("optimizer.")]
+    assert r.best_checkpoint.stat().st_size < 0.5 * r.checkpoint.stat().st_size
+    # never pruned: keep_checkpoints 1 keeps one step checkpoint and the best
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("*.safetensors")) == [BEST_NAME, "step_00000030.safetensors"]
+    assert run_checkpoint(tmp_path / "ckpt", "best") == r.best_checkpoint
+    assert run_checkpoint(tmp_path / "ckpt", "latest") == r.checkpoint
+
+
+def stop_step(evals: list[dict], patience: int) -> int | None:
+    """Where early stopping with `patience` ends a run whose evaluations are `evals`."""
+    best, since = None, 0
+    for e in evals:
+        if best is None or e["loss"] < best:
+            best, since = e["loss"], 0
+        else:
+            since += 1
+            if since >= patience:
+                return e["step"]
+    return None
+
+
+def test_early_stopping_stops_at_the_stated_evaluation(tmp_path, capsys):
+    cfg_a = make_config(tmp_path / "a")
+    train, held = datasets(cfg_a)
+    full = Trainer(cfg_a, progress=False).fit(train, held)
+    want = stop_step(full.evals, 1)
+    assert want is not None and want < 30
+    cfg = make_config(tmp_path / "b", early_stopping_patience=1)
+    t = Trainer(cfg, progress=False)
+    r = t.fit(train, held)
+    assert (r.stopped, r.step) == ("early_stopping", want)
+    assert [e["loss"] for e in r.evals] == [e["loss"] for e in full.evals if e["step"] <= want]
+    assert r.checkpoint.name == f"step_{want:08d}.safetensors"  # the end is saved, as at any end
+    err = capsys.readouterr().err
+    assert f"early stopping at step {want}: the eval loss has not improved for 1 evaluations" in err
+    # the run stays stopped: resumed, it takes no step
+    again = Trainer(cfg, progress=False).fit(train, held, resume=True)
+    assert (again.stopped, again.step, again.history) == ("early_stopping", want, [])
+
+
+def test_resume_keeps_the_best_so_far(tmp_path):
+    """Interrupted after the best evaluation and resumed: the evaluations after the resume
+    do not beat it, so only a best-so-far carried through the checkpoint keeps it (a
+    resumed run that forgot it would take its first evaluation as the best)."""
+    cfg_a = make_config(tmp_path / "a", max_steps=19, early_stopping_patience=5)
+    train, held = datasets(cfg_a)
+    ra = Trainer(cfg_a, progress=False).fit(train, held)
+    best_a = saved_meta(ra.best_checkpoint)
+    assert best_a["step"] <= 16 < ra.evals[-1]["step"], [(e["step"], e["loss"]) for e in ra.evals]
+    cfg_b = make_config(tmp_path / "b", max_steps=19, early_stopping_patience=5)
+    b = Trainer(cfg_b, progress=False)
+    with pytest.raises(KeyboardInterrupt):  # 16 steps are 4 epochs; then in the 17th step
+        b.fit(Interrupting(train, after=4 * (16 + 16) + 16 + 2), held)
+    assert b.step == 16
+    saved = saved_meta(b.checkpoints()[-1])["extra"]["callbacks"]["best"]
+    assert saved == b.callbacks.state_dict()["best"] and saved["step"] == best_a["step"]
+    rb = Trainer(cfg_b, progress=False).fit(train, held, resume=True)
+    assert (rb.stopped, rb.step) == (ra.stopped, ra.step) == ("max_steps", 19)
+    assert [e["loss"] for e in rb.evals] == [e["loss"] for e in ra.evals if e["step"] > 16]
+    best_b = saved_meta(rb.best_checkpoint)
+    assert best_b["step"] == best_a["step"] and best_b["extra"]["callbacks"] == best_a["extra"]["callbacks"]
+    ta, tb = read_checkpoint(ra.best_checkpoint)[1], read_checkpoint(rb.best_checkpoint)[1]
+    assert set(ta) == set(tb) and all(np.array_equal(ta[k], tb[k]) for k in ta)
+    final = saved_meta(rb.checkpoint)["extra"]["callbacks"]["best"]
+    assert final["step"] == best_a["step"] and final["evaluations_since"] == len(rb.evals)
+
+
+@pytest.mark.parametrize("value, kind, said", [
+    (0, ValueError, "training.early_stopping_patience: must be an int >= 1 (evaluations without improvement) "
+                    "or null (no early stopping), got 0"),
+    (-2, ValueError, "got -2"),
+    ("3", TypeError, "training.early_stopping_patience: expected int, got '3' (str)"),
+    (2.5, TypeError, "training.early_stopping_patience: expected int, got 2.5 (float)"),
+    (True, TypeError, "training.early_stopping_patience: expected int, got True (bool)"),
+])
+def test_bad_patience_is_refused_by_its_name(tmp_path, value, kind, said):
+    with pytest.raises(kind) as caught:
+        make_config(tmp_path, early_stopping_patience=value)
+    assert said in str(caught.value)
+
+
+def test_patience_without_evaluation_data_is_refused_before_any_step(tmp_path):
+    cfg = make_config(tmp_path, early_stopping_patience=2)
+    train, _ = datasets(cfg)
+    t = Trainer(cfg, progress=False)
+    with pytest.raises(ValueError, match="eval_dataset: expected evaluation samples, since "
+                                         "training.early_stopping_patience is 2"):
+        t.fit(train)
+    assert t.step == 0 and not (tmp_path / "ckpt").exists()
 
 
 # ---- what a resume compares ---------------------------------------------------------------

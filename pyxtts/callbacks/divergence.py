@@ -4,6 +4,7 @@ where the last good state is."""
 from __future__ import annotations
 
 from pyxtts.callbacks.base import Callback, Run
+from pyxtts.callbacks.best import BEST_NAME
 
 __all__ = ["MAX_SKIPPED", "StopOnDivergence"]
 
@@ -29,6 +30,9 @@ class StopOnDivergence(Callback):
         step, last = record["step"], run.state.last_checkpoint
         saved = (f"the newest checkpoint is {last}" if last is not None else
                  f"no checkpoint of this run was written (the first was due at step {t.checkpoint_interval})")
+        best = run.checkpoint_dir / BEST_NAME
+        if best.exists():
+            saved += f"; the weights of the lowest eval loss are in {best}"
         raise FloatingPointError(
             f"training diverged: {self.in_a_row} optimizer steps in a row had non-finite gradients (the last "
             f"at step {step}, loss {record['loss']}); the model in memory holds the parameters of step "
