@@ -27,9 +27,7 @@ which do the rest:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
-import json
 import os
 import signal
 import threading
@@ -54,6 +52,9 @@ from pyxtts.checkpoint import CheckpointError, load_checkpoint, load_checkpoint_
 from pyxtts.config import XTTSConfig, offload_for
 from pyxtts.coqui_config import coqui_decay
 from pyxtts.data import DataError, Sample, TTSDataset, batch_groups, collate, collate_references
+from pyxtts.fingerprint import check_fingerprint as _check_fingerprint
+from pyxtts.fingerprint import data_fingerprint as _data_fingerprint
+from pyxtts.fingerprint import saved_extra as _saved_extra
 from pyxtts.memory import cleanup_gpu_memory, format_bytes
 from pyxtts.model import XTTSGPT
 from pyxtts.monitor import _rss_bytes
@@ -445,8 +446,8 @@ class Trainer:
                   f"{total} steps in all")
         t_start = time.perf_counter()
         error: BaseException | None = None
-        try:
-            with _stop_on_sigterm() as signals:
+        with _stop_on_sigterm() as signals:  # around the Ctrl-C save too
+            try:
                 self.callbacks.fit_start(run)
                 if resumed is not None:
                     self.callbacks.resume(run, resumed)
@@ -456,16 +457,16 @@ class Trainer:
                     self.state.stop_reason = ("max_steps" if t.max_steps is not None and self.step >= t.max_steps
                                               else "epochs")
                 self.callbacks.train_end(run)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:  # every path: the writers close, Ctrl-C saves (pyxtts.callbacks)
-            try:
-                self.callbacks.fit_end(run, error)
-            finally:
-                # the error's traceback holds this frame: dropped, so that no cycle keeps the
-                # trainer (and its model's memory) alive after a failed fit
-                error = None
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:  # every path: the writers close, Ctrl-C saves (pyxtts.callbacks)
+                try:
+                    self.callbacks.fit_end(run, error)
+                finally:
+                    # the error's traceback holds this frame: dropped, so that no cycle keeps
+                    # the trainer (and its model's memory) alive after a failed fit
+                    error = None
         return self._result(run, time.perf_counter() - t_start)
 
     def _checked_data(self, dataset: Any, eval_dataset: Any) -> tuple[TTSDataset, TTSDataset | None]:
@@ -625,78 +626,6 @@ def _take(box: list) -> Any:
         return future.result()
     finally:
         del future
-
-
-def _digest(arrays: Any) -> str:
-    h = hashlib.blake2b(digest_size=16)
-    for a in arrays:
-        a = np.ascontiguousarray(a)
-        h.update(np.array(a.shape, np.int64).tobytes())
-        h.update(a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes())
-    return h.hexdigest()
-
-
-def _data_fingerprint(samples: Sequence[Sample], config: XTTSConfig) -> dict:
-    """What fixes a run's sequence of batches: the samples (a digest of every id and
-    latent) and the batch settings; for samples with reference recordings also a digest
-    of those (and whether each is the sample's own clip) and ``data.mask_reference_targets``,
-    which decide the conditioning slices and the targets. Saved with each checkpoint;
-    resuming needs the same."""
-    d = config.data
-    out = {"samples": len(samples),
-           "digest": _digest(a for s in samples for a in (s.text, s.audio) + ((s.cond,) if s.cond is not None else ())),
-           "effective_batch": config.effective_batch_size, "shuffle": d.shuffle, "shuffle_seed": d.shuffle_seed,
-           "bucket_factor": d.bucket_size_multiplier if d.bucketing else 1}
-    if any(s.ref_audio is not None for s in samples):  # (absent otherwise: such checkpoints stay as they were)
-        out["references"] = _digest(a for s in samples for a in (
-            (np.zeros(0, np.float32) if s.ref_audio is None else s.ref_audio), np.array([s.ref_is_clip], np.int8)))
-        out["mask_reference_targets"] = d.mask_reference_targets
-    return out
-
-
-def _saved_extra(path: Path) -> dict:
-    """The ``extra`` metadata of a checkpoint, read without its tensors."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            meta = json.loads((f.metadata() or {})["pyxtts"])
-        extra = meta.get("extra")
-    except Exception as exc:  # safetensors raises its own error types
-        raise CheckpointError(f"{path}: not a readable pyxtts checkpoint: {type(exc).__name__}: {exc}") from exc
-    return extra if isinstance(extra, dict) else {}
-
-
-_FINGERPRINT_NAMES = {"samples": "number of training samples", "digest": "training samples' contents",
-                      "effective_batch": "effective batch (data.batch_size x gradient_accumulation_steps)",
-                      "shuffle": "data.shuffle", "shuffle_seed": "data.shuffle_seed",
-                      "bucket_factor": "bucketing (data.bucketing, data.bucket_size_multiplier)",
-                      "references": "the samples' reference recordings (ref_audio)",
-                      "mask_reference_targets": "data.mask_reference_targets"}
-# fields a checkpoint of an older pyxtts lacks: not checked when absent from it
-_NEWER_FIELDS = ("references", "mask_reference_targets")
-
-
-def _check_fingerprint(path: Path, saved: Any, now: dict) -> None:
-    """ValueError naming what changed since ``path`` was saved (a checkpoint of an older
-    pyxtts, without a fingerprint or without its newer fields, is checked for what it has)."""
-    if not isinstance(saved, dict):
-        return
-    keys = [k for k in _FINGERPRINT_NAMES if k != "digest" and (k in saved or k not in _NEWER_FIELDS)]
-    # "references" is a digest: said in words, like the samples' own
-    changed = [f"{_FINGERPRINT_NAMES[k]}: {saved.get(k)!r} then, {now.get(k)!r} now" for k in keys
-               if k != "references" and saved.get(k) != now.get(k)]
-    if saved.get("digest") != now["digest"] and saved.get("samples") == now["samples"]:
-        changed.append("the training samples' contents differ (same number of samples)")
-    if "references" in saved and saved["references"] != now.get("references"):
-        changed.append("the samples' reference recordings (ref_audio) differ" if "references" in now else
-                       "the samples carried reference recordings (ref_audio) then, none now")
-    if changed:
-        raise ValueError(
-            f"resume: {path} was saved by a run on other data or batch settings, so its position in the data "
-            f"means nothing here; changed: {'; '.join(changed)}. Resume with the same data and settings, or "
-            f"start a new run from its weights (training.init_checkpoint: {path}, in another checkpoint_dir "
-            "or overwriting this one)")
 
 
 def _steps_per_epoch(path: Any, step: int, epoch: int, batch: int, data: Any) -> int | None:

@@ -16,7 +16,8 @@ from pyxtts.callbacks import BEST_NAME, Callback, event_files, tensorboard_dir
 from pyxtts.callbacks.tensorboard_log import EVAL_SCALARS, INSTALL_HINT, TRAIN_SCALARS
 from pyxtts.checkpoint import read_checkpoint
 from pyxtts.data import Sample, TTSDataset
-from pyxtts.trainer import _check_fingerprint, _data_fingerprint, run_checkpoint
+from pyxtts.fingerprint import check_fingerprint, data_fingerprint
+from pyxtts.trainer import run_checkpoint
 
 pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
 
@@ -377,24 +378,24 @@ def test_fingerprint_covers_reference_recordings_and_their_masking(tmp_path, rng
     base = SyntheticDataset(cfg.model, 4, seed=0)
     clips = [rng.standard_normal(2000).astype(np.float32) for _ in range(4)]
     with_refs = [Sample(s.text, s.audio, ref_audio=c) for s, c in zip(base, clips)]
-    plain = _data_fingerprint(list(base), cfg)
+    plain = data_fingerprint(list(base), cfg)
     assert "references" not in plain and "mask_reference_targets" not in plain  # as before for such data
-    fp = _data_fingerprint(with_refs, cfg)
+    fp = data_fingerprint(with_refs, cfg)
     other_clip = [Sample(s.text, s.audio, ref_audio=c) for s, c in zip(base, clips[:3] + [clips[3] * 0.5])]
     as_own_clip = [Sample(s.text, s.audio, ref_audio=c, ref_is_clip=True) for s, c in zip(base, clips)]
-    assert _data_fingerprint(other_clip, cfg)["references"] != fp["references"]
-    assert _data_fingerprint(as_own_clip, cfg)["references"] != fp["references"]
+    assert data_fingerprint(other_clip, cfg)["references"] != fp["references"]
+    assert data_fingerprint(as_own_clip, cfg)["references"] != fp["references"]
     assert fp["digest"] == plain["digest"]
     with pytest.raises(ValueError, match="the samples' reference recordings \\(ref_audio\\) differ"):
-        _check_fingerprint(Path("c.safetensors"), fp, _data_fingerprint(other_clip, cfg))
+        check_fingerprint(Path("c.safetensors"), fp, data_fingerprint(other_clip, cfg))
     cfg.data.mask_reference_targets = False
     with pytest.raises(ValueError, match="data.mask_reference_targets: True then, False now"):
-        _check_fingerprint(Path("c.safetensors"), fp, _data_fingerprint(with_refs, cfg))
+        check_fingerprint(Path("c.safetensors"), fp, data_fingerprint(with_refs, cfg))
     with pytest.raises(ValueError, match="carried reference recordings \\(ref_audio\\) then, none now"):
-        _check_fingerprint(Path("c.safetensors"), fp, plain)
+        check_fingerprint(Path("c.safetensors"), fp, plain)
     # a checkpoint of an older pyxtts, without these fields, resumes
     older = {k: v for k, v in fp.items() if k not in ("references", "mask_reference_targets")}
-    _check_fingerprint(Path("c.safetensors"), older, _data_fingerprint(with_refs, cfg))
+    check_fingerprint(Path("c.safetensors"), older, data_fingerprint(with_refs, cfg))
 
 
 def test_a_failed_fit_leaves_no_cycle_holding_the_trainer(tmp_path):

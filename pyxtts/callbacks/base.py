@@ -1,8 +1,9 @@
 """The run's state and the events a ``Trainer`` sends to its callbacks.
 
 A callback watches a run (``on_fit_start``, ``on_resume``, ``on_train_start``,
-``on_step_end``, ``on_evaluation``, ``on_checkpoint``, ``on_train_end``, ``on_fit_end``) and may ask it to evaluate, save
-or stop through the ``Run`` it is handed; it never drives the loop itself. Every
+``on_step_end``, ``on_evaluation``, ``on_checkpoint``, ``on_train_end``, ``on_fit_end``)
+and may ask it to evaluate, save or stop through the ``Run`` it is handed; it never
+drives the loop itself. Every
 writer of a run (the JSONL log, the progress output, TensorBoard, checkpoints) is one,
 so the loop in ``Trainer.fit`` says only what happened. What a callback's request causes
 (an evaluation, a checkpoint) is sent to every callback at once, inside the event under
