@@ -118,6 +118,9 @@ def _init_from_xtts(config: Any, source: str) -> Any:
         raise type(exc)(f"--init {source}: {exc.strerror or exc}") from exc
     config = config.with_model(ModelConfig(**meta["config"]))
     config.training.init_checkpoint = str(out)
+    folder = Path(source) if Path(source).is_dir() else Path(source).parent
+    if config.training.xtts_dir is None and (folder / "model.pth").is_file():
+        config.training.xtts_dir = str(folder)  # what test_sentences are spoken through
     return config
 
 

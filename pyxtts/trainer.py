@@ -45,8 +45,8 @@ from pyxtts import _C
 from pyxtts._args import flag
 from pyxtts.batch import find_optimal_batch_size, train_step_with_accumulation
 from pyxtts.callbacks import (BEST_NAME, MAX_SKIPPED, BestCheckpoint, Callback, CallbackList, Evaluation,
-                              JSONLLog, Progress, Reporter, Run, RunState, StepCheckpoints, StopOnDivergence,
-                              TensorBoardLog)
+                              JSONLLog, Progress, Reporter, Run, RunState, SpokenSamples, StepCheckpoints,
+                              StopOnDivergence, TensorBoardLog, samples_dir)
 from pyxtts.callbacks.checkpoints import CHECKPOINT_RE, step_checkpoint_name
 from pyxtts.checkpoint import CheckpointError, load_checkpoint, load_checkpoint_checked, save_checkpoint
 from pyxtts.config import XTTSConfig, offload_for
@@ -185,7 +185,8 @@ class Trainer:
         self._reporter = Reporter(self.progress, rank=self.state.rank)
         # the writers, the caller's, then those that act (evaluate, save, stop): in this order
         # the step's record is logged before its evaluation's (pyxtts.callbacks.base)
-        self.callbacks = CallbackList([Progress(self.progress), JSONLLog(), TensorBoardLog(), *callbacks,
+        self.callbacks = CallbackList([Progress(self.progress), JSONLLog(), TensorBoardLog(), SpokenSamples(),
+                                       *callbacks,
                                        StopOnDivergence(), Evaluation(), BestCheckpoint(t.early_stopping_patience),
                                        StepCheckpoints()])
         self.device = device if device is not None else t.resolved_device()
@@ -420,6 +421,11 @@ class Trainer:
         overwrite = flag("overwrite", overwrite)
         c = self.config
         train, held = self._checked_data(dataset, eval_dataset)
+        if c.training.test_sentences:  # before anything is written: what the child would fail on
+            from pyxtts.speak import check_test_sentences
+
+            check_test_sentences(c.training.test_sentences, c.training.xtts_dir, c.model.max_text_tokens,
+                                 samples_dir(self.checkpoint_dir))
         fingerprint = _data_fingerprint(train.samples, c)
         refs = self._reference_draw(train)
         if refs is None and c.model.conditioning and train[0].cond is None:
@@ -439,7 +445,7 @@ class Trainer:
         run = Run(state=self.state, config=c, total_steps=total, continuing=continuing, log_path=self.log_path,
                   checkpoint_dir=self.checkpoint_dir, eval_dataset=held, say=self._reporter.say,
                   warn=self._reporter.warn, evaluate_with=self._evaluation, save_with=self._checkpoint,
-                  optimizer=self.optimizer, model=self.model)
+                  audio_with=self.callbacks.audio, optimizer=self.optimizer, model=self.model)
         self._say(f"training {self.model.num_parameters:,} parameters on {self.device} ({t.precision}, "
                   f"checkpointing {t.checkpointing}): {len(train)} samples, batch {effective} = "
                   f"{c.data.batch_size} x {t.gradient_accumulation_steps} accumulation, {per_epoch} steps an epoch, "

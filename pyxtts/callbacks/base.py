@@ -1,15 +1,15 @@
 """The run's state and the events a ``Trainer`` sends to its callbacks.
 
 A callback watches a run (``on_fit_start``, ``on_resume``, ``on_train_start``,
-``on_step_end``, ``on_evaluation``, ``on_checkpoint``, ``on_train_end``, ``on_fit_end``)
-and may ask it to evaluate, save or stop through the ``Run`` it is handed; it never
-drives the loop itself. Every
-writer of a run (the JSONL log, the progress output, TensorBoard, checkpoints) is one,
-so the loop in ``Trainer.fit`` says only what happened. What a callback's request causes
-(an evaluation, a checkpoint) is sent to every callback at once, inside the event under
-way. Callbacks that act (``acts``: evaluation, checkpoints, stopping) come last for the
-events of the run, so every watcher hears of a step before the evaluation and checkpoints
-that follow it; and first for its end (``on_train_end``, ``on_fit_end``), so the end's
+``on_step_end``, ``on_evaluation``, ``on_checkpoint``, ``on_audio``, ``on_train_end``,
+``on_fit_end``) and may ask it to evaluate, save or stop through the ``Run`` it is
+handed; it never drives the loop itself. Every writer of a run (the JSONL log, the
+progress output, TensorBoard, checkpoints, spoken samples) is one, so the loop in
+``Trainer.fit`` says only what happened. What a callback's request causes (an
+evaluation, a checkpoint) is sent to every callback at once, inside the event under way.
+Callbacks that act (``acts``: evaluation, checkpoints, stopping) come last for the events
+of the run, so every watcher hears of a step before the evaluation and checkpoints that
+follow it; and first for its end (``on_train_end``, ``on_fit_end``), so the end's
 evaluation and checkpoint reach the watchers before their files close.
 
 Several processes (one per GPU) will train one run: a callback whose
@@ -71,6 +71,7 @@ class Run:
     # run as an argument, so that no closure holds it and a finished run is freed at once
     evaluate_with: Callable[["Run"], dict]
     save_with: Callable[["Run", Path | None, bool], Path]
+    audio_with: Callable[["Run", int, list], None]
     optimizer: Any = None
     model: Any = None
     history: list[dict] = field(default_factory=list)  # this call's step records
@@ -84,6 +85,11 @@ class Run:
         """A checkpoint now (a step checkpoint when ``path`` is None; without the optimizer's
         state with ``weights_only``); every callback gets ``on_checkpoint``."""
         return self.save_with(self, path, weights_only)
+
+    def audio(self, step: int, clips: list[tuple[Path, str]]) -> None:
+        """Audio was written at ``step``: (WAV file, its text) pairs; every callback gets
+        ``on_audio``."""
+        self.audio_with(self, step, clips)
 
     def stop(self, reason: str) -> None:
         """Ends the run cleanly after the step under way (the end's evaluation and
@@ -120,6 +126,9 @@ class Callback:
 
     def on_checkpoint(self, run: Run, path: Path) -> None:
         """A checkpoint was written to ``path``."""
+
+    def on_audio(self, run: Run, step: int, clips: list[tuple[Path, str]]) -> None:
+        """Samples of the model's speech were written at ``step``: (WAV file, text) pairs."""
 
     def on_train_end(self, run: Run) -> None:
         """The run reached its end (max_steps, epochs, or a callback's ``Run.stop``);
@@ -178,6 +187,10 @@ class CallbackList:
     def checkpoint(self, run: Run, path: Path) -> None:
         for cb in self._active(run):
             cb.on_checkpoint(run, path)
+
+    def audio(self, run: Run, step: int, clips: list[tuple[Path, str]]) -> None:
+        for cb in self._active(run):
+            cb.on_audio(run, step, clips)
 
     def train_end(self, run: Run) -> None:
         for cb in self._active(run, end=True):

@@ -1,6 +1,7 @@
 """TensorBoard event files of a run, beside its JSONL log in the run's folder
 (``events.out.tfevents.<time>.<host>.<pid>.<n>.<log name>``; ``tensorboard --logdir`` the
-folder): the numbers of the log's records as scalars, and the run's config as text.
+folder): the numbers of the log's records as scalars, the run's config as text, and the
+test sentences spoken at each evaluation (``training.test_sentences``) as audio.
 
 Written with the ``tensorboard`` package's own event-file reader, writer and protocol
 buffers (no TensorFlow, no torch), imported when the run starts: without the package
@@ -50,12 +51,16 @@ class _Writer:
     """The tensorboard package's pieces this module uses, imported together."""
 
     def __init__(self, folder: Path, suffix: str) -> None:
-        from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2
+        from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
+        from tensorboard.plugins.audio import metadata as audio_metadata
         from tensorboard.plugins.scalar import metadata as scalar_metadata
         from tensorboard.plugins.text import metadata as text_metadata
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self.event_pb2, self.summary_pb2, self.tensor_pb2 = event_pb2, summary_pb2, tensor_pb2
+        self.shape_pb2 = tensor_shape_pb2
+        self.audio_meta = audio_metadata.create_summary_metadata(
+            display_name=None, description=None, encoding=audio_metadata.Encoding.Value("WAV"))
         self.scalar_meta = summary_pb2.SummaryMetadata(
             plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=scalar_metadata.PLUGIN_NAME),
             data_class=summary_pb2.DataClass.DATA_CLASS_SCALAR)
@@ -78,6 +83,16 @@ class _Writer:
         event = self._event(step, time.time())
         tensor = self.tensor_pb2.TensorProto(dtype="DT_STRING", string_val=[text.encode("utf-8")])
         event.summary.value.add(tag=tag, tensor=tensor, metadata=self.text_meta)
+        self.file.add_event(event)
+
+    def audio(self, step: int, tag: str, wav: bytes, label: str) -> None:
+        """One encoded WAV clip and its label, as TensorBoard's audio plugin reads them: a
+        (clips, 2) string tensor of [audio, label] rows."""
+        event = self._event(step, time.time())
+        dims = [self.shape_pb2.TensorShapeProto.Dim(size=1), self.shape_pb2.TensorShapeProto.Dim(size=2)]
+        tensor = self.tensor_pb2.TensorProto(dtype="DT_STRING", string_val=[wav, label.encode("utf-8")],
+                                             tensor_shape=self.shape_pb2.TensorShapeProto(dim=dims))
+        event.summary.value.add(tag=tag, tensor=tensor, metadata=self.audio_meta)
         self.file.add_event(event)
 
     def copy(self, path: Path, until: int) -> None:
@@ -127,6 +142,11 @@ class TensorBoardLog(Callback):
     def on_evaluation(self, run: Run, record: dict) -> None:
         if self.writer is not None:
             self.writer.scalars(record["step"], {t: record[k] for t, k in EVAL_SCALARS.items()}, time.time())
+
+    def on_audio(self, run: Run, step: int, clips: list[tuple[Path, str]]) -> None:
+        if self.writer is not None:
+            for i, (path, text) in enumerate(clips):
+                self.writer.audio(step, f"samples/{i}", path.read_bytes(), text)
 
     def on_fit_end(self, run: Run, error: BaseException | None) -> None:
         if self.writer is not None:
