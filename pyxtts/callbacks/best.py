@@ -40,9 +40,10 @@ class BestCheckpoint(Callback):
 
     def _stop(self, run: Run) -> None:
         run.stop("early_stopping")
+        best = ("no evaluation had a finite loss" if self.loss is None else
+                f"the best, {self.loss:.4f} at step {self.step}, is {self.path(run)}")
         run.warn(f"early stopping at step {run.state.step}: the eval loss has not improved for {self.since} "
-                 f"evaluations (training.early_stopping_patience {self.patience}); the best, {self.loss:.4f} "
-                 f"at step {self.step}, is {self.path(run)}")
+                 f"evaluations (training.early_stopping_patience {self.patience}); {best}")
 
     def on_train_start(self, run: Run) -> None:
         if self._exhausted():  # a resumed run that had stopped early stays stopped
