@@ -149,7 +149,6 @@ def main(argv: list[str]) -> int:
     export_dir, spec_path, out_dir = (Path(a) for a in argv)
     spec = json.loads(spec_path.read_text(encoding="utf-8"))
     import torch
-    import torchaudio
     from TTS.tts.configs.xtts_config import XttsConfig
     from TTS.tts.models.xtts import Xtts
 
@@ -164,6 +163,8 @@ def main(argv: list[str]) -> int:
         data, rate = _read_audio(Path(s["reference"]), f"test_sentences[{i}].reference")
         audio = torch.from_numpy(data)[None]
         if rate != SAMPLE_RATE_IN:
+            import torchaudio  # Coqui's dependency; only its resampler, no codec
+
             audio = torchaudio.functional.resample(audio, rate, SAMPLE_RATE_IN)
         audio = audio[:, : SAMPLE_RATE_IN * int(config.max_ref_len)]
         embedding = model.get_speaker_embedding(audio, SAMPLE_RATE_IN)

@@ -59,8 +59,9 @@ def test_sentences_are_spoken_in_a_child_at_each_evaluation(tmp_path, rng, monke
     base = write_xtts_folder(tmp_path / "XTTS-v2", SEED % 2**31, decoder_input_dim=64)
     model = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
     ref = reference_clip(tmp_path / "speaker.wav", rng)
+    other = reference_clip(tmp_path / "at_16k.wav", rng, rate=16000)  # resampled to Coqui's 22,050 Hz
     sentences = [{"text": "hello there", "language": "en", "reference": str(ref)},
-                 {"text": "guten tag", "language": "de", "reference": str(ref)}]
+                 {"text": "guten tag", "language": "de", "reference": str(other)}]
     cfg = make_config(tmp_path, base, sentences, model=dataclasses.asdict(model))
     train, held = SyntheticDataset(cfg.model, 6, seed=0).split(2)
     for name in ("torch", "TTS"):
