@@ -169,6 +169,9 @@ def _init_from_xtts(config: Any, source: str, vocab: Path | None = None, keep_ru
               f"vocabulary {vocab} ([{grown['language']}]); the old rows keep their values, {grown['from_pieces']} new "
               f"ones start from the mean of their pieces' rows, {grown['from_mean']} from a mean over rows",
               file=sys.stderr)
+    folder = Path(source) if Path(source).is_dir() else Path(source).parent
+    if config.training.xtts_dir is None and (folder / "model.pth").is_file():
+        config.training.xtts_dir = str(folder)  # what test_sentences are spoken through
     return config
 
 
@@ -334,16 +337,35 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_source(args: argparse.Namespace) -> str:
+    """``--checkpoint``: a file, or "best" / "latest" of the run in ``--checkpoint-dir``
+    (default: ``--config``'s training.checkpoint_dir, else the default "checkpoints")."""
+    if args.checkpoint not in ("best", "latest"):
+        return args.checkpoint
+    from pyxtts.config import TrainingConfig, XTTSConfig
+    from pyxtts.trainer import run_checkpoint
+
+    folder = args.checkpoint_dir
+    if folder is None:
+        folder = (XTTSConfig.load(args.config).training.checkpoint_dir if args.config is not None
+                  else TrainingConfig().checkpoint_dir)
+    try:
+        return str(run_checkpoint(folder, args.checkpoint))
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"--checkpoint {args.checkpoint}: {exc}") from None
+
+
 def _export(args: argparse.Namespace) -> int:
     from pyxtts.checkpoint import CheckpointError
     from pyxtts.coqui_checkpoint import export_xtts_checkpoint
 
     try:
-        report = export_xtts_checkpoint(args.checkpoint, args.base, args.out, vocab=args.vocab)
+        source = _export_source(args)
+        report = export_xtts_checkpoint(source, args.base, args.out, vocab=args.vocab)
     except (CheckpointError, OSError, TypeError, ValueError) as exc:
         return _fail("export", exc)
     print(f"written: {report['model_pth']}")
-    print(f"  {len(report['replaced'])} GPT tensors from {args.checkpoint}")
+    print(f"  {len(report['replaced'])} GPT tensors from {source}")
     if report["carried_from_base"]:
         print(f"  {len(report['carried_from_base'])} GPT tensors carried unchanged from the base (the model "
               f"does not train them): {', '.join(report['carried_from_base'][:3])}, ...")
@@ -429,7 +451,14 @@ def main(argv: list[str] | None = None) -> int:
                          "docs/new-language.md says how to choose)")
     pr.set_defaults(func=_prepare)
     ex = sub.add_parser("export", help="write a fine-tuned GPT into a Coqui XTTS checkpoint folder")
-    ex.add_argument("--checkpoint", required=True, help="pyxtts checkpoint (e.g. RUN/step_N.safetensors)")
+    ex.add_argument("--checkpoint", required=True,
+                    help="pyxtts checkpoint (e.g. RUN/step_N.safetensors), or 'best' (the lowest eval loss: "
+                         "best.safetensors) or 'latest' (the newest step checkpoint) of the run in --checkpoint-dir")
+    ex.add_argument("--checkpoint-dir", default=None,
+                    help="the run's folder for --checkpoint best/latest (default: --config's "
+                         "training.checkpoint_dir, else 'checkpoints')")
+    ex.add_argument("--config", default=None, help="training config whose checkpoint_dir --checkpoint best/latest "
+                                                   "looks in")
     ex.add_argument("--base", required=True,
                     help="the Coqui XTTS folder (model.pth, config.json, vocab.json) the model was fine-tuned from")
     ex.add_argument("--out", required=True, help="folder to write model.pth, config.json and vocab.json into")

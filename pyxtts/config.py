@@ -46,7 +46,7 @@ __all__ = ["DataConfig", "TrainingConfig", "XTTSConfig", "offload_for", "optimiz
 CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
 
 # Fields holding a path: in a YAML file relative to the file's folder (``XTTSConfig.load``).
-PATH_FIELDS = (("training", "checkpoint_dir"), ("training", "init_checkpoint"),
+PATH_FIELDS = (("training", "checkpoint_dir"), ("training", "init_checkpoint"), ("training", "xtts_dir"),
                ("data", "train_metadata"), ("data", "eval_metadata"))
 PRECISIONS = ("fp32", "bf16", "fp16")
 POLICIES = ("none", "selective", "full", "auto")
@@ -171,6 +171,9 @@ class TrainingConfig:
     checkpoint_interval: int = 1000
     keep_checkpoints: int | None = 3  # newest step checkpoints kept in checkpoint_dir; None: all
     eval_interval: int = 1000
+    # evaluations in a row without a lower eval loss after which the run stops (needs
+    # evaluation data); None: never. The best checkpoint is kept either way (best.safetensors)
+    early_stopping_patience: int | None = None
     log_interval: int = 50
     seed: int = 0
     device: str = "auto"  # "auto": cuda:0 when a GPU is available, else cpu
@@ -182,6 +185,13 @@ class TrainingConfig:
     # device; "auto", in host memory only when the plan does not fit the device without
     # (never on the CPU, where both are the same RAM)
     optimizer_offload: bool | str = "auto"
+    # the Coqui XTTS folder (model.pth, config.json, vocab.json) the run fine-tunes: what
+    # test_sentences are spoken through (pyxtts train --init sets it)
+    xtts_dir: str | None = None
+    # spoken at each evaluation by Coqui's inference in a child process, into
+    # <checkpoint_dir>/samples/step_<N>/<i>.wav and TensorBoard's audio tab: a list of
+    # {text, language, reference (a recording of the voice to clone)}; needs xtts_dir
+    test_sentences: list[dict] | None = None
 
     def __post_init__(self) -> None:
         _check_types(self, "training")
@@ -232,6 +242,10 @@ class TrainingConfig:
               self.warmup_steps, f"0 with lr_schedule {self.lr_schedule!r} (only 'warmup_cosine' warms up)")
         _rule(self.keep_checkpoints is None or self.keep_checkpoints >= 1, w + "keep_checkpoints",
               self.keep_checkpoints, ">= 1 or null")
+        self._check_test_sentences()
+        _rule(self.early_stopping_patience is None or self.early_stopping_patience >= 1,
+              w + "early_stopping_patience", self.early_stopping_patience,
+              "an int >= 1 (evaluations without improvement) or null (no early stopping)")
         _positive(w + "min_lr", self.min_lr, allow_zero=True)
         _rule(self.min_lr <= self.learning_rate, w + "min_lr", self.min_lr,
               f"<= learning_rate={self.learning_rate!r}")
@@ -253,6 +267,29 @@ class TrainingConfig:
         _rule(self.seed >= 0, w + "seed", self.seed, ">= 0")
         _rule(self.device == "auto" or self.device == "cpu" or re.fullmatch(r"cuda(:\d+)?", self.device) is not None,
               w + "device", self.device, "'auto', 'cpu', 'cuda' or 'cuda:N'")
+
+    def _check_test_sentences(self) -> None:
+        """Each entry a mapping of exactly text, language and reference (non-empty strings);
+        whether the clip, the language and the length suit the model is checked when a
+        run starts (``pyxtts.speak.check_test_sentences``), where the XTTS folder is read."""
+        if self.test_sentences is None:
+            return
+        _rule(self.xtts_dir is not None, "training.xtts_dir", self.xtts_dir,
+              "the Coqui XTTS folder the run fine-tunes when training.test_sentences is set (its model "
+              "speaks them)")
+        keys = ("text", "language", "reference")
+        for i, entry in enumerate(self.test_sentences):
+            where = f"training.test_sentences[{i}]"
+            if not isinstance(entry, Mapping):
+                raise TypeError(f"{where}: expected a mapping with keys {', '.join(keys)}, got {entry!r}")
+            for key in entry:
+                if key not in keys:
+                    raise _unknown_key(where, key, list(keys))
+            for key in keys:
+                v = entry.get(key)
+                if not isinstance(v, str) or not v.strip():
+                    raise (TypeError if v is not None and not isinstance(v, str) else ValueError)(
+                        f"{where}.{key}: expected a non-empty string, got {v!r}")
 
     def set_max_steps(self, max_steps: int) -> str | None:
         """Sets ``max_steps`` (e.g. from ``--max-steps``) and checks the section again.
@@ -506,6 +543,21 @@ def _config_path(path: Path, where: str) -> Path:
     raise FileNotFoundError(f"{where}: {str(path)!r} is neither a file nor a shipped config's name; {hint}")
 
 
+def _rebase_references(d: dict, folder: Path) -> dict:
+    """training.test_sentences' reference clips, relative to ``folder`` (as PATH_FIELDS)."""
+    sec = d.get("training")
+    entries = sec.get("test_sentences") if isinstance(sec, Mapping) else None
+    if not isinstance(entries, list):
+        return d
+    out = []
+    for e in entries:
+        ref = e.get("reference") if isinstance(e, Mapping) else None
+        if isinstance(ref, str) and ref and not os.path.isabs(ref):
+            e = {**e, "reference": os.path.normpath(os.path.join(folder, ref))}
+        out.append(e)
+    return {**d, "training": {**sec, "test_sentences": out}}
+
+
 def _load_raw(path: Path, chain: tuple[Path, ...], where: str = "config") -> dict[str, Any]:
     """The sections of a YAML config file as a dict, its ``base`` merged in (key by key,
     this file's winning) and its relative paths made relative to the working directory.
@@ -529,6 +581,7 @@ def _load_raw(path: Path, chain: tuple[Path, ...], where: str = "config") -> dic
             v = sec.get(name) if isinstance(sec, Mapping) else None
             if isinstance(v, str) and not os.path.isabs(v):
                 d[section] = {**sec, name: os.path.normpath(os.path.join(p.parent, v))}
+        d = _rebase_references(d, p.parent)
     if "base" not in d:
         return d
     base = d.pop("base")

@@ -3,18 +3,22 @@
 One optimizer step per effective batch (``data.batch_size`` x
 ``training.gradient_accumulation_steps`` samples) through
 ``train_step_with_accumulation``, so an out-of-memory error halves the micro-batch and
-redoes the step instead of ending the run. Around it:
+redoes the step instead of ending the run. The loop says what happened (the run starts,
+resumes, takes a step, is evaluated, saved, ends) to its callbacks (``pyxtts.callbacks``),
+which do the rest:
 
 - a tqdm bar with the loss, tokens/s (over the last ``RATE_WINDOW`` steps) and the step's
-  peak memory, and a line every
-  ``log_interval`` steps (readable in a log file too);
+  peak memory, and a line every ``log_interval`` steps (readable in a log file too);
 - a JSONL log, one object per optimizer step (``"type": "train"``) and per evaluation
-  (``"type": "eval"``), by default ``<checkpoint_dir>/train_log.jsonl``;
+  (``"type": "eval"``), by default ``<checkpoint_dir>/train_log.jsonl``; TensorBoard event
+  files of the same numbers beside it when the tensorboard package is installed;
 - evaluation every ``eval_interval`` steps (and before the first step) on an optional
-  evaluation set: token-weighted mean losses, no gradients;
+  evaluation set: token-weighted mean losses, no gradients; the checkpoint of the lowest
+  evaluation loss kept as ``<checkpoint_dir>/best.safetensors``, and early stopping after
+  ``early_stopping_patience`` evaluations without improvement;
 - checkpoints every ``checkpoint_interval`` steps, at the end and on Ctrl-C, written
   atomically as ``<checkpoint_dir>/step_<N>.safetensors`` (model, optimizer, position in
-  the data), the newest ``keep_checkpoints`` kept;
+  the data, the best evaluation so far), the newest ``keep_checkpoints`` kept;
 - ``fit(..., resume=True)`` continues from the newest checkpoint at the same batch of
   the same epoch: the data order is a function of ``(shuffle_seed, epoch)``, so a resumed
   run takes the same steps as one that never stopped;
@@ -23,13 +27,9 @@ redoes the step instead of ending the run. Around it:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
-import json
 import os
-import re
 import signal
-import sys
 import threading
 import time
 from collections import deque
@@ -44,22 +44,25 @@ import numpy as np
 from pyxtts import _C
 from pyxtts._args import flag
 from pyxtts.batch import find_optimal_batch_size, train_step_with_accumulation
+from pyxtts.callbacks import (BEST_NAME, MAX_SKIPPED, BestCheckpoint, Callback, CallbackList, Evaluation,
+                              JSONLLog, Progress, Reporter, Run, RunState, SpokenSamples, StepCheckpoints,
+                              StopOnDivergence, TensorBoardLog, samples_dir)
+from pyxtts.callbacks.checkpoints import CHECKPOINT_RE, step_checkpoint_name
 from pyxtts.checkpoint import CheckpointError, load_checkpoint, load_checkpoint_checked, save_checkpoint
 from pyxtts.config import XTTSConfig, offload_for
 from pyxtts.coqui_config import coqui_decay
 from pyxtts.data import DataError, Sample, TTSDataset, batch_groups, collate, collate_references
+from pyxtts.fingerprint import check_fingerprint as _check_fingerprint
+from pyxtts.fingerprint import data_fingerprint as _data_fingerprint
+from pyxtts.fingerprint import saved_extra as _saved_extra
 from pyxtts.memory import cleanup_gpu_memory, format_bytes
 from pyxtts.model import XTTSGPT
 from pyxtts.monitor import _rss_bytes
 from pyxtts.schedule import ConstantLR, LRSchedule, MultiStepLR, WarmupCosineLR
 
-__all__ = ["FitResult", "RunExistsError", "Terminated", "Trainer", "model_from_config",
-           "optimizer_from_config", "schedule_from_config"]
+__all__ = ["CHECKPOINT_RE", "MAX_SKIPPED", "FitResult", "RunExistsError", "Terminated", "Trainer",
+           "model_from_config", "optimizer_from_config", "run_checkpoint", "schedule_from_config"]
 
-CHECKPOINT_RE = re.compile(r"step_(\d+)\.safetensors")
-# Consecutive skipped (non-finite) steps after which the run is declared diverged.
-# fp16's dynamic loss scale skips steps while it finds its level; others should not skip.
-MAX_SKIPPED = {"fp16": 50, "bf16": 10, "fp32": 10}
 # Steps the tokens/s shown is averaged over: one step's rate swings several-fold with the
 # machine's other load and the batch's lengths.
 RATE_WINDOW = 20
@@ -136,40 +139,22 @@ class RunExistsError(FileExistsError):
 
 @dataclass
 class FitResult:
-    """What ``Trainer.fit`` did."""
+    """What ``Trainer.fit`` did. Ctrl-C and SIGTERM end ``fit`` with ``KeyboardInterrupt``
+    (``Terminated``) after saving a checkpoint, so no result says "interrupted"."""
 
     step: int  # optimizer steps taken in all (a resumed run counts the earlier ones)
     epoch: int  # epochs completed
-    stopped: str  # "max_steps", "epochs" or "interrupted"
+    # "max_steps", "epochs", or "early_stopping" (training.early_stopping_patience
+    # evaluations without improvement); a callback's Run.stop reason otherwise
+    stopped: str
     final_loss: float | None  # loss of the last step of this call
     eval_loss: float | None  # the last evaluation's loss
-    checkpoint: Path | None  # the last checkpoint written
+    checkpoint: Path | None  # the last step checkpoint written (or resumed from)
     log_path: Path
     elapsed_s: float
     history: list[dict] = field(repr=False, default_factory=list)  # this call's step records
     evals: list[dict] = field(repr=False, default_factory=list)  # this call's evaluations
-
-
-class _Progress:
-    """The tqdm bar of a run: on a terminal or in a notebook; a log file gets the lines only."""
-
-    def __init__(self, enabled: bool, total: int, initial: int) -> None:
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm
-
-            live = sys.stderr.isatty() or "ipykernel" in sys.modules
-            self.bar = tqdm(total=total, initial=initial, unit="step", desc="train", dynamic_ncols=True,
-                            mininterval=0.5, file=sys.stderr, disable=not live)
-
-    def update(self, postfix: str) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix_str(postfix, refresh=False)
-            self.bar.update(1)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+    best_checkpoint: Path | None = None  # <checkpoint_dir>/best.safetensors when there is one
 
 
 class Trainer:
@@ -179,14 +164,31 @@ class Trainer:
     imported XTTS checkpoint). ``device`` overrides ``training.device``. The device's memory budget is set to
     ``training.max_memory_fraction`` of its total, unless a stricter limit is already set.
     ``log_path`` defaults to ``<checkpoint_dir>/train_log.jsonl``; ``progress=False``
-    silences the bar and the log lines (the JSONL log is always written)."""
+    silences the bar and the log lines (the JSONL log is always written). ``callbacks``
+    (``pyxtts.callbacks.Callback``) watch the run beside the built-in ones: after the
+    writers (progress, the JSONL log, TensorBoard), before those that act (divergence,
+    evaluation, the best checkpoint, step checkpoints)."""
 
     def __init__(self, config: XTTSConfig, *, device: str | None = None, log_path: str | os.PathLike | None = None,
-                 progress: bool = True) -> None:
+                 progress: bool = True, callbacks: Sequence[Callback] = ()) -> None:
         if not isinstance(config, XTTSConfig):
             raise TypeError(f"config: expected an XTTSConfig, got {type(config).__name__}")
+        if isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, Sequence):
+            raise TypeError(f"callbacks: expected a sequence of pyxtts.callbacks.Callback, got {callbacks!r}")
+        for i, cb in enumerate(callbacks):
+            if not isinstance(cb, Callback):
+                raise TypeError(f"callbacks[{i}]: expected a pyxtts.callbacks.Callback, got {type(cb).__name__}")
         self.config = config
         t = config.training
+        self.progress = bool(progress)
+        self.state = RunState()
+        self._reporter = Reporter(self.progress, rank=self.state.rank)
+        # the writers, the caller's, then those that act (evaluate, save, stop): in this order
+        # the step's record is logged before its evaluation's (pyxtts.callbacks.base)
+        self.callbacks = CallbackList([Progress(self.progress), JSONLLog(), TensorBoardLog(), SpokenSamples(),
+                                       *callbacks,
+                                       StopOnDivergence(), Evaluation(), BestCheckpoint(t.early_stopping_patience),
+                                       StepCheckpoints()])
         self.device = device if device is not None else t.resolved_device()
         self._apply_memory_fraction(t.max_memory_fraction)
         self.model = model_from_config(config, self.device)
@@ -202,11 +204,28 @@ class Trainer:
         self.schedule = schedule_from_config(t)
         self.checkpoint_dir = Path(t.checkpoint_dir)
         self.log_path = Path(log_path) if log_path is not None else self.checkpoint_dir / "train_log.jsonl"
-        self.progress = bool(progress)
-        self.step = 0  # optimizer steps taken
-        self.epoch = 0  # current epoch (0-based)
-        self.batch_in_epoch = 0  # batches of the current epoch already consumed
         self._data_fingerprint: dict | None = None  # of the data fit trains on (_data_fingerprint)
+
+    # the position of the run (pyxtts.callbacks.RunState): the step, and what follows from it
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken."""
+        return self.state.step
+
+    @property
+    def epoch(self) -> int:
+        """The current epoch (0-based): epochs completed."""
+        return self.state.epoch
+
+    @property
+    def batch_in_epoch(self) -> int:
+        """Batches of the current epoch already consumed."""
+        return self.state.batch_in_epoch
+
+    @property
+    def best_checkpoint(self) -> Path:
+        """Where the checkpoint of the lowest evaluation loss is kept."""
+        return self.checkpoint_dir / BEST_NAME
 
     def _apply_memory_fraction(self, fraction: float) -> None:
         s = _C.memory_stats(self.device)
@@ -263,24 +282,34 @@ class Trainer:
                  if (m := CHECKPOINT_RE.fullmatch(p.name))]
         return [p for _, p in sorted(found)]
 
-    def save(self, path: str | os.PathLike | None = None) -> Path:
-        """Writes model, optimizer and the position in the data (atomically); default
-        ``<checkpoint_dir>/step_<N>.safetensors``, pruned to ``keep_checkpoints``."""
-        p = Path(path) if path is not None else self.checkpoint_dir / f"step_{self.step:08d}.safetensors"
+    def save(self, path: str | os.PathLike | None = None, weights_only: bool = False) -> Path:
+        """Writes model, optimizer, the position in the data and the callbacks' state (the
+        best evaluation so far) atomically; default ``<checkpoint_dir>/step_<N>.safetensors``,
+        pruned to ``keep_checkpoints`` (a file elsewhere, ``best.safetensors`` too, is never
+        pruned). ``weights_only``: without the optimizer's state (not a file to resume
+        from; ``load_checkpoint`` loads it into a model)."""
+        weights_only = flag("weights_only", weights_only)
+        p = Path(path) if path is not None else self.checkpoint_dir / step_checkpoint_name(self.step)
         p.parent.mkdir(parents=True, exist_ok=True)
-        save_checkpoint(p, self.model, self.optimizer, step=self.step,
-                        extra={"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
-                               "config": self.config.to_dict(), "data": self._data_fingerprint})
-        keep = self.config.training.keep_checkpoints
-        if path is None and keep is not None:
-            for old in self.checkpoints()[:-keep]:
-                old.unlink()
+        extra = {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "config": self.config.to_dict(),
+                 "data": self._data_fingerprint}
+        states = self.callbacks.state_dict()
+        if states:  # absent without them, so a run without evaluation writes what it always did
+            extra["callbacks"] = states
+        save_checkpoint(p, self.model, None if weights_only else self.optimizer, step=self.step, extra=extra)
+        if path is None:
+            self.state.last_checkpoint = p
+            keep = self.config.training.keep_checkpoints
+            if keep is not None:
+                for old in self.checkpoints()[:-keep]:
+                    old.unlink()
         return p
 
     def load(self, path: str | os.PathLike) -> dict:
-        """Loads a checkpoint written by ``save`` (model, optimizer, position); returns
-        its metadata. A refusal (``CheckpointError``) leaves everything unchanged."""
-        position: dict[str, int] = {}
+        """Loads a checkpoint written by ``save`` (model, optimizer, position, the
+        callbacks' state); returns its metadata. A refusal (``CheckpointError``) leaves
+        everything unchanged."""
+        position: dict[str, Any] = {}
 
         def check(meta: dict) -> None:  # before anything is written
             extra = meta.get("extra")
@@ -291,18 +320,20 @@ class Trainer:
                                           "not a checkpoint of Trainer.save, whose position in the data "
                                           "it needs; load_checkpoint loads the model alone")
                 position[key] = v
+            position["steps_per_epoch"] = _steps_per_epoch(path, int(meta["step"]), position["epoch"],
+                                                           position["batch_in_epoch"], extra.get("data"))
 
         meta = load_checkpoint_checked(path, self.model, self.optimizer, check)
-        self.step = int(meta["step"])
-        self.epoch, self.batch_in_epoch = position["epoch"], position["batch_in_epoch"]
+        self.state.step = int(meta["step"])
+        self.state.steps_per_epoch = position["steps_per_epoch"]
+        self.callbacks.load_state_dict(meta["extra"].get("callbacks"))
+        if CHECKPOINT_RE.fullmatch(Path(path).name):
+            self.state.last_checkpoint = Path(path)
         return meta
 
     def _say(self, line: str) -> None:
         """A progress line (through tqdm, so a live bar stays below it); none with progress=False."""
-        if self.progress:
-            from tqdm import tqdm
-
-            tqdm.write(line, file=sys.stderr)
+        self._reporter.say(line)
 
     def _resume(self, resume: bool | str | os.PathLike, fingerprint: dict) -> Path | None:
         """Loads the checkpoint to resume from: ``resume`` True takes the newest in
@@ -329,49 +360,31 @@ class Trainer:
                 if resume is not True:
                     raise
                 unusable.append(f"{path.name}: {exc}")
-                print(f"resume: {path} cannot be used ({exc})" + ("; falling back to the previous checkpoint"
-                      if path != candidates[-1] else ""), file=sys.stderr)
+                self._reporter.warn(f"resume: {path} cannot be used ({exc})" + (
+                    "; falling back to the previous checkpoint" if path != candidates[-1] else ""))
                 continue
             if unusable:
-                print(f"resume: resuming from {path.name}, the newest usable checkpoint ({len(unusable)} newer "
-                      "one(s) could not be used)", file=sys.stderr)
+                self._reporter.warn(f"resume: resuming from {path.name}, the newest usable checkpoint "
+                                    f"({len(unusable)} newer one(s) could not be used)")
+            self.state.last_checkpoint = path
             self._say(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
             return path
         raise CheckpointError(f"resume: none of the {len(unusable)} checkpoints in {self.checkpoint_dir} can be "
                               "used: " + "; ".join(unusable))
 
-    # ---- log -------------------------------------------------------------------------------
-    def _open_log(self, resumed: bool):
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        if resumed and self.log_path.exists():
-            # keep what the checkpoint covers; steps after it will be taken again
-            kept = []
-            for line in self.log_path.read_text(encoding="utf-8").splitlines():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut short by a crash
-                if isinstance(rec, dict) and int(rec.get("step", 0)) <= self.step:
-                    kept.append(line)
-            tmp = self.log_path.with_suffix(".tmp")
-            tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
-            os.replace(tmp, self.log_path)
-            return open(self.log_path, "a", encoding="utf-8")
-        return open(self.log_path, "w", encoding="utf-8")
-
     def _step_record(self, r, batch: dict, lr: float, seconds: float) -> dict:
         """The JSONL record of the optimizer step just taken (``self.step``)."""
+        samples = int(batch["text_lengths"].shape[0])
         return {"type": "train", "step": self.step, "epoch": self.epoch, "lr": lr,
                 "loss": r.loss, "text_loss": r.text_loss, "audio_loss": r.audio_loss,
                 "grad_norm": r.grad_norm, "skipped": r.skipped, "loss_scale": self.optimizer.loss_scale,
-                "samples": int(batch["text_lengths"].shape[0]),
-                "text_tokens": r.text_tokens, "audio_tokens": r.audio_tokens,
-                "micro_batch_size": r.micro_batch_size, "oom_splits": r.oom_splits,
-                "step_time_s": seconds, "tokens_per_s": r.tokens_per_s,
+                "samples": samples, "text_tokens": r.text_tokens, "audio_tokens": r.audio_tokens,
+                "micro_batch_size": r.micro_batch_size, "accumulation_steps": -(-samples // r.micro_batch_size),
+                "oom_splits": r.oom_splits, "step_time_s": seconds, "tokens_per_s": r.tokens_per_s,
                 "peak_allocated_bytes": r.peak_memory_bytes,
                 "allocated_bytes": _C.memory_allocated(self.device),
                 "reserved_bytes": _C.memory_reserved(self.device), "rss_bytes": _rss_bytes(),
-                "time": time.time()}
+                "optimizer_host_bytes": int(self.optimizer.host_state_bytes), "time": time.time()}
 
     def _reference_draw(self, dataset: Sequence[Sample]) -> Any:
         """How each step draws the reference slices (``pyxtts.references.References``) when
@@ -394,32 +407,99 @@ class Trainer:
     def fit(self, dataset: Sequence[Sample], eval_dataset: Sequence[Sample] | None = None, *,
             resume: bool | str | os.PathLike = False, overwrite: bool = False) -> FitResult:
         """Trains until ``training.max_steps`` optimizer steps or ``training.epochs``
-        epochs, whichever comes first; called again (after raising ``max_steps``, say) it
-        goes on from where this trainer stands. ``resume=True`` continues from the newest checkpoint
-        in ``checkpoint_dir`` (from step 0 when there is none), a path from that file.
-        A fresh run refuses a ``checkpoint_dir`` that holds another run's checkpoints unless
-        ``overwrite`` (which deletes them and the log). Every sample is validated against
-        the data config's maxima before the first step (``DataError``; nothing is
-        truncated). Ctrl-C saves a checkpoint, then raises ``KeyboardInterrupt``; so does
-        SIGTERM (in the main thread), at the end of the step under way, raising ``Terminated``
-        (a ``KeyboardInterrupt``)."""
+        epochs, whichever comes first, or until ``training.early_stopping_patience``
+        evaluations in a row do not improve on the best; called again (after raising
+        ``max_steps``, say) it goes on from where this trainer stands. ``resume=True``
+        continues from the newest checkpoint in ``checkpoint_dir`` (from step 0 when there
+        is none), a path from that file. A fresh run refuses a ``checkpoint_dir`` that holds
+        another run's checkpoints unless ``overwrite`` (which deletes them, the best
+        checkpoint and the log). Every sample is validated against the data config's maxima
+        before the first step (``DataError``; nothing is truncated). Ctrl-C saves a
+        checkpoint, then raises ``KeyboardInterrupt``; so does SIGTERM (in the main thread),
+        at the end of the step under way, raising ``Terminated`` (a ``KeyboardInterrupt``).
+        The collating threads end with the call, whichever way it ends."""
         overwrite = flag("overwrite", overwrite)
         c = self.config
-        t, d = c.training, c.data
-        checked: list[TTSDataset] = []
+        train, held = self._checked_data(dataset, eval_dataset)
+        if c.training.test_sentences:  # before anything is written: what the child would fail on
+            from pyxtts.speak import check_test_sentences
+
+            check_test_sentences(c.training.test_sentences, c.training.xtts_dir, c.model.max_text_tokens,
+                                 samples_dir(self.checkpoint_dir))
+        fingerprint = _data_fingerprint(train.samples, c)
+        refs = self._reference_draw(train)
+        if refs is None and c.model.conditioning and train[0].cond is None:
+            self._say("note: the samples carry no reference recordings (ref_audio) or conditioning latents, so the "
+                      "conditioning encoder and perceiver are not trained; pyxtts prepare's shards carry them")
+        resumed = self._start(resume, overwrite, fingerprint)
+        continuing = resumed is not None or self.step > 0
+        self._data_fingerprint = fingerprint
+        effective = c.effective_batch_size
+        per_epoch = -(-len(train) // effective)  # the last, smaller batch is kept
+        t = c.training
+        total = t.max_steps if t.max_steps is not None else t.epochs * per_epoch
+        if t.max_steps is not None and t.epochs is not None:
+            total = min(total, t.epochs * per_epoch)
+        self.state.steps_per_epoch = per_epoch
+        self.state.stop_reason = None
+        run = Run(state=self.state, config=c, total_steps=total, continuing=continuing, log_path=self.log_path,
+                  checkpoint_dir=self.checkpoint_dir, eval_dataset=held, say=self._reporter.say,
+                  warn=self._reporter.warn, evaluate_with=self._evaluation, save_with=self._checkpoint,
+                  audio_with=self.callbacks.audio, optimizer=self.optimizer, model=self.model)
+        self._say(f"training {self.model.num_parameters:,} parameters on {self.device} ({t.precision}, "
+                  f"checkpointing {t.checkpointing}): {len(train)} samples, batch {effective} = "
+                  f"{c.data.batch_size} x {t.gradient_accumulation_steps} accumulation, {per_epoch} steps an epoch, "
+                  f"{total} steps in all")
+        t_start = time.perf_counter()
+        error: BaseException | None = None
+        with _stop_on_sigterm() as signals:  # around the Ctrl-C save too
+            try:
+                self.callbacks.fit_start(run)
+                if resumed is not None:
+                    self.callbacks.resume(run, resumed)
+                self.callbacks.train_start(run)
+                self._loop(run, train, refs, signals)
+                if self.state.stop_reason is None:
+                    self.state.stop_reason = ("max_steps" if t.max_steps is not None and self.step >= t.max_steps
+                                              else "epochs")
+                self.callbacks.train_end(run)
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:  # every path: the writers close, Ctrl-C saves (pyxtts.callbacks)
+                try:
+                    self.callbacks.fit_end(run, error)
+                finally:
+                    # the error's traceback holds this frame: dropped, so that no cycle keeps
+                    # the trainer (and its model's memory) alive after a failed fit
+                    error = None
+        return self._result(run, time.perf_counter() - t_start)
+
+    def _checked_data(self, dataset: Any, eval_dataset: Any) -> tuple[TTSDataset, TTSDataset | None]:
+        """Both sets as ``TTSDataset``s, every sample checked against the data config's maxima."""
+        checked: list[TTSDataset | None] = []
         for name, ds in (("dataset", dataset), ("eval_dataset", eval_dataset)):
             if ds is None:
+                checked.append(None)
                 continue
             if not isinstance(ds, Sequence) or len(ds) == 0:
                 raise ValueError(f"{name}: expected a non-empty sequence of samples (a TTSDataset)")
             checked.append(ds if isinstance(ds, TTSDataset) else TTSDataset(list(ds)))
-            checked[-1].validate(_data_limits(c))
-        fingerprint = _data_fingerprint(checked[0].samples, c)
-        refs = self._reference_draw(checked[0])
-        if refs is None and c.model.conditioning and checked[0][0].cond is None:
-            self._say("note: the samples carry no reference recordings (ref_audio) or conditioning latents, so the "
-                      "conditioning encoder and perceiver are not trained; pyxtts prepare's shards carry them")
-        say = self._say
+            checked[-1].validate(_data_limits(self.config))
+        train, held = checked
+        if train is None:
+            raise ValueError("dataset: expected a non-empty sequence of samples (a TTSDataset), got None")
+        patience = self.config.training.early_stopping_patience
+        if patience is not None and held is None:
+            raise ValueError(f"eval_dataset: expected evaluation samples, since training.early_stopping_patience "
+                             f"is {patience} (it counts evaluations); got None. Pass eval_dataset or set "
+                             "early_stopping_patience to null")
+        return train, held
+
+    def _start(self, resume: bool | str | os.PathLike, overwrite: bool, fingerprint: dict) -> Path | None:
+        """Resumes (the checkpoint resumed from), or checks that a fresh run may start in
+        ``checkpoint_dir`` (None). A fresh run removes a best checkpoint left there by a
+        run that wrote no step checkpoint: it is no part of the new run."""
         resumed = None
         if resume is not False:
             resumed = self._resume(resume, fingerprint)
@@ -428,133 +508,83 @@ class Trainer:
                 raise RunExistsError(self.checkpoint_dir, self.checkpoints()[-1])
             for p in self.checkpoints():
                 p.unlink()
-        self._data_fingerprint = fingerprint
-        effective = c.effective_batch_size
-        accum = t.gradient_accumulation_steps
+        if resumed is None and self.step == 0 and self.best_checkpoint.exists():
+            self.best_checkpoint.unlink()
+        return resumed
+
+    def _loop(self, run: Run, train: TTSDataset, refs: Any, signals: list[int]) -> None:
+        """The optimizer steps, until the run's end or a callback's ``Run.stop``."""
+        c, state = self.config, self.state
+        t, d = c.training, c.data
         bucket = d.bucket_size_multiplier if d.bucketing else 1
-        per_epoch = -(-len(dataset) // effective)  # the last, smaller batch is kept
-        total = t.max_steps if t.max_steps is not None else t.epochs * per_epoch
-        if t.max_steps is not None and t.epochs is not None:
-            total = min(total, t.epochs * per_epoch)
-        log = self._open_log(resumed is not None or self.step > 0)
-        progress = _Progress(self.progress, total, min(self.step, total))
-        say(f"training {self.model.num_parameters:,} parameters on {self.device} ({t.precision}, "
-            f"checkpointing {t.checkpointing}): {len(dataset)} samples, batch {effective} = "
-            f"{d.batch_size} x {accum} accumulation, {per_epoch} steps an epoch, {total} steps in all")
-        history: list[dict] = []
-        evals: list[dict] = []
-        last_ckpt: Path | None = resumed
-        last_eval: float | None = None
-        skipped_run = 0
         micro_cap: int | None = None  # largest micro-batch that fitted after an out-of-memory error
         window: deque = deque(maxlen=RATE_WINDOW)  # (tokens, seconds) of the latest steps: the rate shown
-        t_start = time.perf_counter()
-
-        def run_eval() -> None:
-            nonlocal last_eval
-            if eval_dataset is None:
-                return
-            t0 = time.perf_counter()
-            r = self.evaluate(eval_dataset)
-            rec = {"type": "eval", "step": self.step, "epoch": self.epoch, **r,
-                   "time_s": time.perf_counter() - t0}
-            evals.append(rec)
-            last_eval = r["loss"]
-            log.write(json.dumps(rec) + "\n")
-            log.flush()
-            say(f"step {self.step}: eval loss {r['loss']:.4f} (text {r['text_loss']:.4f}, "
-                f"audio {r['audio_loss']:.4f})")
-
-        stack = contextlib.ExitStack()
-        signals = stack.enter_context(_stop_on_sigterm())
-        try:
-            if resumed is None and self.step == 0:
-                run_eval()
-            while self.step < total:
-                if signals:
-                    raise Terminated(signals[0])
-                groups = batch_groups(dataset, effective, shuffle=d.shuffle, seed=d.shuffle_seed + self.epoch,
-                                      bucket_factor=bucket)
-                ahead = _collated(checked[0], groups[self.batch_in_epoch:], d.num_workers, c.model, refs,
-                                  self.epoch)
+        while state.step < run.total_steps and state.stop_reason is None:
+            if signals:
+                raise Terminated(signals[0])
+            groups = batch_groups(train, c.effective_batch_size, shuffle=d.shuffle, seed=d.shuffle_seed + state.epoch,
+                                  bucket_factor=bucket)
+            # closed on every way out of the block, so the collating threads end with it
+            with contextlib.closing(_collated(train, groups[state.batch_in_epoch:], d.num_workers, c.model, refs,
+                                              state.epoch)) as ahead:
                 for g, batch in ahead:
-                    if self.step >= total:
-                        break
-                    lr = self.schedule.apply(self.optimizer, self.step)
+                    lr = self.schedule.apply(self.optimizer, state.step)
                     t0 = time.perf_counter()
+                    accum = t.gradient_accumulation_steps
                     steps = accum if micro_cap is None else max(accum, -(-len(g) // micro_cap))
                     r = train_step_with_accumulation(self.model, self.optimizer, batch, steps)
                     # the update is applied: move the position before anything can interrupt
-                    self.step += 1
-                    self.batch_in_epoch += 1
+                    state.step += 1
                     if r.oom_splits:  # remembered: later steps start at the micro-batch that fitted
                         micro_cap = r.micro_batch_size
-                        say(f"step {self.step}: out of memory at micro-batch {-(-len(g) // steps)}; "
-                            f"going on with micro-batches of {micro_cap} (same effective batch)")
+                        self._say(f"step {state.step}: out of memory at micro-batch {-(-len(g) // steps)}; "
+                                  f"going on with micro-batches of {micro_cap} (same effective batch)")
                     rec = self._step_record(r, batch, lr, time.perf_counter() - t0)
                     window.append((r.text_tokens + r.audio_tokens, rec["step_time_s"]))
-                    rate = sum(n for n, _ in window) / max(sum(s for _, s in window), 1e-9)
-                    rec["tokens_per_s_avg"] = rate
-                    if t.enable_memory_cleanup and self.step % t.cleanup_interval == 0:
+                    rec["tokens_per_s_avg"] = sum(n for n, _ in window) / max(sum(s for _, s in window), 1e-9)
+                    if t.enable_memory_cleanup and state.step % t.cleanup_interval == 0:
                         rec["cleanup_released_bytes"] = cleanup_gpu_memory(self.device)
-                    history.append(rec)
-                    log.write(json.dumps(rec) + "\n")
-                    log.flush()
-                    progress.update(f"loss {r.loss:.4f}, {rate:,.0f} tok/s, "
-                                    f"mem {format_bytes(r.peak_memory_bytes)}")
-                    if self.step % t.log_interval == 0:
-                        say(f"step {self.step}/{total}: loss {r.loss:.4f} (text {r.text_loss:.4f}, "
-                            f"audio {r.audio_loss:.4f}), grad norm {r.grad_norm:.3g}, lr {lr:.3g}, "
-                            f"{rate:,.0f} tok/s, peak {format_bytes(r.peak_memory_bytes)}")
-                    skipped_run = skipped_run + 1 if r.skipped else 0
-                    if skipped_run >= MAX_SKIPPED[t.precision]:
-                        saved = (f"the newest checkpoint is {last_ckpt}" if last_ckpt is not None else
-                                 "no checkpoint of this run was written (the first was due at step "
-                                 f"{t.checkpoint_interval})")
-                        raise FloatingPointError(
-                            f"training diverged: {skipped_run} optimizer steps in a row had non-finite "
-                            f"gradients (the last at step {self.step}, loss {r.loss}); the model in memory "
-                            f"holds the parameters of step {self.step - skipped_run} (a skipped step changes "
-                            f"nothing); {saved}. Lower training.learning_rate, keep grad_clip, or use bf16 "
-                            "instead of fp16")
-                    if self.step % t.eval_interval == 0:
-                        run_eval()
-                    if self.step % t.checkpoint_interval == 0:
-                        last_ckpt = self.save()
+                    run.history.append(rec)
+                    self.callbacks.step_end(run, rec)
                     if signals:
                         raise Terminated(signals[0])
-                ahead.close()  # stops the collating threads when the run ends mid-epoch
-                if self.batch_in_epoch >= len(groups):
-                    self.epoch += 1
-                    self.batch_in_epoch = 0
-            if self.step % t.eval_interval != 0 and history:
-                run_eval()
-            if _checkpoint_step(last_ckpt) != self.step:  # the end is saved once
-                last_ckpt = self.save()
-        except KeyboardInterrupt as exc:
-            progress.close()
-            path = self.save()
-            why = f" by {signal.Signals(exc.signum).name}" if isinstance(exc, Terminated) else ""
-            print(f"\ninterrupted{why} at step {self.step}: saved {path}; continue with resume=True "
-                  "(pyxtts train --resume)", file=sys.stderr)
-            raise
-        finally:
-            stack.close()
-            progress.close()
-            log.close()
-        elapsed = time.perf_counter() - t_start
-        stopped = "max_steps" if t.max_steps is not None and self.step >= t.max_steps else "epochs"
+                    if state.step >= run.total_steps or state.stop_reason is not None:
+                        break
+
+    def _evaluation(self, run: Run) -> dict:
+        """Evaluates now on the run's evaluation set; the record goes to every callback."""
+        if run.eval_dataset is None:
+            raise ValueError("evaluate: this run has no eval_dataset")
+        t0 = time.perf_counter()
+        r = self.evaluate(run.eval_dataset)
+        rec = {"type": "eval", "step": self.step, "epoch": self.epoch, **r, "time_s": time.perf_counter() - t0}
+        run.evals.append(rec)
+        self.callbacks.evaluation(run, rec)
+        return rec
+
+    def _checkpoint(self, run: Run, path: str | os.PathLike | None = None, weights_only: bool = False) -> Path:
+        """``save(path, weights_only)``; the path goes to every callback."""
+        p = self.save(path, weights_only)
+        self.callbacks.checkpoint(run, p)
+        return p
+
+    def _result(self, run: Run, elapsed: float) -> FitResult:
+        history = run.history
         final = history[-1]["loss"] if history else None
+        last_eval = run.evals[-1]["loss"] if run.evals else None
+        ckpt = self.state.last_checkpoint
         if history:
             tok = sum(h["text_tokens"] + h["audio_tokens"] for h in history)
             train_s = sum(h["step_time_s"] for h in history)
-            say(f"done: step {self.step}, loss {history[0]['loss']:.4f} -> {final:.4f}"
-                + (f", eval loss {last_eval:.4f}" if last_eval is not None else "")
-                + f", {tok / train_s:,.0f} tok/s, peak {format_bytes(max(h['peak_allocated_bytes'] for h in history))}"
-                + f", {elapsed:.1f} s; checkpoint {last_ckpt}")
-        return FitResult(step=self.step, epoch=self.epoch, stopped=stopped, final_loss=final,
-                         eval_loss=last_eval, checkpoint=last_ckpt, log_path=self.log_path,
-                         elapsed_s=elapsed, history=history, evals=evals)
+            self._say(f"done: step {self.step}, loss {history[0]['loss']:.4f} -> {final:.4f}"
+                      + (f", eval loss {last_eval:.4f}" if last_eval is not None else "")
+                      + f", {tok / train_s:,.0f} tok/s, peak "
+                      + format_bytes(max(h["peak_allocated_bytes"] for h in history))
+                      + f", {elapsed:.1f} s; checkpoint {ckpt}")
+        best = self.best_checkpoint if self.best_checkpoint.exists() else None
+        return FitResult(step=self.step, epoch=self.epoch, stopped=self.state.stop_reason or "epochs",
+                         final_loss=final, eval_loss=last_eval, checkpoint=ckpt, log_path=self.log_path,
+                         elapsed_s=elapsed, history=history, evals=run.evals, best_checkpoint=best)
 
 
 def _collated(dataset: Sequence[Sample], groups: list, workers: int, model_config: Any, references: Any = None,
@@ -584,67 +614,62 @@ def _collated(dataset: Sequence[Sample], groups: list, workers: int, model_confi
                 nxt = next(todo, None)
                 if nxt is not None:
                     pending.append((nxt, pool.submit(collate_batch, nxt)))
-                yield g, future.result()
+                # a failed collation's error holds this frame in its traceback, and the
+                # future holds the error: let go of the future first, so that no cycle keeps
+                # the trainer (and its model's memory) alive after the error
+                box, future = [future], None
+                yield g, _take(box)
         finally:
             for _, f in pending:
                 f.cancel()
 
 
-def _data_fingerprint(samples: Sequence[Sample], config: XTTSConfig) -> dict:
-    """What fixes a run's sequence of batches: the samples (a digest of every id and
-    latent) and the batch settings. Saved with each checkpoint; resuming needs the same."""
-    h = hashlib.blake2b(digest_size=16)
-    for s in samples:
-        for a in (s.text, s.audio) + ((s.cond,) if s.cond is not None else ()):
-            a = np.ascontiguousarray(a)
-            h.update(np.array(a.shape, np.int64).tobytes())
-            h.update(a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes())
-    d = config.data
-    return {"samples": len(samples), "digest": h.hexdigest(), "effective_batch": config.effective_batch_size,
-            "shuffle": d.shuffle, "shuffle_seed": d.shuffle_seed,
-            "bucket_factor": d.bucket_size_multiplier if d.bucketing else 1}
-
-
-def _saved_extra(path: Path) -> dict:
-    """The ``extra`` metadata of a checkpoint, read without its tensors."""
-    from safetensors import safe_open
-
+def _take(box: list) -> Any:
+    """The result of the future ``box`` holds, the future dropped (from the box and from
+    this frame) before an error leaves."""
+    future = box.pop()
     try:
-        with safe_open(str(path), framework="numpy") as f:
-            meta = json.loads((f.metadata() or {})["pyxtts"])
-        extra = meta.get("extra")
-    except Exception as exc:  # safetensors raises its own error types
-        raise CheckpointError(f"{path}: not a readable pyxtts checkpoint: {type(exc).__name__}: {exc}") from exc
-    return extra if isinstance(extra, dict) else {}
+        return future.result()
+    finally:
+        del future
 
 
-_FINGERPRINT_NAMES = {"samples": "number of training samples", "digest": "training samples' contents",
-                      "effective_batch": "effective batch (data.batch_size x gradient_accumulation_steps)",
-                      "shuffle": "data.shuffle", "shuffle_seed": "data.shuffle_seed",
-                      "bucket_factor": "bucketing (data.bucketing, data.bucket_size_multiplier)"}
+def _steps_per_epoch(path: Any, step: int, epoch: int, batch: int, data: Any) -> int | None:
+    """The optimizer steps an epoch of the run a checkpoint saved (its position is
+    ``divmod(step, steps_per_epoch)``): from its data fingerprint, else from the position
+    it holds; None while it cannot be known (in the first epoch, of an older pyxtts).
+    A position that no length of epoch explains is refused."""
+    if isinstance(data, dict) and isinstance(data.get("samples"), int) and isinstance(data.get("effective_batch"), int):
+        per = -(-data["samples"] // max(data["effective_batch"], 1))
+    elif epoch > 0 and (step - batch) % epoch == 0:
+        per = (step - batch) // epoch
+    else:
+        per = None
+    if (per is None and (epoch, batch) != (0, step)) or (per is not None and (epoch, batch) != divmod(step, per)):
+        raise CheckpointError(f"{path}: its position in the data (epoch {epoch}, batch {batch}) does not follow "
+                              f"from its step {step}" + (f" at {per} steps an epoch" if per else "")
+                              + ": not a consistent checkpoint of Trainer.save")
+    return per
 
 
-def _check_fingerprint(path: Path, saved: Any, now: dict) -> None:
-    """ValueError naming what changed since ``path`` was saved (a checkpoint of an older
-    pyxtts, without a fingerprint, is not checked)."""
-    if not isinstance(saved, dict):
-        return
-    changed = [f"{_FINGERPRINT_NAMES[k]}: {saved.get(k)!r} then, {v!r} now" for k, v in now.items()
-               if k != "digest" and saved.get(k) != v]
-    if saved.get("digest") != now["digest"] and saved.get("samples") == now["samples"]:
-        changed.append("the training samples' contents differ (same number of samples)")
-    if changed:
-        raise ValueError(
-            f"resume: {path} was saved by a run on other data or batch settings, so its position in the data "
-            f"means nothing here; changed: {'; '.join(changed)}. Resume with the same data and settings, or "
-            f"start a new run from its weights (training.init_checkpoint: {path}, in another checkpoint_dir "
-            "or overwriting this one)")
-
-
-def _checkpoint_step(path: Path | None) -> int | None:
-    """N of a step_<N>.safetensors path, None for anything else."""
-    m = CHECKPOINT_RE.fullmatch(path.name) if path is not None else None
-    return int(m.group(1)) if m else None
+def run_checkpoint(checkpoint_dir: str | os.PathLike, which: str) -> Path:
+    """The checkpoint ``which`` names in a run's ``checkpoint_dir``: "best" (the lowest
+    evaluation loss) or "latest" (the newest step checkpoint). FileNotFoundError when the
+    run has none."""
+    if which not in ("best", "latest"):
+        raise ValueError(f"which: expected 'best' or 'latest', got {which!r}")
+    folder = Path(checkpoint_dir)
+    if which == "best":
+        path = folder / BEST_NAME
+        if not path.is_file():
+            raise FileNotFoundError(f"no best checkpoint in {folder} ({BEST_NAME} is written at the evaluations of "
+                                    "a run with evaluation data)")
+        return path
+    found = sorted((int(m.group(1)), p) for p in (folder.iterdir() if folder.is_dir() else [])
+                   if (m := CHECKPOINT_RE.fullmatch(p.name)))
+    if not found:
+        raise FileNotFoundError(f"no step checkpoint (step_<N>.safetensors) in {folder}")
+    return found[-1][1]
 
 
 def _data_limits(config: XTTSConfig):

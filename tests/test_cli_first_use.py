@@ -69,7 +69,11 @@ def test_a_second_plain_run_is_refused_and_deletes_nothing(tmp_path):
     # --overwrite starts over, as documented
     r = pyxtts_cli(tmp_path, "train", "--max-steps", "1", "--no-progress", "--overwrite")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert sorted(p.name for p in ck.iterdir()) == ["step_00000001.safetensors", "train_log.jsonl"]
+    # the best checkpoint (the demo evaluates) and TensorBoard's event file (where the
+    # package is installed) are the new run's too
+    assert sorted(p.name for p in ck.iterdir() if not p.name.startswith("events.out.tfevents.")) == \
+        ["best.safetensors", "step_00000001.safetensors", "train_log.jsonl"]
+    assert len([p for p in ck.iterdir() if p.name.startswith("events.out.tfevents.")]) <= 1
     assert train_steps(ck) == [1]
 
 
@@ -169,7 +173,9 @@ def test_divergence_says_what_was_saved(tmp_path):
         in r.stderr
     assert "the model in memory holds the parameters of step 1" in r.stderr
     assert "no checkpoint of this run was written (the first was due at step 1000)" in r.stderr
-    assert not list((tmp_path / "ckpt").glob("*.safetensors"))
+    # the evaluation before the first step wrote the best checkpoint: the step-0 weights
+    assert f"the weights of the lowest eval loss are in {tmp_path}/ckpt/best.safetensors" in r.stderr
+    assert [p.name for p in (tmp_path / "ckpt").glob("*.safetensors")] == ["best.safetensors"]
     cfg = tiny_config(tmp_path, lr=1e30, steps=30, ckpt="ckpt2", interval=1, wd=0.0)
     r = pyxtts_cli(tmp_path, "train", "--config", str(cfg), "--synthetic", "8", "--no-progress")
     assert r.returncode == 1, r.stderr
@@ -211,7 +217,7 @@ def test_sigterm_saves_and_exits_like_ctrl_c(tmp_path):
     last = steps[-1]
     assert steps == list(range(1, last + 1)) and last < 100_000
     assert f"interrupted by SIGTERM at step {last}: saved {tmp_path}/ckpt/step_{last:08d}.safetensors" in err
-    assert [p.name for p in (tmp_path / "ckpt").glob("*.safetensors")] == [f"step_{last:08d}.safetensors"]
+    assert [p.name for p in (tmp_path / "ckpt").glob("step_*.safetensors")] == [f"step_{last:08d}.safetensors"]
     r = pyxtts_cli(tmp_path, "train", "--config", str(cfg), "--synthetic", "8", "--no-progress", "--resume",
                    "--max-steps", str(last + 2))
     assert r.returncode == 0, r.stderr[-2000:]
@@ -403,8 +409,9 @@ def test_checkpoints_get_the_mode_of_any_new_file(tmp_path):
     code = "import os, sys\nos.umask(0o022)\n" + CLI
     r = run_python(code, "train", "--config", str(cfg), "--synthetic", "4", "--no-progress", cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr[-2000:]
-    (ck,) = (tmp_path / "ckpt").glob("*.safetensors")
+    (ck,) = (tmp_path / "ckpt").glob("step_*.safetensors")
     assert ck.stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "ckpt" / "best.safetensors").stat().st_mode & 0o777 == 0o644
     code = "import os, sys\nos.umask(0o077)\n" + CLI
     r = run_python(code, "train", "--config", str(cfg), "--synthetic", "4", "--no-progress", "--overwrite",
                    cwd=str(tmp_path))

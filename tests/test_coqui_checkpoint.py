@@ -229,6 +229,36 @@ def test_cli_export(base, tmp_path, capsys):
     assert rc == 2 and "pyxtts export:" in capsys.readouterr().err
 
 
+def test_cli_export_best_and_latest_of_a_run(base, tmp_path, capsys):
+    """`--checkpoint best` is the run's best.safetensors, `latest` its newest step
+    checkpoint, found in --checkpoint-dir or in --config's training.checkpoint_dir."""
+    cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
+    run = tmp_path / "run"
+    best, newest = pyxtts.XTTSGPT(cfg, seed=3), pyxtts.XTTSGPT(cfg, seed=4)
+    pyxtts.save_checkpoint(run / "best.safetensors", best, step=4)
+    pyxtts.save_checkpoint(run / "step_00000002.safetensors", pyxtts.XTTSGPT(cfg, seed=5), step=2)
+    pyxtts.save_checkpoint(run / "step_00000010.safetensors", newest, step=10)
+    rc = pyxtts.cli.main(["export", "--checkpoint", "best", "--checkpoint-dir", str(run), "--base", str(base),
+                          "--out", str(tmp_path / "b")])
+    assert rc == 0, capsys.readouterr().err
+    assert f"90 GPT tensors from {run / 'best.safetensors'}" in capsys.readouterr().out
+    assert coqui_load(tmp_path / "b")["gpt.mel_head.weight"].tobytes() == \
+        best.state_dict()["mel_head.weight"].tobytes()
+    yaml = tmp_path / "run.yaml"
+    yaml.write_text("training:\n  checkpoint_dir: run\n")  # relative to the file's folder
+    rc = pyxtts.cli.main(["export", "--checkpoint", "latest", "--config", str(yaml), "--base", str(base),
+                          "--out", str(tmp_path / "l")])
+    assert rc == 0, capsys.readouterr().err
+    assert coqui_load(tmp_path / "l")["gpt.mel_head.weight"].tobytes() == \
+        newest.state_dict()["mel_head.weight"].tobytes()
+    (run / "best.safetensors").unlink()
+    rc = pyxtts.cli.main(["export", "--checkpoint", "best", "--checkpoint-dir", str(run), "--base", str(base),
+                          "--out", str(tmp_path / "n")])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"pyxtts export: --checkpoint best: no best checkpoint in {run}" in err
+    assert not (tmp_path / "n").exists()
+
+
 def test_config_json_of_the_export_is_the_bases(base, tmp_path):
     cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
     pyxtts.export_xtts_checkpoint(pyxtts.XTTSGPT(cfg), base, tmp_path / "o")

@@ -16,12 +16,15 @@ A trial passes when one of these holds:
   a step of another shape frees the old arena first: docs/hardening.md, "What a failure leaves unchanged";
   then ``arena_bytes`` is 0). ``Trainer.fit`` is a loop of committed steps: a raise there
   must leave exactly the state of a clean run stopped at the trainer's ``step`` (0, 1 or 2
-  steps), and every checkpoint on disk byte-identical to the clean run's of that name;
+  steps), and every checkpoint on disk byte-identical to the clean run's of that name; the
+  best checkpoint, written at an evaluation before the fault, holds the parameters a clean
+  run had at the step it names;
 - or the call returned, and its result, the state after it and the change of
   ``memory_allocated`` are exactly those of the clean call (results compared field by
   field: every tensor by its bits, numbers by ==; timings and peak-memory figures left
   out; checkpoint files by their tensors and metadata, since two saves of one state order
-  the safetensors header's metadata keys differently); for
+  the safetensors header's metadata keys differently; the logs, JSONL and TensorBoard's,
+  are left out too); for
   ``train_step_with_accumulation`` that recovered by halving its micro-batch, exactly those
   of the clean call at the micro-batch that fitted, as its docstring states; for
   ``find_optimal_batch_size`` whose verification step failed, a smaller size (documented),
@@ -360,7 +363,10 @@ def snapshot(w: World) -> dict:
         s["dropout_seed"], s["dropout_step"] = w.model.dropout_seed, w.model.dropout_step
     if w.trainer is not None:
         s["position"] = (w.trainer.step, w.trainer.epoch, w.trainer.batch_in_epoch)
-    files = sorted(p for p in w.dir.rglob("*") if p.is_file() and p.name != LOG_NAME) if w.dir.is_dir() else []
+    # the logs are left out: the JSONL log, and TensorBoard's event files, whose names hold
+    # the time and the process
+    files = sorted(p for p in w.dir.rglob("*") if p.is_file() and p.name != LOG_NAME
+                   and not p.name.startswith("events.out.tfevents.")) if w.dir.is_dir() else []
     s["files"] = [str(p.relative_to(w.dir)) for p in files]
     for p in files:
         s[f"file {p.relative_to(w.dir)}"] = np.frombuffer(p.read_bytes(), np.uint8)
@@ -462,17 +468,25 @@ def _judge(case: Case, root: Path, t: dict, clean: dict, references: dict, prefi
         if t["host_delta"] != 0:
             return f"memory_allocated('host') changed by {t['host_delta']}"
         got, want = t["after"], t["before"]
+        best_diff: list[str] = []
+        if case.prefix_ok and BEST in got["files"]:  # judged on its own, then left out
+            best_diff = _best_diff(case, root, got, t["before"], prefixes)
+            got = {k: v for k, v in got.items() if not k.startswith(f"file {BEST}")}
+            got["files"] = [f for f in got["files"] if f != BEST]
         if case.prefix_ok and t["step"] > 0:  # the state of the steps it took
             want = _prefix(case, root, t["step"], prefixes)
+            want = {k: v for k, v in want.items() if not k.startswith(f"file {BEST}")}
         if case.prefix_ok and t["step"] > 0:
             per_epoch = t["per_epoch"]
             got, want = _position(got, per_epoch), _position(want, per_epoch)
             diff = state_diff(_no_files(got), _no_files(want))
             diff += [k for k in got["files"] if k not in clean["after"]["files"]]
-            mine, theirs = _files(_contents(got)), _files(_contents(clean["after"]))
+            mine = _files(_contents(got))
+            theirs = {k: v for k, v in _files(_contents(clean["after"])).items() if not k.startswith(f"file {BEST}")}
             diff += [k for k in mine if k not in theirs or not same_value(mine[k], theirs[k])]
         else:
             diff = state_diff(got, want)
+        diff += best_diff
         return f"raised {kind.__name__} with state changed: {diff[:8]}" if diff else ""
     ref, digest = clean, t["digest"]
     micro = digest.get("micro_batch_size")
@@ -491,6 +505,23 @@ def _judge(case: Case, root: Path, t: dict, clean: dict, references: dict, prefi
     if t["host_delta"] != ref["host_delta"]:
         diff.append("memory_allocated('host')")
     return f"returned with another result or state: {diff[:8]}" if diff else ""
+
+
+BEST = "best.safetensors"
+
+
+def _best_diff(case: Case, root: Path, got: dict, before: dict, prefixes: dict) -> list[str]:
+    """What differs between the best checkpoint a failed fit left and the parameters a
+    clean run had at the step the checkpoint names (before the fit, for step 0)."""
+    raw = got[f"file {BEST}"].tobytes()
+    n = int.from_bytes(raw[:8], "little")
+    step = int(json.loads(json.loads(raw[8:8 + n])["__metadata__"]["pyxtts"])["step"])
+    if step > got["position"][0]:
+        return [f"{BEST} of step {step}, after the trainer's step {got['position'][0]}"]
+    clean = before if step == 0 else _prefix(case, root, step, prefixes)
+    tensors = safetensors.numpy.load(raw)
+    params = {k[2:]: v for k, v in clean.items() if k.startswith("p.")}
+    return [f"{BEST} {name}" for name, v in params.items() if not same_value(tensors.get(f"model.{name}"), v)]
 
 
 def _position(snap: dict, per_epoch: int) -> dict:

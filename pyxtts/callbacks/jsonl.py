@@ -1,0 +1,62 @@
+"""The JSONL log: one object per optimizer step (``"type": "train"``) and per evaluation
+(``"type": "eval"``), flushed as written, so a run's numbers survive a crash."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import IO
+
+from pyxtts.callbacks.base import Callback, Run
+
+__all__ = ["JSONLLog"]
+
+
+def trim_log(path: Path, step: int) -> None:
+    """Keeps the records of ``path`` up to ``step`` (atomically): a resumed run takes the
+    steps after its checkpoint again, and each step is to be logged once. A line cut short
+    by a crash is dropped."""
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and int(rec.get("step", 0)) <= step:
+            kept.append(line)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class JSONLLog(Callback):
+    """Writes ``run.log_path``: a fresh run starts it anew, a continuing one keeps what the
+    checkpoint covers and appends."""
+
+    def __init__(self) -> None:
+        self.file: IO[str] | None = None
+
+    def on_fit_start(self, run: Run) -> None:
+        path = run.log_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if run.continuing and path.exists():
+            trim_log(path, run.state.step)
+            self.file = open(path, "a", encoding="utf-8")
+        else:
+            self.file = open(path, "w", encoding="utf-8")
+
+    def _write(self, record: dict) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+    def on_step_end(self, run: Run, record: dict) -> None:
+        self._write(record)
+
+    def on_evaluation(self, run: Run, record: dict) -> None:
+        self._write(record)
+
+    def on_fit_end(self, run: Run, error: BaseException | None) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None

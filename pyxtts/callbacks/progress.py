@@ -1,0 +1,69 @@
+"""What a person watching the run reads: a tqdm bar (on a terminal or in a notebook) and
+a line every ``training.log_interval`` steps and at each evaluation (readable in a log
+file too). ``progress=False`` silences both; ``Reporter.warn`` lines are shown anyway."""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from pyxtts.callbacks.base import Callback, Run
+from pyxtts.memory import format_bytes
+
+__all__ = ["Progress", "Reporter"]
+
+
+class Reporter:
+    """The one way the trainer and its callbacks speak to the user: through tqdm, so a
+    live bar stays below the lines. ``say`` is silent with ``enabled`` false; ``warn``
+    (a checkpoint that cannot be used, an interrupted run) is not. Only rank 0 speaks."""
+
+    def __init__(self, enabled: bool, rank: int = 0) -> None:
+        self.enabled = enabled
+        self.rank = rank
+
+    def say(self, line: str) -> None:
+        if self.enabled:
+            self.warn(line)
+
+    def warn(self, line: str) -> None:
+        if self.rank != 0:
+            return
+        from tqdm import tqdm
+
+        tqdm.write(line, file=sys.stderr)
+
+
+class Progress(Callback):
+    """The bar (loss, tokens/s over the last steps, the step's peak memory) and the lines."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.bar: Any = None
+
+    def on_fit_start(self, run: Run) -> None:
+        if not self.enabled:
+            return
+        from tqdm import tqdm
+
+        live = sys.stderr.isatty() or "ipykernel" in sys.modules
+        self.bar = tqdm(total=run.total_steps, initial=min(run.state.step, run.total_steps), unit="step",
+                        desc="train", dynamic_ncols=True, mininterval=0.5, file=sys.stderr, disable=not live)
+
+    def on_step_end(self, run: Run, record: dict) -> None:
+        rate, peak = record["tokens_per_s_avg"], format_bytes(record["peak_allocated_bytes"])
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"loss {record['loss']:.4f}, {rate:,.0f} tok/s, mem {peak}", refresh=False)
+            self.bar.update(1)
+        if record["step"] % run.config.training.log_interval == 0:
+            run.say(f"step {record['step']}/{run.total_steps}: loss {record['loss']:.4f} (text "
+                    f"{record['text_loss']:.4f}, audio {record['audio_loss']:.4f}), grad norm "
+                    f"{record['grad_norm']:.3g}, lr {record['lr']:.3g}, {rate:,.0f} tok/s, peak {peak}")
+
+    def on_evaluation(self, run: Run, record: dict) -> None:
+        run.say(f"step {record['step']}: eval loss {record['loss']:.4f} (text {record['text_loss']:.4f}, "
+                f"audio {record['audio_loss']:.4f})")
+
+    def on_fit_end(self, run: Run, error: BaseException | None) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

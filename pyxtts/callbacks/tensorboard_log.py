@@ -1,0 +1,154 @@
+"""TensorBoard event files of a run, beside its JSONL log in the run's folder
+(``events.out.tfevents.<time>.<host>.<pid>.<n>.<log name>``; ``tensorboard --logdir`` the
+folder): the numbers of the log's records as scalars, the run's config as text, and the
+test sentences spoken at each evaluation (``training.test_sentences``) as audio.
+
+Written with the ``tensorboard`` package's own event-file reader, writer and protocol
+buffers (no TensorFlow, no torch), imported when the run starts: without the package
+(``pip install 'pyxtts[tensorboard]'``) one line says so and the run goes on. The folder
+holds one event file: a resumed run copies the events up to its checkpoint's step into a
+new one and removes the old, as the JSONL log is trimmed, so each step shows once (event
+files of one process in one second do not sort in the order they were written, so
+TensorBoard's own restart markers cannot be relied on)."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from pyxtts.callbacks.base import Callback, Run
+
+__all__ = ["EVAL_SCALARS", "TRAIN_SCALARS", "TensorBoardLog", "event_files", "tensorboard_dir"]
+
+# tag -> key of the JSONL record it is taken from
+TRAIN_SCALARS = {
+    "train/loss": "loss", "train/text_loss": "text_loss", "train/audio_loss": "audio_loss",
+    "train/learning_rate": "lr", "train/grad_norm": "grad_norm", "train/skipped_step": "skipped",
+    "train/loss_scale": "loss_scale", "train/tokens_per_s": "tokens_per_s",
+    "train/tokens_per_s_avg": "tokens_per_s_avg", "train/micro_batch_size": "micro_batch_size",
+    "train/accumulation_steps": "accumulation_steps", "train/oom_splits": "oom_splits",
+    "memory/peak_allocated_bytes": "peak_allocated_bytes", "memory/rss_bytes": "rss_bytes",
+    "memory/optimizer_host_bytes": "optimizer_host_bytes",
+}
+EVAL_SCALARS = {"eval/loss": "loss", "eval/text_loss": "text_loss", "eval/audio_loss": "audio_loss"}
+INSTALL_HINT = ("note: TensorBoard logging is off because the tensorboard package is not installed; "
+                "pip install 'pyxtts[tensorboard]' turns it on")
+
+
+def tensorboard_dir(log_path: Path) -> Path:
+    """The event files' folder of the JSONL log ``log_path``: its own."""
+    return log_path.parent
+
+
+def event_files(log_path: Path) -> list[Path]:
+    """The event files of the JSONL log ``log_path`` (named after it, so that a folder
+    holding other runs' logs keeps theirs)."""
+    return sorted(tensorboard_dir(log_path).glob(f"events.out.tfevents.*.{log_path.stem}"))
+
+
+class _Writer:
+    """The tensorboard package's pieces this module uses, imported together."""
+
+    def __init__(self, folder: Path, suffix: str) -> None:
+        from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
+        from tensorboard.plugins.audio import metadata as audio_metadata
+        from tensorboard.plugins.scalar import metadata as scalar_metadata
+        from tensorboard.plugins.text import metadata as text_metadata
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self.event_pb2, self.summary_pb2, self.tensor_pb2 = event_pb2, summary_pb2, tensor_pb2
+        self.shape_pb2 = tensor_shape_pb2
+        self.audio_meta = audio_metadata.create_summary_metadata(
+            display_name=None, description=None, encoding=audio_metadata.Encoding.Value("WAV"))
+        self.scalar_meta = summary_pb2.SummaryMetadata(
+            plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=scalar_metadata.PLUGIN_NAME),
+            data_class=summary_pb2.DataClass.DATA_CLASS_SCALAR)
+        self.text_meta = text_metadata.create_summary_metadata(display_name=None, description=None)
+        # flushed every few seconds as well as at the end, so a crash loses little
+        self.file = EventFileWriter(str(folder), flush_secs=5, filename_suffix=suffix)
+
+    def _event(self, step: int, wall_time: float) -> Any:
+        return self.event_pb2.Event(wall_time=wall_time, step=step)
+
+    def scalars(self, step: int, values: dict[str, float], wall_time: float) -> None:
+        event = self._event(step, wall_time)
+        for tag, v in values.items():
+            # float64, so that the numbers are the log's to the last bit
+            tensor = self.tensor_pb2.TensorProto(dtype="DT_DOUBLE", double_val=[float(v)])
+            event.summary.value.add(tag=tag, tensor=tensor, metadata=self.scalar_meta)
+        self.file.add_event(event)
+
+    def text(self, step: int, tag: str, text: str) -> None:
+        event = self._event(step, time.time())
+        tensor = self.tensor_pb2.TensorProto(dtype="DT_STRING", string_val=[text.encode("utf-8")])
+        event.summary.value.add(tag=tag, tensor=tensor, metadata=self.text_meta)
+        self.file.add_event(event)
+
+    def audio(self, step: int, tag: str, wav: bytes, label: str) -> None:
+        """One encoded WAV clip and its label, as TensorBoard's audio plugin reads them: a
+        (clips, 2) string tensor of [audio, label] rows."""
+        event = self._event(step, time.time())
+        dims = [self.shape_pb2.TensorShapeProto.Dim(size=1), self.shape_pb2.TensorShapeProto.Dim(size=2)]
+        tensor = self.tensor_pb2.TensorProto(dtype="DT_STRING", string_val=[wav, label.encode("utf-8")],
+                                             tensor_shape=self.shape_pb2.TensorShapeProto(dim=dims))
+        event.summary.value.add(tag=tag, tensor=tensor, metadata=self.audio_meta)
+        self.file.add_event(event)
+
+    def copy(self, path: Path, until: int) -> None:
+        """The summary events of the event file ``path`` up to step ``until``, in order."""
+        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+        for event in EventFileLoader(str(path)).Load():
+            if event.HasField("summary") and event.step <= until:
+                self.file.add_event(event)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class TensorBoardLog(Callback):
+    def __init__(self) -> None:
+        self.writer: _Writer | None = None
+        self.told = False  # the missing package is said once per trainer
+
+    def on_fit_start(self, run: Run) -> None:
+        try:
+            import tensorboard  # noqa: F401 - only whether it is there
+        except ImportError:
+            if not self.told:
+                run.say(INSTALL_HINT)
+                self.told = True
+            return
+        folder = tensorboard_dir(run.log_path)
+        folder.mkdir(parents=True, exist_ok=True)
+        earlier = event_files(run.log_path)
+        self.writer = _Writer(folder, "." + run.log_path.stem)
+        if run.continuing:  # what the checkpoint covers goes on; a fresh run starts anew
+            for path in earlier:
+                self.writer.copy(path, run.state.step)
+            self.writer.file.flush()  # on disk before the old files go
+        for path in earlier:
+            path.unlink()
+        config = json.dumps(run.config.to_dict(), indent=2)
+        # TensorBoard's text tab renders Markdown: four spaces make it a code block
+        self.writer.text(run.state.step, "config", "\n".join("    " + line for line in config.splitlines()))
+
+    def on_step_end(self, run: Run, record: dict) -> None:
+        if self.writer is not None:
+            values = {t: record[k] for t, k in TRAIN_SCALARS.items() if record.get(k) is not None}
+            self.writer.scalars(record["step"], values, record["time"])
+
+    def on_evaluation(self, run: Run, record: dict) -> None:
+        if self.writer is not None:
+            self.writer.scalars(record["step"], {t: record[k] for t, k in EVAL_SCALARS.items()}, time.time())
+
+    def on_audio(self, run: Run, step: int, clips: list[tuple[Path, str]]) -> None:
+        if self.writer is not None:
+            for i, (path, text) in enumerate(clips):
+                self.writer.audio(step, f"samples/{i}", path.read_bytes(), text)
+
+    def on_fit_end(self, run: Run, error: BaseException | None) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None

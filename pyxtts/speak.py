@@ -1,0 +1,179 @@
+"""Test sentences spoken by Coqui's XTTS inference, in a child process.
+
+A run with ``training.test_sentences`` hears its model at each evaluation: the trainer
+exports the current weights into a Coqui XTTS folder and runs this module as a child
+process (``python -m pyxtts.speak EXPORT_DIR SPEC.json OUT_DIR``), which loads Coqui's
+``Xtts`` and writes ``OUT_DIR/<i>.wav`` (16-bit PCM at Coqui's output rate). torch,
+Coqui and the whole model live in the child only, so the trainer's memory never grows.
+
+``check_test_sentences`` refuses, before any step, what the child would fail on: a
+missing reference clip, a language the XTTS folder does not speak, a sentence of more
+text tokens than the model takes, a samples folder that cannot be written."""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import wave
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["SAMPLE_RATE_IN", "check_test_sentences", "coqui_installed", "speak"]
+
+SAMPLE_RATE_IN = 22050  # what Coqui's conditioning encoders read
+CHILD_TIMEOUT_S = 1800  # a child that hangs does not hold the run for ever
+
+
+def coqui_installed() -> bool:
+    """Whether coqui-tts is installed, asked of the package metadata: nothing is imported."""
+    try:
+        importlib.metadata.version("coqui-tts")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def check_test_sentences(sentences: list[dict], xtts_dir: str | os.PathLike, max_text_tokens: int,
+                         samples_dir: Path) -> None:
+    """ValueError (or FileNotFoundError) naming the entry and field of
+    ``training.test_sentences`` that cannot be spoken, before any step."""
+    folder = Path(xtts_dir)
+    for name in ("config.json", "vocab.json", "model.pth"):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"training.xtts_dir: expected a Coqui XTTS folder holding {name}, "
+                                    f"got {str(folder)!r} (it has no {name})")
+    try:
+        languages = json.loads((folder / "config.json").read_text(encoding="utf-8"))["languages"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"training.xtts_dir: {folder / 'config.json'} names no languages ({exc})") from exc
+    tokenizer = _tokenizer(folder / "vocab.json")
+    for i, s in enumerate(sentences):
+        where = f"training.test_sentences[{i}]"
+        ref = Path(s["reference"])
+        if not ref.is_file():
+            raise FileNotFoundError(f"{where}.reference: expected a recording of the voice to clone, got "
+                                    f"{str(ref)!r}, which is not a file")
+        _read_audio(ref, f"{where}.reference")
+        lang = s["language"]
+        if lang not in languages and lang.split("-")[0] not in languages:
+            raise ValueError(f"{where}.language: expected one of the languages of {folder.name} "
+                             f"({', '.join(languages)}), got {lang!r}")
+        if tokenizer is not None:
+            # Coqui lower-cases the sentence, then takes fewer tokens than the model's maximum
+            n = len(tokenizer.encode(s["text"].strip().lower(), lang))
+            if n >= max_text_tokens:
+                raise ValueError(f"{where}.text: expected fewer than {max_text_tokens} text tokens (the "
+                                 f"model's max_text_tokens), got {n} for {s['text']!r}; shorten it")
+    try:
+        samples_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=samples_dir):
+            pass
+    except OSError as exc:
+        raise ValueError(f"training.test_sentences: the samples folder {str(samples_dir)!r} cannot be written "
+                         f"({exc.strerror or exc}); set training.checkpoint_dir to a writable folder") from None
+
+
+def _tokenizer(vocab: Path) -> Any:
+    """XTTS's tokenizer over ``vocab``, or None without the tokenizers package (then the
+    child reports a sentence too long, as Coqui does)."""
+    try:
+        from pyxtts.prepare.text import XTTSTokenizer
+
+        return XTTSTokenizer(vocab)
+    except ImportError:
+        return None
+
+
+def speak(export_dir: Path, sentences: list[dict], out_dir: Path, seed: int) -> list[Path]:
+    """``out_dir/<i>.wav`` for each sentence, spoken by the XTTS folder ``export_dir`` in a
+    child process (its sampling seeded with ``seed``). RuntimeError with the child's
+    last output when it fails."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec = out_dir / "sentences.json"
+    spec.write_text(json.dumps({"seed": seed, "sentences": sentences}, ensure_ascii=False), encoding="utf-8")
+    try:
+        # run in out_dir: "-m" puts the working directory first on the child's path, and a
+        # checkout's pyxtts/ source folder there would hide the installed package
+        r = subprocess.run([sys.executable, "-m", "pyxtts.speak", str(export_dir.resolve()), str(spec.resolve()),
+                            str(out_dir.resolve())], capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
+                           cwd=out_dir)
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"speaking the test sentences took more than {CHILD_TIMEOUT_S} s") from exc
+    finally:
+        spec.unlink(missing_ok=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"speaking the test sentences failed (exit {r.returncode}): {r.stderr[-2000:]}")
+    return [out_dir / f"{i}.wav" for i in range(len(sentences))]
+
+
+def _read_audio(path: Path, where: str) -> tuple[np.ndarray, int]:
+    """(mono float32 samples, rate) of an audio file; soundfile reads every format, the
+    standard library 16-bit PCM WAV. ValueError naming ``where`` for a file neither reads."""
+    try:
+        import soundfile
+
+        try:
+            data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+        except Exception as exc:  # noqa: BLE001 - soundfile raises its own error types
+            raise ValueError(f"{where}: {str(path)!r} is not a readable audio file ({exc})") from None
+        return data.mean(axis=1), int(rate)
+    except ImportError:
+        pass
+    try:
+        with wave.open(str(path), "rb") as w:
+            if w.getsampwidth() != 2:
+                raise ValueError(f"{where}: {str(path)!r}: only 16-bit WAV reads without the soundfile package")
+            raw = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").reshape(-1, w.getnchannels())
+            return raw.mean(axis=1).astype(np.float32) / 32768.0, w.getframerate()
+    except (wave.Error, EOFError) as exc:
+        raise ValueError(f"{where}: {str(path)!r} is not a readable audio file ({exc})") from None
+
+
+def write_wav(path: Path, samples: np.ndarray, rate: int) -> None:
+    """16-bit PCM WAV, clipped to [-1, 1]."""
+    pcm = (np.clip(np.asarray(samples, dtype=np.float32).reshape(-1), -1.0, 1.0) * 32767).astype("<i2")
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.tobytes())
+
+
+def main(argv: list[str]) -> int:
+    """The child: EXPORT_DIR SPEC.json OUT_DIR."""
+    export_dir, spec_path, out_dir = (Path(a) for a in argv)
+    spec = json.loads(spec_path.read_text(encoding="utf-8"))
+    import torch
+    from TTS.tts.configs.xtts_config import XttsConfig
+    from TTS.tts.models.xtts import Xtts
+
+    config = XttsConfig()
+    config.load_json(str(export_dir / "config.json"))
+    model = Xtts.init_from_config(config)
+    model.load_checkpoint(config, checkpoint_dir=str(export_dir), eval=True)
+    torch.manual_seed(int(spec["seed"]))
+    for i, s in enumerate(spec["sentences"]):
+        # the clip read here, not by Coqui's torchaudio loader (whose codecs may be absent);
+        # then Coqui's own get_conditioning_latents steps
+        data, rate = _read_audio(Path(s["reference"]), f"test_sentences[{i}].reference")
+        audio = torch.from_numpy(data)[None]
+        if rate != SAMPLE_RATE_IN:
+            import torchaudio  # Coqui's dependency; only its resampler, no codec
+
+            audio = torchaudio.functional.resample(audio, rate, SAMPLE_RATE_IN)
+        audio = audio[:, : SAMPLE_RATE_IN * int(config.max_ref_len)]
+        embedding = model.get_speaker_embedding(audio, SAMPLE_RATE_IN)
+        latents = model.get_gpt_cond_latents(audio, SAMPLE_RATE_IN, length=config.gpt_cond_len,
+                                             chunk_length=config.gpt_cond_chunk_len)
+        out = model.inference(s["text"], s["language"], latents, embedding)
+        write_wav(out_dir / f"{i}.wav", np.asarray(out["wav"]), int(config.audio.output_sample_rate))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,191 @@
+"""training.test_sentences: spoken at each evaluation by Coqui's inference in a child
+process, written as WAV files and into TensorBoard's audio tab; refused before any step
+when they cannot be spoken; a note and no samples without coqui-tts (issue 25, part 3)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pyxtts
+from coqui import require_coqui
+from conftest import SEED
+from fixtures_xtts import SMALL_ARGS, write_vocab, write_xtts_folder
+from pyxtts import SyntheticDataset, Trainer, XTTSConfig
+from pyxtts.callbacks import samples_dir
+from pyxtts.callbacks.samples import INSTALL_HINT
+from pyxtts.speak import write_wav
+
+pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
+
+
+def reference_clip(path: Path, rng: np.random.Generator, seconds: float = 3.0, rate: int = 22050) -> Path:
+    write_wav(path, 0.1 * rng.standard_normal(int(seconds * rate)).astype(np.float32), rate)
+    return path
+
+
+def fake_xtts_dir(folder: Path) -> Path:
+    """What the checks before training read of an XTTS folder: config.json's languages,
+    vocab.json's tokenizer and that model.pth is there (nothing loads it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"languages": ["en", "de", "zh-cn"]}))
+    write_vocab(folder / "vocab.json", SMALL_ARGS["gpt_number_text_tokens"])
+    (folder / "model.pth").write_bytes(b"")
+    return folder
+
+
+def make_config(tmp_path: Path, xtts_dir: Path | None, sentences: list[dict], model: dict | None = None,
+                **training) -> XTTSConfig:
+    t = {"learning_rate": 1e-3, "lr_schedule": "constant", "max_steps": 2, "epochs": None,
+         "checkpoint_dir": str(tmp_path / "ckpt"), "checkpoint_interval": 100, "eval_interval": 2,
+         "device": "cpu", "enable_memory_cleanup": False, "max_memory_fraction": 1.0,
+         "xtts_dir": None if xtts_dir is None else str(xtts_dir), "test_sentences": sentences, **training}
+    m = model or {"n_layers": 1, "d_model": 32, "n_heads": 2, "text_vocab_size": 300, "audio_vocab_size": 1026,
+                  "max_text_tokens": 20, "max_audio_tokens": 30, "n_cond_latents": 0, "conditioning": False}
+    return XTTSConfig.from_dict({"model": m, "training": t, "data": {"batch_size": 2, "num_workers": 0}})
+
+
+@pytest.mark.slow
+def test_sentences_are_spoken_in_a_child_at_each_evaluation(tmp_path, rng, monkeypatch):
+    """Neither torch nor Coqui can be imported by the trainer's process here, yet every
+    evaluation's sentences are spoken: by the child. The files are WAV at Coqui's 24 kHz,
+    and TensorBoard's audio tab holds their bytes."""
+    require_coqui()
+    base = write_xtts_folder(tmp_path / "XTTS-v2", SEED % 2**31, decoder_input_dim=64)
+    model = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
+    ref = reference_clip(tmp_path / "speaker.wav", rng)
+    other = reference_clip(tmp_path / "at_16k.wav", rng, rate=16000)  # resampled to Coqui's 22,050 Hz
+    sentences = [{"text": "hello there", "language": "en", "reference": str(ref)},
+                 {"text": "guten tag", "language": "de", "reference": str(other)}]
+    cfg = make_config(tmp_path, base, sentences, model=dataclasses.asdict(model))
+    train, held = SyntheticDataset(cfg.model, 6, seed=0).split(2)
+    for name in ("torch", "TTS"):
+        monkeypatch.setitem(sys.modules, name, None)  # an import of either fails in this process
+    r = Trainer(cfg, progress=False).fit(train, held)
+    monkeypatch.undo()
+    assert [e["step"] for e in r.evals] == [0, 2]
+    folder = samples_dir(tmp_path / "ckpt")
+    assert sorted(p.name for p in folder.iterdir()) == ["step_00000000", "step_00000002"]  # no export left
+    for step in ("step_00000000", "step_00000002"):
+        assert sorted(p.name for p in (folder / step).iterdir()) == ["0.wav", "1.wav"]
+        for clip in (folder / step).iterdir():
+            with wave.open(str(clip)) as w:
+                assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (24000, 1, 2)
+                assert w.getnframes() > 0
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed: the WAV files are "
+                                              "checked, TensorBoard's audio tab is not")
+    from tensorboard.backend.event_processing import event_accumulator as ea
+    from tensorboard.util import tensor_util
+
+    acc = ea.EventAccumulator(str(tmp_path / "ckpt"), size_guidance={ea.TENSORS: 0})
+    acc.Reload()
+    for i, s in enumerate(sentences):
+        events = acc.Tensors(f"samples/{i}")
+        assert [e.step for e in events] == [0, 2]
+        for e in events:
+            (wav, label), = tensor_util.make_ndarray(e.tensor_proto)
+            assert wav == (folder / f"step_{e.step:08d}" / f"{i}.wav").read_bytes()
+            assert label.decode() == s["text"]
+
+
+def test_without_coqui_one_line_says_so_and_training_goes_on(tmp_path, rng, monkeypatch, capsys):
+    monkeypatch.setattr(pyxtts.speak, "coqui_installed", lambda: False)
+    ref = reference_clip(tmp_path / "speaker.wav", rng)
+    cfg = make_config(tmp_path, fake_xtts_dir(tmp_path / "xtts"),
+                      [{"text": "hello", "language": "en", "reference": str(ref)}])
+    train, held = SyntheticDataset(cfg.model, 6, seed=0).split(2)
+    t = Trainer(cfg, progress=True)
+    r = t.fit(train, held)
+    cfg.training.max_steps = 3
+    t.fit(train, held)  # said once per trainer
+    err = capsys.readouterr().err
+    assert r.step == 2 and t.step == 3
+    assert [line for line in err.splitlines() if "coqui-tts" in line] == [INSTALL_HINT]
+    assert list(samples_dir(tmp_path / "ckpt").iterdir()) == []
+
+
+def test_a_failure_to_speak_is_said_and_training_goes_on(tmp_path, rng, monkeypatch, capsys):
+    """An XTTS folder the checks accept but whose model.pth cannot be read: the export
+    fails at each evaluation, which says so, and the run ends as it would have."""
+    monkeypatch.setattr(pyxtts.speak, "coqui_installed", lambda: True)
+    ref = reference_clip(tmp_path / "speaker.wav", rng)
+    cfg = make_config(tmp_path, fake_xtts_dir(tmp_path / "xtts"),
+                      [{"text": "hello", "language": "en", "reference": str(ref)}])
+    train, held = SyntheticDataset(cfg.model, 6, seed=0).split(2)
+    r = Trainer(cfg, progress=False).fit(train, held)
+    err = capsys.readouterr().err
+    assert (r.step, r.stopped, [e["step"] for e in r.evals]) == (2, "max_steps", [0, 2])
+    said = [line for line in err.splitlines() if "the test sentences could not be spoken" in line]
+    assert [line.split(":")[0] for line in said] == ["step 0", "step 2"]
+    assert all("CheckpointError" in line for line in said), said
+    assert list(samples_dir(tmp_path / "ckpt").iterdir()) == []  # no export left behind
+
+
+@pytest.mark.parametrize("change, kind, said", [
+    (lambda s, tmp: {**s, "reference": str(tmp / "missing.wav")}, FileNotFoundError,
+     "training.test_sentences[1].reference: expected a recording of the voice to clone, got '{tmp}/missing.wav', "
+     "which is not a file"),
+    (lambda s, tmp: {**s, "language": "xx"}, ValueError,
+     "training.test_sentences[1].language: expected one of the languages of xtts (en, de, zh-cn), got 'xx'"),
+    (lambda s, tmp: {**s, "text": "a much longer sentence than the model takes"}, ValueError,
+     "training.test_sentences[1].text: expected fewer than 20 text tokens (the model's max_text_tokens), got "),
+    (lambda s, tmp: {**s, "reference": str(tmp / "not_audio.wav")}, ValueError,
+     "training.test_sentences[1].reference: '{tmp}/not_audio.wav' is not a readable audio file"),
+])
+def test_bad_sentences_are_refused_before_any_step(tmp_path, rng, change, kind, said):
+    ref = reference_clip(tmp_path / "speaker.wav", rng)
+    (tmp_path / "not_audio.wav").write_text("no audio here")
+    good = {"text": "hi", "language": "en", "reference": str(ref)}
+    cfg = make_config(tmp_path, fake_xtts_dir(tmp_path / "xtts"), [good, change(good, tmp_path)])
+    train, held = SyntheticDataset(cfg.model, 6, seed=0).split(2)
+    t = Trainer(cfg, progress=False)
+    with pytest.raises(kind) as caught:
+        t.fit(train, held)
+    assert said.format(tmp=tmp_path) in str(caught.value)
+    assert t.step == 0 and not (tmp_path / "ckpt" / "train_log.jsonl").exists()
+
+
+def test_a_samples_folder_that_cannot_be_written_is_refused_before_any_step(tmp_path, rng):
+    ref = reference_clip(tmp_path / "speaker.wav", rng)
+    (tmp_path / "a_file").write_text("")
+    cfg = make_config(tmp_path, fake_xtts_dir(tmp_path / "xtts"),
+                      [{"text": "hi", "language": "en", "reference": str(ref)}],
+                      checkpoint_dir=str(tmp_path / "a_file" / "ckpt"))
+    train, held = SyntheticDataset(cfg.model, 6, seed=0).split(2)
+    t = Trainer(cfg, progress=False)
+    with pytest.raises(ValueError, match=r"training.test_sentences: the samples folder '.*a_file/ckpt/samples' "
+                                         r"cannot be written \(Not a directory\)"):
+        t.fit(train, held)
+    assert t.step == 0
+
+
+def test_the_config_checks_the_entries_and_needs_the_xtts_folder(tmp_path):
+    s = {"text": "hi", "language": "en", "reference": "r.wav"}
+    with pytest.raises(ValueError, match="training.xtts_dir: must be the Coqui XTTS folder the run fine-tunes "
+                                         "when training.test_sentences is set"):
+        make_config(tmp_path, None, [s])
+    with pytest.raises(ValueError, match="training.test_sentences\\[0\\]: unknown key 'speaker'"):
+        make_config(tmp_path, tmp_path, [{**s, "speaker": "x"}])
+    with pytest.raises(TypeError, match="training.test_sentences\\[0\\].text: expected a non-empty string, got 3"):
+        make_config(tmp_path, tmp_path, [{**s, "text": 3}])
+    with pytest.raises(ValueError, match="training.test_sentences\\[0\\].language: expected a non-empty string, "
+                                         "got ''"):
+        make_config(tmp_path, tmp_path, [{**s, "language": ""}])
+    with pytest.raises(TypeError, match="training.test_sentences\\[0\\]: expected a mapping with keys text, "
+                                        "language, reference, got 'hi'"):
+        make_config(tmp_path, tmp_path, ["hi"])
+
+
+def test_reference_clips_in_a_yaml_are_relative_to_its_folder(tmp_path):
+    (tmp_path / "cfg").mkdir()
+    path = tmp_path / "cfg" / "run.yaml"
+    path.write_text("training:\n  xtts_dir: XTTS-v2\n  test_sentences:\n"
+                    "    - {text: hi, language: en, reference: voices/a.wav}\n")
+    t = XTTSConfig.load(path).training
+    assert t.xtts_dir == str(tmp_path / "cfg" / "XTTS-v2")
+    assert t.test_sentences == [{"text": "hi", "language": "en", "reference": str(tmp_path / "cfg" / "voices/a.wav")}]
