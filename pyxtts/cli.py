@@ -164,6 +164,7 @@ def _init_from_xtts(config: Any, source: str, vocab: Path | None = None, keep_ru
     config = config.with_model(ModelConfig(**meta["config"]))
     config.training.init_checkpoint = str(out)
     grown = meta["extra"].get("vocab")
+    config.training.vocab = None if grown is None else str(vocab)
     if grown is not None:
         print(f"pyxtts train: --init: the text rows grow from {grown['base_size']} to {grown['size']} for the "
               f"vocabulary {vocab} ([{grown['language']}]); the old rows keep their values, {grown['from_pieces']} new "

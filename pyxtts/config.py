@@ -47,6 +47,7 @@ CONFIGS_DIR = Path(__file__).resolve().parent / "configs"
 
 # Fields holding a path: in a YAML file relative to the file's folder (``XTTSConfig.load``).
 PATH_FIELDS = (("training", "checkpoint_dir"), ("training", "init_checkpoint"), ("training", "xtts_dir"),
+               ("training", "vocab"),
                ("data", "train_metadata"), ("data", "eval_metadata"))
 PRECISIONS = ("fp32", "bf16", "fp16")
 POLICIES = ("none", "selective", "full", "auto")
@@ -188,6 +189,10 @@ class TrainingConfig:
     # the Coqui XTTS folder (model.pth, config.json, vocab.json) the run fine-tunes: what
     # test_sentences are spoken through (pyxtts train --init sets it)
     xtts_dir: str | None = None
+    # the extended vocab.json the model's text rows were grown to (a new language:
+    # prepare --new-language's OUT/vocab.json; pyxtts train --init sets it): the spoken
+    # test sentences are exported and tokenized with it
+    vocab: str | None = None
     # spoken at each evaluation by Coqui's inference in a child process, into
     # <checkpoint_dir>/samples/step_<N>/<i>.wav and TensorBoard's audio tab: a list of
     # {text, language, reference (a recording of the voice to clone)}; needs xtts_dir

@@ -39,9 +39,10 @@ def coqui_installed() -> bool:
 
 
 def check_test_sentences(sentences: list[dict], xtts_dir: str | os.PathLike, max_text_tokens: int,
-                         samples_dir: Path) -> None:
+                         samples_dir: Path, vocab: str | os.PathLike | None = None) -> None:
     """ValueError (or FileNotFoundError) naming the entry and field of
-    ``training.test_sentences`` that cannot be spoken, before any step."""
+    ``training.test_sentences`` that cannot be spoken, before any step. ``vocab``: the
+    extended vocabulary of a new language (``training.vocab``), whose language counts too."""
     folder = Path(xtts_dir)
     for name in ("config.json", "vocab.json", "model.pth"):
         if not (folder / name).is_file():
@@ -51,7 +52,9 @@ def check_test_sentences(sentences: list[dict], xtts_dir: str | os.PathLike, max
         languages = json.loads((folder / "config.json").read_text(encoding="utf-8"))["languages"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"training.xtts_dir: {folder / 'config.json'} names no languages ({exc})") from exc
-    tokenizer = _tokenizer(folder / "vocab.json")
+    tokenizer = _tokenizer(folder / "vocab.json" if vocab is None else Path(vocab))
+    if tokenizer is not None:  # a new language's code, from the extended vocabulary
+        languages = list(languages) + [c for c in tokenizer.added_languages if c not in languages]
     for i, s in enumerate(sentences):
         where = f"training.test_sentences[{i}]"
         ref = Path(s["reference"])
@@ -156,6 +159,12 @@ def main(argv: list[str]) -> int:
     config.load_json(str(export_dir / "config.json"))
     model = Xtts.init_from_config(config)
     model.load_checkpoint(config, checkpoint_dir=str(export_dir), eval=True)
+    from pyxtts.prepare.cleaners import LANGUAGES
+
+    for lang in {s["language"].split("-")[0] for s in spec["sentences"]} - set(LANGUAGES):
+        from pyxtts.coqui import enable_language  # a new language's export: Coqui's tokenizer learns its code
+
+        enable_language(model, lang)
     torch.manual_seed(int(spec["seed"]))
     for i, s in enumerate(spec["sentences"]):
         # the clip read here, not by Coqui's torchaudio loader (whose codecs may be absent);

@@ -17,7 +17,9 @@ from conftest import SEED
 GPT_ARGS = {"gpt_layers": 2, "gpt_n_model_channels": 64, "gpt_n_heads": 4, "gpt_number_text_tokens": 600,
             "gpt_start_text_token": None, "gpt_stop_text_token": None, "gpt_num_audio_tokens": 66,
             "gpt_start_audio_token": 64, "gpt_stop_audio_token": 65, "gpt_max_text_tokens": 80,
-            "gpt_max_audio_tokens": 200, "gpt_max_prompt_tokens": 70}
+            "gpt_max_audio_tokens": 200, "gpt_max_prompt_tokens": 70,
+            # the HiFi-GAN decoder reads the GPT's latents: as wide as the GPT, so Coqui can speak
+            "decoder_input_dim": 64}
 
 
 def write_xtts_folder(folder: Path, wavs: list[Path]) -> Path:

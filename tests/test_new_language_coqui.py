@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile as sf
 
 import pyxtts
 import pyxtts.cli
@@ -125,6 +126,18 @@ def test_vietnamese_from_recordings_to_coqui(tmp_path, capsys):
                                    do_sample=False, num_beams=1, num_return_sequences=1, max_new_tokens=24,
                                    output_attentions=False)
     assert codes.ndim == 2 and codes.shape[1] >= 1 and 0 <= int(codes.min()) and int(codes.max()) <= 65
+
+    # 6. the run's spoken test sentences: checked against the extended vocabulary, spoken by
+    # Coqui in a child process that enables the language on its own model
+    from pyxtts.speak import check_test_sentences, speak
+
+    sentences = [{"text": "Xin chào, hôm nay trời đẹp.", "language": "vi", "reference": str(wavs[0])}]
+    with pytest.raises(ValueError, match="language: expected one of"):
+        check_test_sentences(sentences, xtts, gcfg.max_text_tokens, tmp_path / "samples")
+    check_test_sentences(sentences, xtts, gcfg.max_text_tokens, tmp_path / "samples", vocab=shards / "vocab.json")
+    files = speak(out, sentences, tmp_path / "samples" / "vi", seed=0)
+    wave, rate = sf.read(files[0])
+    assert rate == 24000 and wave.ndim == 1 and wave.shape[0] > 0 and np.isfinite(wave).all()
 
 
 def test_enable_language_refusals(tmp_path):
