@@ -88,7 +88,13 @@ def _dataset(path: str, where: str):
         raise DataError(f"{where}: {exc}") from exc
 
 
-def _train_data(data: str, want_eval: bool) -> tuple[Any, Any]:
+def _train_note(line: str, strategy: Any = None) -> None:
+    """A note of ``pyxtts train`` on stderr; with several processes, rank 0's only."""
+    if strategy is None or strategy.is_main:
+        print(f"pyxtts train: {line}", file=sys.stderr)
+
+
+def _train_data(data: str, want_eval: bool, strategy: Any = None) -> tuple[Any, Any]:
     """``--data``'s samples and None; for an output folder of ``pyxtts prepare`` (no shards
     of its own, shards in ``train/``), its ``train/`` samples and, when ``want_eval``, its
     ``eval/`` ones (None without eval/), said in one line on stderr."""
@@ -99,8 +105,8 @@ def _train_data(data: str, want_eval: bool) -> tuple[Any, Any]:
         return _dataset(data, "--data"), None
     train, held = splits
     held = held if want_eval else None
-    print(f"pyxtts train: --data {data} is an output folder of pyxtts prepare: training on {train}"
-          + (f", evaluating on {held}" if held is not None else ""), file=sys.stderr)
+    _train_note(f"--data {data} is an output folder of pyxtts prepare: training on {train}"
+                + (f", evaluating on {held}" if held is not None else ""), strategy)
     return _dataset(str(train), "--data"), None if held is None else _dataset(str(held), "--data")
 
 
@@ -138,7 +144,31 @@ def _check_run_vocab(out: Path, vocab: Path | None) -> None:
                          "with, or start a new run (--checkpoint-dir DIR, or --overwrite)")
 
 
-def _init_from_xtts(config: Any, source: str, vocab: Path | None = None, keep_run: bool = True) -> Any:
+def _import_once(source: str, out: Path, vocab: Path | None, strategy: Any) -> dict:
+    """``import_xtts_checkpoint(source, out)``; with several processes rank 0 imports and
+    the others read what it wrote (a refusal on rank 0 stops them all)."""
+    from pyxtts.checkpoint import CheckpointError, read_checkpoint
+    from pyxtts.coqui_checkpoint import import_xtts_checkpoint
+
+    if strategy is None:
+        return import_xtts_checkpoint(source, out, vocab=vocab)
+    meta, error = None, None
+    if strategy.is_main:
+        try:
+            meta = import_xtts_checkpoint(source, out, vocab=vocab)
+        except (CheckpointError, OSError) as exc:
+            error = exc
+    if strategy.failed_rank(error is not None) is not None:
+        if error is not None:
+            raise error
+        raise CheckpointError("rank 0 could not import it (its error says why)")
+    if meta is None:
+        meta, _ = read_checkpoint(out)
+    return meta
+
+
+def _init_from_xtts(config: Any, source: str, vocab: Path | None = None, keep_run: bool = True,
+                    strategy: Any = None) -> Any:
     """``--init``: the run starts from a Coqui XTTS checkpoint (the released folder, its
     ``model.pth``, or a GPTTrainer checkpoint), imported into
     ``<checkpoint_dir>/init_xtts.safetensors``; the checkpoint's own model config (sizes,
@@ -146,9 +176,9 @@ def _init_from_xtts(config: Any, source: str, vocab: Path | None = None, keep_ru
     (``XTTSConfig.with_model``); returns the config to train. ``vocab``: the extended
     vocabulary of the data (prepare --new-language), which the text rows grow to.
     ``keep_run``: an existing run in the folder continues (not --overwrite), so its
-    vocabulary must be ``vocab``'s (``_check_run_vocab``)."""
+    vocabulary must be ``vocab``'s (``_check_run_vocab``). ``strategy``: several processes
+    (rank 0 imports, ``_import_once``)."""
     from pyxtts.checkpoint import CheckpointError
-    from pyxtts.coqui_checkpoint import import_xtts_checkpoint
     from pyxtts.model import ModelConfig
 
     out = Path(config.training.checkpoint_dir) / "init_xtts.safetensors"
@@ -156,7 +186,7 @@ def _init_from_xtts(config: Any, source: str, vocab: Path | None = None, keep_ru
         _check_run_vocab(out, vocab)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        meta = import_xtts_checkpoint(source, out, vocab=vocab)
+        meta = _import_once(source, out, vocab, strategy)
     except CheckpointError as exc:
         raise CheckpointError(f"--init {source}: {exc}") from exc
     except OSError as exc:
@@ -165,7 +195,7 @@ def _init_from_xtts(config: Any, source: str, vocab: Path | None = None, keep_ru
     config.training.init_checkpoint = str(out)
     grown = meta["extra"].get("vocab")
     config.training.vocab = None if grown is None else str(vocab)
-    if grown is not None:
+    if grown is not None and (strategy is None or strategy.is_main):
         print(f"pyxtts train: --init: the text rows grow from {grown['base_size']} to {grown['size']} for the "
               f"vocabulary {vocab} ([{grown['language']}]); the old rows keep their values, {grown['from_pieces']} new "
               f"ones start from the mean of their pieces' rows, {grown['from_mean']} from a mean over rows",
@@ -174,6 +204,19 @@ def _init_from_xtts(config: Any, source: str, vocab: Path | None = None, keep_ru
     if config.training.xtts_dir is None and (folder / "model.pth").is_file():
         config.training.xtts_dir = str(folder)  # what test_sentences are spoken through
     return config
+
+
+def _launched_strategy(config: Any, device: str | None) -> Any:
+    """``DataParallel`` when torchrun started this process (one of several), else None:
+    on ``device`` or ``cuda:LOCAL_RANK`` when the config trains on a GPU, else the CPU."""
+    from pyxtts.distributed import DataParallel, launched
+
+    if not launched():
+        return None
+    t = config.training
+    if device is None and not t.resolved_device().startswith("cuda"):
+        device = "cpu"
+    return DataParallel(device, timeout_s=t.distributed_timeout_s)
 
 
 def _check_vocab_size(config: Any, vocab: Path, data: str) -> None:
@@ -220,12 +263,14 @@ def _train(args: argparse.Namespace) -> int:
     from pyxtts.trainer import RunExistsError, Terminated, Trainer
 
     demo = args.config is None
+    strategy = None
     try:
         config = XTTSConfig.load(args.config or "cpu_demo")
+        strategy = _launched_strategy(config, args.device)
         if args.max_steps is not None:
             note = config.training.set_max_steps(args.max_steps)
             if note is not None:
-                print(f"pyxtts train: {note}", file=sys.stderr)
+                _train_note(note, strategy)
         if args.batch_size is not None:
             config.data.batch_size = args.batch_size
             config.data.__post_init__()
@@ -234,20 +279,19 @@ def _train(args: argparse.Namespace) -> int:
         vocab = prepared_vocab(args.data) if args.data is not None else None
         if args.init is not None:
             before = config
-            config = _init_from_xtts(config, args.init, vocab, keep_run=not args.overwrite)
-            note = _replanned(before, config, args.device)
+            config = _init_from_xtts(config, args.init, vocab, keep_run=not args.overwrite, strategy=strategy)
+            note = _replanned(before, config, args.device if strategy is None else strategy.device)
             if note is not None:
-                print(f"pyxtts train: {note}", file=sys.stderr)
+                _train_note(note, strategy)
         if args.data is not None:
-            train, held = _train_data(args.data, want_eval=args.eval_data is None)
+            train, held = _train_data(args.data, want_eval=args.eval_data is None, strategy=strategy)
         elif config.data.train_metadata is not None:
             train, held = _dataset(config.data.train_metadata, "data.train_metadata"), None
         elif demo or args.synthetic is not None:
             n = args.synthetic or DEMO_SAMPLES
             train, held = SyntheticDataset(config.model, n + DEMO_EVAL, seed=config.training.seed).split(DEMO_EVAL)
-            print(f"pyxtts train: {'no --config: the CPU demo (cpu_demo.yaml) ' if demo else ''}on a synthetic "
-                  f"set of {n} samples whose audio codes are a function of the text, {DEMO_EVAL} held out",
-                  file=sys.stderr)
+            _train_note(f"{'no --config: the CPU demo (cpu_demo.yaml) ' if demo else ''}on a synthetic set of {n} "
+                        f"samples whose audio codes are a function of the text, {DEMO_EVAL} held out", strategy)
         else:
             raise ValueError("no training data: pass --data (a folder of .npz shards, a JSONL manifest or the "
                              "output folder of pyxtts prepare), set data.train_metadata in the config, or "
@@ -259,7 +303,8 @@ def _train(args: argparse.Namespace) -> int:
             evals = _dataset(args.eval_data, "--eval-data")
         elif config.data.eval_metadata is not None and held is None:
             evals = _dataset(config.data.eval_metadata, "data.eval_metadata")
-        trainer = Trainer(config, device=args.device, log_path=args.log, progress=not args.no_progress)
+        trainer = Trainer(config, device=None if strategy is not None else args.device, log_path=args.log,
+                          progress=not args.no_progress, strategy=strategy)
         resume = False if args.resume is None else (True if args.resume == "latest" else args.resume)
         result = trainer.fit(train, evals, resume=resume, overwrite=args.overwrite)
     except pyxtts.OutOfMemoryError as exc:
@@ -279,8 +324,21 @@ def _train(args: argparse.Namespace) -> int:
               f"{exc.newest.name}); nothing was deleted. Pass --resume to continue it, --overwrite to start "
               "over (deletes its checkpoints and log), or --checkpoint-dir DIR for a new run", file=sys.stderr)
         return 2
-    except (CheckpointError, DataError, FileExistsError, OSError, TypeError, ValueError) as exc:
-        return _fail("train", exc)
+    except (CheckpointError, DataError, FileExistsError, ImportError, OSError, TypeError, ValueError) as exc:
+        return _fail("train" if strategy is None else f"train (rank {strategy.rank})", exc)
+    except RuntimeError as exc:
+        if strategy is None:
+            raise
+        # a collective that failed: another process died, hung past the timeout, or diverged
+        return _fail(f"train (rank {strategy.rank} of {strategy.world_size})",
+                     RuntimeError(f"stopped because a step with the other processes failed (one of them ended, or "
+                                  f"waited longer than training.distributed_timeout_s, or diverged); the run's "
+                                  f"checkpoints are as they were, --resume continues from the newest: {exc}"))
+    finally:
+        if strategy is not None:
+            strategy.close()
+    if strategy is not None and not strategy.is_main:
+        return 0
     if not result.history:  # a resumed run that had already reached its end
         print(f"nothing to train: the run is at step {result.step}, its end ({result.stopped}); raise "
               f"--max-steps (or training.epochs) to train longer; checkpoint {result.checkpoint}")
@@ -401,6 +459,10 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--init", default=None, metavar="XTTS_DIR",
                     help="start from a Coqui XTTS checkpoint (the released folder or a model.pth); its model "
                          "config replaces the config's model section")
+    tr.add_argument("--gpus", default=None, metavar="LIST",
+                    help="train on these GPUs (e.g. 0,1), one process each: runs torchrun --standalone with "
+                         "CUDA_VISIBLE_DEVICES=LIST (needs pyxtts[distributed]); several machines: run torchrun "
+                         "yourself (docs/distributed.md)")
     tr.add_argument("--synthetic", type=int, default=None, metavar="N",
                     help="train on N synthetic samples (64 more held out for evaluation)")
     tr.add_argument("--resume", nargs="?", const="latest", default=None, metavar="CHECKPOINT",
@@ -483,7 +545,52 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in (*sub.choices, "-h", "--help", "--version"):
         argv = ["train", *argv]  # train is the default command: `pyxtts --config c.yaml` trains
     args = parser.parse_args(argv)
+    if getattr(args, "gpus", None) is not None:
+        return _run_on_gpus(args.gpus, argv)
     return int(args.func(args))
+
+
+def torchrun_command(gpus: str, argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """(command, environment additions) of ``pyxtts train --gpus LIST ...``: torchrun with
+    one process per listed GPU, the same arguments less ``--gpus``."""
+    ids = [g.strip() for g in gpus.split(",")]
+    if not ids or any(not g.isdigit() for g in ids) or len(set(ids)) != len(ids):
+        raise ValueError(f"--gpus: expected distinct GPU numbers separated by commas, such as 0,1, got {gpus!r}")
+    rest, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == "--gpus":
+            skip = True
+            continue
+        if not a.startswith("--gpus="):
+            rest.append(a)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={len(ids)}",
+               "-m", "pyxtts", *rest]
+    return command, {"CUDA_VISIBLE_DEVICES": ",".join(ids)}
+
+
+def _run_on_gpus(gpus: str, argv: list[str]) -> int:
+    """``--gpus``: the same training under torchrun, one process per GPU; its exit status."""
+    import os
+    import subprocess
+
+    from pyxtts.distributed import launched
+
+    if launched():
+        return _fail("train", ValueError("--gpus: this process is already one of several (torchrun started it); "
+                                         "drop --gpus"))
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return _fail("train", ImportError("--gpus runs torchrun, which needs torch, not installed; install it "
+                                          "with: pip install 'pyxtts[distributed]'"))
+    try:
+        command, env = torchrun_command(gpus, argv)
+    except ValueError as exc:
+        return _fail("train", exc)
+    return subprocess.run(command, env={**os.environ, **env}).returncode
 
 
 def _version() -> str:

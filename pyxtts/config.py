@@ -175,6 +175,11 @@ class TrainingConfig:
     # evaluations in a row without a lower eval loss after which the run stops (needs
     # evaluation data); None: never. The best checkpoint is kept either way (best.safetensors)
     early_stopping_patience: int | None = None
+    # several processes (torchrun): every this many steps the processes compare a checksum of
+    # their parameters, which must be bit-identical (null: never); and how long a process
+    # waits for the others in a collective before the run ends with an error
+    parameter_check_interval: int | None = 100
+    distributed_timeout_s: float = 600.0
     log_interval: int = 50
     seed: int = 0
     device: str = "auto"  # "auto": cuda:0 when a GPU is available, else cpu
@@ -248,6 +253,9 @@ class TrainingConfig:
         _rule(self.keep_checkpoints is None or self.keep_checkpoints >= 1, w + "keep_checkpoints",
               self.keep_checkpoints, ">= 1 or null")
         self._check_test_sentences()
+        _rule(self.parameter_check_interval is None or self.parameter_check_interval >= 1,
+              w + "parameter_check_interval", self.parameter_check_interval, "an int >= 1 (steps) or null (never)")
+        _positive(w + "distributed_timeout_s", self.distributed_timeout_s)
         _rule(self.early_stopping_patience is None or self.early_stopping_patience >= 1,
               w + "early_stopping_patience", self.early_stopping_patience,
               "an int >= 1 (evaluations without improvement) or null (no early stopping)")

@@ -138,6 +138,10 @@ class DataParallel:
         text, audio = self._reduce([float(v) for v in losses], self._torch.float64, self._dist.ReduceOp.SUM)
         return text, audio
 
+    def sum_floats(self, values: list[float]) -> list[float]:
+        """Each value summed over the processes, in float64."""
+        return self._reduce([float(v) for v in values], self._torch.float64, self._dist.ReduceOp.SUM)
+
     def checksum(self, model: Any) -> int:
         """A 63-bit checksum of every parameter's bits, in name order."""
         import hashlib

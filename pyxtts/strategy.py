@@ -45,6 +45,10 @@ class Strategy(Protocol):
 
     def reduce_losses(self, losses: tuple[float, float]) -> tuple[float, float]: ...
 
+    def sum_floats(self, values: list[float]) -> list[float]: ...
+
+    def barrier(self) -> None: ...
+
 
 class SingleProcess:
     """One process: the global batch is this process's, every collective the identity."""
@@ -74,3 +78,9 @@ class SingleProcess:
 
     def reduce_losses(self, losses: tuple[float, float]) -> tuple[float, float]:
         return losses
+
+    def sum_floats(self, values: list[float]) -> list[float]:
+        return list(values)
+
+    def barrier(self) -> None:
+        return None

@@ -23,6 +23,15 @@ which do the rest:
   the same epoch: the data order is a function of ``(shuffle_seed, epoch)``, so a resumed
   run takes the same steps as one that never stopped;
 - ``cleanup_gpu_memory`` every ``cleanup_interval`` steps when ``enable_memory_cleanup``.
+
+Started by torchrun (``torchrun --nproc_per_node=N -m pyxtts train ...``), each process
+trains on its device (``cuda:LOCAL_RANK``, or the CPU) through
+``pyxtts.distributed.DataParallel``. The effective batch is the global one: every process
+draws the same batches of ``data.batch_size x gradient_accumulation_steps`` samples and
+takes its contiguous slice of each (micro-batches of ``data.batch_size``), so N processes
+train the step of one process, and a run resumes on any number of them. Rank 0 writes the
+log, TensorBoard, samples and checkpoints; evaluation is shared; every process stops at
+the same step (SIGTERM on any of them: at the next step boundary, with a checkpoint).
 """
 from __future__ import annotations
 
@@ -59,6 +68,7 @@ from pyxtts.memory import cleanup_gpu_memory, format_bytes
 from pyxtts.model import XTTSGPT
 from pyxtts.monitor import _rss_bytes
 from pyxtts.schedule import ConstantLR, LRSchedule, MultiStepLR, WarmupCosineLR
+from pyxtts.strategy import SingleProcess, Strategy
 
 __all__ = ["CHECKPOINT_RE", "MAX_SKIPPED", "FitResult", "RunExistsError", "Terminated", "Trainer",
            "model_from_config", "optimizer_from_config", "run_checkpoint", "schedule_from_config"]
@@ -120,6 +130,9 @@ def _stop_on_sigterm() -> Iterator[list[int]]:
         yield noted
         return
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: noted.append(signum))
+    # system calls the signal interrupts restart instead of failing: a collective of several
+    # processes (a socket read in gloo) must not end with EINTR because the signal came then
+    signal.siginterrupt(signal.SIGTERM, False)
     try:
         yield noted
     finally:
@@ -167,10 +180,13 @@ class Trainer:
     silences the bar and the log lines (the JSONL log is always written). ``callbacks``
     (``pyxtts.callbacks.Callback``) watch the run beside the built-in ones: after the
     writers (progress, the JSONL log, TensorBoard), before those that act (divergence,
-    evaluation, the best checkpoint, step checkpoints)."""
+    evaluation, the best checkpoint, step checkpoints). ``strategy``: the processes that
+    train together (``pyxtts.strategy``); by default ``DataParallel`` when torchrun
+    started this process (its environment says so), else one process; several processes
+    put the model on ``cuda:LOCAL_RANK`` (or the CPU) unless ``device`` says otherwise."""
 
     def __init__(self, config: XTTSConfig, *, device: str | None = None, log_path: str | os.PathLike | None = None,
-                 progress: bool = True, callbacks: Sequence[Callback] = ()) -> None:
+                 progress: bool = True, callbacks: Sequence[Callback] = (), strategy: Strategy | None = None) -> None:
         if not isinstance(config, XTTSConfig):
             raise TypeError(f"config: expected an XTTSConfig, got {type(config).__name__}")
         if isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, Sequence):
@@ -181,7 +197,8 @@ class Trainer:
         self.config = config
         t = config.training
         self.progress = bool(progress)
-        self.state = RunState()
+        self.strategy, device = _strategy(strategy, device, t)
+        self.state = RunState(rank=self.strategy.rank, world_size=self.strategy.world_size)
         self._reporter = Reporter(self.progress, rank=self.state.rank)
         # the writers, the caller's, then those that act (evaluate, save, stop): in this order
         # the step's record is logged before its evaluation's (pyxtts.callbacks.base)
@@ -242,7 +259,7 @@ class Trainer:
         d = self.config.data
         kwargs.setdefault("text_len", d.max_text_tokens)
         kwargs.setdefault("audio_len", d.max_audio_tokens)
-        size = find_optimal_batch_size(self.model, self.optimizer, **kwargs)
+        size = find_optimal_batch_size(self.model, self.optimizer, strategy=self.strategy, **kwargs)
         if apply:
             effective = self.config.effective_batch_size
             micro = max(m for m in range(1, min(size, effective) + 1) if effective % m == 0)
@@ -253,12 +270,14 @@ class Trainer:
     # ---- evaluation ----------------------------------------------------------------------
     def evaluate(self, dataset: Sequence[Sample]) -> dict:
         """Token-weighted mean losses over ``dataset`` (in order, micro-batches of
-        ``data.batch_size``), nothing learnt."""
+        ``data.batch_size``), nothing learnt. Several processes share the micro-batches
+        (every ``world_size``-th) and sum their sums."""
         c = self.config
         text = audio = 0.0
         n_text = n_audio = 0
         refs = self._reference_draw(dataset)
-        for g in batch_groups(dataset, c.data.batch_size, shuffle=False, bucket_factor=1):
+        groups = batch_groups(dataset, c.data.batch_size, shuffle=False, bucket_factor=1)
+        for g in groups[self.strategy.rank::self.strategy.world_size]:
             samples = [dataset[int(i)] for i in g]
             batch = (collate(samples, config=c.model) if refs is None else
                      collate_references(samples, g, c.model, refs, epoch=0, evaluation=True))
@@ -267,6 +286,9 @@ class Trainer:
             audio += r["audio_loss"] * r["audio_tokens"]
             n_text += r["text_tokens"]
             n_audio += r["audio_tokens"]
+        if self.strategy.world_size > 1:
+            text, audio, n_text, n_audio = self.strategy.sum_floats([text, audio, n_text, n_audio])
+            n_text, n_audio = int(n_text), int(n_audio)
         tl = text / n_text if n_text else 0.0
         al = audio / n_audio if n_audio else 0.0
         m = c.model
@@ -290,17 +312,22 @@ class Trainer:
         from; ``load_checkpoint`` loads it into a model)."""
         weights_only = flag("weights_only", weights_only)
         p = Path(path) if path is not None else self.checkpoint_dir / step_checkpoint_name(self.step)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        extra = {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "config": self.config.to_dict(),
-                 "data": self._data_fingerprint}
-        states = self.callbacks.state_dict()
-        if states:  # absent without them, so a run without evaluation writes what it always did
-            extra["callbacks"] = states
-        save_checkpoint(p, self.model, None if weights_only else self.optimizer, step=self.step, extra=extra)
+        if self.strategy.is_main:  # every process holds the same bits: rank 0 writes them
+            p.parent.mkdir(parents=True, exist_ok=True)
+            extra = {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "config": self.config.to_dict(),
+                     "data": self._data_fingerprint}
+            if self.strategy.world_size > 1:
+                extra["world_size"] = self.strategy.world_size
+            states = self.callbacks.state_dict()
+            if states:  # absent without them, so a run without evaluation writes what it always did
+                extra["callbacks"] = states
+            save_checkpoint(p, self.model, None if weights_only else self.optimizer, step=self.step, extra=extra)
+        if self.strategy.world_size > 1:  # no process goes on (or resumes) before the file is there
+            self.strategy.barrier()
         if path is None:
             self.state.last_checkpoint = p
             keep = self.config.training.keep_checkpoints
-            if keep is not None:
+            if keep is not None and self.strategy.is_main:
                 for old in self.checkpoints()[:-keep]:
                     old.unlink()
         return p
@@ -372,14 +399,15 @@ class Trainer:
         raise CheckpointError(f"resume: none of the {len(unusable)} checkpoints in {self.checkpoint_dir} can be "
                               "used: " + "; ".join(unusable))
 
-    def _step_record(self, r, batch: dict, lr: float, seconds: float) -> dict:
-        """The JSONL record of the optimizer step just taken (``self.step``)."""
-        samples = int(batch["text_lengths"].shape[0])
+    def _step_record(self, r, samples: int, lr: float, seconds: float) -> dict:
+        """The JSONL record of the optimizer step just taken (``self.step``) over a batch of
+        ``samples`` (with several processes: all of theirs; the micro-batches are this one's)."""
         return {"type": "train", "step": self.step, "epoch": self.epoch, "lr": lr,
                 "loss": r.loss, "text_loss": r.text_loss, "audio_loss": r.audio_loss,
                 "grad_norm": r.grad_norm, "skipped": r.skipped, "loss_scale": self.optimizer.loss_scale,
                 "samples": samples, "text_tokens": r.text_tokens, "audio_tokens": r.audio_tokens,
-                "micro_batch_size": r.micro_batch_size, "accumulation_steps": -(-samples // r.micro_batch_size),
+                "micro_batch_size": r.micro_batch_size,
+                "accumulation_steps": -(-samples // (r.micro_batch_size * self.strategy.world_size)),
                 "oom_splits": r.oom_splits, "step_time_s": seconds, "tokens_per_s": r.tokens_per_s,
                 "peak_allocated_bytes": r.peak_memory_bytes,
                 "allocated_bytes": _C.memory_allocated(self.device),
@@ -506,10 +534,13 @@ class Trainer:
         elif self.step == 0 and self.checkpoints():  # (step > 0: this trainer's own run goes on)
             if not overwrite:
                 raise RunExistsError(self.checkpoint_dir, self.checkpoints()[-1])
-            for p in self.checkpoints():
-                p.unlink()
-        if resumed is None and self.step == 0 and self.best_checkpoint.exists():
+            if self.strategy.is_main:
+                for p in self.checkpoints():
+                    p.unlink()
+        if resumed is None and self.step == 0 and self.best_checkpoint.exists() and self.strategy.is_main:
             self.best_checkpoint.unlink()
+        if self.strategy.world_size > 1:  # every process saw the folder before rank 0 changed it
+            self.strategy.barrier()
         return resumed
 
     def _loop(self, run: Run, train: TTSDataset, refs: Any, signals: list[int]) -> None:
@@ -519,37 +550,56 @@ class Trainer:
         bucket = d.bucket_size_multiplier if d.bucketing else 1
         micro_cap: int | None = None  # largest micro-batch that fitted after an out-of-memory error
         window: deque = deque(maxlen=RATE_WINDOW)  # (tokens, seconds) of the latest steps: the rate shown
+        dp = self.strategy
         while state.step < run.total_steps and state.stop_reason is None:
-            if signals:
+            if signals and dp.world_size == 1:
                 raise Terminated(signals[0])
             groups = batch_groups(train, c.effective_batch_size, shuffle=d.shuffle, seed=d.shuffle_seed + state.epoch,
                                   bucket_factor=bucket)
+            # several processes: every one draws the global batches, and takes its slice of each
+            firsts = [dp.shard(len(g))[0] for g in groups]
+            mine = [g[slice(*dp.shard(len(g)))] for g in groups]
             # closed on every way out of the block, so the collating threads end with it
-            with contextlib.closing(_collated(train, groups[state.batch_in_epoch:], d.num_workers, c.model, refs,
+            with contextlib.closing(_collated(train, mine[state.batch_in_epoch:], d.num_workers, c.model, refs,
                                               state.epoch)) as ahead:
-                for g, batch in ahead:
+                for k, (g, batch) in enumerate(ahead, start=state.batch_in_epoch):
                     lr = self.schedule.apply(self.optimizer, state.step)
                     t0 = time.perf_counter()
-                    accum = t.gradient_accumulation_steps
+                    accum = t.gradient_accumulation_steps if dp.world_size == 1 else -(-len(g) // d.batch_size)
                     steps = accum if micro_cap is None else max(accum, -(-len(g) // micro_cap))
-                    r = train_step_with_accumulation(self.model, self.optimizer, batch, steps)
+                    r = train_step_with_accumulation(self.model, self.optimizer, batch, steps, strategy=dp,
+                                                     first_row=firsts[k])
                     # the update is applied: move the position before anything can interrupt
                     state.step += 1
                     if r.oom_splits:  # remembered: later steps start at the micro-batch that fitted
                         micro_cap = r.micro_batch_size
                         self._say(f"step {state.step}: out of memory at micro-batch {-(-len(g) // steps)}; "
                                   f"going on with micro-batches of {micro_cap} (same effective batch)")
-                    rec = self._step_record(r, batch, lr, time.perf_counter() - t0)
+                    rec = self._step_record(r, len(groups[k]), lr, time.perf_counter() - t0)
                     window.append((r.text_tokens + r.audio_tokens, rec["step_time_s"]))
                     rec["tokens_per_s_avg"] = sum(n for n, _ in window) / max(sum(s for _, s in window), 1e-9)
                     if t.enable_memory_cleanup and state.step % t.cleanup_interval == 0:
                         rec["cleanup_released_bytes"] = cleanup_gpu_memory(self.device)
                     run.history.append(rec)
                     self.callbacks.step_end(run, rec)
+                    if dp.world_size > 1:
+                        self._agree_after_step(signals)
                     if signals:
                         raise Terminated(signals[0])
                     if state.step >= run.total_steps or state.stop_reason is not None:
                         break
+
+    def _agree_after_step(self, signals: list[int]) -> None:
+        """Several processes, at a step boundary: a SIGTERM any of them got stops all of them
+        here (so they save at the same step); every ``parameter_check_interval`` steps their
+        parameters are compared (``DataParallel.check_identical``)."""
+        dp, t = self.strategy, self.config.training
+        if dp.failed_rank(bool(signals)) is not None and not signals:
+            signals.append(signal.SIGTERM)
+        if t.parameter_check_interval is not None and self.step % t.parameter_check_interval == 0:
+            check = getattr(dp, "check_identical", None)
+            if check is not None:
+                check(self.model)
 
     def _evaluation(self, run: Run) -> dict:
         """Evaluates now on the run's evaluation set; the record goes to every callback."""
@@ -585,6 +635,27 @@ class Trainer:
         return FitResult(step=self.step, epoch=self.epoch, stopped=self.state.stop_reason or "epochs",
                          final_loss=final, eval_loss=last_eval, checkpoint=ckpt, log_path=self.log_path,
                          elapsed_s=elapsed, history=history, evals=run.evals, best_checkpoint=best)
+
+
+def _strategy(strategy: Strategy | None, device: str | None, t: Any) -> tuple[Strategy, str]:
+    """(the trainer's strategy, its device): ``DataParallel`` when torchrun started this
+    process (on ``cuda:LOCAL_RANK`` when the config trains on a GPU, else the CPU, unless
+    ``device`` says which), else one process on ``device`` or the config's."""
+    if strategy is None:
+        from pyxtts.distributed import launched
+
+        if launched():
+            from pyxtts.distributed import DataParallel
+
+            if device is None and not t.resolved_device().startswith("cuda"):
+                device = "cpu"
+            strategy = DataParallel(device, timeout_s=t.distributed_timeout_s)
+            device = strategy.device
+        else:
+            strategy = SingleProcess()
+    elif device is None and isinstance(getattr(strategy, "device", None), str):
+        device = strategy.device
+    return strategy, device if device is not None else t.resolved_device()
 
 
 def _collated(dataset: Sequence[Sample], groups: list, workers: int, model_config: Any, references: Any = None,

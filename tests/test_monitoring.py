@@ -131,7 +131,7 @@ def test_an_error_ends_with_fit_end_and_no_thread(tmp_path, monkeypatch):
     train, _ = datasets(cfg)
     rec = Recorder()
 
-    def failing(*args):
+    def failing(*args, **kwargs):
         raise RuntimeError("the step failed")
 
     monkeypatch.setattr(pyxtts.trainer, "train_step_with_accumulation", failing)

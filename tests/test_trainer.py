@@ -269,8 +269,8 @@ def test_divergence_is_an_error(tmp_path, monkeypatch):
     train, _ = datasets(cfg, 12)
     real = pyxtts.trainer.train_step_with_accumulation
 
-    def skipping(*args):
-        r = real(*args)
+    def skipping(*args, **kwargs):
+        r = real(*args, **kwargs)
         r.skipped = True
         return r
 

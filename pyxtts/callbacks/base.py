@@ -12,9 +12,11 @@ of the run, so every watcher hears of a step before the evaluation and checkpoin
 follow it; and first for its end (``on_train_end``, ``on_fit_end``), so the end's
 evaluation and checkpoint reach the watchers before their files close.
 
-Several processes (one per GPU) will train one run: a callback whose
+Several processes (one per GPU, ``pyxtts.distributed``) train one run: a callback whose
 ``rank_zero_only`` is true (every writer) then runs in the process of rank 0 only;
-``RunState.rank`` says which process this is (0 until data-parallel training comes).
+``RunState.rank`` says which process this is, ``RunState.world_size`` how many there are.
+Callbacks that act run in every process, on the same global figures, so that every process
+evaluates, saves (rank 0 writes the file) and stops at the same step.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ class RunState:
     step: int = 0  # optimizer steps taken (a resumed run counts the earlier ones)
     steps_per_epoch: int | None = None  # None until the data is known (fit, or a loaded checkpoint)
     rank: int = 0  # this process among the run's (data-parallel training: one per GPU)
+    world_size: int = 1  # the run's processes
     stop_reason: str | None = None  # set by a callback (Run.stop): the loop ends after the step
     last_checkpoint: Path | None = None  # the newest checkpoint of this run this process wrote or loaded
     last_eval_loss: float | None = None  # the newest evaluation's loss

@@ -24,6 +24,7 @@ BEST_NAME = "best.safetensors"
 
 class BestCheckpoint(Callback):
     acts = True
+    rank_zero_only = False  # every process decides on the same global loss; rank 0 writes the file
     state_key = "best"
 
     def __init__(self, patience: int | None) -> None:

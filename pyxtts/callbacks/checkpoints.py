@@ -26,12 +26,18 @@ def checkpoint_step(path: Path | None) -> int | None:
 
 class StepCheckpoints(Callback):
     acts = True
+    rank_zero_only = False  # every process takes part in a save (rank 0 writes, all wait for it)
+
     def on_step_end(self, run: Run, record: dict) -> None:
         if record["step"] % run.config.training.checkpoint_interval == 0:
             run.save()
 
     def on_fit_end(self, run: Run, error: BaseException | None) -> None:
-        if isinstance(error, KeyboardInterrupt):
+        # several processes: only a stop they agreed on (SIGTERM, at a step boundary) finds them
+        # all at the same step to save; a Ctrl-C reaches each at another point, so the last
+        # checkpoint stays the run's
+        agreed = run.state.world_size == 1 or getattr(error, "signum", None) is not None
+        if isinstance(error, KeyboardInterrupt) and agreed:
             path = run.save()
             signum = getattr(error, "signum", None)
             why = f" by {signal.Signals(signum).name}" if signum is not None else ""
