@@ -189,3 +189,48 @@ def test_reference_clips_in_a_yaml_are_relative_to_its_folder(tmp_path):
     t = XTTSConfig.load(path).training
     assert t.xtts_dir == str(tmp_path / "cfg" / "XTTS-v2")
     assert t.test_sentences == [{"text": "hi", "language": "en", "reference": str(tmp_path / "cfg" / "voices/a.wav")}]
+
+
+def test_the_trainers_memory_stays_flat_over_20_evaluations_with_samples(tmp_path, rng, monkeypatch):
+    """Each evaluation exports the weights and hands the sentences to a child; the trainer
+    keeps nothing of it. The child is replaced here by one that writes a short wave (its
+    own memory is another process's); the trainer's allocator and RSS are read at each of
+    21 evaluations."""
+    require_coqui()
+    from pyxtts.callbacks import Callback
+    from pyxtts.monitor import _rss_bytes
+
+    base = write_xtts_folder(tmp_path / "XTTS-v2", SEED % 2**31, decoder_input_dim=64)
+    model = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
+    ref = reference_clip(tmp_path / "speaker.wav", rng)
+    sentences = [{"text": "hello there", "language": "en", "reference": str(ref)}]
+    cfg = make_config(tmp_path, base, sentences, model=dataclasses.asdict(model), max_steps=20, eval_interval=1)
+    exported = []
+
+    def fake_speak(export_dir: Path, entries: list, out_dir: Path, seed: int) -> list[Path]:
+        exported.append((export_dir / "model.pth").stat().st_size)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_wav(out_dir / "0.wav", np.zeros(2400, np.float32), 24000)
+        return [out_dir / "0.wav"]
+
+    monkeypatch.setattr(pyxtts.speak, "coqui_installed", lambda: True)
+    monkeypatch.setattr(pyxtts.speak, "speak", fake_speak)
+
+    class Memory(Callback):
+        def __init__(self) -> None:
+            self.seen: list[tuple[int, int]] = []
+
+        def on_audio(self, run, step, clips) -> None:
+            self.seen.append((pyxtts.memory_allocated("cpu"), _rss_bytes()))
+
+    mem = Memory()
+    train, held = SyntheticDataset(cfg.model, 6, seed=0).split(2)
+    Trainer(cfg, progress=False, callbacks=[mem]).fit(train, held)
+    assert len(mem.seen) == 21 and len(exported) == 21 and min(exported) > 0
+    allocated = [a for a, _ in mem.seen]
+    assert allocated[1:] == [allocated[1]] * 20  # the allocator's: not a byte more
+    rss = np.array([r for _, r in mem.seen], dtype=np.float64)
+    growth = rss[11:].max() - np.median(rss[2:7])  # after the first exports warmed the allocator
+    print(f"RSS over 21 evaluations with samples: {rss[0] / 2**20:.1f} -> {rss[-1] / 2**20:.1f} MiB, "
+          f"growth after the 5th {growth / 2**20:.2f} MiB")
+    assert growth < 16 * 2**20
