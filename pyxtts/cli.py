@@ -590,6 +590,12 @@ def _run_on_gpus(gpus: str, argv: list[str]) -> int:
         command, env = torchrun_command(gpus, argv)
     except ValueError as exc:
         return _fail("train", exc)
+    visible = pyxtts.device_count()
+    wanted = [int(g) for g in env["CUDA_VISIBLE_DEVICES"].split(",")]
+    if max(wanted) >= visible:
+        where = "this build has no CUDA backend" if not pyxtts.build_info()["cuda"] else f"it sees {visible}"
+        return _fail("train", ValueError(f"--gpus {gpus}: GPU {max(wanted)} is not in this machine ({where}); "
+                                         "`pyxtts gpu-info` lists the GPUs pyxtts can use"))
     return subprocess.run(command, env={**os.environ, **env}).returncode
 
 

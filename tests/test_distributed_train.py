@@ -196,3 +196,8 @@ def test_gpus_runs_torchrun_with_the_same_arguments(tmp_path, capsys):
     for bad in ("0,x", "0,0", "", "-1"):
         assert pyxtts.cli.main(["train", "--gpus", bad, "--synthetic", "8", "--checkpoint-dir", str(tmp_path)]) == 2
         assert "--gpus: expected distinct GPU numbers" in capsys.readouterr().err
+
+    if pyxtts.device_count() < 8:  # a GPU the machine lacks: refused before torchrun starts
+        assert pyxtts.cli.main(["train", "--gpus", "0,7", "--synthetic", "8", "--checkpoint-dir",
+                                str(tmp_path)]) == 2
+        assert "--gpus 0,7: GPU 7 is not in this machine" in capsys.readouterr().err
