@@ -207,9 +207,9 @@ def test_trainer_draws_slices_and_trains_the_conditioning_path(shards, tmp_path)
     seen = []
     real = pyxtts.trainer.train_step_with_accumulation
 
-    def spy(model, opt, batch, steps):
+    def spy(model, opt, batch, steps, **kwargs):
         seen.append(batch)
-        return real(model, opt, batch, steps)
+        return real(model, opt, batch, steps, **kwargs)
 
     pyxtts.trainer.train_step_with_accumulation = spy
     try:

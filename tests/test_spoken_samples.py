@@ -195,7 +195,7 @@ def test_the_trainers_memory_stays_flat_over_20_evaluations_with_samples(tmp_pat
     """Each evaluation exports the weights and hands the sentences to a child; the trainer
     keeps nothing of it. The child is replaced here by one that writes a short wave (its
     own memory is another process's); the trainer's allocator and RSS are read at each of
-    21 evaluations."""
+    21 evaluations: neither grows past what the first evaluations held."""
     require_coqui()
     from pyxtts.callbacks import Callback
     from pyxtts.monitor import _rss_bytes
@@ -228,7 +228,9 @@ def test_the_trainers_memory_stays_flat_over_20_evaluations_with_samples(tmp_pat
     Trainer(cfg, progress=False, callbacks=[mem]).fit(train, held)
     assert len(mem.seen) == 21 and len(exported) == 21 and min(exported) > 0
     allocated = [a for a, _ in mem.seen]
-    assert allocated[1:] == [allocated[1]] * 20  # the allocator's: not a byte more
+    # the allocator's: what the last evaluations hold, the first ones held already (the step
+    # arena follows the batches' shapes, so it is not the same at every evaluation)
+    assert max(allocated[11:]) <= max(allocated[1:6]), allocated
     rss = np.array([r for _, r in mem.seen], dtype=np.float64)
     growth = rss[11:].max() - np.median(rss[2:7])  # after the first exports warmed the allocator
     print(f"RSS over 21 evaluations with samples: {rss[0] / 2**20:.1f} -> {rss[-1] / 2**20:.1f} MiB, "
