@@ -166,9 +166,12 @@ def test_accumulation_equals_one_big_step(steps):
     assert r.audio_loss == pytest.approx(out["audio_loss"], rel=1e-6)
     assert r.grad_norm == pytest.approx(step["grad_norm"], rel=1e-5)
     assert r.tokens_per_s > 0 and r.peak_memory_bytes > 0
+    # the micro-batches' fp32 gradients summed in another order: over 40 seeds (2026-11-28)
+    # the worst element was 9.8e-7 of its tensor's largest gradient, the worst parameter
+    # 6.2e-7 off, so a bound of 1e-6 failed a few runs in a hundred; 4x the worst seen
     for k, g in m.gradients().items():  # the step leaves the accumulated gradient
-        np.testing.assert_allclose(g.numpy(), grads[k], rtol=0, atol=1e-6 * np.abs(grads[k]).max() + 1e-12)
-    assert max_diff(m.state_dict(), ref) <= 1e-6
+        np.testing.assert_allclose(g.numpy(), grads[k], rtol=0, atol=4e-6 * np.abs(grads[k]).max() + 1e-12)
+    assert max_diff(m.state_dict(), ref) <= 4e-6
 
 
 @pytest.mark.parametrize("raw", [False, True])
