@@ -15,7 +15,8 @@ from pyxtts import SyntheticDataset, Trainer, XTTSConfig
 from pyxtts.callbacks import BEST_NAME, Callback, event_files, tensorboard_dir
 from pyxtts.callbacks.tensorboard_log import EVAL_SCALARS, INSTALL_HINT, TRAIN_SCALARS
 from pyxtts.checkpoint import read_checkpoint
-from pyxtts.data import Sample, TTSDataset
+from pyxtts.data import Sample
+from helpers import Interrupting
 from pyxtts.fingerprint import check_fingerprint, data_fingerprint
 from pyxtts.trainer import run_checkpoint
 
@@ -46,20 +47,6 @@ def read_log(path: Path) -> list[dict]:
 
 def saved_meta(path: Path) -> dict:
     return read_checkpoint(path)[0]
-
-
-class Interrupting(TTSDataset):
-    """Raises KeyboardInterrupt at the `after`-th sample read (as Ctrl-C would)."""
-
-    def __init__(self, base: TTSDataset, after: int) -> None:
-        super().__init__(base.samples)
-        self.reads, self.after = 0, after
-
-    def __getitem__(self, i):
-        self.reads += 1
-        if self.reads == self.after:
-            raise KeyboardInterrupt
-        return super().__getitem__(i)
 
 
 class Recorder(Callback):

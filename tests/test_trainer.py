@@ -14,6 +14,7 @@ import pyxtts.trainer
 from conftest import DEVICES
 from pyxtts import DataError, SyntheticDataset, Trainer, XTTSConfig
 from pyxtts.data import Sample, TTSDataset, collate
+from helpers import Interrupting
 
 pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
 
@@ -82,20 +83,6 @@ def test_epochs_end_the_run(tmp_path):
     r = Trainer(cfg, progress=False).fit(train)
     assert (r.step, r.epoch, r.stopped) == (6, 2, "epochs")
     assert r.eval_loss is None and r.evals == []
-
-
-class Interrupting(TTSDataset):
-    """Raises KeyboardInterrupt when sample reads reach `after` (as Ctrl-C would)."""
-
-    def __init__(self, base: TTSDataset, after: int) -> None:
-        super().__init__(base.samples)
-        self.reads, self.after = 0, after
-
-    def __getitem__(self, i):
-        self.reads += 1
-        if self.reads == self.after:
-            raise KeyboardInterrupt
-        return super().__getitem__(i)
 
 
 def test_resume_after_ctrl_c_takes_the_same_steps(tmp_path, device):

@@ -133,3 +133,18 @@ def edit_checkpoint(src, dst, edit_meta=None, edit_tensors=None, seal=True) -> N
     else:
         meta["pyxtts"] = json.dumps(m)
         save_file(tensors, str(dst), metadata=meta)
+
+
+class Interrupting(pyxtts.TTSDataset):
+    """A dataset that raises KeyboardInterrupt when its sample reads reach ``after`` (as
+    Ctrl-C would, in the middle of a run)."""
+
+    def __init__(self, base: pyxtts.TTSDataset, after: int) -> None:
+        super().__init__(base.samples)
+        self.reads, self.after = 0, after
+
+    def __getitem__(self, i):
+        self.reads += 1
+        if self.reads == self.after:
+            raise KeyboardInterrupt
+        return super().__getitem__(i)
