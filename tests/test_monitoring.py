@@ -406,3 +406,15 @@ def test_a_failed_fit_leaves_no_cycle_holding_the_trainer(tmp_path):
         assert gone() is None
     finally:
         gc.enable()
+
+
+def test_a_log_that_cannot_be_written_is_refused_before_any_step(tmp_path, capsys):
+    import pyxtts.cli
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    rc = pyxtts.cli.main(["train", "--synthetic", "8", "--max-steps", "2", "--log", str(blocker / "log.jsonl"),
+                          "--checkpoint-dir", str(tmp_path / "run"), "--no-progress"])
+    assert rc == 2
+    assert "log_path (pyxtts train --log): cannot write" in capsys.readouterr().err
+    assert not any((tmp_path / "run").glob("step_*.safetensors"))  # nothing trained

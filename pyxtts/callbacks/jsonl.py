@@ -38,12 +38,16 @@ class JSONLLog(Callback):
 
     def on_fit_start(self, run: Run) -> None:
         path = run.log_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if run.continuing and path.exists():
-            trim_log(path, run.state.step)
-            self.file = open(path, "a", encoding="utf-8")
-        else:
-            self.file = open(path, "w", encoding="utf-8")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if run.continuing and path.exists():
+                trim_log(path, run.state.step)
+                self.file = open(path, "a", encoding="utf-8")
+            else:
+                self.file = open(path, "w", encoding="utf-8")
+        except OSError as exc:  # before the first step: the log's path named, nothing trained
+            raise type(exc)(exc.errno, f"log_path (pyxtts train --log): cannot write {str(path)!r}: "
+                                       f"{exc.strerror or exc}") from exc
 
     def _write(self, record: dict) -> None:
         if self.file is not None:
