@@ -113,11 +113,9 @@ def _train_data(data: str, want_eval: bool, strategy: Any = None) -> tuple[Any, 
 def _init_vocab(path: Path) -> str | None:
     """The digest of the vocabulary an ``init_xtts.safetensors`` was grown to (None: XTTS
     v2's own)."""
-    from safetensors import safe_open
+    from pyxtts.fingerprint import saved_extra
 
-    with safe_open(str(path), framework="numpy") as f:
-        meta = json.loads((f.metadata() or {}).get("pyxtts", "{}"))
-    grown = (meta.get("extra") or {}).get("vocab")
+    grown = saved_extra(path).get("vocab")
     return grown.get("sha256") if isinstance(grown, dict) else None
 
 
@@ -147,8 +145,9 @@ def _check_run_vocab(out: Path, vocab: Path | None) -> None:
 def _import_once(source: str, out: Path, vocab: Path | None, strategy: Any) -> dict:
     """``import_xtts_checkpoint(source, out)``; with several processes rank 0 imports and
     the others read what it wrote (a refusal on rank 0 stops them all)."""
-    from pyxtts.checkpoint import CheckpointError, read_checkpoint
+    from pyxtts.checkpoint import CheckpointError
     from pyxtts.coqui_checkpoint import import_xtts_checkpoint
+    from pyxtts.fingerprint import saved_meta
 
     if strategy is None:
         return import_xtts_checkpoint(source, out, vocab=vocab)
@@ -162,8 +161,8 @@ def _import_once(source: str, out: Path, vocab: Path | None, strategy: Any) -> d
         if error is not None:
             raise error
         raise CheckpointError("rank 0 could not import it (its error says why)")
-    if meta is None:
-        meta, _ = read_checkpoint(out)
+    if meta is None:  # its config and extra, not its tensors (the Trainer loads those)
+        meta = saved_meta(out)
     return meta
 
 

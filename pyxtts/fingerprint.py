@@ -45,16 +45,23 @@ def data_fingerprint(samples: Sequence[Sample], config: XTTSConfig) -> dict:
     return out
 
 
-def saved_extra(path: Path) -> dict:
-    """The ``extra`` metadata of a checkpoint, read without its tensors."""
+def saved_meta(path: Path) -> dict:
+    """The metadata of a checkpoint (config, step, extra), read without its tensors."""
     from safetensors import safe_open
 
     try:
         with safe_open(str(path), framework="numpy") as f:
             meta = json.loads((f.metadata() or {})["pyxtts"])
-        extra = meta.get("extra")
     except Exception as exc:  # safetensors raises its own error types
         raise CheckpointError(f"{path}: not a readable pyxtts checkpoint: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: not a readable pyxtts checkpoint: its metadata is not an object")
+    return meta
+
+
+def saved_extra(path: Path) -> dict:
+    """The ``extra`` metadata of a checkpoint, read without its tensors."""
+    extra = saved_meta(path).get("extra")
     return extra if isinstance(extra, dict) else {}
 
 

@@ -557,8 +557,9 @@ class Trainer:
             groups = batch_groups(train, c.effective_batch_size, shuffle=d.shuffle, seed=d.shuffle_seed + state.epoch,
                                   bucket_factor=bucket)
             # several processes: every one draws the global batches, and takes its slice of each
-            firsts = [dp.shard(len(g))[0] for g in groups]
-            mine = [g[slice(*dp.shard(len(g)))] for g in groups]
+            slices = [dp.shard(len(g)) for g in groups]
+            firsts = [lo for lo, _ in slices]
+            mine = [g[lo:hi] for g, (lo, hi) in zip(groups, slices)]
             # closed on every way out of the block, so the collating threads end with it
             with contextlib.closing(_collated(train, mine[state.batch_in_epoch:], d.num_workers, c.model, refs,
                                               state.epoch)) as ahead:
