@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -284,7 +284,10 @@ def train_step_with_accumulation(model, optimizer, batch: Mapping[str, Any],
     global number of its first row (its dropout masks are those rows'); the counts, the
     gradients and the reported losses are the global batch's, an out-of-memory error on any
     process halves every process's micro-batch, and every process takes the same optimizer
-    step. The default, ``SingleProcess``, is the step above."""
+    step. The processes agree that the last micro-batch's memory is reserved before it
+    runs; its backward then starts the gradients' all-reduce group by group
+    (``strategy.gradient_hook``), overlapping the rest of the backward. The default,
+    ``SingleProcess``, is the step above."""
     steps = _positive_int("accumulation_steps", accumulation_steps)
     strategy = SingleProcess() if strategy is None else strategy
     first_row = integer("first_row", first_row, minimum=0)
@@ -299,23 +302,33 @@ def train_step_with_accumulation(model, optimizer, batch: Mapping[str, Any],
     pieces = min(steps, n)
     splits = 0
     dropout_step = model.dropout_step
+
+    def micro_batch(lo: int, hi: int, rows: dict, hook: Callable[[int, int], None] | None = None) -> dict:
+        return model.forward_backward(rows, token_counts=(n_text, n_audio), loss_scale=optimizer.loss_scale,
+                                      dropout_step=dropout_step, sample_offset=first_row + lo,
+                                      zero_grad=lo == 0, keep_larger_arena=True, on_gradients=hook)
+
     while True:
-        out = None  # the micro-batches' (text, audio) losses, once all of them ran
+        parts = _splits(n, pieces)
+        text = audio = 0.0
         try:
-            text = audio = 0.0
-            for i, (lo, hi) in enumerate(_splits(n, pieces)):
-                r = model.forward_backward(_rows(batch, lo, hi), token_counts=(n_text, n_audio),
-                                           loss_scale=optimizer.loss_scale, dropout_step=dropout_step,
-                                           sample_offset=first_row + lo, zero_grad=i == 0,
-                                           keep_larger_arena=True)
+            for lo, hi in parts[:-1]:
+                r = micro_batch(lo, hi, _rows(batch, lo, hi))
                 text += r["text_loss"]
                 audio += r["audio_loss"]
-            out = (text, audio)
+            last = _rows(batch, *parts[-1])
+            model._reserve_step(last)  # the last micro-batch's memory: after this nothing runs out of it
+            reserved = True
         except _C.OutOfMemoryError:
             if micro == 1 and strategy.world_size == 1:
                 raise
-        failed = strategy.failed_rank(out is None)  # one process: None when out is not None
+            reserved = False
+        # every process has the last micro-batch's memory, or all retry: only now may the
+        # gradients' all-reduce start, during that micro-batch's backward
+        failed = strategy.failed_rank(not reserved)  # one process: None when reserved
         if failed is None:
+            r = micro_batch(parts[-1][0], parts[-1][1], last, strategy.gradient_hook(model))
+            out = (text + r["text_loss"], audio + r["audio_loss"])
             break
         # outside the except block, so the traceback's frames are already released
         cleanup_gpu_memory(device)

@@ -9,7 +9,10 @@ Each process holds the whole model and the same optimizer. A step:
 2. The target counts are summed over the processes (``reduce_counts``) before any loss is
    normalised.
 3. The flat fp32 gradient buffer goes to torch through DLPack (no copy) and is all-reduced
-   in place (``all_reduce_grads``): one collective over every gradient.
+   in place, bucket by bucket during the last micro-batch's backward (``gradient_hook``):
+   as the backward finishes a group of gradients (the heads, each block from the last,
+   the embeddings, the conditioning path), its all-reduce starts while the backward goes
+   on, as DDP's buckets do; ``all_reduce_grads`` waits for them.
 4. Every process runs the same AdamW step on the same bits.
 
 ``check_identical`` compares a checksum of every parameter's bits across the processes
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable
 
 from pyxtts.strategy import contiguous_slice
 
@@ -28,6 +31,8 @@ __all__ = ["EXTRA", "DataParallel", "launched"]
 EXTRA = "pip install 'pyxtts[distributed]'"
 ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 DEFAULT_TIMEOUT_S = 600.0  # a collective that waits longer than this ends the job (a hung or dead process)
+DEFAULT_BUCKET_BYTES = 25 << 20  # DDP's bucket_cap_mb: fewer, larger collectives below it
+ALIGN_ELEMENTS = 64  # the flat buffer's tensors start 256 bytes apart at most: gaps are padding
 
 
 def _torch() -> tuple[Any, Any]:
@@ -63,20 +68,66 @@ def _env_int(name: str) -> int:
         raise ValueError(f"{name}: expected an int, got {value!r}") from None
 
 
+class _Buckets:
+    """The all-reduce of one step's gradients, launched bucket by bucket as the backward
+    finishes them (``XTTSGPT.forward_backward``'s ``on_gradients``). Groups arrive top-down
+    in memory; a group that ends just below the open bucket (the gap between them is the
+    buffer's zero padding) joins it, and a bucket of ``bucket_bytes`` or more is launched.
+    Every process sees the same groups in the same order, so every process launches the
+    same collectives in the same order."""
+
+    def __init__(self, dist: Any, grads: Any, bucket_bytes: int) -> None:
+        self._dist, self._grads, self._cap = dist, grads, bucket_bytes
+        self._lo = self._hi = 0
+        self._works: list = []
+        self.covered = 0  # elements launched
+
+    def __call__(self, offset: int, count: int) -> None:
+        end = offset + count
+        if self._hi > self._lo and 0 <= self._lo - end < ALIGN_ELEMENTS:
+            self._lo = offset
+        else:
+            self.flush()
+            self._lo, self._hi = offset, end
+        if (self._hi - self._lo) * 4 >= self._cap:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._hi > self._lo:
+            bucket = self._grads[self._lo:self._hi]
+            self._works.append(self._dist.all_reduce(bucket, op=self._dist.ReduceOp.SUM, async_op=True))
+            self.covered += self._hi - self._lo
+        self._lo = self._hi = 0
+
+    def wait(self) -> None:
+        """Launches what is left, then waits for every bucket's sum."""
+        self.flush()
+        for work in self._works:
+            work.wait()
+        self._works.clear()
+
+
 class DataParallel:
     """The strategy of ``WORLD_SIZE`` processes started by torchrun. ``device``: this
     process's device ("cpu" or "cuda:N"; default: ``cuda:LOCAL_RANK`` where pyxtts has a
     GPU, else the CPU); the backend is NCCL for a GPU, gloo for the CPU. ``timeout_s``: how
     long a collective waits for the other processes before it raises (a process that died
     or hangs ends the job instead of stalling it). The process group is joined here, or
-    taken as it is when the caller already initialised one."""
+    taken as it is when the caller already initialised one. ``bucket_bytes``: the size of
+    the gradient buckets whose all-reduce overlaps the backward (0: one collective over
+    every gradient once the backward is done)."""
 
-    def __init__(self, device: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, device: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
         import pyxtts
 
         torch, dist = _torch()
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
             raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s!r}")
+        if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
+            raise ValueError(f"bucket_bytes: expected an int >= 0 (bytes; 0: no overlap), got {bucket_bytes!r}")
+        self.bucket_bytes = bucket_bytes
+        self._buckets: _Buckets | None = None
         self._torch, self._dist = torch, dist
         self.local_rank = _env_int("LOCAL_RANK")
         if device is None:
@@ -127,10 +178,26 @@ class DataParallel:
         """The smallest micro-batch of any process."""
         return int(self._reduce([micro_batch], self._torch.int64, self._dist.ReduceOp.MIN)[0])
 
+    def gradient_hook(self, model: Any) -> Callable[[int, int], None] | None:
+        """The ``on_gradients`` of the step's last micro-batch: it launches the all-reduce of
+        each bucket of finished gradients during the backward (None when ``bucket_bytes`` is
+        0). On a GPU the launch comes when the group's kernels are queued: NCCL's stream
+        waits for torch's current stream, the legacy default stream, which pyxtts's stream
+        (a blocking one) runs before. ``all_reduce_grads`` then waits for the buckets."""
+        if self.bucket_bytes == 0:
+            return None
+        self._buckets = _Buckets(self._dist, self._torch.from_dlpack(model.flat_gradients()), self.bucket_bytes)
+        return self._buckets
+
     def all_reduce_grads(self, model: Any) -> None:
-        """Sums the flat fp32 gradients of every process, in place, through DLPack."""
+        """Sums the flat fp32 gradients of every process, in place, through DLPack: waits for
+        the buckets ``gradient_hook`` launched, or all-reduces the whole buffer at once."""
         grads = self._torch.from_dlpack(model.flat_gradients())
-        self._dist.all_reduce(grads, op=self._dist.ReduceOp.SUM)
+        buckets, self._buckets = self._buckets, None
+        if buckets is None:
+            self._dist.all_reduce(grads, op=self._dist.ReduceOp.SUM)
+        else:
+            buckets.wait()
         if self.cuda:  # pyxtts's next kernels run on its own stream: the sum must be done
             self._torch.cuda.current_stream(grads.device).synchronize()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import difflib
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, cast
 
 import numpy as np
 
@@ -574,7 +574,8 @@ class XTTSGPT:
 
     def _run(self, batch: Mapping[str, Any], token_counts: tuple[int, int] | None, train: bool,
              loss_scale: float | None = None, dropout_step: int | None = None,
-             sample_offset: int = 0, zero_grad: bool = False, keep_larger_arena: bool = False) -> dict:
+             sample_offset: int = 0, zero_grad: bool = False, keep_larger_arena: bool = False,
+             on_gradients: Callable[[int, int], object] | None = None, reserve_only: bool = False) -> dict | None:
         arrays, (n_text, n_audio) = self._prepare(batch)
         step = self._dropout_step if dropout_step is None else _step_number("dropout_step", dropout_step)
         offset = _step_number("sample_offset", sample_offset, 1 << 32)
@@ -590,9 +591,14 @@ class XTTSGPT:
         scale = 1.0
         if loss_scale is not None:
             scale = real("loss_scale", loss_scale, minimum=0.0, above=True)
-        text_sum, audio_sum = self._core._step(*arrays[:10], float(norm[0]), float(norm[1]), train, scale,
-                                               arrays[10], self._dropout_seed, step, offset,
-                                               bool(zero_grad), bool(keep_larger_arena))
+        if on_gradients is not None and not callable(on_gradients):
+            raise TypeError(f"on_gradients: expected None or a callable (offset, count), got {on_gradients!r}")
+        sums = self._core._step(*arrays[:10], float(norm[0]), float(norm[1]), train, scale, arrays[10],
+                                self._dropout_seed, step, offset, bool(zero_grad), bool(keep_larger_arena),
+                                on_gradients, bool(reserve_only))
+        if sums is None:  # reserve_only: the memory is reserved, nothing ran
+            return None
+        text_sum, audio_sum = sums
         if train and dropout_step is None:
             self._dropout_step = step + 1
         text_loss = text_sum / norm[0] if norm[0] else 0.0
@@ -605,7 +611,8 @@ class XTTSGPT:
     def forward_backward(self, batch: Mapping[str, Any], token_counts: tuple[int, int] | None = None,
                          loss_scale: float | None = None, dropout_step: int | None = None,
                          sample_offset: int = 0, zero_grad: bool = False,
-                         keep_larger_arena: bool = False) -> dict:
+                         keep_larger_arena: bool = False,
+                         on_gradients: Callable[[int, int], object] | None = None) -> dict:
         """Loss of the batch, with its gradients added into ``gradients()``.
 
         With ``zero_grad=True`` the gradients are set to zero first, once the step's memory
@@ -627,11 +634,29 @@ class XTTSGPT:
         passes its optimizer's dynamic scale explicitly,
         ``model.forward_backward(batch, loss_scale=opt.loss_scale)`` with
         ``AdamW(model, loss_scale=2.0**16)``, which unscales, skips non-finite steps and
-        adjusts the scale. Nothing is attached automatically."""
-        return self._run(batch, token_counts, train=True, loss_scale=loss_scale, dropout_step=dropout_step,
-                         sample_offset=sample_offset, zero_grad=flag("zero_grad", zero_grad),
-                         keep_larger_arena=flag("keep_larger_arena", keep_larger_arena))
+        adjusts the scale. Nothing is attached automatically.
+
+        ``on_gradients(offset, count)``, when given, is called during the backward each time
+        a group of gradients holds all of this call's additions: elements ``[offset, offset +
+        count)`` of ``flat_gradients()``, in backward order (the final norms with the heads,
+        the blocks from the last, the embedding tables, the conditioning path); the groups
+        cover every parameter once. It can start work on them while the backward goes on:
+        the data-parallel strategy launches their all-reduce there. On a GPU the call comes
+        once the group's kernels are queued: work the callback queues on the default stream
+        runs after them. The model is busy meanwhile (its methods refuse). An exception it
+        raises stops the step and propagates, the gradients then holding part of this
+        call's additions."""
+        return cast(dict, self._run(batch, token_counts, train=True, loss_scale=loss_scale, dropout_step=dropout_step,
+                                    sample_offset=sample_offset, zero_grad=flag("zero_grad", zero_grad),
+                                    keep_larger_arena=flag("keep_larger_arena", keep_larger_arena),
+                                    on_gradients=on_gradients))
+
+    def _reserve_step(self, batch: Mapping[str, Any]) -> None:
+        """Reserves the memory of a training step on ``batch`` (kept when a larger one is
+        cached, as ``keep_larger_arena``) and runs nothing: ``OutOfMemoryError`` here, and
+        then ``forward_backward(batch, keep_larger_arena=True)`` allocates nothing."""
+        self._run(batch, None, train=True, keep_larger_arena=True, reserve_only=True)
 
     def forward(self, batch: Mapping[str, Any], token_counts: tuple[int, int] | None = None) -> dict:
         """Loss of the batch for evaluation: nothing saved, no gradients."""
-        return self._run(batch, token_counts, train=False)
+        return cast(dict, self._run(batch, token_counts, train=False))

@@ -2,7 +2,8 @@
 
 A step over a global batch of n rows runs on ``world_size`` processes. Each process takes a
 contiguous slice of the rows (``shard``), normalises by the whole batch's target counts
-(``reduce_counts``), and adds its gradients into every process's (``all_reduce_grads``).
+(``reduce_counts``), and adds its gradients into every process's (``all_reduce_grads``,
+which may start during the last micro-batch's backward through ``gradient_hook``).
 Then every process runs the same optimizer step on the same gradients. Out of memory is
 agreed (``failed_rank``, ``agree``): all processes halve their micro-batch together, so
 the step's math stays the global batch's.
@@ -13,7 +14,7 @@ torch.distributed; it is the only module that imports torch.
 """
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 __all__ = ["SingleProcess", "Strategy", "contiguous_slice"]
 
@@ -40,6 +41,8 @@ class Strategy(Protocol):
     def failed_rank(self, failed: bool) -> int | None: ...
 
     def agree(self, micro_batch: int) -> int: ...
+
+    def gradient_hook(self, model: Any) -> Callable[[int, int], None] | None: ...
 
     def all_reduce_grads(self, model: Any) -> None: ...
 
@@ -72,6 +75,9 @@ class SingleProcess:
 
     def agree(self, micro_batch: int) -> int:
         return micro_batch
+
+    def gradient_hook(self, model: Any) -> Callable[[int, int], None] | None:
+        return None
 
     def all_reduce_grads(self, model: Any) -> None:
         return None

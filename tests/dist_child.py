@@ -78,6 +78,26 @@ def oom_always(out: Path) -> None:
     dp.close()
 
 
+def buckets(out: Path) -> None:
+    """The same 3 steps with the gradients all-reduced at once after the backward
+    (bucket_bytes=0), group by group (1 byte: every group is a bucket) and in DDP's 25 MiB
+    buckets (here: one for the whole small model); each run from the same start."""
+    dp, _, _ = start()
+    record: dict[str, np.ndarray] = {}
+    for cap in (0, 1, 25 << 20):
+        dp.bucket_bytes = cap
+        model = pyxtts.XTTSGPT(CFG, seed=SEED)
+        opt = pyxtts.AdamW(model, lr=1e-3)
+        for step in range(3):
+            batch = global_batch(step)
+            lo, hi = dp.shard(batch["text_inputs"].shape[0])
+            train_step_with_accumulation(model, opt, rows(batch, lo, hi), ACCUMULATION, strategy=dp, first_row=lo)
+        record[f"grads.{cap}"] = model.flat_gradients().numpy()
+        record[f"params.{cap}"] = np.concatenate([v.ravel() for _, v in sorted(model.state_dict().items())])
+    np.savez(out / f"rank{dp.rank}.npz", **record)
+    dp.close()
+
+
 def batch_size(out: Path) -> None:
     """Each rank under its own memory limit: the batch size each finds alone, and the one
     they agree on."""
@@ -96,5 +116,5 @@ def batch_size(out: Path) -> None:
 
 if __name__ == "__main__":
     scenarios = {"exact": lambda out: train(out, False), "oom_once": lambda out: train(out, True),
-                 "oom_always": oom_always, "batch_size": batch_size}
+                 "oom_always": oom_always, "batch_size": batch_size, "buckets": buckets}
     scenarios[sys.argv[1]](Path(sys.argv[2]))

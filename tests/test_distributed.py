@@ -67,6 +67,22 @@ def test_n_processes_take_one_process_step(world, tmp_path):
     assert worst <= 1e-5 * STEPS
 
 
+def test_buckets_overlapping_the_backward_change_no_bit(tmp_path):
+    """With two processes each sum is a + b, in whatever bucket it is: the step is the same
+    bits whether the gradients are all-reduced at once, group by group during the backward,
+    or in DDP-sized buckets."""
+    p = torchrun(2, "buckets", tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    ranks = [np.load(tmp_path / f"rank{r}.npz") for r in range(2)]
+    for got in ranks:
+        for kind in ("grads", "params"):
+            at_once = got[f"{kind}.0"]
+            assert np.isfinite(at_once).all() and np.abs(at_once).sum() > 0
+            for cap in (1, 25 << 20):
+                np.testing.assert_array_equal(got[f"{kind}.{cap}"], at_once, err_msg=f"{kind} {cap}")
+    np.testing.assert_array_equal(ranks[0]["params.1"], ranks[1]["params.1"])
+
+
 def test_out_of_memory_on_one_process_halves_every_micro_batch(tmp_path):
     done = torchrun(2, "oom_once", tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]

@@ -591,6 +591,16 @@ static int gpt_forward(const pxt_gpt *m, const pxt_plan *p, char *base, const px
                                  pxt_flat_param(&m->flat, l->fnorm_b), N, C, m->cfg.eps, p->dt);
 }
 
+/* Tells the caller (in->grads_done) that tensors first..last of the layout, one
+ * run in the flat buffer, hold all of this step's gradient additions. */
+static int grads_done(const pxt_gpt *m, const pxt_gpt_batch *in, int first, int last) {
+    if (!in->grads_done) {
+        return PXT_OK;
+    }
+    const pxt_param_info *a = &m->flat.layout.params[first], *b = &m->flat.layout.params[last];
+    return in->grads_done(in->grads_done_ctx, a->offset, b->offset + b->numel - a->offset);
+}
+
 /* backward from dh2 (in dB, from the heads): final_norm, ln_f, then the blocks
  * top-down with dres carrying dx, then the embeddings' dropout and tables; dres
  * holds dx0 at the end. */
@@ -612,6 +622,7 @@ static int gpt_backward(const pxt_gpt *m, const pxt_plan *p, char *base, const p
         d, dres, pxt_flat_grad(&m->flat, l->ln_f_w), pxt_flat_grad(&m->flat, l->ln_f_b), dA, top,
         pxt_flat_param(&m->flat, l->ln_f_w), (float *)(base + p->hf_mean),
         (float *)(base + p->hf_rstd), N, C, p->dt, x->reduce_ws));
+    PXT_TRY(grads_done(m, in, l->ln_f_w, l->mel_head_b)); /* the heads' ran in heads() */
     pxt_block_acts work = block_acts(base, p, -1);
     for (int i = L - 1; i >= 0; i--) {
         pxt_block_params bp;
@@ -622,12 +633,15 @@ static int gpt_backward(const pxt_gpt *m, const pxt_plan *p, char *base, const p
         xl.gelu_apart = p->policy[i] == PXT_CKPT_SELECTIVE; /* "full": fused as it ran */
         PXT_TRY(pxt_block_backward(&xl, &bp, &bg, &saved, &work, p->policy[i],
                                    resid + (size_t)i * NC, dres, dA, dB));
+        int t0 = l->block0 + i * PXT_BLOCK_TENSORS;
+        PXT_TRY(grads_done(m, in, t0, t0 + PXT_BLOCK_TENSORS - 1));
     }
     pxt_dropout embd = site_dropout(m, p, in, SITE_EMBED);
     if (embd.p > 0.0f) {
         PXT_TRY(be->dropout_backward(d, dres, dres, N, C, &embd, p->dt));
     }
-    return embed_backward(m, p, base, dres);
+    PXT_TRY(embed_backward(m, p, base, dres));
+    return grads_done(m, in, l->text_emb, l->mel_pos);
 }
 
 /* 1 when some sample has a masked key before an unmasked one: padding in the
@@ -682,6 +696,10 @@ int pxt_gpt_step(pxt_gpt *m, const pxt_gpt_batch *in, pxt_gpt_losses *out) {
         PXT_TRY(gpt_backward(m, p, base, &x, in, top));
         if (p->cond.S) {
             PXT_TRY(cond_backward(m, p, base, base + p->dres));
+        }
+        const pxt_param_layout *l = &m->flat.layout;
+        if (l->cond0 < l->count) { /* done, or untouched by a step without mels */
+            PXT_TRY(grads_done(m, in, l->cond0, l->count - 1));
         }
     }
     return losses_sum(m, p, base, out); /* last: nothing before it waits for the device */

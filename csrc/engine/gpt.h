@@ -32,6 +32,17 @@ typedef struct {
     pxt_plan plan;      /* the arena's layout */
 } pxt_gpt;
 
+/* Told during a training step's backward that elements [offset, offset + count)
+ * of the flat gradients hold all of this step's additions: the caller may start
+ * reading them (an all-reduce, a copy to the host) while the backward goes on.
+ * Groups come in backward order: the final norms with the heads, the blocks from
+ * the last, the embedding tables, then the conditioning path when the model has
+ * one; together they cover every tensor once. On a device the call comes when
+ * the group's work is queued, not done: what the caller queues after it on the
+ * legacy default stream runs after that work. Nonzero: the step stops there
+ * with that code, the gradients holding part of its additions. */
+typedef int (*pxt_grads_done_fn)(void *ctx, size_t offset, size_t count);
+
 /* A batch on the host, validated by the caller's shapes: B samples of Lt text
  * and La audio positions after Nc conditioning latents, which come from cond
  * (fixed latents), from mels through the conditioning path (S > 0), or neither. */
@@ -47,6 +58,8 @@ typedef struct {
     double loss_scale;                                /* multiplies the loss gradient (1: none) */
     uint64_t dropout_seed, dropout_step;              /* key the dropout masks */
     uint32_t sample0;                                 /* number of the first sample (masks) */
+    pxt_grads_done_fn grads_done;                     /* NULL: nobody is told */
+    void *grads_done_ctx;
 } pxt_gpt_batch;
 
 typedef struct {

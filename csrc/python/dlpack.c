@@ -239,12 +239,8 @@ typedef struct {
 /* Called with the GIL. The producer's deleter may run Python code (a capsule
  * from Python, a finaliser), which must not see an exception we are raising. */
 static void import_release(import_ctx *c) {
-#if PY_VERSION_HEX >= 0x030C0000
-    PyObject *pending = PyErr_GetRaisedException();
-#else
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-#endif
+    pxt_py_pending pending;
+    pxt_py_pending_take(&pending);
     if (c->versioned) {
         DLManagedTensorVersioned *m = c->managed;
         if (m->deleter) {
@@ -257,11 +253,7 @@ static void import_release(import_ctx *c) {
         }
     }
     free(c);
-#if PY_VERSION_HEX >= 0x030C0000
-    PyErr_SetRaisedException(pending);
-#else
-    PyErr_Restore(type, value, tb);
-#endif
+    pxt_py_pending_restore(&pending);
 }
 
 static void owner_destructor(PyObject *cap) {

@@ -91,3 +91,21 @@ PyObject *pxt_reraise_named(PyObject *type, const char *prefix) {
     Py_XDECREF(tb);
     return NULL;
 }
+
+void pxt_py_pending_take(pxt_py_pending *p) {
+#if PY_VERSION_HEX >= 0x030C0000 /* PyErr_Fetch is deprecated there (-Werror) */
+    p->type = p->tb = NULL;
+    p->value = PyErr_GetRaisedException();
+#else
+    PyErr_Fetch(&p->type, &p->value, &p->tb);
+#endif
+}
+
+void pxt_py_pending_restore(pxt_py_pending *p) {
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(p->value);
+#else
+    PyErr_Restore(p->type, p->value, p->tb);
+#endif
+    p->type = p->value = p->tb = NULL;
+}

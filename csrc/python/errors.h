@@ -25,4 +25,14 @@ int pxt_raise_int(int code);
  * "<prefix>: <the original message>"; returns NULL. */
 PyObject *pxt_reraise_named(PyObject *type, const char *prefix);
 
+/* An exception taken out of the thread (so other Python code can run) and given
+ * back later: PyErr_Fetch's three objects before 3.12, the exception after. */
+typedef struct {
+    PyObject *type, *value, *tb;
+} pxt_py_pending;
+/* Takes the thread's exception (none: all NULL) and clears it. */
+void pxt_py_pending_take(pxt_py_pending *p);
+/* Sets it back as the thread's exception (consumes it); none: clears nothing. */
+void pxt_py_pending_restore(pxt_py_pending *p);
+
 #endif /* PXT_PY_ERRORS_H */

@@ -541,16 +541,43 @@ static int mels_data(PyObject *obj, pxt_dtype dt, npy_intp B, const void **data,
     return 0;
 }
 
+/* The step's pxt_grads_done_fn for a Python callable: called with the GIL taken
+ * back (the step runs without it); its exception is kept for the caller. */
+typedef struct {
+    PyObject *fn;
+    int failed;
+    pxt_py_pending exc; /* the callable's exception when failed */
+} grads_hook;
+
+static int call_grads_hook(void *ctx, size_t offset, size_t count) {
+    grads_hook *h = ctx;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *r = PyObject_CallFunction(h->fn, "nn", (Py_ssize_t)offset, (Py_ssize_t)count);
+    int rc = PXT_OK;
+    if (r) {
+        Py_DECREF(r);
+    } else {
+        pxt_py_pending_take(&h->exc);
+        h->failed = 1;
+        rc = PXT_ERR_VALUE; /* stops the step; the binding raises h->exc instead */
+    }
+    PyGILState_Release(g);
+    return rc;
+}
+
 /* _step(text_ids, audio_ids, text_tgt, audio_tgt, text_pos, audio_pos, key_mask,
  *       text_len, audio_len, cond, n_text, n_audio, train, loss_scale=1.0, mels=None,
- *       dropout_seed=0, dropout_step=0, sample0=0, zero_grad=False, keep_larger=False)
- *       -> (text_sum, audio_sum)
+ *       dropout_seed=0, dropout_step=0, sample0=0, zero_grad=False, keep_larger=False,
+ *       on_gradients=None, reserve_only=False) -> (text_sum, audio_sum)
  * Arrays come validated from pyxtts.XTTSGPT (int32, uint8 mask, cond and mels
  * in the model's dtype). Losses are sums of -log p over valid targets. The
  * dropout masks of a training step are keyed by (dropout_seed, dropout_step)
  * and the samples numbered from sample0. zero_grad: the gradients are zeroed once
  * the arena is reserved, so a step that does not fit leaves them as they were;
- * keep_larger: see pxt_gpt_reserve. */
+ * keep_larger: see pxt_gpt_reserve. on_gradients: None or a callable, called
+ * (offset, count) in a training step's backward as each group of gradients is
+ * done (pxt_grads_done_fn); an exception it raises stops the step and is raised.
+ * reserve_only: the arena is reserved for this batch and nothing runs (None). */
 static PyObject *gpt_step(PyObject *op, PyObject *args) {
     pxt_gpt *m = ready(op);
     if (!m) {
@@ -562,14 +589,19 @@ static PyObject *gpt_step(PyObject *op, PyObject *args) {
     pxt_py_u64 dropout_seed = PXT_PY_U64_OPT("dropout_seed", 0);
     pxt_py_u64 dropout_step = PXT_PY_U64_OPT("dropout_step", 0);
     pxt_py_int sample0 = PXT_PY_INT_OPT("sample_offset", 0, UINT32_MAX, 0);
-    int train, zero_grad = 0, keep_larger = 0;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOO&O&p|O&OO&O&O&pp:_step", &a[0], &a[1], &a[2], &a[3],
+    int train, zero_grad = 0, keep_larger = 0, reserve_only = 0;
+    grads_hook hook = {.fn = Py_None};
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOO&O&p|O&OO&O&O&ppOp:_step", &a[0], &a[1], &a[2], &a[3],
                           &a[4], &a[5], &a[6], &a[7], &a[8], &a[9], pxt_py_real_converter, &n_text,
                           pxt_py_real_converter, &n_audio, &train, pxt_py_real_converter,
                           &loss_scale, &mels, pxt_py_u64_converter, &dropout_seed,
                           pxt_py_u64_converter, &dropout_step, pxt_py_int_converter, &sample0,
-                          &zero_grad, &keep_larger)) {
+                          &zero_grad, &keep_larger, &hook.fn, &reserve_only)) {
         return NULL;
+    }
+    if (hook.fn != Py_None && !PyCallable_Check(hook.fn)) {
+        return PyErr_Format(PyExc_TypeError, "on_gradients: expected None or a callable, got %R",
+                            hook.fn);
     }
     if (m->flat.busy) {
         return PyErr_Format(PyExc_RuntimeError,
@@ -627,6 +659,10 @@ static PyObject *gpt_step(PyObject *op, PyObject *args) {
     in.dropout_seed = dropout_seed.value;
     in.dropout_step = dropout_step.value;
     in.sample0 = (uint32_t)sample0.value;
+    if (hook.fn != Py_None && train) {
+        in.grads_done = call_grads_hook;
+        in.grads_done_ctx = &hook;
+    }
     int rc = pxt_gpt_check_batch(m, &in, train);
     if (rc != PXT_OK) {
         return pxt_raise(rc);
@@ -636,6 +672,9 @@ static PyObject *gpt_step(PyObject *op, PyObject *args) {
                       train, pxt_gpt_arena_budget(m));
     if (rc == PXT_OK) {
         rc = pxt_gpt_reserve(m, &p, keep_larger);
+    }
+    if (rc == PXT_OK && reserve_only) {
+        Py_RETURN_NONE;
     }
     if (rc == PXT_OK &&
         zero_grad) { /* after the only allocation: a step that fails changes nothing */
@@ -650,6 +689,10 @@ static PyObject *gpt_step(PyObject *op, PyObject *args) {
     rc = pxt_gpt_step(m, &in, &out);
     Py_END_ALLOW_THREADS
     pxt_flat_set_busy(&m->flat, 0);
+    if (hook.failed) {
+        pxt_py_pending_restore(&hook.exc);
+        return NULL;
+    }
     if (rc != PXT_OK) {
         return pxt_raise(rc);
     }

@@ -11,6 +11,8 @@ For each N in --gpus it starts ``torchrun --standalone --nproc_per_node=N`` on t
   step_s        median seconds of one optimizer step (N x --batch rows, one micro-batch per
                 process), after a warm-up step
   tokens_per_s  the global batch's valid targets per second
+  step_s_no_overlap  the same with one all-reduce after the backward (bucket_bytes=0)
+                instead of buckets launched during it
   allreduce_s   median seconds of the flat fp32 gradients' all-reduce alone
   efficiency    tokens_per_s(N) / (N x tokens_per_s(1)); the goal on one node is >= 0.90
   same_bits     (N = 1 only) the DataParallel step's parameters equal the SingleProcess
@@ -42,7 +44,7 @@ def child(a: argparse.Namespace) -> None:
 
     import pyxtts
     from pyxtts.batch import _synthetic_batch, train_step_with_accumulation
-    from pyxtts.distributed import DataParallel
+    from pyxtts.distributed import DEFAULT_BUCKET_BYTES, DataParallel
 
     kwargs, lt, la, frames = CONFIGS[a.config]
     cfg = pyxtts.ModelConfig(**kwargs)
@@ -71,13 +73,21 @@ def child(a: argparse.Namespace) -> None:
         train_step_with_accumulation(ref, ref_opt, batch, 1)
         same = all(np.array_equal(after[k].view(np.uint8), v.view(np.uint8)) for k, v in ref.state_dict().items())
         del ref, ref_opt
-    times = []
-    for _ in range(a.steps):
-        sync()
-        t0 = time.perf_counter()
-        r = one_step()
-        sync()
-        times.append(time.perf_counter() - t0)
+    def timed_steps() -> list[float]:
+        nonlocal r
+        times = []
+        for _ in range(a.steps):
+            sync()
+            t0 = time.perf_counter()
+            r = one_step()
+            sync()
+            times.append(time.perf_counter() - t0)
+        return times
+
+    times = timed_steps()  # the all-reduce in buckets, overlapping the backward
+    dp.bucket_bytes = 0
+    serial = timed_steps()  # one all-reduce after the backward
+    dp.bucket_bytes = DEFAULT_BUCKET_BYTES
     reduce_times = []
     for _ in range(a.steps):
         sync()
@@ -88,6 +98,7 @@ def child(a: argparse.Namespace) -> None:
     step_s = statistics.median(times)
     out = {"world_size": dp.world_size, "device": pyxtts.device_info(device)["name"], "config": a.config,
            "rows_per_process": a.batch, "step_s": step_s, "tokens_per_s": (r.text_tokens + r.audio_tokens) / step_s,
+           "step_s_no_overlap": statistics.median(serial),
            "allreduce_s": statistics.median(reduce_times), "gradient_bytes": int(model.flat_gradients().nbytes),
            "same_bits": same}
     if dp.is_main:
@@ -130,7 +141,8 @@ def main() -> int:
         eff = f"{r['efficiency']:.3f}" if "efficiency" in r else "n/a"
         print(f"N={r['world_size']}: step {r['step_s'] * 1e3:.1f} ms, {r['tokens_per_s']:.0f} tokens/s, "
               f"all-reduce {r['allreduce_s'] * 1e3:.1f} ms of {r['gradient_bytes'] / 2**20:.0f} MiB "
-              f"({r['allreduce_s'] / r['step_s']:.1%} of the step), efficiency {eff}"
+              f"({r['allreduce_s'] / r['step_s']:.1%} of the step), {r['step_s_no_overlap'] * 1e3:.1f} ms without "
+              f"overlap, efficiency {eff}"
               + ("" if r["same_bits"] is None else f", same bits as one process: {r['same_bits']}"))
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
