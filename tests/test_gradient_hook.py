@@ -227,3 +227,35 @@ def test_buckets_launch_every_gradient_once_and_merge_neighbours_up_to_their_siz
         assert all(hi - lo >= 1024 for lo, hi in dist.ranges[:launched_in_backward])
     waits = [e for e in dist.log if e[0] == "wait"]
     assert len(waits) == len(dist.ranges) and dist.log[-1][0] == "wait"
+
+
+@pytest.mark.parametrize("behaviour", ["returns", "interrupt", "nested", "same_model"])
+def test_odd_hooks(behaviour):
+    """What a hook returns is ignored; Ctrl-C inside it stops the step like any exception; a
+    hook may run another model's step; the same model's step inside it is refused."""
+    model, other = pyxtts.XTTSGPT(CFG, seed=SEED), pyxtts.XTTSGPT(CFG, seed=SEED + 1)
+    batch = global_batch(0)
+    refused: list[str] = []
+
+    def hook(offset: int, count: int) -> object:
+        if behaviour == "interrupt":
+            raise KeyboardInterrupt
+        if behaviour == "nested":
+            other.forward_backward(batch)
+        if behaviour == "same_model":
+            try:
+                model.forward_backward(batch)
+            except RuntimeError as exc:
+                refused.append(str(exc))
+        return object()
+
+    if behaviour == "interrupt":
+        with pytest.raises(KeyboardInterrupt):
+            model.forward_backward(batch, on_gradients=hook)
+    else:
+        model.forward_backward(batch, zero_grad=True, dropout_step=0, on_gradients=hook)
+        ref = pyxtts.XTTSGPT(CFG, seed=SEED)
+        ref.forward_backward(batch, zero_grad=True, dropout_step=0)
+        np.testing.assert_array_equal(model.flat_gradients().numpy(), ref.flat_gradients().numpy())
+    assert len(refused) == (CFG.n_layers + 2 if behaviour == "same_model" else 0)
+    model.forward_backward(batch)  # usable afterwards
