@@ -31,7 +31,8 @@ draws the same batches of ``data.batch_size x gradient_accumulation_steps`` samp
 takes its contiguous slice of each (micro-batches of ``data.batch_size``), so N processes
 train the step of one process, and a run resumes on any number of them. Rank 0 writes the
 log, TensorBoard, samples and checkpoints; evaluation is shared; every process stops at
-the same step (SIGTERM on any of them: at the next step boundary, with a checkpoint).
+the same step (SIGTERM or Ctrl-C's SIGINT on any of them: at the next step boundary, with
+a checkpoint).
 """
 from __future__ import annotations
 
@@ -113,30 +114,48 @@ def optimizer_from_config(model: XTTSGPT, t, offload: bool = False) -> Any:
 
 class Terminated(KeyboardInterrupt):
     """The run was asked to stop by a signal (SIGTERM, what cluster schedulers send before
-    killing a job): ``fit`` saved a checkpoint first, as on Ctrl-C. ``signum`` is the signal."""
+    killing a job; with several processes Ctrl-C's SIGINT too): ``fit`` saved a checkpoint
+    first, as on Ctrl-C. ``signum`` is the signal."""
 
     def __init__(self, signum: int) -> None:
         self.signum = signum
         super().__init__(f"stopped by signal {signal.Signals(signum).name}")
 
 
+def _stop_signals(world_size: int) -> tuple[signal.Signals, ...]:
+    """The signals ``fit`` notes and stops on at the next step boundary. SIGTERM always.
+    SIGINT (Ctrl-C) only with several processes: one process raises ``KeyboardInterrupt``
+    at once and saves, but several would each be interrupted at another point of the step,
+    with no step they all finished to save.
+
+    What Ctrl-C does under torchrun (torch 2.13, torch/distributed/elastic): every worker
+    is started in a session of its own (``start_new_session``), so a terminal's SIGINT
+    reaches torchrun alone. torchrun sends the signal it got to each worker's process group,
+    waits up to ``--shutdown-timeout`` (default 30 s, ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``),
+    then SIGKILLs them. A second Ctrl-C makes it send SIGTERM and wait again."""
+    return (signal.SIGTERM,) if world_size == 1 else (signal.SIGTERM, signal.SIGINT)
+
+
 @contextlib.contextmanager
-def _stop_on_sigterm() -> Iterator[list[int]]:
-    """While inside, SIGTERM is noted (in the yielded list) instead of killing the process;
-    the loop stops at the next step boundary. Only the main thread can take signals: in
-    any other, SIGTERM keeps its handler."""
+def _stop_on(signums: tuple[signal.Signals, ...]) -> Iterator[list[int]]:
+    """While inside, each of ``signums`` is noted (in the yielded list) instead of ending
+    the process or raising ``KeyboardInterrupt``; the loop stops at the next step boundary.
+    Only the main thread can take signals: in any other, they keep their handlers."""
     noted: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield noted
         return
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: noted.append(signum))
-    # system calls the signal interrupts restart instead of failing: a collective of several
-    # processes (a socket read in gloo) must not end with EINTR because the signal came then
-    signal.siginterrupt(signal.SIGTERM, False)
+    previous = {s: signal.signal(s, lambda signum, frame: noted.append(signum)) for s in signums}
+    for s in signums:
+        # system calls the signal interrupts restart instead of failing: a collective of
+        # several processes (a socket read in gloo) must not end with EINTR because the
+        # signal came then
+        signal.siginterrupt(s, False)
     try:
         yield noted
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 class RunExistsError(FileExistsError):
@@ -445,6 +464,8 @@ class Trainer:
         before the first step (``DataError``; nothing is truncated). Ctrl-C saves a
         checkpoint, then raises ``KeyboardInterrupt``; so does SIGTERM (in the main thread),
         at the end of the step under way, raising ``Terminated`` (a ``KeyboardInterrupt``).
+        With several processes Ctrl-C's SIGINT does as SIGTERM: every process stops at the
+        same step boundary.
         The collating threads end with the call, whichever way it ends."""
         overwrite = flag("overwrite", overwrite)
         c = self.config
@@ -480,7 +501,7 @@ class Trainer:
                   f"{total} steps in all")
         t_start = time.perf_counter()
         error: BaseException | None = None
-        with _stop_on_sigterm() as signals:  # around the Ctrl-C save too
+        with _stop_on(_stop_signals(self.strategy.world_size)) as signals:  # around the Ctrl-C save too
             try:
                 self.callbacks.fit_start(run)
                 if resumed is not None:
@@ -583,24 +604,25 @@ class Trainer:
                         rec["cleanup_released_bytes"] = cleanup_gpu_memory(self.device)
                     run.history.append(rec)
                     self.callbacks.step_end(run, rec)
-                    if dp.world_size > 1:
-                        self._agree_after_step(signals)
-                    if signals:
-                        raise Terminated(signals[0])
+                    signum = self._agree_after_step(signals) if dp.world_size > 1 else min(signals, default=None)
+                    if signum is not None:
+                        raise Terminated(signum)
                     if state.step >= run.total_steps or state.stop_reason is not None:
                         break
 
-    def _agree_after_step(self, signals: list[int]) -> None:
-        """Several processes, at a step boundary: a SIGTERM any of them got stops all of them
-        here (so they save at the same step); every ``parameter_check_interval`` steps their
-        parameters are compared (``DataParallel.check_identical``)."""
+    def _agree_after_step(self, signals: list[int]) -> int | None:
+        """Several processes, at a step boundary: the signal they all stop on now (so that
+        they save at the same step), the lowest-numbered any of them noted, or None; every
+        ``parameter_check_interval`` steps their parameters are compared
+        (``DataParallel.check_identical``)."""
         dp, t = self.strategy, self.config.training
-        if dp.failed_rank(bool(signals)) is not None and not signals:
-            signals.append(signal.SIGTERM)
+        # agree: the smallest value of any process; NSIG is above every signal's number
+        lowest = dp.agree(min(signals, default=signal.NSIG))
         if t.parameter_check_interval is not None and self.step % t.parameter_check_interval == 0:
             check = getattr(dp, "check_identical", None)
             if check is not None:
                 check(self.model)
+        return None if lowest == signal.NSIG else lowest
 
     def _evaluation(self, run: Run) -> dict:
         """Evaluates now on the run's evaluation set; the record goes to every callback."""

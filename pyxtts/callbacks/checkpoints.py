@@ -33,9 +33,9 @@ class StepCheckpoints(Callback):
             run.save()
 
     def on_fit_end(self, run: Run, error: BaseException | None) -> None:
-        # several processes: only a stop they agreed on (SIGTERM, at a step boundary) finds them
-        # all at the same step to save; a Ctrl-C reaches each at another point, so the last
-        # checkpoint stays the run's
+        # several processes: only a stop they agreed on (a signal noted, then agreed at a step
+        # boundary: Terminated) finds them all at the same step to save; a KeyboardInterrupt
+        # raised otherwise reaches each at another point, so the last checkpoint stays the run's
         agreed = run.state.world_size == 1 or getattr(error, "signum", None) is not None
         if isinstance(error, KeyboardInterrupt) and agreed:
             path = run.save()
