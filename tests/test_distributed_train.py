@@ -1,7 +1,8 @@
 """``torchrun ... -m pyxtts train`` on CPUs (gloo): the run of N processes is the run of
-one, it resumes on another number of processes, SIGTERM on every process saves one
-checkpoint at the same step, and a process killed mid-step ends the others within a minute
-with the last checkpoint intact."""
+one, it resumes on another number of processes, SIGTERM on every process and Ctrl-C (on
+torchrun, pressed once or twice, or on one worker) save one checkpoint at the same step,
+and a process killed mid-step ends the others within a minute with the last checkpoint
+intact."""
 from __future__ import annotations
 
 import json
@@ -34,7 +35,7 @@ model:
 training:
   gradient_accumulation_steps: 2
   max_steps: {max_steps}
-  checkpoint_interval: 3
+  checkpoint_interval: {checkpoint_interval}
   eval_interval: 3
   log_interval: 3
   warmup_steps: 2
@@ -45,17 +46,27 @@ data:
   num_workers: 0
 """
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+# torchrun runs each worker as `python RECORD_EXIT STATUSES -m pyxtts ...` when a test
+# needs the workers' exit statuses, which torchrun does not report once a signal stopped it
+RECORD_EXIT = Path(__file__).parent / "helpers" / "record_exit.py"
+# torchrun's wait for its workers after forwarding a signal, before it SIGKILLs them
+# (--shutdown-timeout's default)
+GRACE_S = 30
 
 
-def config(folder: Path, max_steps: int) -> Path:
-    path = folder / f"c{max_steps}.yaml"
-    path.write_text(CONFIG.format(max_steps=max_steps), encoding="utf-8")
+def config(folder: Path, max_steps: int, checkpoint_interval: int = 3) -> Path:
+    path = folder / f"c{max_steps}_{checkpoint_interval}.yaml"
+    path.write_text(CONFIG.format(max_steps=max_steps, checkpoint_interval=checkpoint_interval), encoding="utf-8")
     return path
 
 
-def train_cmd(n: int, cfg: Path, run: Path, *extra: str) -> list[str]:
+def train_cmd(n: int, cfg: Path, run: Path, *extra: str, statuses: Path | None = None) -> list[str]:
+    """``pyxtts train`` on ``n`` processes; with ``statuses``, each worker's exit status is
+    written there (``RECORD_EXIT``)."""
+    through = [] if statuses is None else [str(RECORD_EXIT), str(statuses)]
     head = [sys.executable, "-m", "pyxtts"] if n == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", "-m", "pyxtts"]
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *through, "-m",
+        "pyxtts"]
     return head + ["train", "--config", str(cfg), "--synthetic", "48", "--checkpoint-dir", str(run), "--no-progress",
                    *extra]
 
@@ -114,16 +125,33 @@ def test_a_run_resumes_on_another_number_of_processes(before, after, tmp_path):
 
 
 def workers(agent: psutil.Process) -> dict[int, psutil.Process]:
-    """rank -> the worker processes torchrun started (their environment says the rank)."""
+    """rank -> the worker processes torchrun started (their environment says the rank), the
+    pyxtts processes themselves, not ``RECORD_EXIT`` around them."""
     out = {}
     for child in agent.children(recursive=True):
         try:
-            rank = child.environ().get("RANK")
+            rank, command = child.environ().get("RANK"), " ".join(child.cmdline())
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        if rank is not None and "pyxtts" in " ".join(child.cmdline()):
+        if rank is not None and "pyxtts" in command and RECORD_EXIT.name not in command:
             out[int(rank)] = child
     return out
+
+
+def kill_all(proc: subprocess.Popen) -> None:
+    """SIGKILL to torchrun and every process under it: its workers live in sessions of their
+    own and would outlast it (training on) if only torchrun were killed."""
+    try:
+        below = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        below = []
+    proc.kill()
+    for p in below:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
 
 
 def wait_for_step(run: Path, step: int, proc: subprocess.Popen, limit: float = 120) -> None:
@@ -136,15 +164,20 @@ def wait_for_step(run: Path, step: int, proc: subprocess.Popen, limit: float = 1
     raise AssertionError(f"no step {step} within {limit} s")
 
 
-def long_run(tmp_path: Path) -> tuple[Path, subprocess.Popen]:
-    """Two processes training far beyond the test, started and past step 4."""
+def long_run(tmp_path: Path, checkpoint_interval: int = 3,
+             statuses: Path | None = None) -> tuple[Path, subprocess.Popen]:
+    """Two processes training far beyond the test, started and past step 4. torchrun leads
+    a session of its own, as a terminal starts it (its workers lead their own); its stderr
+    is ``tmp_path / "stderr.txt"``, readable while it runs."""
     run = tmp_path / "run"
-    proc = subprocess.Popen(train_cmd(2, config(tmp_path, 100000), run), env=ENV, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with open(tmp_path / "stderr.txt", "w") as err:
+        proc = subprocess.Popen(train_cmd(2, config(tmp_path, 100000, checkpoint_interval), run, statuses=statuses),
+                                env=ENV, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=err,
+                                start_new_session=True)
     try:
         wait_for_step(run, 4, proc)
     except BaseException:
-        proc.kill()
+        kill_all(proc)
         raise
     return run, proc
 
@@ -154,9 +187,10 @@ def test_sigterm_on_every_process_saves_one_checkpoint_at_the_same_step(tmp_path
     try:
         for w in workers(psutil.Process(proc.pid)).values():  # a cluster's preemption: every process
             w.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
     finally:
-        proc.kill()
+        kill_all(proc)
+    err = (tmp_path / "stderr.txt").read_text()
     assert err.count("interrupted by SIGTERM") == 1, err  # rank 0 says it, once
     newest = sorted(run.glob("step_*.safetensors"))[-1]
     step = int(newest.stem.split("_")[1])
@@ -168,6 +202,86 @@ def test_sigterm_on_every_process_saves_one_checkpoint_at_the_same_step(tmp_path
     assert f"trained {step + 3} steps" in p.stdout
 
 
+def wait_for_text(path: Path, text: str, proc: subprocess.Popen, limit: float = 60) -> None:
+    t0 = time.monotonic()
+    while text not in path.read_text():
+        assert proc.poll() is None and time.monotonic() - t0 < limit, f"no {text!r} within {limit} s"
+        time.sleep(0.02)
+
+
+def exit_statuses(path: Path) -> dict[int, int]:
+    """rank -> exit status, as ``RECORD_EXIT`` wrote them."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    return {int(rank): int(status) for rank, status in (line.split() for line in lines)}
+
+
+def the_stop_checkpoint(run: Path, err: str) -> int:
+    """The step of the run's one checkpoint, written on the stop that rank 0 reports once:
+    complete, the step of its last log record (where every process stopped), and no
+    temporary file left beside it."""
+    saved = sorted(run.glob("step_*.safetensors"))
+    assert len(saved) == 1, saved
+    step = int(saved[0].stem.split("_")[1])
+    assert err.count("interrupted by SIGINT") == 1, err[-4000:]
+    assert f"interrupted by SIGINT at step {step}: saved" in err, err[-4000:]
+    meta, _ = read_checkpoint(saved[0])
+    assert meta["step"] == step == max(r["step"] for r in log(run) if r["type"] == "train")
+    assert not list(run.glob("*.tmp-*"))
+    return step
+
+
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_on_torchrun_saves_one_checkpoint_at_the_same_step(presses, tmp_path):
+    """A terminal's Ctrl-C is SIGINT to its foreground process group: torchrun's, which
+    holds torchrun alone. torchrun sends SIGINT to every worker; a second press makes it
+    send SIGTERM while it waits. Every process stops at the same step boundary, rank 0
+    saves once, every rank exits with 130 (128 + SIGINT), and the run resumes from there."""
+    statuses = tmp_path / "statuses"
+    run, proc = long_run(tmp_path, checkpoint_interval=1000, statuses=statuses)  # no checkpoint but the stop's
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        t0 = time.monotonic()
+        if presses == 2:
+            wait_for_text(tmp_path / "stderr.txt", "closing signal SIGINT", proc)
+            assert not statuses.exists()  # the workers are stopping, torchrun waits for them
+            os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        kill_all(proc)
+    err = (tmp_path / "stderr.txt").read_text()
+    assert "closing signal SIGINT" in err, err[-4000:]  # torchrun forwards it to the workers
+    if presses == 2:
+        assert "closing signal SIGTERM" in err, err[-4000:]
+    assert took < GRACE_S, took  # every worker ended before torchrun's SIGKILL
+    assert exit_statuses(statuses) == {0: 130, 1: 130}, err[-4000:]
+    step = the_stop_checkpoint(run, err)
+    if presses == 1:  # (the checkpoint is the same kind either way: one resume is enough)
+        p = train(2, config(tmp_path, step + 3), run, "--resume")
+        assert f"trained {step + 3} steps" in p.stdout
+
+
+def test_ctrl_c_on_one_worker_stops_every_process_at_the_same_step(tmp_path):
+    """SIGINT to rank 1 alone (kill -INT of its pid): the processes agree on it at the next
+    step boundary, and rank 0 saves and names SIGINT. Rank 1 exits 130; then torchrun ends
+    the others with SIGTERM, which rank 0 notes while in fit (130) or dies of after it (its
+    checkpoint written)."""
+    statuses = tmp_path / "statuses"
+    run, proc = long_run(tmp_path, checkpoint_interval=1000, statuses=statuses)
+    try:
+        workers(psutil.Process(proc.pid))[1].send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        proc.wait(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        kill_all(proc)
+    err = (tmp_path / "stderr.txt").read_text()
+    assert took < GRACE_S, took
+    codes = exit_statuses(statuses)
+    assert codes[1] == 130 and codes[0] in (130, -signal.SIGTERM), (codes, err[-4000:])
+    the_stop_checkpoint(run, err)
+
+
 def test_a_process_killed_mid_run_ends_the_others_and_the_checkpoint_stays(tmp_path):
     run, proc = long_run(tmp_path)
     try:
@@ -175,10 +289,11 @@ def test_a_process_killed_mid_run_ends_the_others_and_the_checkpoint_stays(tmp_p
         assert saved
         workers(psutil.Process(proc.pid))[1].kill()
         t0 = time.monotonic()
-        _, err = proc.communicate(timeout=90)
+        proc.wait(timeout=90)
         took = time.monotonic() - t0
     finally:
-        proc.kill()
+        kill_all(proc)
+    err = (tmp_path / "stderr.txt").read_text()
     assert proc.returncode != 0 and took < 60, (proc.returncode, took)
     # rank 0 says why it stopped; torchrun names the process that was killed
     assert "pyxtts train (rank 0 of 2): stopped because a step with the other processes failed" in err, err
