@@ -573,7 +573,6 @@ def torchrun_command(gpus: str, argv: list[str]) -> tuple[list[str], dict[str, s
 def _run_on_gpus(gpus: str, argv: list[str]) -> int:
     """``--gpus``: the same training under torchrun, one process per GPU; its exit status."""
     import os
-    import subprocess
 
     from pyxtts.distributed import launched
 
@@ -595,7 +594,28 @@ def _run_on_gpus(gpus: str, argv: list[str]) -> int:
         where = "this build has no CUDA backend" if not pyxtts.build_info()["cuda"] else f"it sees {visible}"
         return _fail("train", ValueError(f"--gpus {gpus}: GPU {max(wanted)} is not in this machine ({where}); "
                                          "`pyxtts gpu-info` lists the GPUs pyxtts can use"))
-    return subprocess.run(command, env={**os.environ, **env}).returncode
+    return run_torchrun(command, {**os.environ, **env})
+
+
+def run_torchrun(command: list[str], env: dict[str, str]) -> int:
+    """Runs torchrun and waits for it; its exit status (128 + N when signal N ended it).
+
+    torchrun runs in this process's process group, so a terminal's Ctrl-C reaches it too,
+    and it forwards SIGINT to its workers, which stop together at the next step boundary
+    and save. So this process ignores SIGINT while it waits: a KeyboardInterrupt here would
+    SIGKILL torchrun (``subprocess.run`` does so after 0.25 s) and give the terminal back
+    while the workers still run, out of reach of a second Ctrl-C."""
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(command, env=env)
+    # ignored once torchrun has started: a process started with SIGINT ignored keeps it so
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        status = proc.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return status if status >= 0 else 128 - status
 
 
 def _version() -> str:

@@ -321,3 +321,26 @@ def test_gpus_runs_torchrun_with_the_same_arguments(tmp_path, capsys):
         assert pyxtts.cli.main(["train", "--gpus", "0,7", "--synthetic", "8", "--checkpoint-dir",
                                 str(tmp_path)]) == 2
         assert "--gpus 0,7: GPU 7 is not in this machine" in capsys.readouterr().err
+
+
+def test_gpus_leaves_ctrl_c_to_torchrun(tmp_path):
+    """``pyxtts train --gpus`` waits for torchrun in the terminal's process group, so Ctrl-C
+    reaches both. It leaves the signal to torchrun, which forwards it to the workers and
+    ends once they have saved, and returns torchrun's status then; it does not kill
+    torchrun. Here a stand-in for torchrun takes a second to stop and exits 7."""
+    # os.write: the handler may run while print's buffer is still held
+    stand_in = ("import os, signal, sys, time\n"
+                "signal.signal(signal.SIGINT, lambda *_: (time.sleep(1), os.write(1, b'stopped\\n'), sys.exit(7)))\n"
+                "time.sleep(0.5)\n"  # (the parent ignores SIGINT from the moment this started)
+                "os.write(1, b'started\\n')\n"
+                "time.sleep(60)\n")
+    parent = f"import sys, pyxtts.cli; sys.exit(pyxtts.cli.run_torchrun([sys.executable, '-c', {stand_in!r}], {{}}))"
+    proc = subprocess.Popen([sys.executable, "-c", parent], env=ENV, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline() == "started\n"
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C
+        out, err = proc.communicate(timeout=60)
+    finally:
+        kill_all(proc)
+    assert (proc.returncode, out) == (7, "stopped\n"), err
