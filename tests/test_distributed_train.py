@@ -235,7 +235,8 @@ def test_ctrl_c_on_torchrun_saves_one_checkpoint_at_the_same_step(presses, tmp_p
     """A terminal's Ctrl-C is SIGINT to its foreground process group: torchrun's, which
     holds torchrun alone. torchrun sends SIGINT to every worker; a second press makes it
     send SIGTERM while it waits. Every process stops at the same step boundary, rank 0
-    saves once, every rank exits with 130 (128 + SIGINT), and the run resumes from there."""
+    saves once, every rank exits with 130 (128 + SIGINT; after a second press, one that had
+    saved may die of the SIGTERM), and the run resumes from there."""
     statuses = tmp_path / "statuses"
     run, proc = long_run(tmp_path, checkpoint_interval=1000, statuses=statuses)  # no checkpoint but the stop's
     try:
@@ -254,7 +255,10 @@ def test_ctrl_c_on_torchrun_saves_one_checkpoint_at_the_same_step(presses, tmp_p
     if presses == 2:
         assert "closing signal SIGTERM" in err, err[-4000:]
     assert took < GRACE_S, took  # every worker ended before torchrun's SIGKILL
-    assert exit_statuses(statuses) == {0: 130, 1: 130}, err[-4000:]
+    # the second press's SIGTERM kills a worker that has saved and is leaving fit
+    ends = {130} if presses == 1 else {130, -signal.SIGTERM}
+    codes = exit_statuses(statuses)
+    assert codes.keys() == {0, 1} and set(codes.values()) <= ends, (codes, err[-4000:])
     step = the_stop_checkpoint(run, err)
     if presses == 1:  # (the checkpoint is the same kind either way: one resume is enough)
         p = train(2, config(tmp_path, step + 3), run, "--resume")
