@@ -1,0 +1,133 @@
+"""The collectives' memory on each process's device (``pyxtts.comm_memory``): NCCL's upper
+bound from its sources and environment variables (hand-computed below from NCCL 2.30's
+defaults), gloo's scratch."""
+from __future__ import annotations
+
+import pytest
+
+from pyxtts.comm_memory import communication_plan, nccl_bytes, nccl_channels, nccl_connection_bytes, world_of
+
+MiB = 2**20
+NO_NVLS = {"NCCL_NVLS_ENABLE": "0"}
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def no_nccl_or_torchrun_env(monkeypatch):
+    """The figures below are of NCCL's defaults and of one process unless a test says so."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("NCCL_") or name in TORCHRUN_ENV:
+            monkeypatch.delenv(name)
+
+
+def mib(parts) -> dict[str, float]:
+    return {what: n / MiB for what, n in parts}
+
+
+# ---- the formula ------------------------------------------------------------------------
+
+def test_one_connection_is_12_mib_with_nccls_default_buffers():
+    # write layout: the sender's header in one 2 MiB granule; the receiver's header + LL 512 KiB
+    # + LL128 4800 KiB + Simple 4 MiB = 9637888 bytes in 5 granules (10 MiB). Read layout:
+    # header + Simple (6 MiB) and header + LL + LL128 (6 MiB). Either way 12 MiB.
+    assert nccl_connection_bytes({}) == 12 * MiB
+    # NCCL_BUFFSIZE=1 MiB: write 2 + ceil(6492160 B) = 2 + 8; read 2 + 6: the bound is 10 MiB
+    assert nccl_connection_bytes({"NCCL_BUFFSIZE": "1048576"}) == 10 * MiB
+    assert nccl_connection_bytes({"NCCL_BUFFSIZE": "0x100000"}) == 10 * MiB  # NCCL reads hex too
+    # 16 MiB: write 2 + ceil(22220800 B) = 2 + 22; read ceil(16781312 B) + 6 = 18 + 6: 24 MiB
+    assert nccl_connection_bytes({"NCCL_BUFFSIZE": str(16 * MiB)}) == 24 * MiB
+    # smaller LL/LL128 buffers: write 2 + ceil(4096 + 64K + 120K + 4M) = 2 + 6
+    assert nccl_connection_bytes({"NCCL_LL_BUFFSIZE": "65536", "NCCL_LL128_BUFFSIZE": "122880"}) == 8 * MiB
+    # NCCL_PROTO does not change what is allocated: every protocol's buffer exists
+    assert nccl_connection_bytes({"NCCL_PROTO": "Simple"}) == 12 * MiB
+
+
+def test_two_gpus_on_one_machine_with_nccls_defaults():
+    plan = communication_plan("cuda:0", 2)
+    assert plan.backend == "nccl" and plan.estimated and plan.label == "communication (NCCL, estimated)"
+    assert mib(plan.parts) == {
+        "torch small-pool segment (scalar collectives)": 2,
+        "NCCL channel buffers": 768,  # 64 channels x 1 peer (the other process) x 12 MiB
+        "NCCL channel state": 384,  # 64 channels x 3 allocations x 2 MiB
+        "NCCL NVLS buffers": 192,  # 32 channels x 2 x 128 KiB x 8 steps x 2 heads = 128 MiB, + 32 x 2 MiB
+        "NCCL communicator": 8,  # 4 allocations x 2 MiB
+    }
+    assert plan.total == 1354 * MiB
+
+
+def test_eight_gpus_with_four_channels_and_no_nvls():
+    parts = mib(nccl_bytes(8, 8, {"NCCL_MAX_NCHANNELS": "4", **NO_NVLS}))
+    # a channel's peers: the ring's one, the tree's parent and child: 3 x 4 channels x 12 MiB
+    assert parts == {"NCCL channel buffers": 144, "NCCL channel state": 24, "NCCL communicator": 8}
+    assert communication_plan("cuda:1", 8, env={"NCCL_MAX_NCHANNELS": "4", **NO_NVLS}).total == 178 * MiB
+
+
+def test_several_machines_count_the_trees_parent_and_three_children():
+    env = {"NCCL_MAX_CTAS": "2", **NO_NVLS}
+    # 16 processes on 2 machines: 1 + 4 peers a channel; 2 channels x 5 x 12; state 2 x 6
+    assert mib(nccl_bytes(16, 8, env)) == {"NCCL channel buffers": 120, "NCCL channel state": 12,
+                                           "NCCL communicator": 8}
+    # never more peers than the other processes: 3 processes on 3 machines have 2
+    assert mib(nccl_bytes(3, 1, env))["NCCL channel buffers"] == 2 * 2 * 12
+    assert mib(nccl_bytes(3, 3, env))["NCCL channel buffers"] == 2 * 2 * 12
+
+
+def test_the_channels_follow_nccls_variables():
+    assert nccl_channels({}) == 64
+    assert nccl_channels({"NCCL_MAX_NCHANNELS": "100"}) == 64  # NCCL's MAXCHANNELS caps it
+    assert nccl_channels({"NCCL_MAX_NRINGS": "8"}) == 8  # the legacy name
+    assert nccl_channels({"NCCL_MAX_NRINGS": "8", "NCCL_MAX_NCHANNELS": "16"}) == 16  # the new name wins
+    assert nccl_channels({"NCCL_MAX_NCHANNELS": "16", "NCCL_MAX_CTAS": "6"}) == 6
+    assert nccl_channels({"NCCL_MAX_NCHANNELS": "4", "NCCL_MIN_NCHANNELS": "12"}) == 12  # the floor wins
+    assert nccl_channels({"NCCL_MIN_CTAS": "100"}) == 64
+    assert nccl_channels({"NCCL_MAX_NCHANNELS": "0"}) == 1  # NCCL sets a maximum under 1 to 1
+    # the channel state counts the send/receive channels: 6 rounded up to a power of two
+    assert mib(nccl_bytes(2, 2, {"NCCL_MAX_CTAS": "6", **NO_NVLS}))["NCCL channel state"] == 8 * 3 * 2
+
+
+def test_nvls_only_where_it_can_run():
+    on = mib(nccl_bytes(2, 2, {"NCCL_NVLS_NCHANNELS": "16"}))
+    assert on["NCCL NVLS buffers"] == 16 * 2 * 0.125 * 8 * 2 + 16 * 2  # 64 MiB of buffers, 16 granules
+    capped = mib(nccl_bytes(2, 2, {"NCCL_MAX_CTAS": "8"}))
+    assert capped["NCCL NVLS buffers"] == 8 * 2 * 0.125 * 8 * 2 + 8 * 2
+    chunk = mib(nccl_bytes(4, 4, {"NCCL_NVLS_CHUNKSIZE": "65536", "NCCL_NVLS_NCHANNELS": "16"}))
+    assert chunk["NCCL NVLS buffers"] == 16 * 2 * 0.0625 * 8 * 4 + 16 * 2
+    assert "NCCL NVLS buffers" in mib(nccl_bytes(2, 2, {}, capability=(9, 0)))
+    assert "NCCL NVLS buffers" not in mib(nccl_bytes(2, 2, {}, capability=(8, 6)))  # before Hopper
+    assert "NCCL NVLS buffers" not in mib(nccl_bytes(2, 2, NO_NVLS))
+    assert "NCCL NVLS buffers" not in mib(nccl_bytes(2, 1, {}))  # one GPU per machine: no NVLink domain
+
+
+def test_gloo_and_one_process():
+    plan = communication_plan("cpu", 3)
+    assert plan.backend == "gloo" and not plan.estimated and plan.label == "communication (gloo)"
+    assert plan.total == 2 * MiB  # the ring's scratch: two segments of at most 1 MiB
+    assert communication_plan("cpu", 1) is None and communication_plan("cuda:0", 1) is None
+
+
+def test_bad_values_are_refused_by_name():
+    with pytest.raises(ValueError, match="NCCL_BUFFSIZE='4M': expected an integer"):
+        nccl_connection_bytes({"NCCL_BUFFSIZE": "4M"})
+    with pytest.raises(ValueError, match="NCCL_MAX_NCHANNELS='-1'"):
+        nccl_channels({"NCCL_MAX_NCHANNELS": "-1"})
+    with pytest.raises(ValueError, match="world_size"):
+        communication_plan("cuda:0", 0)
+    with pytest.raises(TypeError, match="world_size"):
+        communication_plan("cuda:0", 2.0)
+    with pytest.raises(ValueError, match="local_world_size"):
+        communication_plan("cuda:0", 2, 3)
+
+
+def test_the_world_a_plan_is_for(monkeypatch):
+    assert world_of() == (1, 1)  # not started by torchrun
+    assert world_of(8) == (8, 8) and world_of(16, 2) == (16, 8) and world_of(5, 2) == (5, 3)
+    for bad, where in (((0, None), "world_size"), ((2, 3), "nodes"), ((None, 2), "nodes")):
+        with pytest.raises(ValueError, match=where):
+            world_of(*bad)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert world_of() == (4, 2) and world_of(2) == (2, 2)  # torchrun's own; a given one wins
