@@ -1,13 +1,19 @@
-"""The collectives' memory on each process's device (``pyxtts.comm_memory``): NCCL's upper
-bound from its sources and environment variables (hand-computed below from NCCL 2.30's
-defaults), gloo's scratch."""
+"""The plan of one of several processes counts their collectives' memory on its device
+(``pyxtts.comm_memory``): NCCL's upper bound from its sources and environment variables
+(hand-computed below from NCCL 2.30's defaults), gloo's scratch; the plan's ``total`` grows by
+exactly that line, and one process's plan stays as it was."""
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
+import pyxtts
 from pyxtts.comm_memory import communication_plan, nccl_bytes, nccl_channels, nccl_connection_bytes, world_of
+from pyxtts.config import XTTSConfig, optimize_config, plan_for
 
 MiB = 2**20
+CUDA_BACKEND = pyxtts.build_info()["cuda"]
 NO_NVLS = {"NCCL_NVLS_ENABLE": "0"}
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -131,3 +137,75 @@ def test_the_world_a_plan_is_for(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert world_of() == (4, 2) and world_of(2) == (2, 2)  # torchrun's own; a given one wins
+
+
+# ---- the plan -----------------------------------------------------------------------------
+
+CFG = XTTSConfig.load("cpu_demo")
+
+
+def alone(plan) -> pyxtts.MemoryPlan:
+    """The plan less its communication: what one process plans."""
+    return dataclasses.replace(plan, world_size=1, communication=0, communication_backend=None,
+                               total=plan.total - plan.communication)
+
+
+def test_a_plan_of_several_processes_is_larger_by_exactly_the_line():
+    one = plan_for(CFG, "cpu")
+    assert plan_for(CFG, "cpu", world_size=1) == one and str(plan_for(CFG, "cpu", world_size=1)) == str(one)
+    assert "communication" not in str(one) and one.communication == 0 and one.allocator_total == one.total
+    three = plan_for(CFG, "cpu", world_size=3)
+    assert three.total == one.total + 2 * MiB and three.communication == 2 * MiB
+    assert three.world_size == 3 and three.communication_backend == "gloo"
+    assert alone(three) == one and three.allocator_total == one.total
+    table = str(three)
+    assert "communication (gloo)                        2.00 MiB" in table
+    assert table.replace("communication (gloo)                        2.00 MiB\n", "").replace(
+        "27.37 MiB", "25.37 MiB") == str(one)  # the one new row, and the total
+    assert CFG.memory_plan("cpu", world_size=3) == three
+
+
+def test_torchrun_s_world_is_the_default(monkeypatch):
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_WORLD_SIZE", "2")):
+        monkeypatch.setenv(name, value)
+    assert plan_for(CFG, "cpu").communication == 2 * MiB
+    assert plan_for(CFG, "cpu", world_size=1).communication == 0
+
+
+def test_bad_world_sizes_are_refused_by_name():
+    with pytest.raises(ValueError, match="world_size: expected an int >= 1, got 0"):
+        plan_for(CFG, "cpu", world_size=0)
+    with pytest.raises(TypeError, match="world_size"):
+        plan_for(CFG, "cpu", world_size=True)
+    with pytest.raises(ValueError, match="nodes"):
+        plan_for(CFG, "cpu", world_size=2, nodes=4)
+    with pytest.raises(ValueError, match="world_size"):
+        optimize_config(CFG, "1GiB", device="cpu", world_size=-2)
+
+
+@pytest.mark.skipif(not CUDA_BACKEND, reason="the plan for a GPU needs the CUDA backend in the build")
+def test_a_gpu_plan_counts_nccls_estimate(monkeypatch):
+    cfg = XTTSConfig.load("gpu_8gb")
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")  # the GPU's generation then does not matter
+    one = plan_for(cfg, "cuda:0", offload=True)
+    two = plan_for(cfg, "cuda:0", offload=True, world_size=2)
+    # 2 (torch) + 64 x 12 (buffers) + 64 x 6 (state) + 8 (communicator) MiB
+    assert two.communication == 1162 * MiB and two.total == one.total + 1162 * MiB and alone(two) == one
+    assert "communication (NCCL, estimated)" in str(two) and two.communication_backend == "nccl"
+    monkeypatch.setenv("NCCL_MAX_NCHANNELS", "2")
+    assert plan_for(cfg, "cuda:0", offload=True, world_size=2).communication == (2 + 24 + 12 + 8) * MiB
+
+
+def test_optimize_config_fits_the_plans_with_the_communication():
+    one = plan_for(CFG, "cpu", micro_batch=1, checkpointing="full", precision="bf16", offload=False).total
+    f = CFG.training.max_memory_fraction
+    memory = int((one + MiB // 2) / 0.9 / f) + 64  # the limit (budget less 10%) between one and one + 2 MiB
+    limit = int(int(memory * f) * 0.9)
+    assert one <= limit < one + 2 * MiB
+    small = CFG.replace(data=dataclasses.replace(CFG.data, batch_size=1))
+    new, why = optimize_config(small, memory, device="cpu")
+    assert "communication" not in why
+    with pytest.raises(ValueError, match=r"no plan fits.*of it 2\.00 MiB communication \(gloo\), one of 2 processes"):
+        optimize_config(small, memory, device="cpu", world_size=2)
+    new, why = optimize_config(CFG, "1GiB", device="cpu", world_size=2)
+    assert "communication:      2.00 MiB per process in the plan total (gloo; 2 processes" in why
