@@ -1,7 +1,8 @@
 """The plan of one of several processes counts their collectives' memory on its device
 (``pyxtts.comm_memory``): NCCL's upper bound from its sources and environment variables
 (hand-computed below from NCCL 2.30's defaults), gloo's scratch; the plan's ``total`` grows by
-exactly that line, and one process's plan stays as it was."""
+exactly that line, one process's plan stays as it was, and ``memtest``/``optimize-config``
+take the world size (``--world-size``, ``--nodes``) and refuse bad ones by name."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,8 +10,10 @@ import dataclasses
 import pytest
 
 import pyxtts
+import pyxtts.cli
 from pyxtts.comm_memory import communication_plan, nccl_bytes, nccl_channels, nccl_connection_bytes, world_of
 from pyxtts.config import XTTSConfig, optimize_config, plan_for
+from pyxtts.memtest import run_memtest
 
 MiB = 2**20
 CUDA_BACKEND = pyxtts.build_info()["cuda"]
@@ -209,3 +212,58 @@ def test_optimize_config_fits_the_plans_with_the_communication():
         optimize_config(small, memory, device="cpu", world_size=2)
     new, why = optimize_config(CFG, "1GiB", device="cpu", world_size=2)
     assert "communication:      2.00 MiB per process in the plan total (gloo; 2 processes" in why
+
+
+# ---- memtest and the flags ----------------------------------------------------------------
+
+def test_memtest_refuses_a_budget_only_the_step_alone_fits(capsys):
+    one = plan_for(CFG, "cpu").total
+    memory = str(int((one + MiB) / CFG.training.max_memory_fraction))  # budget: the step + 1 MiB
+    assert pyxtts.cli.main(["memtest", "--config", "cpu_demo", "--memory", memory, "--no-step"]) == 0
+    out = capsys.readouterr().out
+    assert "communication" not in out and "verdict: TIGHT" in out
+    assert pyxtts.cli.main(["memtest", "--config", "cpu_demo", "--memory", memory, "--no-step",
+                            "--world-size", "2"]) == 1
+    out = capsys.readouterr().out
+    assert "communication: one of 2 processes on one machine" in out and "in place through DLPack" in out
+    assert "communication (gloo)                        2.00 MiB" in out
+    assert "verdict: DOES NOT FIT: device memory is short" in out
+    assert "advice: the step alone needs 25.37 MiB, within the budget" in out
+    assert "gloo's reserve for 2 processes (2.00 MiB) puts it over" in out
+    assert "--device cpu --world-size 2` writes it" in out
+
+
+def test_memtest_s_real_step_runs_under_the_budget_less_the_communication():
+    report = run_memtest(CFG, batch_size=6, world_size=2, nodes=2, verbose=True)
+    assert report.verdict == "fits" and report.plan.communication == 2 * MiB
+    # the allocator's peak is the plan's allocator part to the byte; the collectives' is beside it
+    assert report.measured_peak == report.plan.allocator_total == report.plan.total - 2 * MiB
+    assert "2 processes on 2 machines" in report.text and "gloo all-reduce scratch" in report.text
+    assert "(gloo's 2.00 MiB are planned outside the allocator)" in report.text
+    assert pyxtts.memory_stats("cpu")["limit_bytes"] is None
+
+
+@pytest.mark.skipif(not CUDA_BACKEND, reason="the plan for a GPU needs the CUDA backend in the build")
+def test_memtest_names_nccls_estimate(capsys):
+    rc = pyxtts.cli.main(["memtest", "--config", "gpu_8gb", "--device", "cuda:0", "--memory", "8GiB", "--no-step",
+                          "--world-size", "8", "--nodes", "2"])
+    out = capsys.readouterr().out
+    assert rc in (0, 1) and "communication (NCCL, estimated)" in out
+    assert "one of 8 processes on 2 machines" in out and "not yet measured on GPUs" in out
+
+
+@pytest.mark.parametrize("command", [["memtest", "--config", "cpu_demo", "--no-step"],
+                                     ["optimize-config", "--config", "cpu_demo", "--output", "unused.yaml"]])
+def test_bad_world_flags_are_refused_by_name(command, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for flags, says in ((["--world-size", "0"], "--world-size: expected the number of processes"),
+                        (["--world-size", "-3"], "--world-size: expected"),
+                        (["--nodes", "2"], "--nodes: give --world-size too"),
+                        (["--world-size", "2", "--nodes", "3"], "--nodes: expected the machines the 2 processes"),
+                        (["--world-size", "2", "--nodes", "0"], "--nodes: expected")):
+        assert pyxtts.cli.main(command + flags) == 2, flags
+        assert says in capsys.readouterr().err, flags
+    with pytest.raises(SystemExit) as exc:
+        pyxtts.cli.main(command + ["--world-size", "two"])
+    assert exc.value.code == 2 and "argument --world-size: invalid int value: 'two'" in capsys.readouterr().err
+    assert not (tmp_path / "unused.yaml").exists()
