@@ -310,10 +310,10 @@ def _communication_line(plan: MemoryPlan, world: tuple[int, int]) -> str:
     """What the plan's communication line is, said once above the table."""
     where = f"{world[0]} processes" + (f" on {world[1]} machines" if world[1] > 1 else " on one machine")
     line = (f"communication: one of {where}; the gradients are all-reduced in place through DLPack (pyxtts "
-            f"keeps no copy of them); {_backend(plan)} takes {fb(plan.communication)} of the device")
+            f"keeps no copy of them); {_backend(plan)} reserves {fb(plan.communication)} of the device")
     if plan.communication_backend == "nccl":
-        line += (" by an upper bound from NCCL's sources and environment variables, not yet measured on GPUs "
-                 "(docs/distributed.md)")
+        line += (" (an upper bound from NCCL's sources and environment variables, not yet measured on GPUs: "
+                 "docs/distributed.md)")
     return line
 
 
