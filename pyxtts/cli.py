@@ -37,8 +37,19 @@ def _gpu_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _world_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--world-size`` and ``--nodes`` of ``memtest`` and ``optimize-config``."""
+    parser.add_argument("--world-size", type=int, default=None, metavar="N",
+                        help="plan for one of N processes training together (one per GPU): their collectives' "
+                             "memory (NCCL's, estimated) counts against each device's budget (default: torchrun's "
+                             "world under torchrun, else 1)")
+    parser.add_argument("--nodes", type=int, default=None, metavar="M",
+                        help="with --world-size: the N processes run on M machines (default 1)")
+
+
 def _optimize_config(args: argparse.Namespace) -> int:
     from pyxtts.config import XTTSConfig, optimize_config
+    from pyxtts.memtest import world_flags
 
     try:
         config = XTTSConfig.load(args.config)
@@ -50,7 +61,8 @@ def _optimize_config(args: argparse.Namespace) -> int:
         if device == "cpu" and args.device is None and config.training.device == "auto":
             print("pyxtts optimize-config: no GPU here, so training.device 'auto' plans for this machine's "
                   "CPU and RAM; for a GPU elsewhere say which: --device cuda --memory 8GiB", file=sys.stderr)
-        new, explanation = optimize_config(config, args.memory, device=device)
+        world_size, nodes = world_flags(args)
+        new, explanation = optimize_config(config, args.memory, device=device, world_size=world_size, nodes=nodes)
     except (OSError, TypeError, ValueError) as exc:
         print(f"pyxtts optimize-config: {exc}", file=sys.stderr)
         return 2
@@ -483,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     mt.add_argument("--no-step", action="store_true", help="plan only, no real step")
     mt.add_argument("--verbose", action="store_true", help="every block's policy and saved bytes, the arena")
     mt.add_argument("--vocab", default=None, help=VOCAB_HELP)
+    _world_arguments(mt)
     mt.set_defaults(func=_memtest)
     pr = sub.add_parser("prepare", help="recordings and transcripts -> training shards (text ids, DVAE codes)")
     pr.add_argument("--xtts-dir", required=True,
@@ -539,6 +552,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="device memory, e.g. 12GiB, 12G, 12GB (10^9) or bytes; default: the device's total")
     oc.add_argument("--device", default=None, help="device to plan for (default: the config's training.device)")
     oc.add_argument("--vocab", default=None, help=VOCAB_HELP)
+    _world_arguments(oc)
     oc.set_defaults(func=_optimize_config)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in (*sub.choices, "-h", "--help", "--version"):

@@ -399,10 +399,12 @@ class XTTSConfig:
         """The longest sequence the data allows: cond latents + text + audio."""
         return self.model.n_cond_latents + self.data.max_text_tokens + self.data.max_audio_tokens
 
-    def memory_plan(self, device: str | None = None, memory: int | str | None = None):
-        """``plan_for(self, device, memory=memory)``: the plan of one training step as
-        configured, at the longest sequences, the AdamW state counted where it lives."""
-        return plan_for(self, device, memory=memory)
+    def memory_plan(self, device: str | None = None, memory: int | str | None = None, *,
+                    world_size: int | None = None, nodes: int | None = None):
+        """``plan_for(self, device, memory=memory, world_size=..., nodes=...)``: the plan of
+        one training step as configured, at the longest sequences, the AdamW state counted
+        where it lives (and, for one of several processes, their collectives' memory)."""
+        return plan_for(self, device, memory=memory, world_size=world_size, nodes=nodes)
 
     # ---- dict / YAML ----------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -662,12 +664,13 @@ def device_present(device: str) -> bool:
 
 
 def offload_for(config: XTTSConfig, device: str | None = None, memory: int | str | None = None,
-                budget: int | None = None) -> bool:
+                budget: int | None = None, *, world_size: int | None = None, nodes: int | None = None) -> bool:
     """Whether the run of ``config`` on ``device`` keeps AdamW's state in host memory:
     ``training.optimizer_offload`` when true or false; "auto" resolved: never on the CPU
     (host memory is its memory), else only when the plan without offload is over
     ``budget`` (bytes; default ``memory``, else the device's total, x
-    ``max_memory_fraction``)."""
+    ``max_memory_fraction``). ``world_size``/``nodes``: as ``plan_for`` (the collectives
+    of several processes take device memory too)."""
     t = config.training
     if t.optimizer_offload != "auto":
         return bool(t.optimizer_offload)
@@ -680,28 +683,56 @@ def offload_for(config: XTTSConfig, device: str | None = None, memory: int | str
                              "this machine: give its memory (memory='8GiB', --memory 8GiB) or set "
                              "optimizer_offload true or false")
         budget = int(_device_total(dev, memory) * t.max_memory_fraction)
-    return plan_for(config, dev, offload=False).total > budget
+    return plan_for(config, dev, offload=False, world_size=world_size, nodes=nodes).total > budget
 
 
 def plan_for(config: XTTSConfig, device: str | None = None, *, micro_batch: int | None = None,
              checkpointing: str | None = None, precision: str | None = None, offload: bool | None = None,
-             memory: int | str | None = None):
+             memory: int | str | None = None, world_size: int | None = None, nodes: int | None = None):
     """The memory plan (``pyxtts.MemoryPlan``) of one training step of ``config`` on
     ``device`` (default: ``training.device`` resolved): its micro-batch, checkpointing,
     precision and optimizer placement unless given, the longest sequences the data
     allows, the conditioning path over its longest reference mel, a default AdamW's state
     counted (on the device, or with ``offload`` in the host pool). ``offload=None`` is
     ``offload_for(config, device, memory)``. Nothing is allocated: the plan for
-    ``cuda:0`` is computed on any machine whose build has the CUDA backend."""
+    ``cuda:0`` is computed on any machine whose build has the CUDA backend.
+
+    ``world_size``: the plan of one of that many processes (``nodes`` machines, default 1)
+    training together (``pyxtts.distributed``): their collectives' memory on this device
+    (``pyxtts.comm_memory``: NCCL's estimated, gloo's) is the plan's ``communication`` and
+    is in its ``total``. None: this process's world (torchrun's ``WORLD_SIZE`` when it
+    started this one as one of several, else 1). One process's plan is the step's alone."""
     t, d, m = config.training, config.data, config.model
     dev = t.resolved_device() if device is None else device
+    world, per_node = _world(world_size, nodes)
     if offload is None:
-        offload = offload_for(config, dev, memory)
-    return estimate_memory(m, d.batch_size if micro_batch is None else micro_batch, d.max_text_tokens,
+        offload = offload_for(config, dev, memory, world_size=world_size, nodes=nodes)
+    plan = estimate_memory(m, d.batch_size if micro_batch is None else micro_batch, d.max_text_tokens,
                            d.max_audio_tokens, cond_len=m.n_cond_latents, cond_frames=m.planned_cond_frames,
                            checkpointing=t.checkpointing if checkpointing is None else checkpointing, train=True,
                            device=dev, optimizer=True, precision=t.precision if precision is None else precision,
                            offload=bool(offload))
+    comm = _communication(dev, world, per_node)
+    if comm is None:
+        return plan
+    return dataclasses.replace(plan, world_size=world, communication=comm.total, communication_backend=comm.backend,
+                               total=plan.total + comm.total)
+
+
+def _world(world_size: int | None, nodes: int | None) -> tuple[int, int]:
+    """(processes, processes per machine): ``pyxtts.comm_memory.world_of``."""
+    from pyxtts.comm_memory import world_of
+
+    return world_of(world_size, nodes)
+
+
+def _communication(device: str, world_size: int, per_node: int):
+    """The collectives' ``CommunicationPlan`` on ``device``; None for one process."""
+    if world_size == 1:
+        return None
+    from pyxtts.comm_memory import device_communication
+
+    return device_communication(device, world_size, per_node)
 
 
 # ---- memory sizes ---------------------------------------------------------------
@@ -766,7 +797,8 @@ def offload_traffic(n_params: int, precision: str) -> tuple[int, int]:
 
 def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, *,
                     margin: float = DEFAULT_MARGIN, keep_precision: bool = False,
-                    device: str | None = None) -> tuple[XTTSConfig, str]:
+                    device: str | None = None, world_size: int | None = None,
+                    nodes: int | None = None) -> tuple[XTTSConfig, str]:
     """Chooses precision, checkpoint policy, micro-batch, accumulation steps and where
     AdamW's state lives so that the memory plan of a step fits ``device_memory ×
     max_memory_fraction`` with ``margin`` to spare, keeping the effective batch
@@ -783,14 +815,18 @@ def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, 
     fp32. The optimizer's state stays on the device unless ``training.optimizer_offload``
     says true, or says "auto" (on a GPU) and no plan with the state on the device fits,
     or none reaches Coqui's micro-batch of 3 (``COQUI_MICRO_BATCH``) while one with it in
-    host memory does; for a GPU the new config says true or false. Returns ``(new_config,
-    explanation)``; raises ``ValueError`` when not even the smallest plan fits."""
+    host memory does; for a GPU the new config says true or false. ``world_size``/``nodes``:
+    the config of one of that many processes (``plan_for``): their collectives' memory is
+    counted in every plan, and the effective batch stays the global one. Returns
+    ``(new_config, explanation)``; raises ``ValueError`` when not even the smallest plan fits."""
     if not isinstance(config, XTTSConfig):
         raise TypeError(f"config: expected an XTTSConfig, got {type(config).__name__}")
     margin = real("margin", margin, minimum=0.0, maximum=1.0, below=True)
     from pyxtts.memory import format_bytes as fb
 
     keep_precision = flag("keep_precision", keep_precision)
+    world, per_node = _world(world_size, nodes)
+    world_size, nodes = world, -(-world // per_node)  # resolved once: every plan below is of this world
     t = config.training
     dev = t.resolved_device() if device is None else device
     total = _device_total(dev, device_memory)
@@ -815,7 +851,8 @@ def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, 
     def plan(prec: str, policy: str, micro: int, off: bool):
         key = (prec, policy, micro, off)
         if key not in plans:
-            plans[key] = plan_for(config, dev, micro_batch=micro, checkpointing=policy, precision=prec, offload=off)
+            plans[key] = plan_for(config, dev, micro_batch=micro, checkpointing=policy, precision=prec, offload=off,
+                                  world_size=world_size, nodes=nodes)
         return plans[key]
 
     def cheapest(off: bool, min_micro: int = 1):
@@ -834,6 +871,10 @@ def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, 
         off = placements[-1]
         smallest = min(((plan(p, "full", 1, off).total, p) for p in precisions))
         where = " with the optimizer's state in host memory" if off else ""
+        least = plan(smallest[1], "full", 1, off)
+        if least.communication:  # say how much of it is the collectives', and how to lower that
+            where += (f" (of it {fb(least.communication)} {least.communication_label}, one of {world_size} "
+                      "processes; docs/distributed.md says how to lower it)")
         hint = ("" if off or not on_gpu else
                 "; training.optimizer_offload true (or auto) keeps the optimizer's state in host memory")
         raise ValueError(
@@ -885,6 +926,9 @@ def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, 
         + (f", {fb(used.host_total)} of host memory ({'page-locked' if used.host_pinned else 'pageable'})"
            if used.host_total else ""),
         f"estimated step cost: {cost:.3f} (1.0 = no recomputation, no per-micro-step overhead)",
+        *([f"communication:      {fb(used.communication)} per process in the plan total "
+           f"({used.communication_label[len('communication ('):-1]}; {world} processes"
+           f"{f' on {nodes} machines' if nodes > 1 else ''}; docs/distributed.md)"] if used.communication else []),
         f"was:                precision {t.precision}, checkpointing {t.checkpointing}, micro-batch "
         f"{d.batch_size} x {t.gradient_accumulation_steps}, optimizer_offload {t.optimizer_offload}",
         "why:                " + "; ".join(why),

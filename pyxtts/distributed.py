@@ -250,3 +250,12 @@ class DataParallel:
         """Leaves the process group this object joined."""
         if self._owns_group and self._dist.is_initialized():
             self._dist.destroy_process_group()
+
+    def communication(self) -> Any:
+        """What this process's collectives are planned to take on its device
+        (``pyxtts.comm_memory.CommunicationPlan``; None for one process): the reserve a
+        memory budget of this device leaves them, NCCL's estimated."""
+        from pyxtts.comm_memory import device_communication
+
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        return device_communication(self.device, self.world_size, max(1, min(local, self.world_size)))

@@ -8,7 +8,8 @@ advice that names the settings that fit.
 A device that is not in this machine is planned for when its memory is given (the
 step is then left out): a user preparing a run for an 8 GB card elsewhere gets that
 card's plan. The host check is this machine's available memory against the host pool an
-offloaded optimizer reserves.
+offloaded optimizer reserves. For one of several processes (``world_size``, or torchrun's
+own) the plan counts their collectives' memory on the device (``pyxtts.comm_memory``).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 
 from pyxtts import _C
 from pyxtts._args import integer
+from pyxtts.comm_memory import device_communication, world_of
 from pyxtts.config import (XTTSConfig, device_present, offload_for, optimize_config, parse_memory_size, plan_for,
                            SIZE_TIERS, shipped_configs)
 from pyxtts.memory import cleanup_gpu_memory
@@ -51,12 +53,14 @@ class MemtestReport:
     text: str = ""
 
 
-def _largest_batch(config: XTTSConfig, device: str, policy: str, offload: bool, limit: int) -> int:
+def _largest_batch(config: XTTSConfig, device: str, policy: str, offload: bool, limit: int,
+                   world: tuple[int, int] = (1, 1)) -> int:
     """Largest micro-batch whose plan fits ``limit`` (0 when not even 1 does)."""
     from pyxtts.batch import largest_fitting
 
     def fits(b: int) -> bool:
-        return plan_for(config, device, micro_batch=b, checkpointing=policy, offload=offload).total <= limit
+        return plan_for(config, device, micro_batch=b, checkpointing=policy, offload=offload,
+                        world_size=world[0], nodes=world[1]).total <= limit
 
     return largest_fitting(fits) or 0
 
@@ -83,7 +87,8 @@ def _synthetic_step(config: XTTSConfig, device: str, batch_size: int, offload: b
 
 
 def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str | None = None,
-                memory: int | str | None = None, step: bool = True, verbose: bool = False) -> MemtestReport:
+                memory: int | str | None = None, step: bool = True, verbose: bool = False, *,
+                world_size: int | None = None, nodes: int | None = None) -> MemtestReport:
     """Plans a training step of ``config`` (micro-batch ``batch_size`` or
     ``data.batch_size``) for ``device`` with ``memory`` bytes (default: the device's total)
     times ``training.max_memory_fraction``, the optimizer's state where
@@ -91,7 +96,10 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
     machine's available memory; with ``step``, runs one real step under that budget (as a
     memory limit) and compares the allocator's peak with the plan. A device this machine
     lacks is planned for when ``memory`` is given (no step); else it is a ``ValueError``
-    saying so."""
+    saying so. ``world_size``/``nodes``: the test of one of that many processes
+    (``plan_for``; None: torchrun's world when it started this process, else one): the
+    collectives' memory is a line of the plan and counts against the budget, and the real
+    step's allocator peak is compared with the rest of the plan."""
     if not isinstance(config, XTTSConfig):
         raise TypeError(f"config: expected an XTTSConfig, got {type(config).__name__}")
     config = XTTSConfig.from_dict(config.to_dict())  # the caller's config stays as it is
@@ -99,21 +107,25 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
     if batch_size is not None:
         d.batch_size = integer("batch_size", batch_size, minimum=1)
     dev = t.resolved_device() if device is None else device
+    world_size, per_node = world_of(world_size, nodes)
+    world = (world_size, -(-world_size // per_node))  # (processes, machines), as plan_for takes them
     here = device_present(dev)
     if not here and memory is None:
         raise ValueError(f"device: {dev} is not in this machine; to plan for it elsewhere give its memory "
                          f"(--memory 8GiB, say): the plan is then computed and no real step runs")
     total = int(_C.device_info(dev)["total_memory"]) if memory is None else parse_memory_size(memory)
     budget = int(total * t.max_memory_fraction)
-    offload = offload_for(config, dev, budget=budget)
-    plan = plan_for(config, dev, offload=offload)
+    offload = offload_for(config, dev, budget=budget, world_size=world[0], nodes=world[1])
+    plan = plan_for(config, dev, offload=offload, world_size=world[0], nodes=world[1])
     head = (f"memtest: {m.n_layers} layers x d {m.d_model} ({m.n_heads} heads), micro-batch {d.batch_size} "
             f"x {config.sequence_length} tokens ({m.n_cond_latents} cond + {d.max_text_tokens} text + "
             f"{d.max_audio_tokens} audio), {t.precision}, checkpointing {t.checkpointing}, on {dev}"
             + (", optimizer state in host memory" if offload else ""))
     source = "(given)" if memory is not None else "total"
-    lines = [head, f"budget: {fb(budget)} = {fb(total)} {source} x max_memory_fraction {t.max_memory_fraction:g}",
-             "", str(plan)]
+    lines = [head, f"budget: {fb(budget)} = {fb(total)} {source} x max_memory_fraction {t.max_memory_fraction:g}"]
+    if plan.communication:
+        lines.append(_communication_line(plan, world))
+    lines += ["", str(plan)]
     host_avail = int(_C.device_info("cpu")["free_memory"]) if plan.host_total else None
     if verbose:
         lines += ["", "per block (policy, activations kept for backward):"]
@@ -121,6 +133,10 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
                   for i, (p, s) in enumerate(zip(plan.policies, plan.saved_per_block))]
         lines.append(f"step arena {fb(plan.arena)} (saved {fb(plan.saved)} + scratch {fb(plan.scratch)}), "
                      f"logits rows per chunk {plan.logits_rows}")
+        if plan.communication:
+            comm = device_communication(dev, world_size, per_node)
+            lines.append(f"{plan.communication_label}, by part:")
+            lines += [f"  {what:48s} {fb(n):>14}" for what, n in comm.parts]
     report = MemtestReport(device=dev, budget=budget, plan=plan, verdict="", offload=offload,
                            host_available=host_avail)
     fits_device = plan.total <= budget
@@ -136,7 +152,8 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
         lines.append(f"real step: not run ({dev} is not in this machine: planned for {fb(total)})")
     elif step and fits_plan:
         saved = _C.memory_stats(dev)["limit_bytes"]
-        _C.set_memory_limit(budget, dev)
+        # the allocator's share: the collectives' reserve lies outside it, in the same budget
+        _C.set_memory_limit(budget - plan.communication, dev)
         _C.reset_peak_memory_stats(dev)
         oom = None
         try:
@@ -156,17 +173,21 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
 
         report.measured_rss = _peak_rss_bytes()
         report.oom = oom
-        if oom is None:
-            diff = report.measured_peak - plan.total
-            lines.append(f"real step: peak allocated {fb(report.measured_peak)} vs planned {fb(plan.total)} "
-                         f"({'+' if diff >= 0 else '-'}{fb(abs(diff))}, {diff / plan.total:+.2%}); "
-                         f"{report.step_time_s:.2f} s; process peak RSS {fb(report.measured_rss)}")
+        if oom is None:  # the allocator's peak against the allocator's part of the plan
+            planned = plan.allocator_total
+            diff = report.measured_peak - planned
+            lines.append(f"real step: peak allocated {fb(report.measured_peak)} vs planned {fb(planned)} "
+                         f"({'+' if diff >= 0 else '-'}{fb(abs(diff))}, {diff / planned:+.2%}); "
+                         f"{report.step_time_s:.2f} s; process peak RSS {fb(report.measured_rss)}"
+                         + (f" ({_backend(plan)}'s {fb(plan.communication)} are planned outside the allocator)"
+                            if plan.communication else ""))
         else:
             lines.append(f"real step: out of memory under the budget: {oom}")
     elif step:
         lines.append("real step: not run (the plan is over the budget)" if not fits_device else
                      "real step: not run (the host lacks the memory the optimizer state needs)")
-    peak = report.measured_peak if report.measured_peak is not None else plan.total
+    # what the device holds: the allocator's measured peak and the collectives' reserve
+    peak = report.measured_peak + plan.communication if report.measured_peak is not None else plan.total
     if not fits_plan or report.oom is not None:
         report.verdict = "does not fit"
     elif budget - peak < TIGHT * budget:
@@ -186,15 +207,25 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
     else:
         lines.append(f"verdict: {report.verdict.upper()}: {fb(peak)} of {fb(budget)} "
                      f"({peak / budget:.0%} of the budget)")
-    report.advice = _advice(config, dev, total, budget, report)
+    report.advice = _advice(config, dev, total, budget, report, world)
     lines += [f"advice: {a}" for a in report.advice]
     report.text = "\n".join(lines)
     return report
 
 
-def _advice(config: XTTSConfig, dev: str, total: int, budget: int, report: MemtestReport) -> list[str]:
+def _advice(config: XTTSConfig, dev: str, total: int, budget: int, report: MemtestReport,
+            world: tuple[int, int] = (1, 1)) -> list[str]:
     t, d = config.training, config.data
     out: list[str] = []
+    plan = report.plan
+    if report.short == "device" and plan.communication and plan.allocator_total <= budget:
+        # the step alone fits: the collectives' reserve is what puts it over
+        out.append(f"the step alone needs {fb(plan.allocator_total)}, within the budget of {fb(budget)}; "
+                   f"{_backend(plan)}'s reserve for {world[0]} processes ({fb(plan.communication)}"
+                   f"{', estimated' if plan.communication_backend == 'nccl' else ''}) puts it over"
+                   + ("" if plan.communication_backend != "nccl" else
+                      ": NCCL_MAX_NCHANNELS (fewer channels), NCCL_NVLS_ENABLE=0 or a smaller NCCL_BUFFSIZE "
+                      "lower it (docs/distributed.md), or free room with the settings below"))
     effective = config.effective_batch_size
     if report.oom is not None:  # the plan fits the budget; the device did not have it
         out.append(f"the plan fits the budget but the device ran out: other allocations on {dev} (another "
@@ -208,27 +239,28 @@ def _advice(config: XTTSConfig, dev: str, total: int, budget: int, report: Memte
         return out
     if report.verdict == "does not fit":
         if report.short == "host":
-            on_device = plan_for(config, dev, offload=False).total
+            on_device = plan_for(config, dev, offload=False, world_size=world[0], nodes=world[1]).total
             out.append(f"free host memory for the optimizer state ({fb(report.plan.host_total)}), or keep the "
                        f"state on the device: training.optimizer_offload false plans {fb(on_device)} there, "
                        f"{'within' if on_device <= budget else 'over'} the budget of {fb(budget)}")
             return out
         try:  # the optimizer's placement is among the settings it may change
             anywhere = config.replace(training=dataclasses.replace(t, optimizer_offload="auto"))
-            new, _ = optimize_config(anywhere, total, device=dev)
+            new, _ = optimize_config(anywhere, total, device=dev, world_size=world[0], nodes=world[1])
             nt, nd = new.training, new.data
             out.append(f"this fits with margin: precision {nt.precision}, checkpointing {nt.checkpointing}, "
                        f"data.batch_size {nd.batch_size} x gradient_accumulation_steps "
                        f"{nt.gradient_accumulation_steps} (effective batch {new.effective_batch_size} kept), "
                        f"training.optimizer_offload {str(nt.optimizer_offload).lower()}; "
-                       f"`pyxtts optimize-config --memory {_size_arg(total)} --device {dev}` writes it")
+                       f"`pyxtts optimize-config --memory {_size_arg(total)} --device {dev}"
+                       f"{_world_flags(world)}` writes it")
         except ValueError as exc:
             out.append(str(exc))
-        tier = _fitting_tier(config, dev, total)
+        tier = _fitting_tier(config, dev, total, world)
         if tier is not None:
             out.append(f"the shipped tier {tier} (Coqui's recipe for that card size) fits: --config {tier}")
         return out
-    largest = _largest_batch(config, dev, t.checkpointing, report.offload, int(budget * (1 - TIGHT)))
+    largest = _largest_batch(config, dev, t.checkpointing, report.offload, int(budget * (1 - TIGHT)), world)
     if report.verdict == "tight":
         out.append("less than 10% of the budget is left: a longer-than-planned batch cannot happen "
                    "(sequences are capped by data.max_*_tokens), but other processes on the device may "
@@ -246,14 +278,14 @@ def _advice(config: XTTSConfig, dev: str, total: int, budget: int, report: Memte
                    "with the learning rate adjusted to the larger batch)")
     if t.checkpointing in ("full", "selective"):
         lighter = "selective" if t.checkpointing == "full" else "none"
-        if _largest_batch(config, dev, lighter, report.offload, int(budget * (1 - TIGHT))) >= d.batch_size:
+        if _largest_batch(config, dev, lighter, report.offload, int(budget * (1 - TIGHT)), world) >= d.batch_size:
             out.append(f"checkpointing {lighter!r} also fits at this micro-batch and recomputes less")
     if not out:
         out.append("the config fits as it is")
     return out
 
 
-def _fitting_tier(config: XTTSConfig, dev: str, total: int) -> str | None:
+def _fitting_tier(config: XTTSConfig, dev: str, total: int, world: tuple[int, int] = (1, 1)) -> str | None:
     """The largest shipped tier whose plan fits ``total`` bytes of ``dev`` (its own
     fraction and margin), when ``config`` trains the tiers' model; else None."""
     shipped = shipped_configs()
@@ -262,9 +294,32 @@ def _fitting_tier(config: XTTSConfig, dev: str, total: int) -> str | None:
         if tier.model != config.model:
             return None
         budget = int(total * tier.training.max_memory_fraction)
-        if plan_for(tier, dev, memory=total).total <= budget * (1 - TIGHT):
+        if plan_for(tier, dev, memory=total, world_size=world[0], nodes=world[1]).total <= budget * (1 - TIGHT):
             return name
     return None
+
+
+def _world_flags(world: tuple[int, int]) -> str:
+    """The flags that say ``world`` (processes, machines) on the command line; "" for one."""
+    if world[0] == 1:
+        return ""
+    return f" --world-size {world[0]}" + (f" --nodes {world[1]}" if world[1] > 1 else "")
+
+
+def _communication_line(plan: MemoryPlan, world: tuple[int, int]) -> str:
+    """What the plan's communication line is, said once above the table."""
+    where = f"{world[0]} processes" + (f" on {world[1]} machines" if world[1] > 1 else " on one machine")
+    line = (f"communication: one of {where}; the gradients are all-reduced in place through DLPack (pyxtts "
+            f"keeps no copy of them); {_backend(plan)} reserves {fb(plan.communication)} of the device")
+    if plan.communication_backend == "nccl":
+        line += (" (an upper bound from NCCL's sources and environment variables, not yet measured on GPUs: "
+                 "docs/distributed.md)")
+    return line
+
+
+def _backend(plan: MemoryPlan) -> str:
+    """"NCCL" or "gloo": who takes the plan's communication bytes."""
+    return "NCCL" if plan.communication_backend == "nccl" else str(plan.communication_backend)
 
 
 def _size_arg(nbytes: int) -> str:
@@ -282,15 +337,43 @@ def memtest(args: argparse.Namespace) -> int:
             config = with_vocab(config, args.vocab)
         from pyxtts.distributed import launched
 
+        world_size, nodes = world_flags(args)
         if launched():
             return _memtest_every_rank(config, args)
         report = run_memtest(config, args.batch_size, args.device, args.memory, step=not args.no_step,
-                             verbose=args.verbose)
+                             verbose=args.verbose, world_size=world_size, nodes=nodes)
     except (OSError, TypeError, ValueError) as exc:
         print(f"pyxtts memtest: {exc}", file=sys.stderr)
         return 2
     print(report.text)
     return 1 if report.verdict == "does not fit" else 0
+
+
+def world_flags(args: argparse.Namespace) -> tuple[int | None, int | None]:
+    """``--world-size N`` and ``--nodes M`` (``memtest``, ``optimize-config``), checked: a
+    ValueError names the flag. Under torchrun the world is torchrun's: a ``--world-size``
+    that differs from it (or any ``--nodes``) is refused rather than planned for."""
+    world_size, nodes = getattr(args, "world_size", None), getattr(args, "nodes", None)
+    if world_size is not None and world_size < 1:
+        raise ValueError(f"--world-size: expected the number of processes training together, an int >= 1, "
+                         f"got {world_size}")
+    if nodes is not None:
+        if world_size is None:
+            raise ValueError("--nodes: give --world-size too (the processes in all, over the --nodes machines)")
+        if not 1 <= nodes <= world_size:
+            raise ValueError(f"--nodes: expected the machines the {world_size} processes run on, an int in "
+                             f"[1, {world_size}], got {nodes}")
+    from pyxtts.distributed import launched
+
+    if launched():
+        import os
+
+        launched_world = int(os.environ["WORLD_SIZE"])
+        if nodes is not None or (world_size is not None and world_size != launched_world):
+            flag = "--nodes" if nodes is not None else "--world-size"
+            raise ValueError(f"{flag}: torchrun started this process as one of {launched_world}, which is the world "
+                             f"planned for; drop {flag}")
+    return world_size, nodes
 
 
 def _memtest_every_rank(config: XTTSConfig, args: argparse.Namespace) -> int:

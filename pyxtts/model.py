@@ -148,7 +148,8 @@ class ModelConfig:
 @dataclass
 class MemoryPlan:
     """Bytes of one training step by component; `total` is what the step peaks at on its
-    device (parameters, gradients and, with an optimizer, its state there included).
+    device (parameters, gradients and, with an optimizer, its state there included; with
+    several processes, ``communication``: what their collectives take there besides).
     An optimizer whose state is offloaded keeps it in the host pool instead:
     ``host_optimizer`` bytes, page-locked (``host_pinned``) beside a GPU, plain memory
     (``host_pageable``) beside the CPU; ``host_total`` is what the plan needs of the
@@ -190,6 +191,11 @@ class MemoryPlan:
     host_optimizer: int = 0  # an offloaded optimizer's state and staging, in the host pool
     host_pinned: int = 0  # of it, page-locked (the pool of a GPU)
     host_pageable: int = 0  # of it, pageable (the pool of the CPU)
+    # several processes (pyxtts.distributed): the processes the plan is one of, and what their
+    # collectives take on this device (pyxtts.comm_memory; in total, outside the allocator)
+    world_size: int = 1
+    communication: int = 0
+    communication_backend: str | None = None  # "nccl" (an estimate) or "gloo"
 
     @classmethod
     def _from_native(cls, d: Mapping[str, Any]) -> "MemoryPlan":
@@ -204,6 +210,18 @@ class MemoryPlan:
     def host_total(self) -> int:
         """Host memory the plan reserves (the host pool's blocks)."""
         return self.host_pinned + self.host_pageable
+
+    @property
+    def allocator_total(self) -> int:
+        """What pyxtts's allocator peaks at: ``total`` less ``communication``, which the
+        collective backend allocates outside it (``memory_stats``' peak measures this)."""
+        return self.total - self.communication
+
+    @property
+    def communication_label(self) -> str:
+        """The plan's line for ``communication``: NCCL's figure is an estimate."""
+        return ("communication (NCCL, estimated)" if self.communication_backend == "nccl"
+                else f"communication ({self.communication_backend})")
 
     def __str__(self) -> str:
         from pyxtts.memory import format_bytes as fb
@@ -221,6 +239,8 @@ class MemoryPlan:
             ("reduction workspace", self.reduce_workspace),
             ("allocator rounding", self.allocator_rounding),
         ]
+        if self.communication:  # one process has none: its table stays as it was
+            rows.append((self.communication_label, self.communication))
         cond = (f", conditioning path {self.conditioning_policy} over {self.cond_frames} mel frames"
                 if self.cond_frames else "")
         lines = [f"memory plan ({self.precision}): batch {self.batch_size} x {self.sequence_length} tokens, "

@@ -234,9 +234,12 @@ class Trainer:
             except (OSError, CheckpointError) as exc:  # named by the field it came from
                 raise type(exc)(f"training.init_checkpoint: {exc}") from exc
         # the optimizer's state in host memory when the config says so, or says "auto" and
-        # the plan does not fit the device without (pyxtts.config.offload_for)
+        # the plan does not fit the device without (pyxtts.config.offload_for; its plan
+        # counts the collectives of several processes, so it gets the budget before they are
+        # held back below)
         budget = _C.memory_stats(self.device)["limit_bytes"]
         self.optimizer = optimizer_from_config(self.model, t, offload=offload_for(config, self.device, budget=budget))
+        self._hold_back_communication()
         self.schedule = schedule_from_config(t)
         self.checkpoint_dir = Path(t.checkpoint_dir)
         self.log_path = Path(log_path) if log_path is not None else self.checkpoint_dir / "train_log.jsonl"
@@ -262,6 +265,15 @@ class Trainer:
     def best_checkpoint(self) -> Path:
         """Where the checkpoint of the lowest evaluation loss is kept."""
         return self.checkpoint_dir / BEST_NAME
+
+    def _hold_back_communication(self) -> None:
+        """Several processes: the allocator's limit leaves room for what the collectives take
+        on this device (NCCL's buffers, outside pyxtts's allocator), so the batch search and
+        the steps stay within what the plan of one of several processes allows."""
+        plan = getattr(self.strategy, "communication", lambda: None)()
+        limit = _C.memory_stats(self.device)["limit_bytes"]
+        if plan is not None and plan.total > 0 and limit is not None:
+            _C.set_memory_limit(max(limit - plan.total, 0), self.device)
 
     def _apply_memory_fraction(self, fraction: float) -> None:
         s = _C.memory_stats(self.device)

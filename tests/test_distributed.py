@@ -120,6 +120,11 @@ def test_the_scaling_benchmark_runs_and_world_size_one_changes_no_bit(tmp_path):
     assert [r["world_size"] for r in runs] == [1, 2]
     assert runs[0]["same_bits"] is True and runs[0]["efficiency"] == 1.0
     assert all(r["tokens_per_s"] > 0 and r["allreduce_s"] > 0 for r in runs)
+    # the plan's communication line next to the run (DataParallel.communication): none for one
+    # process, gloo's scratch for two; measured on GPUs only (torch.cuda.mem_get_info)
+    assert [r["comm_estimate_bytes"] for r in runs] == [0, 2 * 2**20]
+    assert runs[1]["comm_estimate_parts"] == {"gloo all-reduce scratch": 2 * 2**20}
+    assert all(r["comm_backend"] == "gloo" and r["comm_measured_bytes"] is None for r in runs)
 
 
 def test_batch_size_search_agrees_on_the_smallest(tmp_path):

@@ -17,6 +17,14 @@ For each N in --gpus it starts ``torchrun --standalone --nproc_per_node=N`` on t
   efficiency    tokens_per_s(N) / (N x tokens_per_s(1)); the goal on one node is >= 0.90
   same_bits     (N = 1 only) the DataParallel step's parameters equal the SingleProcess
                 step's, bit for bit (the NCCL path and its DLPack hand-off change nothing)
+  comm_estimate_bytes   the plan's communication line for this world (pyxtts.comm_memory:
+                NCCL's upper bound, gloo's scratch; 0 for one process), and by part
+  comm_measured_bytes   per rank, on a GPU: the device memory the first gradient all-reduce
+                took (torch.cuda.mem_get_info before the process group's first collective,
+                less after it, less what pyxtts's own allocator reserved in between):
+                NCCL's communicator, channels and buffers, and torch's small-pool segment
+  comm_after_step_bytes per rank, the same after the warm-up step (its scalar collectives
+                may connect NCCL's tree as well); the estimate must not be below either
 
 The model is the XTTS v2 GPT with its conditioning path, bf16, checkpointing "full", at
 32 + 200 + 252 positions with 517-frame reference mels (Coqui's max_text_length 200).
@@ -56,6 +64,11 @@ def child(a: argparse.Namespace) -> None:
     opt = pyxtts.AdamW(model, lr=1e-5)
     batch = _synthetic_batch(cfg, a.batch, lt, la, cfg.n_cond_latents, frames)
     lo = dp.rank * a.batch
+    comm = dp.communication()
+    memory = _CommMemory(device)  # before the process group's first collective
+    dp.all_reduce_grads(model)  # the first collective: the fresh model's zero gradients, still zero
+    pyxtts.synchronize(device)
+    memory.mark("after_allreduce")
 
     def sync() -> None:
         pyxtts.synchronize(device)
@@ -65,6 +78,8 @@ def child(a: argparse.Namespace) -> None:
 
     first = model.state_dict() if dp.world_size == 1 else None
     r = one_step()  # warm-up: the arena and the optimizer's first step
+    pyxtts.synchronize(device)
+    memory.mark("after_step")
     same = None
     if first is not None:  # world size 1: the same step without the strategy, from the same start
         after = model.state_dict()
@@ -100,10 +115,53 @@ def child(a: argparse.Namespace) -> None:
            "rows_per_process": a.batch, "step_s": step_s, "tokens_per_s": (r.text_tokens + r.audio_tokens) / step_s,
            "step_s_no_overlap": statistics.median(serial),
            "allreduce_s": statistics.median(reduce_times), "gradient_bytes": int(model.flat_gradients().nbytes),
-           "same_bits": same}
+           "same_bits": same, "comm_backend": "gloo" if device == "cpu" else "nccl",
+           "comm_estimate_bytes": 0 if comm is None else comm.total,
+           "comm_estimate_parts": {} if comm is None else dict(comm.parts)}
+    every = dp.gather(memory.figures())  # every rank's own device
+    if device != "cpu":
+        out["comm_measured_bytes"] = [m["after_allreduce"] for m in every]
+        out["comm_after_step_bytes"] = [m["after_step"] for m in every]
+        out["comm_memory_raw"] = every
+    else:  # host memory is not measured: gloo's 2 MiB scratch lives and dies inside each call
+        out["comm_measured_bytes"] = out["comm_after_step_bytes"] = None
     if dp.is_main:
         print("BENCH_DDP " + json.dumps(out), flush=True)
     dp.close()
+
+
+class _CommMemory:
+    """Device memory taken outside pyxtts's allocator since construction, at marked points:
+    the free memory's drop (torch.cuda.mem_get_info) less the growth of what pyxtts's
+    allocator reserved. On the CPU nothing is measured."""
+
+    def __init__(self, device: str) -> None:
+        self.device, self.marks = device, {}
+        self.start = self._now() if device != "cpu" else None
+
+    def _now(self) -> tuple[int, int]:
+        import torch
+
+        import pyxtts
+
+        free, _ = torch.cuda.mem_get_info(torch.device(self.device))
+        return int(free), int(pyxtts.memory_stats(self.device)["reserved_bytes"])
+
+    def mark(self, name: str) -> None:
+        if self.start is None:
+            return
+        free, reserved = self._now()
+        self.marks[name] = {"free": free, "pyxtts_reserved": reserved}
+
+    def figures(self) -> dict:
+        if self.start is None:
+            return {}
+        free0, reserved0 = self.start
+        out: dict = {"free_before": free0, "pyxtts_reserved_before": reserved0}
+        for name, m in self.marks.items():
+            out[name] = (free0 - m["free"]) - (m["pyxtts_reserved"] - reserved0)
+            out[f"{name}_raw"] = m
+        return out
 
 
 def main() -> int:
@@ -143,11 +201,23 @@ def main() -> int:
               f"all-reduce {r['allreduce_s'] * 1e3:.1f} ms of {r['gradient_bytes'] / 2**20:.0f} MiB "
               f"({r['allreduce_s'] / r['step_s']:.1%} of the step), {r['step_s_no_overlap'] * 1e3:.1f} ms without "
               f"overlap, efficiency {eff}"
-              + ("" if r["same_bits"] is None else f", same bits as one process: {r['same_bits']}"))
+              + ("" if r["same_bits"] is None else f", same bits as one process: {r['same_bits']}")
+              + _comm_summary(r))
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "runs": runs}, indent=1) + "\n")
     return 0 if all("error" not in r for r in runs) else 1
+
+
+def _comm_summary(r: dict) -> str:
+    """", NCCL memory: measured X after the all-reduce (Y after a step), estimated Z"."""
+    est = r.get("comm_estimate_bytes", 0) / 2**20
+    if r.get("comm_measured_bytes") is None:
+        return f", {r.get('comm_backend', 'gloo')} memory estimated {est:.0f} MiB (not measured on the CPU)"
+    got, step = max(r["comm_measured_bytes"]) / 2**20, max(r["comm_after_step_bytes"]) / 2**20
+    verdict = "within" if max(got, step) <= est else "OVER"
+    return (f", NCCL memory measured {got:.0f} MiB after the first all-reduce ({step:.0f} MiB after a step; the "
+            f"most of any rank), estimated {est:.0f} MiB: {verdict} the estimate")
 
 
 if __name__ == "__main__":
