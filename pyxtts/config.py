@@ -469,8 +469,6 @@ class XTTSConfig:
         """Writes the config as YAML (every field, aliases resolved). Relative paths
         (``PATH_FIELDS``; in memory relative to the working directory) are written
         relative to the file's folder, where ``load`` looks for them."""
-        import yaml
-
         folder = os.path.abspath(Path(path).parent)
         d = self.to_dict()
         for section, name in PATH_FIELDS:
