@@ -360,14 +360,14 @@ def test_conditioning_latents_of_the_wrong_count_are_refused_with_the_data(tmp_p
 MEMTEST_OOM = """
 import sys
 import pyxtts.cli, pyxtts.model, pyxtts.testing
-real = pyxtts.model.XTTSGPT.forward_backward
+real = pyxtts.model.XTTSGPT._run  # every step and reservation of a model goes through it
 fired = []
-def forward_backward(self, batch, *args, **kwargs):
+def run(self, batch, *args, **kwargs):
     if not fired:  # the first allocation of the step's first micro-batch fails, as on a full device
         fired.append(1)
         pyxtts.testing.inject_oom(0, "cpu")
     return real(self, batch, *args, **kwargs)
-pyxtts.model.XTTSGPT.forward_backward = forward_backward
+pyxtts.model.XTTSGPT._run = run
 sys.exit(pyxtts.cli.main(sys.argv[1:]))
 """
 

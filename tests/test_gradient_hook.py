@@ -57,11 +57,11 @@ def run_with_hook(model: pyxtts.XTTSGPT, batch: dict) -> tuple[list[tuple[int, i
 
 
 @pytest.mark.parametrize("which", ["plain", "conditioning"])
-def test_groups_cover_every_gradient_once_in_backward_order_with_their_final_values(which):
+def test_groups_cover_every_gradient_once_in_backward_order_with_their_final_values(which, rng):
     if which == "plain":
         model, batch = pyxtts.XTTSGPT(CFG, seed=SEED), global_batch(0)
     else:
-        model, batch = pyxtts.XTTSGPT(COND_CFG, seed=SEED), cond_batch(np.random.default_rng(SEED))
+        model, batch = pyxtts.XTTSGPT(COND_CFG, seed=SEED), cond_batch(rng)
     flat = flat_view(model)
     flat[:] = np.nan  # poison: the step zeroes, then adds
     calls, seen = run_with_hook(model, batch)
@@ -199,7 +199,7 @@ class FakeDist:
 
 
 @pytest.mark.parametrize("cap", [1, 4096, 1 << 40])
-def test_buckets_launch_every_gradient_once_and_merge_neighbours_up_to_their_size(cap):
+def test_buckets_launch_every_gradient_once_and_merge_neighbours_up_to_their_size(cap, rng):
     from pyxtts.distributed import _Buckets
 
     model = pyxtts.XTTSGPT(COND_CFG, seed=SEED)
@@ -207,7 +207,7 @@ def test_buckets_launch_every_gradient_once_and_merge_neighbours_up_to_their_siz
     dist = FakeDist()
     dist.base = flat
     buckets = _Buckets(dist, flat, cap)
-    model.forward_backward(cond_batch(np.random.default_rng(1)), zero_grad=True, on_gradients=buckets)
+    model.forward_backward(cond_batch(rng), zero_grad=True, on_gradients=buckets)
     launched_in_backward = len(dist.ranges)
     buckets.wait()
     cover = np.zeros(flat.size, np.int64)
