@@ -4,7 +4,7 @@ pre-collated batch (what bench_xtts_gpu.py and profile_xtts_gpu.py time).
 
     python tests/bench/bench_run.py [--device cuda|cpu] [--config xtts_v2|tiny] [--batch 8]
         [--steps 20] [--warmup 3] [--workers 2,4,8] [--threads 1,2,4,8] [--data DIR]
-        [--data-only] [--json PATH]
+        [--data-only] [--blas-threads N] [--json PATH]
 
 A real run does more than the step: for every sample of every batch it draws a 3-6 s
 slice of the sample's recording and computes its 80-band mel (`pyxtts.references`, NumPy
@@ -44,6 +44,9 @@ optimizer), bf16 without recomputation on a GPU, fp32 on the CPU; `--config tiny
 ratio means nothing: the step and the threads share its cores). --data-only measures the
 data side alone, without a model (XTTS v2's sizes on a machine that cannot run its step).
 Checkpoints are not written (the trainer's saves are skipped: they are not the steps').
+The scaling is measured twice where threadpoolctl is installed: with NumPy's BLAS as it
+is (a thread a core, which every collating thread's filterbank product starts) and on one
+thread; --blas-threads N runs the whole bench with N.
 
 The goal (the GPU issue): the run's positions/s >= 0.95 x the bench step's at batch 8, on
 a 16-core host, i.e. the GPU kept >= 95 % as busy as by the step alone.
@@ -51,8 +54,8 @@ a 16-core host, i.e. the GPU kept >= 95 % as busy as by the step alone.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import math
 import os
 import platform
 import statistics
@@ -62,11 +65,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
 # (text ids, codes) of every generated sample: framed, 150 + 308 positions (bench_xtts_gpu.py's
 # batch) for XTTS v2; 40 + 80 for the tiny model
 LENGTHS = {"xtts_v2": (149, 304), "tiny": (39, 76)}
@@ -392,8 +394,20 @@ def main() -> None:
     ap.add_argument("--data", type=Path, help="pyxtts prepare's output folder (or of its shards)")
     ap.add_argument("--data-only", action="store_true", help="the data side alone, no model")
     ap.add_argument("--repeats", type=int, default=8, help="batches of the one-thread cost")
+    ap.add_argument("--blas-threads", type=int, help="NumPy's BLAS threads for the whole bench (threadpoolctl)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    if args.warmup < 1:
+        ap.error("--warmup: expected >= 1 (the runs' rates start at the end of a warm-up step)")
+    limit = blas_limited(args.blas_threads) if args.blas_threads else None
+    if args.blas_threads and limit is None:
+        ap.error("--blas-threads needs threadpoolctl (pip install threadpoolctl)")
+    with limit or contextlib.nullcontext():
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Everything the options ask for, reported and written."""
     device = "cuda:0" if args.device == "cuda" else args.device
     import pyxtts
 
@@ -410,7 +424,8 @@ def main() -> None:
         out: dict[str, Any] = {
             "command": "python tests/bench/bench_run.py " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d"),
             "device": device if device == "cpu" else pyxtts.device_info(device)["name"], "config": args.config,
-            "batch": args.batch, "host": host(), "default_workers": default_workers, "data_prepare_s": prepared_s,
+            "batch": args.batch, "host": host(), "blas_threads": args.blas_threads, "default_workers": default_workers,
+            "data_prepare_s": prepared_s,
             "data": str(args.data) if args.data else f"generated: {DISTINCT} samples of {LENGTHS[args.config]} "
                                                      "(text ids, codes), tiled",
             "data_side": collate_cost(data, model, args.batch, args.repeats),
