@@ -29,7 +29,8 @@
 #   once, here:  echo /.whl/ >> .git/info/exclude; echo /.gpu/ >> .git/info/exclude
 #                python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #                  --implementation cp --platform manylinux_2_28_x86_64 \
-#                  --platform manylinux2014_x86_64 -d .whl scipy-openblas32==0.3.34.481.3
+#                  --platform manylinux2014_x86_64 -d .whl scipy-openblas32==0.3.34.481.3 \
+#                  threadpoolctl==3.8.0   # (pure Python: bench_run.py's NumPy BLAS-threads comparison)
 #   run A:       bash tests/bench/gpu_check.sh $OUT A          (carry .whl)
 #   then copy the returned _C.*.so into .gpu/ here, and
 #   run B:       bash tests/bench/gpu_check.sh $OUT B .gpu     (carry .whl and .gpu)
