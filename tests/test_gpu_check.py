@@ -70,7 +70,7 @@ def test_the_run_benchmark_of_run_one_works_on_the_cpu(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
     r = json.loads(out.read_text())
     assert "goal run >= 0.95 x step" in p.stdout and r["command"].startswith("python tests/bench/bench_run.py")
-    assert r["config"] == "tiny" and r["device"] == "cpu" and r["batch"] == 8
+    assert r["complete"] is True and r["config"] == "tiny" and r["device"] == "cpu" and r["batch"] == 8
     assert r["positions_per_sample"] == 32 + 40 + 80  # latents, framed text and audio
     d = r["data_side"]
     assert d["ms_per_sample"] > 0 and d["cpu_ms_per_sample"] > 0 and d["mel_frames"] == 64

@@ -407,7 +407,9 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    """Everything the options ask for, reported and written."""
+    """Everything the options ask for, in order of value: the step and the runs first, then
+    the data side alone. The JSON is rewritten after each part (``complete`` false until
+    the end), so a run stopped at its time limit still leaves what it measured."""
     device = "cuda:0" if args.device == "cuda" else args.device
     import pyxtts
 
@@ -420,57 +422,92 @@ def run(args: argparse.Namespace) -> None:
         source = args.data or write_prepared(folder / "shards", model, DISTINCT, LENGTHS[args.config])
         runs_steps = len(workers) * (args.warmup + args.steps)
         data = tiled(load_prepared(source), args.batch * (runs_steps + 1))
-        prepared_s = time.perf_counter() - t0
+        batch = first_batch(data, model, args.batch)
         out: dict[str, Any] = {
             "command": "python tests/bench/bench_run.py " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d"),
-            "device": device if device == "cpu" else pyxtts.device_info(device)["name"], "config": args.config,
-            "batch": args.batch, "host": host(), "blas_threads": args.blas_threads, "default_workers": default_workers,
-            "data_prepare_s": prepared_s,
+            "complete": False, "device": device if device == "cpu" else pyxtts.device_info(device)["name"],
+            "config": args.config, "batch": args.batch, "bench_positions": positions(batch, model),
+            "positions_per_sample": positions(batch, model) // args.batch,
+            "host": host(), "blas_threads": args.blas_threads, "default_workers": default_workers,
+            "data_prepare_s": time.perf_counter() - t0,
             "data": str(args.data) if args.data else f"generated: {DISTINCT} samples of {LENGTHS[args.config]} "
-                                                     "(text ids, codes), tiled",
-            "data_side": collate_cost(data, model, args.batch, args.repeats),
-            "scaling": collate_scaling(data, model, args.batch, args.threads)}
-        limit = blas_limited(1)  # the same with NumPy's BLAS on one thread (its spinning threads
-        if limit is not None:    # can cost more than they give on a busy host)
-            with limit:
-                out["scaling_blas1"] = collate_scaling(data, model, args.batch, args.threads)
-        first = [int(i) for i in range(args.batch)]
-        from pyxtts.data import collate_references
+                                                     "(text ids, codes), tiled"}
 
-        batch = collate_references([data[i] for i in first], first, model, references(model, data), epoch=0)
-        out["positions_per_sample"] = positions(batch, model) // args.batch
+        def save() -> None:
+            if args.json:
+                args.json.parent.mkdir(parents=True, exist_ok=True)
+                args.json.write_text(json.dumps(out, indent=1, default=float) + "\n")
+
         if not args.data_only:
-            measure(out, args, device, folder, data, batch, workers)
+            measure_runs(out, args, device, folder, data, batch, workers, save)
+        measure_data_side(out, args, data, model, save)
+        if not args.data_only:
+            conclude(out)
+        out["complete"] = True
+        save()
     report(out)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=1, default=float) + "\n")
 
 
-def measure(out: dict, args: argparse.Namespace, device: str, folder: Path, data: Any, batch: dict,
-            workers: list[int]) -> None:
-    """The bench step, the runs, the step again (drift), and what follows from them, into ``out``."""
+def first_batch(data: Any, model: Any, batch: int) -> dict:
+    """The bench step's batch: the first ``batch`` samples with their reference mels."""
+    from pyxtts.data import collate_references
+
+    first = list(range(batch))
+    return collate_references([data[i] for i in first], first, model, references(model, data), epoch=0)
+
+
+def measure_runs(out: dict, args: argparse.Namespace, device: str, folder: Path, data: Any, batch: dict,
+                 workers: list[int], save: Any) -> None:
+    """The bench step, a run for each worker count, the step again (the machine's drift)."""
     model = model_config(args.config)
     clock: list[float] = []
     t0 = time.perf_counter()
     trainer = make_trainer(bench_config(model, device, args.batch, folder), clock)
-    out["model_build_s"] = time.perf_counter() - t0
-    out["parameters"] = trainer.model.num_parameters
-    out["precision"] = trainer.config.training.precision
+    out.update(model_build_s=time.perf_counter() - t0, parameters=trainer.model.num_parameters,
+               precision=trainer.config.training.precision)
     step = bench_step(trainer, batch, args.steps, max(args.warmup, 2))
-    runs = [fit_run(trainer, data, w, args.steps, args.warmup, clock, args.batch) for w in workers]
+    out["step"] = {k: v for k, v in step.items() if k != "step_s"}
+    rate = positions(batch, model) / statistics.fmean(step["step_s"])
+    print(f"bench step: {step['step_ms_median']:.1f} ms median", flush=True)
+    save()
+    out["runs"] = []
+    for w in workers:
+        r = fit_run(trainer, data, w, args.steps, args.warmup, clock, args.batch)
+        r["ratio"] = r["tokens_per_s"] / rate  # against the step before it; conclude() uses both
+        out["runs"].append(r)
+        print(f"run with {w} workers: {r['ratio']:.3f} x the step, {r['wait_ms_mean']:.1f} ms waited a step",
+              flush=True)
+        save()
     after = bench_step(trainer, batch, args.steps, 1)
-    step_s = statistics.fmean(step["step_s"] + after["step_s"])  # both sets: the machine's drift averaged
-    rate = positions(batch, model) / step_s
-    for r in runs:
+    out["step_after"] = {k: v for k, v in after.items() if k != "step_s"}
+    out["step_s"] = statistics.fmean(step["step_s"] + after["step_s"])  # both sets: the drift averaged
+    save()
+
+
+def measure_data_side(out: dict, args: argparse.Namespace, data: Any, model: Any, save: Any) -> None:
+    """One thread's cost of a batch, and the throughput of several, with NumPy's BLAS as it
+    is and (where threadpoolctl is) on one thread: its spinning threads can cost more than
+    they give on a busy host."""
+    out["data_side"] = collate_cost(data, model, args.batch, args.repeats)
+    out["scaling"] = collate_scaling(data, model, args.batch, args.threads)
+    save()
+    limit = blas_limited(1)
+    if limit is not None:
+        with limit:
+            out["scaling_blas1"] = collate_scaling(data, model, args.batch, args.threads)
+        save()
+
+
+def conclude(out: dict) -> None:
+    """The ratios against the step's mean over both sets, the threads the step needs, the goal."""
+    step_s = out["step_s"]
+    rate = out["bench_positions"] / step_s
+    for r in out["runs"]:
         r["ratio"] = r["tokens_per_s"] / rate
-    best = max(runs, key=lambda r: r["ratio"])
-    one = out["data_side"]["ms_per_batch"] / 1e3
-    out.update(step={k: v for k, v in step.items() if k != "step_s"},
-               step_after={k: v for k, v in after.items() if k != "step_s"},
-               step_tokens_per_s=rate, collate_to_step=one / step_s,
-               workers_needed=workers_needed(step_s, out["scaling"]), runs=runs,
-               best_ratio=best["ratio"], best_workers=best["workers"], goal_met=best["ratio"] >= GOAL)
+    best = max(out["runs"], key=lambda r: r["ratio"])
+    out.update(step_tokens_per_s=rate, collate_to_step=out["data_side"]["ms_per_batch"] / 1e3 / step_s,
+               workers_needed=workers_needed(step_s, out["scaling"]), best_ratio=best["ratio"],
+               best_workers=best["workers"], goal_met=best["ratio"] >= GOAL)
 
 
 if __name__ == "__main__":

@@ -224,7 +224,7 @@ run_one() {
     # against the step on one batch, with the waits for data and the threads' scaling
     # (estimated ~20 s: a model, ~80 steps, the data side)
     step run-vs-step 40 "$PY" tests/bench/bench_run.py --device cuda --steps 16 --warmup 3 --workers 2,4 \
-        --json $R/run_gpu.json
+        --repeats 4 --json $R/run_gpu.json
     cp $R/run_gpu.json "$OUTDIR"/ 2> /dev/null
     step attention 30 "$PY" tests/bench/bench_attention_gpu.py --T 490 1024 2048 4096 \
         --paths tc torch --repeats 5 --json $R/attention_gpu.json
