@@ -8,10 +8,11 @@ pre-collated batch (what bench_xtts_gpu.py and profile_xtts_gpu.py time).
 
 A real run does more than the step: for every sample of every batch it draws a 3-6 s
 slice of the sample's recording and computes its 80-band mel (`pyxtts.references`, NumPy
-on the CPU, ~15 ms a sample on one core at XTTS v2's sizes), collates the batch, and then
+on the CPU, ~16 ms a sample on one core at XTTS v2's sizes), collates the batch, and then
 logs the step. `data.num_workers` threads do the drawing and collating for the next
 batches while the engine runs a step without the GIL; when they fall behind, the step
-waits (`data_wait_s` in the step record). Measured, in one process, on one model:
+waits (`data_wait_s` in the step record). Measured, in one process, on one model (the
+step and the runs first, the data side last; the JSON is rewritten after each part):
 
   data side   one thread's cost of a batch (the draw, the mels, the framing) and the
               throughput of 1, 2, 4, ... threads collating at once (--threads): how far
@@ -35,7 +36,8 @@ length (XTTS v2: 149 text ids and 304 codes, framed to 150 + 308, with 32 latent
 positions, bench_xtts_gpu.py's batch; each sample's recording is its own 14.1 s clip at
 22,050 Hz, 1024 samples a code), so every batch is the bench step's work and the ratio is
 the run's overhead alone. --data DIR takes `pyxtts prepare`'s output (or a folder of its
-shards) instead; the bench batch is then the run's first batch.
+shards) instead; the bench batch is then its first --batch samples, and the ratio also
+holds the difference in length between them and the run's batches.
 
 The model: XTTS v2's GPT as Coqui fine-tunes it (`xtts_v2_finetune`: the conditioning
 encoder and perceiver on 517-frame mels of 6 s slices, dropout 0.1, Coqui's framing and
