@@ -430,16 +430,18 @@ class Trainer:
         raise CheckpointError(f"resume: none of the {len(unusable)} checkpoints in {self.checkpoint_dir} can be "
                               "used: " + "; ".join(unusable))
 
-    def _step_record(self, r, samples: int, lr: float, seconds: float) -> dict:
+    def _step_record(self, r, samples: int, lr: float, seconds: float, data_wait: float = 0.0) -> dict:
         """The JSONL record of the optimizer step just taken (``self.step``) over a batch of
-        ``samples`` (with several processes: all of theirs; the micro-batches are this one's)."""
+        ``samples`` (with several processes: all of theirs; the micro-batches are this one's),
+        which took ``seconds`` after the loop had waited ``data_wait`` seconds for its batch."""
         return {"type": "train", "step": self.step, "epoch": self.epoch, "lr": lr,
                 "loss": r.loss, "text_loss": r.text_loss, "audio_loss": r.audio_loss,
                 "grad_norm": r.grad_norm, "skipped": r.skipped, "loss_scale": self.optimizer.loss_scale,
                 "samples": samples, "text_tokens": r.text_tokens, "audio_tokens": r.audio_tokens,
                 "micro_batch_size": r.micro_batch_size,
                 "accumulation_steps": -(-samples // (r.micro_batch_size * self.strategy.world_size)),
-                "oom_splits": r.oom_splits, "step_time_s": seconds, "tokens_per_s": r.tokens_per_s,
+                "oom_splits": r.oom_splits, "step_time_s": seconds, "data_wait_s": data_wait,
+                "tokens_per_s": r.tokens_per_s,
                 "peak_allocated_bytes": r.peak_memory_bytes,
                 "allocated_bytes": _C.memory_allocated(self.device),
                 "reserved_bytes": _C.memory_reserved(self.device), "rss_bytes": _rss_bytes(),
@@ -596,7 +598,7 @@ class Trainer:
             # closed on every way out of the block, so the collating threads end with it
             with contextlib.closing(_collated(train, mine[state.batch_in_epoch:], d.num_workers, c.model, refs,
                                               state.epoch)) as ahead:
-                for k, (g, batch) in enumerate(ahead, start=state.batch_in_epoch):
+                for k, (waited, g, batch) in enumerate(_waited(ahead), start=state.batch_in_epoch):
                     lr = self.schedule.apply(self.optimizer, state.step)
                     t0 = time.perf_counter()
                     accum = t.gradient_accumulation_steps if dp.world_size == 1 else -(-len(g) // d.batch_size)
@@ -609,7 +611,7 @@ class Trainer:
                         micro_cap = r.micro_batch_size
                         self._say(f"step {state.step}: out of memory at micro-batch {-(-len(g) // steps)}; "
                                   f"going on with micro-batches of {micro_cap} (same effective batch)")
-                    rec = self._step_record(r, len(groups[k]), lr, time.perf_counter() - t0)
+                    rec = self._step_record(r, len(groups[k]), lr, time.perf_counter() - t0, waited)
                     window.append((r.text_tokens + r.audio_tokens, rec["step_time_s"]))
                     rec["tokens_per_s_avg"] = sum(n for n, _ in window) / max(sum(s for _, s in window), 1e-9)
                     if t.enable_memory_cleanup and state.step % t.cleanup_interval == 0:
@@ -728,6 +730,19 @@ def _collated(dataset: Sequence[Sample], groups: list, workers: int, model_confi
         finally:
             for _, f in pending:
                 f.cancel()
+
+
+def _waited(batches: Iterator[tuple[Any, dict]]) -> Iterator[tuple[float, Any, dict]]:
+    """``(seconds, indices, batch)`` for each of ``batches``: how long the loop waited for
+    it (the step record's ``data_wait_s``). Near 0 while the collating threads keep ahead of
+    the steps; the step's time (``step_time_s``) does not include it, so a run whose data
+    side falls behind shows it here rather than as slower steps."""
+    while True:
+        t0 = time.perf_counter()
+        nxt = next(batches, None)
+        if nxt is None:
+            return
+        yield time.perf_counter() - t0, *nxt
 
 
 def _take(box: list) -> Any:

@@ -3,9 +3,13 @@ syntax, both runs' structure in dry-run mode (every step named, summarised, logg
 the output folder) and its time limits (a step that runs out is killed and reported)."""
 from __future__ import annotations
 
+import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,24 +23,69 @@ BUILD = (["build"] if (SCRIPT.parent / "gpu_build.sh").exists() else
          ["versions", "wheels", "build", "imports-pyxtts-first", "imports-torch-first", "copy-extension"])
 STEPS = {"A": BUILD + ["kernel-tests", "memcheck", "device-tests"],
          "B": ["versions", "wheels", "extension", "ops", "xtts-torch_eager", "xtts-torch_compile",
-               "xtts-pyxtts_none", "xtts-pyxtts_full", "attention"]}
+               "xtts-pyxtts_none", "xtts-pyxtts_full", "attention"],
+         "ONE": ["build", "kernel-tests", "device-tests", "xtts-torch_eager", "xtts-pyxtts_full", "xtts-pyxtts_none",
+                 "offload", "ddp", "profile-core", "profile-recipe", "run-vs-step", "attention", "attention-dropout",
+                 "ops-cold", "xtts-torch_compile", "memcheck"]}
 
 
 def test_syntax():
     subprocess.run([BASH, "-n", str(SCRIPT)], check=True)
 
 
-@pytest.mark.parametrize("run", ["A", "B"])
-def test_dry_run_structure(tmp_path, run):
-    out = tmp_path / "out"
+def dry_run(out: Path, run: str) -> str:
+    """The log of ``gpu_check.sh OUT RUN`` in dry-run mode (every step's command, none run)."""
     p = subprocess.run([BASH, str(SCRIPT), str(out), run], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "PYXTTS_GPU_CHECK_DRY": "1"})
     assert p.returncode == 0, p.stdout + p.stderr
+    return (out / f"run_{run}.log").read_text()
+
+
+@pytest.mark.parametrize("run", ["A", "B", "ONE"])
+def test_dry_run_structure(tmp_path, run):
+    out = tmp_path / "out"
+    log = dry_run(out, run)
     summary = (out / f"summary_{run}.txt").read_text().splitlines()
     assert [line.split()[0] for line in summary] == STEPS[run]
     assert all(" exit 0 " in line for line in summary)
-    log = (out / f"run_{run}.log").read_text()
     assert f"gpu_check.sh run {run}" in log and f"=== summary of run {run}" in log
+    # every script a step runs is in the tree
+    for script in re.findall(r"tests/bench/[\w.]+\.(?:py|sh)", log):
+        assert (SCRIPT.parents[2] / script).is_file(), script
+
+
+def test_the_run_benchmark_of_run_one_works_on_the_cpu(tmp_path):
+    """Run ONE's bench_run.py command as the GPU will run it, but on the CPU with the tiny
+    model (the later options win): the script, its options and its JSON, checked where no
+    GPU is, so that the GPU's minutes are not lost to a typo."""
+    line = next(x for x in dry_run(tmp_path / "out", "ONE").splitlines() if x.startswith("=== [run-vs-step]"))
+    args = shlex.split(line.split(": ", 1)[1])
+    assert args[1] == "tests/bench/bench_run.py"
+    out = tmp_path / "run.json"
+    args = args[1:] + ["--json", str(out), "--device", "cpu", "--config", "tiny", "--steps", "4", "--warmup", "2",
+                         "--threads", "1,2", "--repeats", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, *args], cwd=SCRIPT.parents[2], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert "goal run >= 0.95 x step" in p.stdout and r["command"].startswith("python tests/bench/bench_run.py")
+    assert r["complete"] is True and r["config"] == "tiny" and r["device"] == "cpu" and r["batch"] == 8
+    assert r["positions_per_sample"] == 32 + 40 + 80  # latents, framed text and audio
+    d = r["data_side"]
+    assert d["ms_per_sample"] > 0 and d["cpu_ms_per_sample"] > 0 and d["mel_frames"] == 64
+    assert [x["threads"] for x in r["scaling"]] == [1, 2] and all(x["batches_per_s"] > 0 for x in r["scaling"])
+    assert r["step"]["steps"] == 4 and r["step"]["step_ms_median"] > 0 and r["step_tokens_per_s"] > 0
+    assert [x["workers"] for x in r["runs"]] == [2, 4]  # run ONE's
+    for x in r["runs"]:
+        assert x["steps"] == 4 and x["positions"] == 4 * 8 * r["positions_per_sample"]
+        assert 0 < x["ratio"] < 10 and x["tokens_per_s"] > 0 and 0 <= x["wait_share"] < 1
+        assert 0 <= x["wait_ms_mean"] <= x["wait_ms_max"] and x["step_ms_median"] > 0
+        # the collations ran on the run's worker threads, one per batch taken or prefetched
+        assert 1 <= x["collating_threads"] <= x["workers"] and x["collations"] >= 2 + 4
+        assert x["collate_ms_per_batch"] > 0 and x["collate_cpu_ms_per_batch"] > 0
+    assert r["best_ratio"] == max(x["ratio"] for x in r["runs"]) and isinstance(r["goal_met"], bool)
+    assert r["workers_needed"] in (None, 1, 2)
 
 
 def test_usage_error(tmp_path):

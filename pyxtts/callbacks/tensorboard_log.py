@@ -28,6 +28,7 @@ TRAIN_SCALARS = {
     "train/loss_scale": "loss_scale", "train/tokens_per_s": "tokens_per_s",
     "train/tokens_per_s_avg": "tokens_per_s_avg", "train/micro_batch_size": "micro_batch_size",
     "train/accumulation_steps": "accumulation_steps", "train/oom_splits": "oom_splits",
+    "train/data_wait_s": "data_wait_s",
     "memory/peak_allocated_bytes": "peak_allocated_bytes", "memory/rss_bytes": "rss_bytes",
     "memory/optimizer_host_bytes": "optimizer_host_bytes",
 }

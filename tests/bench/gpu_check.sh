@@ -29,7 +29,8 @@
 #   once, here:  echo /.whl/ >> .git/info/exclude; echo /.gpu/ >> .git/info/exclude
 #                python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #                  --implementation cp --platform manylinux_2_28_x86_64 \
-#                  --platform manylinux2014_x86_64 -d .whl scipy-openblas32==0.3.34.481.3
+#                  --platform manylinux2014_x86_64 -d .whl scipy-openblas32==0.3.34.481.3 \
+#                  threadpoolctl==3.8.0   # (pure Python: bench_run.py's NumPy BLAS-threads comparison)
 #   run A:       bash tests/bench/gpu_check.sh $OUT A          (carry .whl)
 #   then copy the returned _C.*.so into .gpu/ here, and
 #   run B:       bash tests/bench/gpu_check.sh $OUT B .gpu     (carry .whl and .gpu)
@@ -186,15 +187,17 @@ run_b() {
 # that order of value, each under a limit, the whole meant to end inside ~540 s. Its files
 # stay at 8 or fewer (the log, the summary, five JSON, the extension).
 # Since the optimizer offload: its bench after the step's (a sixth JSON), then world size 1
-# over NCCL (a seventh: 9 files).
+# over NCCL (a seventh: 9 files); the whole run against the step after the profiles (an
+# eighth: 10 files).
 run_one() {
     local R=tests/bench/results run
     mkdir -p $R
     # gpu_build.sh's own files stay out of OUTDIR (their text is in this log)
     step build 150 env PYXTTS_GPU_BUILD_TIMEOUT=120 PYXTTS_WHEEL_SITE="$SITE" \
         bash tests/bench/gpu_build.sh /tmp/pyxtts-gpu-build 90
-    # the import checks may fail (two cuBLAS copies, say) with a usable extension
-    ls pyxtts/_C*.so > /dev/null 2>&1 || return
+    # the import checks may fail (two cuBLAS copies, say) with a usable extension (a dry run
+    # built nothing and goes on, to list every step)
+    [ "${PYXTTS_GPU_CHECK_DRY:-0}" = 1 ] || ls pyxtts/_C*.so > /dev/null 2>&1 || return
     cp pyxtts/_C*.so "$OUTDIR"/
     step kernel-tests 80 env CUDA_LAUNCH_BLOCKING=1 "${PYTEST[@]}" -n 4 "${KERNEL_SELECTION[@]}"
     step device-tests 75 "${PYTEST[@]}" -n 8 "${DEVICE_SELECTION[@]}"
@@ -216,6 +219,13 @@ run_one() {
     step profile-core 40 "$PY" tests/bench/profile_xtts_gpu.py --json $R/profile_xtts_gpu.json
     step profile-recipe 45 "$PY" tests/bench/profile_xtts_gpu.py --recipe --json $R/profile_xtts_gpu.json
     cp $R/profile_xtts_gpu.json "$OUTDIR"/ 2> /dev/null
+    # the whole run against that step: Trainer.fit on generated shards with 6 s reference
+    # slices (their mels computed by the collating threads) at 2 and 4 workers, in positions/s
+    # against the step on one batch, with the waits for data and the threads' scaling
+    # (estimated ~20 s: a model, ~80 steps, the data side)
+    step run-vs-step 40 "$PY" tests/bench/bench_run.py --device cuda --steps 16 --warmup 3 --workers 2,4 \
+        --repeats 4 --json $R/run_gpu.json
+    cp $R/run_gpu.json "$OUTDIR"/ 2> /dev/null
     step attention 30 "$PY" tests/bench/bench_attention_gpu.py --T 490 1024 2048 4096 \
         --paths tc torch --repeats 5 --json $R/attention_gpu.json
     cp $R/attention_gpu.json "$OUTDIR"/ 2> /dev/null
