@@ -125,6 +125,9 @@ extern "C" {
 
 /* The device's cuBLASLt handle (thread-safe; made by pxt_cuda_device_ready). */
 cublasLtHandle_t pxt_cuda_lt(int index);
+/* PXT_OK where device index (ready) has bfloat16 arithmetic (sm_80+); else
+ * PXT_ERR_NOT_IMPLEMENTED naming `what`, the device's capability and float16. */
+int pxt_cuda_bf16_check(int index, const char *what);
 /* Copies n bytes from host memory to the device on its stream, through pinned
  * staging: returns once src may be reused, without waiting for the device. */
 int pxt_cuda_h2d(int index, void *dst, const void *src, size_t n);
