@@ -104,6 +104,26 @@ int pxt_cuda_bf16_check(int index, const char *what) {
                      what, index, d->major, d->minor);
 }
 
+int pxt_cuda_launch_error(const char *what, cudaError_t err) {
+    int dev = -1, major = 0, minor = 0;
+    const bool no_code =
+        err == cudaErrorNoKernelImageForDevice || err == cudaErrorInvalidDeviceFunction;
+    if (no_code && cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess) {
+        /* a card the build has no code for (a Turing card under the default sm_80 / sm_90
+         * build): say how to build for it */
+        return pxt_error(PXT_ERR_DEVICE,
+                         "%s: kernel launch failed: %s: this build of pyxtts has no code for "
+                         "cuda:%d (compute capability %d.%d); reinstall it with "
+                         "PYXTTS_CUDA_ARCHS=%d%d (docs/install.md; build_info()['cuda_archs'] "
+                         "lists what it has)",
+                         what, cudaGetErrorString(err), dev, major, minor, major, minor);
+    }
+    (void)cudaGetLastError(); /* a failed query above must not linger */
+    return pxt_error(PXT_ERR_DEVICE, "%s: kernel launch failed: %s", what, cudaGetErrorString(err));
+}
+
 pxt_cuda_blas::pxt_cuda_blas(int i) : index(i), h(devs[i].blas) {
     pthread_mutex_lock(&devs[i].blas_lock);
 }
