@@ -14,9 +14,10 @@ them, given the card's numbers and the static shared memory the compiler reporte
 A kernel fits a card when static + dynamic <= the card's per-block opt-in limit; a
 tensor-core kernel on a card where the decision takes the general kernels counts only
 its static part (the host never launches it there). Exits 1 when a kernel does not fit,
-or when the decision loses the tensor-core path on an sm_80+ card. Full sweep over the
-25 sources for sm_75 and sm_86: about 4 min of CPU (tests/bench/RESULTS.md); the suite
-runs the tensor-core instances only (tests/test_cuda_smem.py).
+or when the decision loses the tensor-core path on an sm_80+ card. The full sweep, 27
+sources for sm_75 and sm_86, took 7 min of CPU (9.8 min wall on a shared 2-core machine,
+tests/bench/RESULTS.md); the suite compiles one tensor-core instance for sm_86 only
+(tests/test_cuda_smem.py).
 """
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# cudaDevAttrMaxSharedMemoryPerBlockOptin, bytes, of each architecture's cards
+# cudaDevAttrMaxSharedMemoryPerBlockOptin, bytes, of each architecture's cards (the CUDA
+# programming guide's table of compute capabilities; only sm_90's was read from a card)
 LIMITS = {"75": 64 << 10, "80": 163 << 10, "86": 99 << 10, "87": 163 << 10, "89": 99 << 10,
           "90": 227 << 10, "100": 227 << 10, "120": 99 << 10}
 CARDS = {"75": "RTX 20xx, T4", "80": "A100", "86": "RTX 30xx, A10, A40", "87": "Jetson Orin",
