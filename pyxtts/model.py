@@ -265,11 +265,11 @@ def precision_problem(precision: str, device: str | int) -> str | None:
     (the engine then reports what it must). Only bfloat16 on a GPU older than Ampere
     (compute capability under 8.0) is refused: pyxtts would otherwise fail at its first
     bf16 product there."""
-    if precision != "bf16":
-        return None
+    if not isinstance(precision, str) or precision != "bf16":
+        return None  # the engine's converter names what is wrong with any other value
     try:
         info = _C.device_info(device)
-    except (ValueError, TypeError):
+    except Exception:  # noqa: BLE001 - a device it cannot name: the engine's own error says so
         return None
     cap = tuple(info["capability"])
     if info["type"] != "cuda" or cap >= BF16_MIN_CAPABILITY:
