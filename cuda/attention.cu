@@ -1,7 +1,8 @@
 /* attention.cu: the entry points of exact attention on the GPU (backend.h's
  * attention_forward / attention_backward / attention_workspace). The general
  * kernels (fp32 arithmetic on the CUDA cores, any D <= 128) are described in
- * attention_simple.cuh; bfloat16 / float16 with D = 64 or 128 on sm_80+ go to the
+ * attention_simple.cuh; bfloat16 / float16 with D = 64 or 128 on sm_80+, where the
+ * device's shared memory per block holds them (attention_tc_plan.h), go to the
  * tensor-core kernels of attention_tc.cuh instead (the entries below ask
  * attention_tc.cu; the switch PYXTTS_CUDA_ATTENTION=simple|tc|auto is described
  * there). Each kernel instance is compiled in its own file under cuda/attention/. */

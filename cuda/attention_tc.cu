@@ -3,10 +3,12 @@
  * fallback (fp32 on the CUDA cores, any D <= 128) and the entry point: it asks
  * pxt_cuda_attention_tc_select whether this path runs and calls it.
  *
- * When it runs: dt is bfloat16 or float16, D is 64 or 128, the device is sm_80
- * or newer (and this build has sm_80+ code for it), every pointer is 16-byte
- * aligned and every stride a multiple of 8 elements (16-byte cp.async rows), and
- * scale * log2(e) is finite in float (scale <= 2.36e38).
+ * When it runs (pxt_tc_why_not, attention_tc_plan.h): dt is bfloat16 or float16, D
+ * is 64 or 128, every pointer is 16-byte aligned and every stride a multiple of 8
+ * elements (16-byte cp.async rows), scale * log2(e) is finite in float (scale <=
+ * 2.36e38), the device is sm_80 or newer (and this build has sm_80+ code for it),
+ * and the device's per-block shared-memory limit (its opt-in attribute, not its
+ * architecture number) holds the kernels of that D.
  * The environment variable PYXTTS_CUDA_ATTENTION, read once per process:
  *   unset / "" / "auto"  the tensor-core path where eligible, else the fallback
  *   "simple"             always the fallback (A/B, or to rule this path out)
@@ -17,11 +19,13 @@
  * The kernels, their arithmetic and their launches are in attention_tc.cuh; this
  * file is the switch, the eligibility check and the dispatch to the instances. */
 #include <atomic>
+#include <mutex>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "attention.cuh"
+#include "attention_tc_plan.h"
 
 /* ---- host: the switch, eligibility, launches ---------------------------------------- */
 
@@ -34,8 +38,11 @@ enum {
 };
 static std::atomic<int> tc_mode{TC_MODE_UNREAD};
 static std::atomic<int> tc_last{-1};
-/* per device: 0 not checked yet, 1 no tensor-core path, 2 yes */
-static std::atomic<int> tc_device_ok[PXT_MAX_DEVICES];
+
+/* per device, made once: 0 not yet, 1 made (tc_dev holds it) */
+static std::atomic<int> tc_dev_made[PXT_MAX_DEVICES];
+static pxt_tc_device tc_dev[PXT_MAX_DEVICES];
+static std::mutex tc_dev_lock;
 
 static int read_mode(void) {
     int m = tc_mode.load(std::memory_order_relaxed);
@@ -51,31 +58,55 @@ static int read_mode(void) {
     return m;
 }
 
-/* sm_80+ and this binary runs sm_80+ code of the kernels there: a build for
- * sm_75 alone (SASS or PTX JIT-compiled for the device) has the trapping
- * bodies, and its ptxVersion says so */
-static int device_ok(int index) {
-    if (index < 0 || index >= PXT_MAX_DEVICES) {
-        return 0;
+/* the most static shared memory of the four instances' kernels; *fa the bf16 D = 64
+ * forward's attributes (which code of the kernels runs here) */
+static cudaError_t instances(cudaFuncAttributes *fa, size_t *static_smem) {
+    cudaFuncAttributes other;
+    size_t s[4] = {0, 0, 0, 0};
+    cudaError_t e = attn_tc_attributes<pxt_bf16, 64>(fa, &s[0]);
+    e = e == cudaSuccess ? attn_tc_attributes<pxt_bf16, 128>(&other, &s[1]) : e;
+    e = e == cudaSuccess ? attn_tc_attributes<pxt_f16, 64>(&other, &s[2]) : e;
+    e = e == cudaSuccess ? attn_tc_attributes<pxt_f16, 128>(&other, &s[3]) : e;
+    *static_smem = s[0];
+    for (int i = 1; i < 4; i++) {
+        *static_smem = s[i] > *static_smem ? s[i] : *static_smem;
     }
-    int ok = tc_device_ok[index].load(std::memory_order_relaxed);
-    if (ok) {
-        return ok == 2;
-    }
-    int major = 0;
-    cudaFuncAttributes fa;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index) != cudaSuccess ||
-        attn_tc_fwd_attributes<pxt_bf16, 64>(&fa) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0; /* not cached: the next call asks again */
-    }
-    ok = major >= 8 && fa.binaryVersion >= 80 && fa.ptxVersion >= 80 ? 2 : 1;
-    tc_device_ok[index].store(ok, std::memory_order_relaxed);
-    return ok == 2;
+    return e;
 }
 
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
-static bool strides8(const pxt_strides &s) { return s.b % 8 == 0 && s.h % 8 == 0 && s.t % 8 == 0; }
+/* What the decision needs of device `index` (current): sm_80+ with this binary's
+ * sm_80+ code of the kernels there (a build for sm_75 alone, SASS or PTX compiled
+ * for the device, has the trapping bodies, and its ptxVersion says so), its per-block
+ * opt-in shared memory and the kernels' static shared memory. A failed query is not
+ * kept (the next call asks again) and counts as no tensor-core path. */
+static pxt_tc_device device_caps(int index) {
+    pxt_tc_device none = {0, 0, 0};
+    if (index < 0 || index >= PXT_MAX_DEVICES) {
+        return none;
+    }
+    if (tc_dev_made[index].load(std::memory_order_acquire)) {
+        return tc_dev[index];
+    }
+    std::lock_guard<std::mutex> hold(tc_dev_lock);
+    if (tc_dev_made[index].load(std::memory_order_relaxed)) {
+        return tc_dev[index];
+    }
+    int major = 0, optin = 0;
+    cudaFuncAttributes fa;
+    pxt_tc_device d = {0, 0, 0};
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, index) !=
+            cudaSuccess ||
+        instances(&fa, &d.smem_static) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return none;
+    }
+    d.sm80 = major >= 8 && fa.binaryVersion >= 80 && fa.ptxVersion >= 80;
+    d.smem_optin = (size_t)optin;
+    tc_dev[index] = d;
+    tc_dev_made[index].store(1, std::memory_order_release);
+    return d;
+}
 
 extern "C" int pxt_cuda_attention_tc_select(int index, const pxt_attn_args *a,
                                             const void *const *ptrs, int nptrs, int *use_tc) {
@@ -89,27 +120,9 @@ extern "C" int pxt_cuda_attention_tc_select(int index, const pxt_attn_args *a,
         tc_last.store(0, std::memory_order_relaxed);
         return PXT_OK;
     }
-    const char *why = NULL;
-    if (a->dt != PXT_BFLOAT16 && a->dt != PXT_FLOAT16) {
-        why = "the dtype is not bfloat16 or float16";
-    } else if (a->D != 64 && a->D != 128) {
-        why = "the head dim is not 64 or 128";
-    } else if (!strides8(a->q) || !strides8(a->k) || !strides8(a->v) || !strides8(a->o)) {
-        why = "a stride is not a multiple of 8 elements";
-    } else if (!isfinite(a->scale * 1.4426950408889634f)) {
-        /* the kernels score in base 2 (TC_LOG2E, attention_tc.cuh): a scale past
-         * FLT_MAX / log2 e = 2.36e38 makes scale * log2 e inf, and a score the fallback
-         * keeps finite (s * scale in range) would be inf or NaN there */
-        why = "scale * log2(e) overflows float (scale > 2.36e38)";
-    }
-    for (int i = 0; !why && i < nptrs; i++) {
-        if (!aligned16(ptrs[i])) {
-            why = "a pointer is not 16-byte aligned";
-        }
-    }
-    if (!why && !device_ok(index)) {
-        why = "the device is older than sm_80 (or this build has no sm_80+ code for it)";
-    }
+    const pxt_tc_device dev = device_caps(index);
+    char buf[160];
+    const char *why = pxt_tc_why_not(a, ptrs, nptrs, &dev, buf, sizeof buf);
     if (why && mode == TC_MODE_TC) {
         return pxt_error(PXT_ERR_NOT_IMPLEMENTED,
                          "attention: PYXTTS_CUDA_ATTENTION=tc but the tensor-core path cannot "

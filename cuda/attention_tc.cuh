@@ -58,11 +58,7 @@
 #include <type_traits>
 
 #include "attention.cuh"
-
-#define TC_THREADS 128 /* 4 warps */
-#define TC_PAD 8       /* elements of padding per shared-memory row */
-#define TC_BQ 64       /* query rows of a dQ CTA (16 per warp); the forward's: fwd_bq */
-#define TC_BK 64       /* keys of a forward tile and of a dK/dV CTA (16 per warp) */
+#include "attention_tc_plan.h" /* TC_THREADS, the tile shapes, the shared memory of each kernel */
 
 /* ---- PTX wrappers -------------------------------------------------------------------
  * mma.m16n8k16 with bf16/f16 and cp.async exist from sm_80. The kernels are
@@ -247,15 +243,6 @@ template <int WR, int NK> __device__ static inline uint64_t tc_keep_gather(uint6
 #define TC_LN2 0.6931471805599453f
 
 /* ---- forward ------------------------------------------------------------------------ */
-
-/* m-tiles of 16 rows per warp: with 2, every K / V fragment read from shared
- * memory feeds two mma (the tile loop is bound by ldmatrix otherwise); D = 128
- * keeps 1 (2 would need ~300 registers: O alone is 128) */
-template <int D> __host__ __device__ constexpr int fwd_mt() { return D <= 64 ? 2 : 1; }
-template <int D> __host__ __device__ constexpr int fwd_bq() { return 64 * fwd_mt<D>(); }
-template <int D> __host__ __device__ constexpr int fwd_smem_bytes() {
-    return (fwd_bq<D>() + 4 * TC_BK) * (D + TC_PAD) * 2 + 2 * TC_BK;
-}
 
 /* out (o layout), lse (B, H, Tq) of BQ = 64 MT query rows of (b, h); warp w owns
  * rows 16 MT w .. 16 MT (w + 1) - 1 of the block, m-tile mt the 16 from 16 MT w + 16 mt */
@@ -493,14 +480,6 @@ __global__ static void __launch_bounds__(TC_THREADS)
 
 /* ---- backward: dK, dV per 64 keys ---------------------------------------------------- */
 
-template <int D> __host__ __device__ constexpr int bwd_bq() {
-    return D <= 64 ? 64 : 32;
-} /* query / key tile */
-
-template <int D> __host__ __device__ constexpr int kv_smem_bytes() {
-    return (2 * TC_BK + 4 * bwd_bq<D>()) * (D + TC_PAD) * 2 + 4 * bwd_bq<D>() * 4 + TC_BK;
-}
-
 /* dk, dv (k, v layouts) of keys j0 .. j0+63 of (b, h) */
 template <typename T, int D, bool DROP>
 __global__ static void __launch_bounds__(TC_THREADS)
@@ -684,10 +663,6 @@ __global__ static void __launch_bounds__(TC_THREADS)
 }
 
 /* ---- backward: dQ per 64 queries ----------------------------------------------------- */
-
-template <int D> __host__ __device__ constexpr int q_smem_bytes() {
-    return (2 * TC_BQ + 4 * bwd_bq<D>()) * (D + TC_PAD) * 2 + 2 * bwd_bq<D>();
-}
 
 /* dq (q layout) of rows i0 .. i0+63 of (b, h) */
 template <typename T, int D, bool DROP>
@@ -893,9 +868,27 @@ int attn_tc_bwd_launch(const pxt_attn_args *a, void *dq, void *dk, void *dv, con
     return PXT_OK;
 }
 
-/* which code of the forward kernel this binary runs on the current device */
-template <typename T, int D> cudaError_t attn_tc_fwd_attributes(cudaFuncAttributes *fa) {
-    return cudaFuncGetAttributes(fa, attn_tc_fwd_kernel<T, D, false>);
+/* the instance's kernels as this binary runs them on the current device: *fwd the
+ * forward's attributes (binaryVersion, ptxVersion: which code runs), *static_smem the
+ * most static shared memory of its six kernels (attention_tc_plan.h adds it) */
+template <typename T, int D>
+cudaError_t attn_tc_attributes(cudaFuncAttributes *fwd, size_t *static_smem) {
+    cudaFuncAttributes fa[6];
+    cudaError_t e[6] = {cudaFuncGetAttributes(&fa[0], attn_tc_fwd_kernel<T, D, false>),
+                        cudaFuncGetAttributes(&fa[1], attn_tc_fwd_kernel<T, D, true>),
+                        cudaFuncGetAttributes(&fa[2], attn_tc_bwd_kv_kernel<T, D, false>),
+                        cudaFuncGetAttributes(&fa[3], attn_tc_bwd_kv_kernel<T, D, true>),
+                        cudaFuncGetAttributes(&fa[4], attn_tc_bwd_q_kernel<T, D, false>),
+                        cudaFuncGetAttributes(&fa[5], attn_tc_bwd_q_kernel<T, D, true>)};
+    *static_smem = 0;
+    for (int i = 0; i < 6; i++) {
+        if (e[i] != cudaSuccess) {
+            return e[i];
+        }
+        *static_smem = fa[i].sharedSizeBytes > *static_smem ? fa[i].sharedSizeBytes : *static_smem;
+    }
+    *fwd = fa[0];
+    return cudaSuccess;
 }
 
 /* the explicit instantiation of one instance's launches: the body of a file
@@ -906,6 +899,6 @@ template <typename T, int D> cudaError_t attn_tc_fwd_attributes(cudaFuncAttribut
     template int attn_tc_bwd_launch<T, D>(const pxt_attn_args *, void *, void *, void *,           \
                                           const void *, const void *, const void *, const void *,  \
                                           const float *, const float *, cudaStream_t);             \
-    template cudaError_t attn_tc_fwd_attributes<T, D>(cudaFuncAttributes *);
+    template cudaError_t attn_tc_attributes<T, D>(cudaFuncAttributes *, size_t *);
 
 #endif /* PXT_ATTENTION_TC_CUH */

@@ -36,6 +36,7 @@ typedef struct {
     cudaEvent_t stage_done[STAGE_SLOTS];
     int stage_next;
     cudaEvent_t fences[PXT_FENCES]; /* fence_record / fence_wait */
+    int major, minor;               /* compute capability */
 } device_state;
 
 cudaStream_t pxt_cuda_streams[PXT_MAX_DEVICES];
@@ -47,6 +48,8 @@ static pthread_mutex_t ready_lock = PTHREAD_MUTEX_INITIALIZER;
 static int device_make(int index) {
     device_state *d = &devs[index];
     cudaStream_t stream;
+    PXT_CUDA_CHECK(cudaDeviceGetAttribute(&d->major, cudaDevAttrComputeCapabilityMajor, index));
+    PXT_CUDA_CHECK(cudaDeviceGetAttribute(&d->minor, cudaDevAttrComputeCapabilityMinor, index));
     PXT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
     PXT_CUBLAS_CHECK(cublasCreate(&d->blas)); /* a handle belongs to the current device */
     PXT_CUBLAS_CHECK(cublasSetStream(d->blas, stream));
@@ -86,6 +89,40 @@ int pxt_cuda_device_ready(int index) {
 }
 
 cublasLtHandle_t pxt_cuda_lt(int index) { return devs[index].lt; }
+
+int pxt_cuda_bf16_check(int index, const char *what) {
+    const device_state *d = &devs[index];
+    if (d->major >= 8) {
+        return PXT_OK;
+    }
+    /* Turing (7.5) has no bfloat16 arithmetic: refuse here, with the way out, rather
+     * than leave it to whatever cuBLAS does with a bf16 product there */
+    return pxt_error(PXT_ERR_NOT_IMPLEMENTED,
+                     "%s: bfloat16 needs a GPU of compute capability 8.0 or newer (Ampere and "
+                     "later) and cuda:%d is %d.%d: use float16 (precision='fp16', trained with a "
+                     "dynamic loss scale) or float32",
+                     what, index, d->major, d->minor);
+}
+
+int pxt_cuda_launch_error(const char *what, cudaError_t err) {
+    int dev = -1, major = 0, minor = 0;
+    const bool no_code =
+        err == cudaErrorNoKernelImageForDevice || err == cudaErrorInvalidDeviceFunction;
+    if (no_code && cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess) {
+        /* a card the build has no code for (a Turing card under the default sm_80 / sm_90
+         * build): say how to build for it */
+        return pxt_error(PXT_ERR_DEVICE,
+                         "%s: kernel launch failed: %s: this build of pyxtts has no code for "
+                         "cuda:%d (compute capability %d.%d); reinstall it with "
+                         "PYXTTS_CUDA_ARCHS=%d%d (docs/install.md; build_info()['cuda_archs'] "
+                         "lists what it has)",
+                         what, cudaGetErrorString(err), dev, major, minor, major, minor);
+    }
+    (void)cudaGetLastError(); /* a failed query above must not linger */
+    return pxt_error(PXT_ERR_DEVICE, "%s: kernel launch failed: %s", what, cudaGetErrorString(err));
+}
 
 pxt_cuda_blas::pxt_cuda_blas(int i) : index(i), h(devs[i].blas) {
     pthread_mutex_lock(&devs[i].blas_lock);

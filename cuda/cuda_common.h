@@ -42,14 +42,14 @@
                              cublasGetStatusName(st_), cublasGetStatusString(st_));                \
     } while (0)
 
-/* After a kernel launch: a bad configuration (grid, shared memory) or an
- * earlier asynchronous fault surfaces here as PXT_ERR_DEVICE naming `what`. */
+/* After a kernel launch: a bad configuration (grid, shared memory), a device
+ * this build has no code for, or an earlier asynchronous fault surfaces here as
+ * PXT_ERR_DEVICE naming `what` (pxt_cuda_launch_error). */
 #define PXT_CUDA_CHECK_LAUNCH(what)                                                                \
     do {                                                                                           \
         cudaError_t err_ = cudaGetLastError();                                                     \
         if (err_ != cudaSuccess)                                                                   \
-            return pxt_error(PXT_ERR_DEVICE, "%s: kernel launch failed: %s", what,                 \
-                             cudaGetErrorString(err_));                                            \
+            return pxt_cuda_launch_error(what, err_);                                              \
     } while (0)
 
 /* Per-device state, made once by pxt_cuda_device_ready (backend_cuda.cu). */
@@ -125,6 +125,12 @@ extern "C" {
 
 /* The device's cuBLASLt handle (thread-safe; made by pxt_cuda_device_ready). */
 cublasLtHandle_t pxt_cuda_lt(int index);
+/* PXT_OK where device index (ready) has bfloat16 arithmetic (sm_80+); else
+ * PXT_ERR_NOT_IMPLEMENTED naming `what`, the device's capability and float16. */
+int pxt_cuda_bf16_check(int index, const char *what);
+/* The error of a failed launch of `what` (err from cudaGetLastError); where the
+ * current device has no code in this build, how to build for it. */
+int pxt_cuda_launch_error(const char *what, cudaError_t err);
 /* Copies n bytes from host memory to the device on its stream, through pinned
  * staging: returns once src may be reused, without waiting for the device. */
 int pxt_cuda_h2d(int index, void *dst, const void *src, size_t n);

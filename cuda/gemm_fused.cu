@@ -312,6 +312,9 @@ int pxt_cuda_gemm_fused(int index, const pxt_gemm_args *g, void *workspace) {
                                         "got NULL");
     }
     PXT_CUDA_ENTER(index);
+    if (g->dt_ab == PXT_BFLOAT16) {
+        PXT_TRY(pxt_cuda_bf16_check(index, "gemm_fused"));
+    }
     char *gemm_ws = (char *)workspace;
     size_t gemm_bytes =
         align256(max_sz(pxt_cuda_gemm_workspace(g->M, g->N, g->K, g->dt_ab), LT_WS));

@@ -130,6 +130,9 @@ int pxt_cuda_gemm(int index, int trans_a, int trans_b, int M, int N, int K, floa
         return pxt_error(PXT_ERR_VALUE, "gemm: no workspace (gemm_workspace() bytes), got NULL");
     }
     PXT_CUDA_ENTER(index);
+    if (dt_ab == PXT_BFLOAT16) {
+        PXT_TRY(pxt_cuda_bf16_check(index, "gemm"));
+    }
     cudaStream_t stream = pxt_cuda_stream(index);
     if (K == 0) { /* no products: C = beta * C, as the CPU (cuBLAS leaves k = 0 to us) */
         size_t n = (size_t)M * N;

@@ -29,6 +29,8 @@ def _gpu_info(args: argparse.Namespace) -> int:
     for d in devices:
         p = pyxtts.device_info(d)
         cap = f", compute capability {p['capability'][0]}.{p['capability'][1]}" if p["type"] == "cuda" else ""
+        if p["type"] == "cuda" and pyxtts.model.precision_problem("bf16", d):
+            cap += " (no bfloat16: train with precision fp16)"
         unit = "SMs" if p["type"] == "cuda" else "cores"
         print(f"  {d:8s} {p['name']}: {format_bytes(p['total_memory'])} total, "
               f"{format_bytes(p['free_memory'])} free, {p['multiprocessors']} {unit}{cap}")

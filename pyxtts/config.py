@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pyxtts._args import flag, integer, real
-from pyxtts.model import ModelConfig, estimate_memory
+from pyxtts.model import ModelConfig, estimate_memory, precision_problem
 
 __all__ = ["DataConfig", "TrainingConfig", "XTTSConfig", "offload_for", "optimize_config", "parse_memory_size",
            "plan_for", "tier_for", "CONFIGS_DIR", "PATH_FIELDS", "SIZE_TIERS", "shipped_configs"]
@@ -812,7 +812,8 @@ def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, 
     state and the longest sequences the data config allows. Candidates: every
     micro-batch dividing the effective batch, policies none/selective/full, precisions
     fp32 and bf16 (only the configured one with ``keep_precision=True`` or when it is
-    fp16); they are ranked by an estimated step time (recomputation × per-micro-step
+    fp16; on a GPU of this machine older than Ampere, which has no bfloat16, fp16 takes
+    bf16's place, and ``keep_precision=True`` with bf16 is an error); they are ranked by an estimated step time (recomputation × per-micro-step
     overhead, see ``RECOMPUTE_COST``), ties going to the configured precision, then
     fp32. The optimizer's state stays on the device unless ``training.optimizer_offload``
     says true, or says "auto" (on a GPU) and no plan with the state on the device fits,
@@ -836,10 +837,16 @@ def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, 
     budget = int(total * t.max_memory_fraction)
     limit = int(budget * (1.0 - margin))
     effective = config.effective_batch_size
+    # a GPU here without bfloat16 (older than Ampere) gets float16 in its place
+    no_bf16 = precision_problem("bf16", dev)
+    if no_bf16 and keep_precision and t.precision == "bf16":
+        raise ValueError(f"optimize_config: keep_precision=True, but {no_bf16}")
+    half = "fp16" if no_bf16 else "bf16"
     if keep_precision or t.precision == "fp16":
         precisions = [t.precision]
     else:
-        precisions = [t.precision] + [p for p in ("fp32", "bf16") if p != t.precision]
+        start = half if t.precision == "bf16" else t.precision
+        precisions = [start] + [p for p in ("fp32", half) if p != start]
     on_gpu = _on_gpu(dev)
     placements = [bool(t.optimizer_offload)] if t.optimizer_offload != "auto" else [False, True] if on_gpu else [False]
     cands = []
@@ -909,7 +916,10 @@ def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, 
         why.append(f"{len(cheaper)} cheaper candidate(s) do not fit"
                    + (f" (the smallest of them, {top[0][2]} {top[0][3]} micro-batch {top[0][4]}, needs "
                       f"{fb(plan(top[0][2], top[0][3], top[0][4], off).total)})" if top else ""))
-    if prec != t.precision:
+    if prec != t.precision and no_bf16 and t.precision == "bf16":
+        why.append(f"precision changed from bf16 to {prec}: {dev} has no bfloat16 (compute capability "
+                   "under 8.0)" + (", and fp32 lets a cheaper plan fit" if prec == "fp32" else ""))
+    elif prec != t.precision:
         why.append(f"precision changed from {t.precision} to {prec}: it lets a cheaper plan fit")
     if off and t.optimizer_offload == "auto":
         why.append("the optimizer's state goes to host memory: on the device no plan fits"

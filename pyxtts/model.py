@@ -274,6 +274,32 @@ def estimate_memory(config: ModelConfig, batch_size: int, text_len: int, audio_l
         optimizer=bool(optimizer), precision=precision, cond_frames=cond_frames, offload=offload))
 
 
+# bfloat16 arithmetic (cuBLAS's bf16 products, the tensor-core attention) starts with
+# Ampere; Turing (RTX 20xx, T4: 7.5) has float16 only
+BF16_MIN_CAPABILITY = (8, 0)
+
+
+def precision_problem(precision: str, device: str | int) -> str | None:
+    """Why ``precision`` cannot train on ``device``, as a message that names both and
+    what to use instead; None when it can, or when ``device`` is not in this machine
+    (the engine then reports what it must). Only bfloat16 on a GPU older than Ampere
+    (compute capability under 8.0) is refused: pyxtts would otherwise fail at its first
+    bf16 product there."""
+    if not isinstance(precision, str) or precision != "bf16":
+        return None  # the engine's converter names what is wrong with any other value
+    try:
+        info = _C.device_info(device)
+    except Exception:  # noqa: BLE001 - a device it cannot name: the engine's own error says so
+        return None
+    cap = tuple(info["capability"])
+    if info["type"] != "cuda" or cap >= BF16_MIN_CAPABILITY:
+        return None
+    return (f"precision='bf16': {info['device']} ({info['name']}) has compute capability "
+            f"{cap[0]}.{cap[1]}, and bfloat16 needs {BF16_MIN_CAPABILITY[0]}.{BF16_MIN_CAPABILITY[1]} "
+            "or newer (Ampere and later: RTX 30xx/40xx, A100, H100); use precision='fp16' (trained "
+            "with a dynamic loss scale) or 'fp32'")
+
+
 def _as_array(value: Any, key: str) -> np.ndarray:
     if isinstance(value, _C.Tensor):
         return value.numpy()
@@ -312,6 +338,9 @@ class XTTSGPT:
         self.config = config if config is not None else ModelConfig()
         if not isinstance(self.config, ModelConfig):
             raise TypeError(f"config: expected a ModelConfig, got {type(config).__name__}")
+        problem = precision_problem(precision, device)
+        if problem:
+            raise ValueError(problem)
         self._core = _C.GPT(**self.config.engine_args(), device=device, precision=precision,
                             checkpointing=checkpointing, seed=seed)
         self.precision = precision

@@ -16,7 +16,12 @@ device buffers), and check:
   backend (csrc/cpu/attention.c, linked in) on the same arguments, the masks read back
   exactly by probe inputs (tests/cuda_emu/attn_main.cpp says how); with a scale of 3e38
   ("overflow"), the NaN rows of scores that overflow float, element by element the CPU
-  backend's NaN, zeros and values, forward and backward.
+  backend's NaN, zeros and values, forward and backward;
+- the choice of attention path on consumer and data-centre cards ("limits"): the
+  decision of cuda/attention_tc_plan.h, given each card's numbers (sm_80+ code or not,
+  the per-block shared-memory limit: 64 KiB sm_75, 99 KiB sm_86/sm_89, 163 KiB sm_80,
+  227 KiB sm_90), picks the expected path, which then runs under that limit (a launch over
+  it fails in the emulator, as on the card) and matches float64.
 
 What they cannot show: speed, and anything of cuBLAS itself. The build is cached by the
 hash of its inputs (in the temp folder), so a second run only runs.
@@ -25,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 import subprocess
 import tempfile
@@ -67,13 +71,9 @@ def region(spec: tuple[str, str, str]) -> str:
 
 def extracted() -> dict[str, str]:
     """The attention kernels' source as the emulator includes it."""
-    tc = (ROOT / TC_REGION[0]).read_text()
-    consts = [line for line in tc.splitlines() if re.match(r"#define TC_(THREADS|PAD|BQ|BK) ", line)]
-    assert len(consts) == 4, "cuda/attention_tc.cuh: TC_THREADS, TC_PAD, TC_BQ, TC_BK not found"
     tc_kernels = region(TC_REGION)
     assert DYNAMIC_SMEM in tc_kernels, "cuda/attention_tc.cuh: the dynamic shared memory changed"
-    return {"tc_consts.inc": "\n".join(consts) + "\n",
-            "tc_kernels.inc": tc_kernels.replace(DYNAMIC_SMEM, "uint16_t *smem = (uint16_t *)emu_smem;"),
+    return {"tc_kernels.inc": tc_kernels.replace(DYNAMIC_SMEM, "uint16_t *smem = (uint16_t *)emu_smem;"),
             "fb_kernels.inc": "\n".join(map(region, (FB_CONSTS, FB_REGION, DI_REGION)))}
 
 
@@ -178,3 +178,16 @@ def test_fused_gemm_index_math(emu):
 def test_attention_kernels_against_float64(emu, which):
     out = check([str(emu / "attn_emu"), which], timeout=900)
     assert " OK" in out and " FAIL" not in out, out
+
+
+def test_attention_path_fits_each_cards_shared_memory(emu):
+    """Each card's path runs under its limit and matches float64; a launch over the limit
+    is refused (so a tile that outgrows a card cannot pass unnoticed)."""
+    p = subprocess.run([str(emu / "attn_emu"), "limits"], capture_output=True, text=True, timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0 and "failures: 0" in out, out[-6000:]
+    assert "refused OK" in out and "over the device's 65536" in out, out[-6000:]
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith(("tc ", "fb "))]
+    assert len(lines) == 7 * 2 * 2 + 1, out[-6000:]  # cards x cases x (D 64, D 128), the forced one
+    assert any(ln.startswith("tc ") and "sm_86/89" in ln and "D=128" in ln for ln in lines), out
+    assert all(ln.startswith("fb ") for ln in lines if "sm_75" in ln), out

@@ -6,8 +6,14 @@
  * multiple of any tile, NaN in every element the kernels must never read,
  * guard zones after every output, bank conflicts of ldmatrix counted.
  *
- * Usage: attn_emu tc|tcquick|fb|odd|xtts|drop|overflow. One line per case, then "failures: N".
- * tc runs every case with cp.async landing early and late; tcquick a subset.
+ * Usage: attn_emu tc|tcquick|fb|odd|xtts|drop|overflow|limits. One line per case, then
+ * "failures: N". tc runs every case with cp.async landing early and late; tcquick a subset.
+ *
+ * limits: the cards of the build's targets, by what decides there (attention_tc_plan.h's
+ * pxt_tc_why_not): sm_80+ code or not, and the per-block opt-in shared memory. Each case
+ * runs the path the decision picks for that card under the card's limit (a launch over
+ * it fails in the emulator, as on the card), against float64; the path must be the one
+ * the table below expects, and a forced launch over a limit must be refused.
  *
  * drop: dropout of the probabilities (csrc/engine/dropout.h's masks). The float64
  * reference applies the mask Z drawn by dropout.h itself (out = (P Z) V, dS = P (dP Z
@@ -26,7 +32,7 @@
 #include "emu.h"
 
 #include "attention_common.cuh"
-#include "tc_consts.inc"
+#include "attention_tc_plan.h"
 #include "tc_kernels.inc"
 #include "fb_kernels.inc"
 
@@ -36,6 +42,11 @@ extern "C" {
 
 #include <random>
 #include <string>
+
+/* limits mode: the card a case runs on (NULL: the path the caller names), and the
+ * reason its decision gave (empty: the tensor-core path) */
+static const pxt_tc_device *emu_card;
+static std::string emu_card_why;
 
 /* a 1-d grid of 128-thread blocks (every attention kernel's shape) */
 template <class F> static void launch(unsigned grid, size_t smem, F body) {
@@ -164,6 +175,13 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
     T *dq = dqbuf.data();
     T *dk = c.self ? dq + C : dkvbuf.data();
     T *dv = c.self ? dq + 2 * C : dkvbuf.data() + C;
+    if (emu_card) { /* the card's decision, as attention_tc.cu's select takes it */
+        const void *ptrs[] = {out, q, k, v, dq, dk, dv, dout};
+        char buf[160];
+        const char *why = pxt_tc_why_not(&a, ptrs, 8, emu_card, buf, sizeof buf);
+        emu_card_why = why ? why : "";
+        tc = why == NULL;
+    }
     /* ---- forward ---- */
     if constexpr (!std::is_same_v<T, float>) if (tc) {
         const int nqb = (Tq + fwd_bq<D>() - 1) / fwd_bq<D>();
@@ -386,6 +404,9 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
 template <typename T, int D> static int one(const Case &c, bool tc, const char *tname) {
     long e0 = emu_errors, b0 = emu_bank_conflicts;
     Res r = run<T, D>(c, tc);
+    if (emu_card) {
+        tc = emu_card_why.empty();
+    }
     double tol = std::is_same_v<T, float> ? 1e-5 : std::is_same_v<T, pxt_f16> ? 4e-3 : 3e-2;
     bool ok = c.scale > 0.0f /* overflow: classes only, and some rows must be NaN */
                   ? r.nan == 0 && r.guard == 0 && emu_errors == e0 && r.mask == 0 && r.probed > 0
@@ -487,6 +508,54 @@ int main(int argc, char **argv) {
             fails += one<pxt_bf16, 64>(c, false, "bf16");
             fails += one<float, 64>(c, false, "f32");
         }
+        printf("failures: %d\n", fails);
+        return fails != 0;
+    }
+    if (!strcmp(only, "limits")) {
+        /* name, sm_80+ code, per-block opt-in bytes, the path expected for D = 64 and
+         * D = 128 (1: tensor cores). A tile that outgrows a card changes this table. */
+        struct Card {
+            const char *name;
+            pxt_tc_device dev;
+            int tc64, tc128;
+        };
+        const Card cards[] = {
+            {"sm_75 64KiB (RTX 20, T4)", {0, 65536, 0}, 0, 0},
+            {"sm_86/89 99KiB (RTX 30/40)", {1, 101376, 0}, 1, 1},
+            {"sm_80 163KiB (A100)", {1, 166912, 0}, 1, 1},
+            {"sm_90 227KiB (H100/H200)", {1, 232448, 0}, 1, 1},
+            {"sm_8x 64KiB (no such card)", {1, 65536, 0}, 1, 0},
+            {"sm_8x 48KiB (no such card)", {1, 49152, 0}, 0, 0},
+            {"sm_86 99KiB, 16KiB static", {1, 101376, 16384}, 1, 0},
+        };
+        emu_late = 1;
+        for (const Card &card : cards) {
+            emu_card = &card.dev;
+            emu_smem_limit = card.dev.smem_optin;
+            for (int ci : {0, 3}) {
+                Case c = cases[ci];
+                c.name = std::string(card.name) + " " + c.name;
+                int f = one<pxt_bf16, 64>(c, false, "bf16");
+                f += emu_card_why.empty() != (card.tc64 == 1);
+                if (!emu_card_why.empty()) printf("     why not: %s\n", emu_card_why.c_str());
+                fflush(stdout);
+                int g = one<pxt_f16, 128>(c, false, "f16");
+                g += emu_card_why.empty() != (card.tc128 == 1);
+                if (!emu_card_why.empty()) printf("     why not: %s\n", emu_card_why.c_str());
+                fflush(stdout);
+                if (f || g) printf("     path or result not the expected one: FAIL\n");
+                fails += (f != 0) + (g != 0);
+            }
+        }
+        emu_card = NULL;
+        /* the limit is enforced: the D = 128 kernels forced onto a 64 KiB card fail */
+        emu_smem_limit = 65536;
+        long e0 = emu_errors;
+        const int forced = one<pxt_f16, 128>(cases[5], true, "f16");
+        const bool refused = forced != 0 && emu_errors > e0;
+        printf("forced tc D=128 under 64KiB: %s\n", refused ? "refused OK" : "ran: FAIL");
+        fails += !refused;
+        emu_smem_limit = 0;
         printf("failures: %d\n", fails);
         return fails != 0;
     }

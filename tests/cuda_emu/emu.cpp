@@ -14,6 +14,7 @@ int emu_cur;
 emu_dim3 emu_block_idx, emu_grid_dim, emu_block_dim;
 alignas(128) unsigned char emu_smem[256 * 1024];
 size_t emu_smem_size;
+size_t emu_smem_limit;
 int emu_late = 1;
 long emu_errors, emu_bank_conflicts;
 
@@ -249,6 +250,12 @@ void emu_launch(emu_dim3 grid, emu_dim3 block, size_t smem, std::function<void()
     if (nthreads < 1 || nthreads > EMU_MAX_THREADS || smem > sizeof emu_smem) {
         fprintf(stderr, "emu: bad launch (%d threads, %zu bytes of shared memory)\n", nthreads, smem);
         exit(2);
+    }
+    if (emu_smem_limit && smem > emu_smem_limit) {
+        /* the device refuses it (cudaFuncSetAttribute, then the launch): nothing runs */
+        emu_error("launch: %zu bytes of dynamic shared memory per block, over the device's %zu",
+                  smem, emu_smem_limit);
+        return;
     }
     body_fn = &body;
     emu_grid_dim = grid;

@@ -10,7 +10,9 @@
  *    issue (EARLY) or at the issuing thread's wait_group (LATE, the latest the
  *    ISA allows);
  *  - dynamic shared memory is poisoned with 0xFF (NaN in every float format)
- *    per block and accesses are checked against the launch's size; device
+ *    per block and accesses are checked against the launch's size; a launch
+ *    asking more than emu_smem_limit (a card's per-block opt-in limit) fails,
+ *    as on that card, and runs nothing; device
  *    buffers come from emu_alloc: poisoned, with an inaccessible page right
  *    after their last byte, so a read or write past the end stops the program.
  *
@@ -92,6 +94,7 @@ extern int emu_cur;
 extern emu_dim3 emu_block_idx, emu_grid_dim, emu_block_dim;
 extern unsigned char emu_smem[];
 extern size_t emu_smem_size; /* the dynamic size the launch asked for */
+extern size_t emu_smem_limit; /* the device's per-block limit (0: none): a launch over it fails */
 extern int emu_late;         /* cp.async lands at wait (1) or at issue (0) */
 extern long emu_errors;
 extern long emu_bank_conflicts;
@@ -212,7 +215,8 @@ static inline float tc_exp2(float x) {
 
 /* ---- launches and device memory ------------------------------------------------------ */
 /* Runs body as every thread of every block of grid x block, one block at a time,
- * with `smem` bytes of (poisoned) dynamic shared memory. */
+ * with `smem` bytes of (poisoned) dynamic shared memory; an error and nothing run
+ * when smem is over emu_smem_limit. */
 void emu_launch(emu_dim3 grid, emu_dim3 block, size_t smem, std::function<void()> body);
 
 /* Device memory: n bytes (256-byte aligned) filled with 0xFF, the page after
