@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +40,12 @@ def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+# Under the sanitizers (CI's second pass) this minute and a half is left to the plain pass:
+# the C it reaches (prepare's DVAE, the step on grown rows, export) is sanitized there by
+# tests/test_new_language.py and tests/test_end_to_end.py; what it adds is Coqui's side.
+@pytest.mark.skipif(bool(os.environ.get("PYXTTS_SANITIZED")),
+                    reason="Coqui's side of the whole path: in CI's plain pass; the sanitized pass runs "
+                           "tests/test_new_language.py and tests/test_end_to_end.py")
 def test_vietnamese_from_recordings_to_coqui(tmp_path, capsys):
     from coqui import require_coqui
 
