@@ -265,6 +265,18 @@ def test_ctrl_c_on_torchrun_saves_one_checkpoint_at_the_same_step(presses, tmp_p
         assert f"trained {step + 3} steps" in p.stdout
 
 
+def signal_worker(proc: subprocess.Popen, rank: int, signum: int, timeout: float) -> float:
+    """Sends ``signum`` to torchrun's worker ``rank`` and waits for torchrun to end; the
+    seconds that took. Every worker is gone afterwards, whatever happened."""
+    try:
+        workers(psutil.Process(proc.pid))[rank].send_signal(signum)
+        t0 = time.monotonic()
+        proc.wait(timeout=timeout)
+        return time.monotonic() - t0
+    finally:
+        kill_all(proc)
+
+
 def test_ctrl_c_on_one_worker_stops_every_process_at_the_same_step(tmp_path):
     """SIGINT to rank 1 alone (kill -INT of its pid): the processes agree on it at the next
     step boundary, and rank 0 saves and names SIGINT. Rank 1 exits 130; then torchrun ends
@@ -272,13 +284,7 @@ def test_ctrl_c_on_one_worker_stops_every_process_at_the_same_step(tmp_path):
     checkpoint written)."""
     statuses = tmp_path / "statuses"
     run, proc = long_run(tmp_path, checkpoint_interval=1000, statuses=statuses)
-    try:
-        workers(psutil.Process(proc.pid))[1].send_signal(signal.SIGINT)
-        t0 = time.monotonic()
-        proc.wait(timeout=120)
-        took = time.monotonic() - t0
-    finally:
-        kill_all(proc)
+    took = signal_worker(proc, 1, signal.SIGINT, 120)
     err = (tmp_path / "stderr.txt").read_text()
     assert took < GRACE_S, took
     codes = exit_statuses(statuses)
@@ -288,15 +294,9 @@ def test_ctrl_c_on_one_worker_stops_every_process_at_the_same_step(tmp_path):
 
 def test_a_process_killed_mid_run_ends_the_others_and_the_checkpoint_stays(tmp_path):
     run, proc = long_run(tmp_path)
-    try:
-        saved = {p.name: p.read_bytes() for p in run.glob("step_*.safetensors")}
-        assert saved
-        workers(psutil.Process(proc.pid))[1].kill()
-        t0 = time.monotonic()
-        proc.wait(timeout=90)
-        took = time.monotonic() - t0
-    finally:
-        kill_all(proc)
+    saved = {p.name: p.read_bytes() for p in run.glob("step_*.safetensors")}
+    took = signal_worker(proc, 1, signal.SIGKILL, 90)
+    assert saved
     err = (tmp_path / "stderr.txt").read_text()
     assert proc.returncode != 0 and took < 60, (proc.returncode, took)
     # rank 0 says why it stopped; torchrun names the process that was killed
