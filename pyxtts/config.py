@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pyxtts._args import flag, integer, real
+from pyxtts.comm_memory import device_communication, world_of
 from pyxtts.model import ModelConfig, estimate_memory, precision_problem
 
 __all__ = ["DataConfig", "TrainingConfig", "XTTSConfig", "offload_for", "optimize_config", "parse_memory_size",
@@ -706,7 +707,7 @@ def plan_for(config: XTTSConfig, device: str | None = None, *, micro_batch: int 
     started this one as one of several, else 1). One process's plan is the step's alone."""
     t, d, m = config.training, config.data, config.model
     dev = t.resolved_device() if device is None else device
-    world, per_node = _world(world_size, nodes)
+    world, per_node = world_of(world_size, nodes)
     if offload is None:
         offload = offload_for(config, dev, memory, world_size=world_size, nodes=nodes)
     plan = estimate_memory(m, d.batch_size if micro_batch is None else micro_batch, d.max_text_tokens,
@@ -714,27 +715,11 @@ def plan_for(config: XTTSConfig, device: str | None = None, *, micro_batch: int 
                            checkpointing=t.checkpointing if checkpointing is None else checkpointing, train=True,
                            device=dev, optimizer=True, precision=t.precision if precision is None else precision,
                            offload=bool(offload))
-    comm = _communication(dev, world, per_node)
+    comm = device_communication(dev, world, per_node)  # None for one process
     if comm is None:
         return plan
     return dataclasses.replace(plan, world_size=world, communication=comm.total, communication_backend=comm.backend,
                                total=plan.total + comm.total)
-
-
-def _world(world_size: int | None, nodes: int | None) -> tuple[int, int]:
-    """(processes, processes per machine): ``pyxtts.comm_memory.world_of``."""
-    from pyxtts.comm_memory import world_of
-
-    return world_of(world_size, nodes)
-
-
-def _communication(device: str, world_size: int, per_node: int):
-    """The collectives' ``CommunicationPlan`` on ``device``; None for one process."""
-    if world_size == 1:
-        return None
-    from pyxtts.comm_memory import device_communication
-
-    return device_communication(device, world_size, per_node)
 
 
 # ---- memory sizes ---------------------------------------------------------------
@@ -828,7 +813,7 @@ def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, 
     from pyxtts.memory import format_bytes as fb
 
     keep_precision = flag("keep_precision", keep_precision)
-    world, per_node = _world(world_size, nodes)
+    world, per_node = world_of(world_size, nodes)
     world_size, nodes = world, -(-world // per_node)  # resolved once: every plan below is of this world
     t = config.training
     dev = t.resolved_device() if device is None else device
