@@ -25,8 +25,8 @@ STEPS = {"A": BUILD + ["kernel-tests", "memcheck", "device-tests"],
          "B": ["versions", "wheels", "extension", "ops", "xtts-torch_eager", "xtts-torch_compile",
                "xtts-pyxtts_none", "xtts-pyxtts_full", "attention"],
          "ONE": ["build", "kernel-tests", "device-tests", "xtts-torch_eager", "xtts-pyxtts_full", "xtts-pyxtts_none",
-                 "offload", "ddp", "profile-core", "profile-recipe", "run-vs-step", "attention", "attention-dropout",
-                 "ops-cold", "xtts-torch_compile", "memcheck"]}
+                 "offload", "ddp", "run-vs-step", "xtts-torch_compile", "ops-cold", "attention", "attention-dropout",
+                 "memcheck", "memcheck-alone", "profile-core", "profile-recipe"]}
 
 
 def test_syntax():
@@ -99,3 +99,31 @@ def test_a_step_past_its_limit_is_killed_and_reported(tmp_path):
     p = subprocess.run([BASH, "-c", code], capture_output=True, text=True, timeout=30)
     assert "rc=124" in p.stdout and "ran out of its 1s" in p.stdout, p.stdout + p.stderr
     assert summary.read_text().split()[:3] == ["slow", "exit", "124"]
+
+
+def test_run_one_cuts_each_limit_to_its_budget_and_skips_what_has_none(tmp_path):
+    """Run ONE's budget: a step gets at most what is left of it (here 12 s of a 30 s limit:
+    killed at 12), and one with under 10 s left is reported as not run, not started."""
+    summary = tmp_path / "s.txt"
+    code = (f'source "{SCRIPT}"; SUMMARY="{summary}"; DEADLINE=$((SECONDS + 12)); '
+            'step first 30 sleep 30; echo "rc=$?"; step second 30 echo ran; echo "rc=$?"')
+    p = subprocess.run([BASH, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "ran out of its 12s" in p.stdout and "rc=124" in p.stdout, p.stdout + p.stderr
+    assert "=== [second] not run" in p.stdout and "rc=125" in p.stdout and "\nran\n" not in p.stdout
+    lines = summary.read_text().splitlines()
+    assert lines[0].split()[:3] == ["first", "exit", "124"] and lines[1].split()[:3] == ["second", "not", "run"]
+
+
+def test_pack_puts_every_json_into_one_tar(tmp_path):
+    """The device tool brings back 8 files at most: run ONE's JSON travel in one tar."""
+    import tarfile
+    res, out = tmp_path / "res", tmp_path / "out"
+    res.mkdir()
+    out.mkdir()
+    for name in ("a.json", "b.json"):
+        (res / name).write_text("{}")
+    code = f'source "{SCRIPT}"; OUTDIR="{out}"; pack "{res}"; (cd "{res}" && echo 1 > c.json); pack "{res}"'
+    subprocess.run([BASH, "-c", code], check=True, timeout=30)
+    with tarfile.open(out / "results.tar") as t:
+        assert sorted(t.getnames()) == ["./a.json", "./b.json", "./c.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["results.tar"]

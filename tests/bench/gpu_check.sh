@@ -58,6 +58,15 @@ MEMCHECK_SELECTION=(tests/test_reductions.py tests/test_cond_ops.py -k "(cuda or
 step() {
     local name=$1 limit=$2
     shift 2
+    if [ -n "${DEADLINE:-}" ]; then # run ONE's whole budget: cut the limit to what is left
+        local left=$((DEADLINE - SECONDS))
+        if [ "$left" -lt 10 ]; then
+            echo "=== [$name] not run: ${left}s of the run's budget left"
+            printf '%-24s not run (budget spent)\n' "$name" >> "$SUMMARY"
+            return 125
+        fi
+        [ "$left" -lt "$limit" ] && limit=$left
+    fi
     echo "=== [$name] $(date +%T) limit ${limit}s: $*"
     local t0=$SECONDS rc=0
     if [ "${PYXTTS_GPU_CHECK_DRY:-0}" = 1 ]; then
@@ -179,26 +188,27 @@ run_b() {
 # ONE: A's essentials and B's headline in one call, for a lease of 15 minutes all told
 # (start included; on an H200 the first such run took 232 s, the second 384 s, of which
 # torch.compile ran out of its then 100 s compiling the 30 layers as one graph; it now
-# compiles block by block, once for the 30 identical blocks: bench_xtts_gpu.py --compile):
-# the build, the kernel tests, the device tests, the XTTS v2 step against torch eager with
-# the largest batch, where the step's GPU time goes (the GPT core, and Coqui's recipe:
-# dropout and the conditioning path), attention against SDPA, the memory-bound ops with a
-# cold cache, torch.compile, memcheck; in
-# that order of value, each under a limit, the whole meant to end inside ~540 s. Its files
-# stay at 8 or fewer (the log, the summary, five JSON, the extension).
-# Since the optimizer offload: its bench after the step's (a sixth JSON), then world size 1
-# over NCCL (a seventh: 9 files); the whole run against the step after the profiles (an
-# eighth: 10 files).
+# compiles block by block, once for the 30 identical blocks: bench_xtts_gpu.py --compile).
+# Steps in order of value: the build, the kernel tests, the device tests, the XTTS v2 step
+# against torch eager with the largest batch, the optimizer's state in host memory, world
+# size 1 over NCCL, the whole run against the step, torch.compile (none of these four has
+# run on a GPU yet), the memory-bound ops with a cold cache, attention against SDPA,
+# memcheck, then where the step's GPU time goes (measured twice before).
+# PYXTTS_GPU_CHECK_BUDGET (s, default 585) is the whole run's: each step's limit is cut to
+# what is left, and a step with under 10 s left is reported as not run, so the summary is
+# written before the device tool's own limit (600 s a command) stops everything.
+# The device tool brings back 8 files at most: the log, the summary, results.tar (every
+# JSON, packed again after each step, so a run stopped early still has what it measured).
 run_one() {
     local R=tests/bench/results run
     mkdir -p $R
+    DEADLINE=$((SECONDS + ${PYXTTS_GPU_CHECK_BUDGET:-585}))
     # gpu_build.sh's own files stay out of OUTDIR (their text is in this log)
     step build 150 env PYXTTS_GPU_BUILD_TIMEOUT=120 PYXTTS_WHEEL_SITE="$SITE" \
         bash tests/bench/gpu_build.sh /tmp/pyxtts-gpu-build 90
     # the import checks may fail (two cuBLAS copies, say) with a usable extension (a dry run
     # built nothing and goes on, to list every step)
     [ "${PYXTTS_GPU_CHECK_DRY:-0}" = 1 ] || ls pyxtts/_C*.so > /dev/null 2>&1 || return
-    cp pyxtts/_C*.so "$OUTDIR"/
     step kernel-tests 80 env CUDA_LAUNCH_BLOCKING=1 "${PYTEST[@]}" -n 4 "${KERNEL_SELECTION[@]}"
     step device-tests 75 "${PYTEST[@]}" -n 8 "${DEVICE_SELECTION[@]}"
     for run in torch_eager:75:search pyxtts_full:75:search pyxtts_none:30:no; do
@@ -207,41 +217,52 @@ run_one() {
             $([ "$search" = search ] && echo "--search $name" || echo --no-search) --only "$name" \
             --json $R/xtts_gpu.json
     done
-    cp $R/xtts_gpu.json "$OUTDIR"/ 2> /dev/null
+    pack $R
     # the optimizer's state in host memory: its extra time per step, its share of an
     # optimizer cycle at accumulation 84 and 1, its bits against the on-device step
     step offload 90 "$PY" tests/bench/bench_offload_gpu.py --steps 3 --json $R/offload_gpu.json
-    cp $R/offload_gpu.json "$OUTDIR"/ 2> /dev/null
+    pack $R
     # several processes: world size 1 over NCCL on cuda:0 (the DLPack hand-off, the step's bits
     # against the single-process step) and the flat gradients' all-reduce against the step
     step ddp 60 "$PY" tests/bench/bench_ddp.py --gpus 1 --steps 3 --json $R/ddp_gpu.json
-    cp $R/ddp_gpu.json "$OUTDIR"/ 2> /dev/null
-    step profile-core 40 "$PY" tests/bench/profile_xtts_gpu.py --json $R/profile_xtts_gpu.json
-    step profile-recipe 45 "$PY" tests/bench/profile_xtts_gpu.py --recipe --json $R/profile_xtts_gpu.json
-    cp $R/profile_xtts_gpu.json "$OUTDIR"/ 2> /dev/null
+    pack $R
     # the whole run against that step: Trainer.fit on generated shards with 6 s reference
     # slices (their mels computed by the collating threads) at 2 and 4 workers, in positions/s
     # against the step on one batch, with the waits for data and the threads' scaling
     # (estimated ~20 s: a model, ~80 steps, the data side)
     step run-vs-step 40 "$PY" tests/bench/bench_run.py --device cuda --steps 16 --warmup 3 --workers 2,4 \
         --repeats 4 --json $R/run_gpu.json
-    cp $R/run_gpu.json "$OUTDIR"/ 2> /dev/null
-    step attention 30 "$PY" tests/bench/bench_attention_gpu.py --T 490 1024 2048 4096 \
-        --paths tc torch --repeats 5 --json $R/attention_gpu.json
-    cp $R/attention_gpu.json "$OUTDIR"/ 2> /dev/null
-    step attention-dropout 20 "$PY" tests/bench/bench_attention_gpu.py --T 490 2048 --paths tc torch \
-        --repeats 3 --dropout 0.1
+    pack $R
+    step xtts-torch_compile 150 "$PY" tests/bench/bench_xtts_gpu.py --batch 8 --steps 5 --no-search \
+        --only torch_compile --json $R/xtts_gpu.json
+    pack $R
     # the step's memory-bound ops with the L2 cache evicted first, as in a step (the
     # layernorm dinp kernel took 80 us per call in the step's profile, 48 us back to back)
     step ops-cold 40 "$PY" tests/bench/bench_ops_gpu.py --repeats 10 --cold \
         --only layernorm "gelu forward" "gelu backward" dgelu bias_backward groupnorm rmsnorm embedding \
         adamw --json $R/ops_gpu.json
-    cp $R/ops_gpu.json "$OUTDIR"/ 2> /dev/null
-    step xtts-torch_compile 180 "$PY" tests/bench/bench_xtts_gpu.py --batch 8 --steps 5 --no-search \
-        --only torch_compile --json $R/xtts_gpu.json
-    cp $R/xtts_gpu.json "$OUTDIR"/ 2> /dev/null
+    pack $R
+    step attention 30 "$PY" tests/bench/bench_attention_gpu.py --T 490 1024 2048 4096 \
+        --paths tc torch --repeats 5 --json $R/attention_gpu.json
+    pack $R
+    step attention-dropout 20 "$PY" tests/bench/bench_attention_gpu.py --T 490 2048 --paths tc torch \
+        --repeats 3 --dropout 0.1
     step memcheck 30 compute-sanitizer --tool memcheck --error-exitcode 9 "${PYTEST[@]}" \
         "${MEMCHECK_SELECTION[@]}"
+    # the two tests that left 512 and 768 bytes allocated under memcheck in the second H200
+    # run (not in the plain run), alone: does it depend on the order, and what is alive
+    step memcheck-alone 25 compute-sanitizer --tool memcheck --error-exitcode 9 "${PYTEST[@]}" \
+        tests/test_cond_ops.py -k "cuda and (test_groupnorm_finite_differences or test_rmsnorm_zero_row)"
+    step profile-core 40 "$PY" tests/bench/profile_xtts_gpu.py --json $R/profile_xtts_gpu.json
+    step profile-recipe 45 "$PY" tests/bench/profile_xtts_gpu.py --recipe --json $R/profile_xtts_gpu.json
+    pack $R
+}
+
+# pack DIR: every JSON in DIR into OUTDIR/results.tar, replacing the last one
+pack() {
+    [ "${PYXTTS_GPU_CHECK_DRY:-0}" = 1 ] && return 0
+    (cd "$1" && ls ./*.json > /dev/null 2>&1 && tar -cf "$OUTDIR/results.tar.tmp" ./*.json &&
+        mv "$OUTDIR/results.tar.tmp" "$OUTDIR/results.tar") || true
 }
 
 main() {
