@@ -8,6 +8,12 @@ samples; the power spectrum |STFT|^2; an 80-band HTK-scale triangular filterbank
 Slaney area normalisation from 0 to 8 kHz; ``log(max(mel, 1e-5))``; each band divided
 by its entry of ``mel_stats.pth``. Coqui computes the same in float32; float64 here
 keeps the result at the exact value, which the float32 one approaches to ~1e-6.
+
+The filterbank is applied band by band, over each triangle's own bins (1,459 of the dense
+matrix's 82,000 entries at n_fft 2048), as NumPy sums, not as a BLAS product. The trainer
+computes a reference slice's mel for every sample of every step in its collating threads.
+There, a BLAS product starts NumPy's own BLAS threads from each of them. On a 16-core GPU
+host that made 8 collating threads slower than one (tests/bench/results/run_gpu_h200_run3.json).
 """
 from __future__ import annotations
 
@@ -93,6 +99,25 @@ def _filterbank(s: MelSettings, sample_rate: int) -> np.ndarray:
 
 
 @lru_cache(maxsize=8)
+def _bands(s: MelSettings, sample_rate: int) -> tuple[int, tuple[tuple[int, int, np.ndarray], ...]]:
+    """The filterbank by band: ``(bins, ((lo, hi, weights), ...))``, band m being
+    ``weights`` (hi - lo, 1) on the bins [lo, hi); ``bins`` is one past the last bin
+    any band uses. A triangle's nonzero bins are contiguous; a band with none has
+    lo == hi."""
+    fb = _filterbank(s, sample_rate)
+    rows = []
+    for m in range(fb.shape[1]):
+        k = np.flatnonzero(fb[:, m])
+        lo, hi = (int(k[0]), int(k[-1]) + 1) if k.size else (0, 0)
+        if hi - lo != k.size:  # cannot happen for triangles; a wrong sum if it did
+            raise AssertionError(f"mel band {m}: nonzero bins not contiguous")
+        w = np.ascontiguousarray(fb[lo:hi, m, None])
+        w.flags.writeable = False
+        rows.append((lo, hi, w))
+    return max([hi for _, hi, _ in rows] + [1]), tuple(rows)
+
+
+@lru_cache(maxsize=8)
 def _window(s: MelSettings) -> np.ndarray:
     """The periodic Hann window of win_length, zero-padded on both sides to n_fft."""
     n = np.arange(s.win_length, dtype=np.float64)
@@ -126,6 +151,11 @@ def mel_spectrogram(wav: np.ndarray, mel_stats: np.ndarray, settings: MelSetting
     x = np.pad(wav.astype(np.float64), pad, mode="reflect")
     frames = np.lib.stride_tricks.sliding_window_view(x, settings.n_fft)[::settings.hop_length]  # (F, n_fft)
     spec = np.fft.rfft(frames * _window(settings), axis=1)  # (F, n_fft // 2 + 1)
-    power = spec.real ** 2 + spec.imag ** 2
-    mel = _filterbank(settings, sample_rate).T @ power.T  # (n_mels, F)
+    bins, bands = _bands(settings, sample_rate)
+    spec_t = np.ascontiguousarray(spec[:, :bins].T)  # (bins, F): a band's rows are contiguous
+    power = spec_t.real ** 2 + spec_t.imag ** 2
+    mel = np.zeros((settings.n_mels, power.shape[1]))  # (n_mels, F)
+    for m, (lo, hi, w) in enumerate(bands):
+        if hi > lo:
+            np.sum(w * power[lo:hi], axis=0, out=mel[m])
     return np.log(np.maximum(mel, 1e-5)) / stats[:, None]
