@@ -17,6 +17,7 @@ import pyxtts
 import pyxtts.cli
 
 tokenizers = pytest.importorskip("tokenizers")
+pytest.importorskip("num2words", reason="the prepare extra (num2words) is not installed")
 fx = pytest.importorskip("fixtures_prepare")
 from fixtures_language import HELD_OUT_VI, SENTENCES_SW, SENTENCES_VI, make_corpus  # noqa: E402
 from pyxtts.prepare.cleaners import clean_new_language, has_digits  # noqa: E402

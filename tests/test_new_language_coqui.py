@@ -14,13 +14,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import soundfile as sf
 
-import pyxtts
-import pyxtts.cli
-from pyxtts.checkpoint import load_checkpoint
-from pyxtts.prepare import XTTSTokenizer, load_audio
-from pyxtts.torchfile import TorchFile
+sf = pytest.importorskip("soundfile", reason="the prepare extra (soundfile) is not installed")
+
+import pyxtts  # noqa: E402
+import pyxtts.cli  # noqa: E402
+from pyxtts.checkpoint import load_checkpoint  # noqa: E402
+from pyxtts.prepare import XTTSTokenizer, load_audio  # noqa: E402
+from pyxtts.torchfile import TorchFile  # noqa: E402
 
 fx = pytest.importorskip("fixtures_prepare")
 from fixtures_language import SENTENCES_VI, make_corpus  # noqa: E402
