@@ -15,8 +15,11 @@ The backend's:
   per-channel state), NVLink SHARP buffers where NVLS runs, and the communicator's own
   structures. ``nccl_bytes`` is an upper bound from NCCL's sources (2.30, ``src/init.cc``,
   ``src/transport/p2p.cc``, ``src/channel.cc``, ``src/transport/nvls.cc``) over the world
-  size, the processes per machine and NCCL's environment variables. It is an estimate
-  until ``tests/bench/bench_ddp.py`` has measured it on GPUs (it records both).
+  size, the processes per machine and NCCL's environment variables, plus what one process
+  alone was measured to take: NCCL's kernels and its communicator, 648 MiB on an H200
+  (``tests/bench/results/ddp_gpu_h200_run3.json``: world size 1, torch 2.11's NCCL). The
+  channels' part is an estimate until ``tests/bench/bench_ddp.py`` has measured several
+  GPUs (it records both).
 - **gloo** (CPUs): its ring all-reduce sums into the caller's buffer and receives into a
   scratch of two segments of at most ``kMaxSegmentSize`` (1 MiB) each (``gloo/allreduce.cc``):
   2 MiB of host memory, counted on the CPU "device" (host memory is its memory).
@@ -53,9 +56,12 @@ CONNECTION_HEADER = 4096  # sizeof(ncclSendMem) == sizeof(ncclRecvMem) == MEM_AL
 # cuMem allocations of one collective channel's state (initChannel, src/channel.cc): the
 # shared device peers, this communicator's peer pointers, the ring's user ranks.
 CHANNEL_STATE_ALLOCATIONS = 3
-# the communicator's own device allocations at init (devCommAndChans, rankToLocalRank,
-# p2p.cc's CUDA_IPC_MIN probe, ce_coll.cc's sequence numbers), one granule each
-COMMUNICATOR_ALLOCATIONS = 4
+# What NCCL takes with no peer at all: its kernels (loaded into device memory at the first
+# collective) and the communicator's own allocations. Measured, not derived: the free device
+# memory lost over the first all-reduce of world size 1, less what pyxtts reserved meanwhile,
+# on an H200 with torch 2.11's NCCL (679,477,248 bytes, the same in two runs:
+# tests/bench/results/ddp_gpu_h200_run3.json and _run4). Another GPU or NCCL loads other code.
+NCCL_FIXED_BYTES = 648 * MiB
 # NVLink SHARP (NVLS, NVSwitch systems of compute capability 9.0 and up): channels (16 on
 # sm_90, 24 or 32 on sm_100: the most) and each channel's chunk (NCCL_NVLS_CHUNKSIZE)
 NVLS_CHANNELS = 32
@@ -149,14 +155,18 @@ def nccl_bytes(world_size: int, local_world_size: int, env: Mapping[str, str] | 
       ``NCCL_MAX_CTAS``) x 2 x chunk (``NCCL_NVLS_CHUNKSIZE``, 128 KiB) x 8 steps x the
       machine's processes (one head each), rounded up to a granule, and a granule per
       channel for its device peers;
-    - the communicator: 4 granules.
+    - NCCL's kernels and communicator: ``NCCL_FIXED_BYTES``, measured at world size 1 (all
+      that one process takes: no channel has a peer).
 
-    Not counted: NCCL's kernels (code loaded into device memory), host memory (its work
-    FIFO and proxy buffers), CollNet/SHARP (off unless ``NCCL_COLLNET_ENABLE``), and PXN,
-    which across machines may place another process's network buffers on this GPU."""
+    Not counted: host memory (its work FIFO and proxy buffers), CollNet/SHARP (off unless
+    ``NCCL_COLLNET_ENABLE``), and PXN, which across machines may place another process's
+    network buffers on this GPU."""
     env = os.environ if env is None else env
-    world_size = integer("world_size", world_size, minimum=2)
+    world_size = integer("world_size", world_size, minimum=1)
     local_world_size = integer("local_world_size", local_world_size, minimum=1, maximum=world_size)
+    fixed = ("NCCL kernels and communicator (measured)", NCCL_FIXED_BYTES)
+    if world_size == 1:
+        return [fixed]
     nodes = -(-world_size // local_world_size)
     channels = nccl_channels(env)
     peers = min(world_size - 1, 1 + (2 if nodes == 1 else 4))
@@ -172,7 +182,7 @@ def nccl_bytes(world_size: int, local_world_size: int, env: Mapping[str, str] | 
         chunk = _env_int(env, "NCCL_NVLS_CHUNKSIZE") or NVLS_CHUNK_BYTES
         parts.append(("NCCL NVLS buffers", _up(nvls_channels * 2 * chunk * NCCL_STEPS * local_world_size)
                       + nvls_channels * GRANULE))
-    parts.append(("NCCL communicator", COMMUNICATOR_ALLOCATIONS * GRANULE))
+    parts.append(fixed)
     return parts
 
 
@@ -186,8 +196,8 @@ def gloo_bytes() -> list[tuple[str, int]]:
 @dataclass(frozen=True)
 class CommunicationPlan:
     """What the collectives of ``world_size`` processes take on one process's device:
-    ``parts`` (what, bytes), all of them in ``total``. ``estimated``: NCCL's figure is an
-    upper bound from its sources, not yet measured on GPUs."""
+    ``parts`` (what, bytes), all of them in ``total``. ``estimated``: NCCL's channels are an
+    upper bound from its sources, not yet measured on several GPUs."""
 
     backend: str  # "nccl" or "gloo"
     world_size: int

@@ -312,8 +312,8 @@ def _communication_line(plan: MemoryPlan, world: tuple[int, int]) -> str:
     line = (f"communication: one of {where}; the gradients are all-reduced in place through DLPack (pyxtts "
             f"keeps no copy of them); {_backend(plan)} reserves {fb(plan.communication)} of the device")
     if plan.communication_backend == "nccl":
-        line += (" (an upper bound from NCCL's sources and environment variables, not yet measured on GPUs: "
-                 "docs/distributed.md)")
+        line += (" (its channels an upper bound from NCCL's sources and environment variables, not yet measured "
+                 "on several GPUs; its kernels and communicator as measured on one H200: docs/distributed.md)")
     return line
 
 
