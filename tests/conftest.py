@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import os
+import types
 
 import numpy as np
 import pytest
@@ -109,6 +110,17 @@ def check_memory(request, devices):
                           f"tensors made during the test still alive: {live_tensors()}")
 
 
+def _holder(r, objs) -> str:
+    """A referrer's type; a frame also by its function and by what keeps the frame
+    alive (a traceback, a generator, a later frame's f_back): a test's own frame
+    outliving the test held its tensors under compute-sanitizer on the H200."""
+    if not isinstance(r, types.FrameType):
+        return type(r).__name__
+    keep = sorted({f"frame {k.f_code.co_name}" if isinstance(k, types.FrameType) else type(k).__name__
+                   for k in gc.get_referrers(r) if k is not objs})
+    return f"frame of {r.f_code.co_name} (kept by {', '.join(keep) or 'nothing the collector tracks'})"
+
+
 def live_tensors(most: int = 8) -> str:
     """The pyxtts tensors the collector tracks (those made since the last gc.freeze),
     each with the types of what refers to it: the suspects of a leak. None listed means
@@ -118,7 +130,7 @@ def live_tensors(most: int = 8) -> str:
     for o in objs:
         if isinstance(o, pyxtts.Tensor):
             # a referrer frozen before the test (a module's list, a cache) is not searched
-            held = sorted({type(r).__name__ for r in gc.get_referrers(o) if r is not objs})
+            held = sorted({_holder(r, objs) for r in gc.get_referrers(o) if r is not objs})
             rows.append(f"{o.device} {tuple(o.shape)} {o.dtype} held by "
                         f"{', '.join(held) or 'something older than the test'}")
     del objs
