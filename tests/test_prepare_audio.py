@@ -136,6 +136,32 @@ def test_mel_equals_coqui(coqui_ref, name):
         assert np.median(np.abs(mine - ref32[k])) < 1e-5
 
 
+@pytest.mark.parametrize("settings", [DVAE_MEL, STYLE_MEL, STYLE_MEL_NO_PERCEIVER,
+                                      MelSettings(n_fft=256, hop_length=64, win_length=256)],
+                         ids=["dvae", "style", "style_no_perceiver", "bands_without_bins"])
+def test_mel_by_band_equals_the_dense_product(settings, rng, seed):
+    """The filterbank applied band by band (no BLAS call: the collating threads must not
+    start BLAS's own) equals the dense (n_mels x bins) product of the same filterbank and
+    power spectrum in float64, every element, to rounding. n_fft 256 has low bands that
+    no bin falls in: their mel is 0, so log(1e-5), as the dense product gives."""
+    from pyxtts.prepare.audio import _bands, _filterbank, _window
+
+    wav = (rng.standard_normal(40_000) * rng.uniform(0.01, 0.5)).astype(np.float32)
+    stats = rng.uniform(-6.0, -2.0, settings.n_mels)
+    got = mel_spectrogram(wav, stats, settings)
+    pad = settings.n_fft // 2
+    x = np.pad(wav.astype(np.float64), pad, mode="reflect")
+    frames = np.stack([x[i:i + settings.n_fft] for i in range(0, x.size - settings.n_fft + 1, settings.hop_length)])
+    spec = np.fft.rfft(frames * _window(settings), axis=1)
+    dense = _filterbank(settings, 22050).T @ (np.abs(spec) ** 2).T
+    want = np.log(np.maximum(dense, 1e-5)) / stats[:, None]
+    assert got.shape == want.shape == (settings.n_mels, 1 + wav.size // settings.hop_length)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12, err_msg=f"seed={seed}")
+    empty = [m for m, (lo, hi, _) in enumerate(_bands(settings, 22050)[1]) if hi == lo]
+    assert (len(empty) > 0) == (settings.n_fft == 256), empty
+    assert np.all(got[empty] == np.log(1e-5) / stats[empty, None])
+
+
 def test_mel_rejects_bad_input():
     stats = np.full(80, -4.0)
     with pytest.raises(ValueError, match=r"wav: expected a 1-d float array.*int"):
