@@ -191,9 +191,9 @@ run_b() {
 # compiles block by block, once for the 30 identical blocks: bench_xtts_gpu.py --compile).
 # Steps in order of value: the build, the kernel tests, the device tests, the XTTS v2 step
 # against torch eager with the largest batch, the optimizer's state in host memory, world
-# size 1 over NCCL, the whole run against the step, torch.compile (none of these four has
-# run on a GPU yet), the memory-bound ops with a cold cache, attention against SDPA,
-# memcheck, then where the step's GPU time goes (measured twice before).
+# size 1 over NCCL, the whole run against the step, torch.compile (these four first ran in
+# the H200's runs 3 and 4), the memory-bound ops with a cold cache, attention against SDPA,
+# memcheck, then where the step's GPU time goes. Run 3 took 465 s for all of it.
 # PYXTTS_GPU_CHECK_BUDGET (s, default 585) is the whole run's: each step's limit is cut to
 # what is left, and a step with under 10 s left is reported as not run, so the summary is
 # written before the device tool's own limit (600 s a command) stops everything.
@@ -236,8 +236,7 @@ run_one() {
     step xtts-torch_compile 150 "$PY" tests/bench/bench_xtts_gpu.py --batch 8 --steps 5 --no-search \
         --only torch_compile --json $R/xtts_gpu.json
     pack $R
-    # the step's memory-bound ops with the L2 cache evicted first, as in a step (the
-    # layernorm dinp kernel took 80 us per call in the step's profile, 48 us back to back)
+    # the step's memory-bound ops with the L2 cache evicted first, as in a step
     step ops-cold 40 "$PY" tests/bench/bench_ops_gpu.py --repeats 10 --cold \
         --only layernorm "gelu forward" "gelu backward" dgelu bias_backward groupnorm rmsnorm embedding \
         adamw --json $R/ops_gpu.json
