@@ -8,6 +8,7 @@
 #include <math.h>
 
 #include "elem.cuh"
+#include "cuda_common.h"
 #include "reduce.cuh"
 
 int pxt_cuda_grad_sumsq(int index, double *sumsq, int *nonfinite, const float *g, size_t n,

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <pthread.h>
 
+#include "cuda_common.h"
 #include "reduce.cuh"
 
 #define XENT_BLOCK 256

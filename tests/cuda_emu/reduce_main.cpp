@@ -2,7 +2,9 @@
  * (cuda/colsum.cuh, cuda/embedding.cuh), their own source run by the emulator,
  * against the CPU backend's functions (csrc/cpu/bias.c, layernorm.c,
  * embedding.c, linked in): every output bit for bit, at tiny, ragged and XTTS
- * v2 sizes, each dtype. Workspaces and outputs start poisoned; every device
+ * v2 sizes, each dtype. The parts of `sum` and `grad_sumsq` (cuda/reduce.cuh),
+ * whose order differs from the CPU's, against a host model of the order its
+ * header states. Workspaces and outputs start poisoned; every device
  * buffer has a guard page after its end and its slack checked.
  *
  * Usage: reduce_emu SEED [quick]. Prints one line per case and "failures: N". */
@@ -11,6 +13,7 @@
 #include "engine/backend.h"
 #include "colsum.cuh"
 #include "embedding.cuh"
+#include "reduce.cuh"
 
 extern "C" {
 #include "cpu/cpu.h" /* the CPU backend's kernels, linked in */
@@ -18,6 +21,7 @@ extern "C" {
 
 #include <random>
 #include <string>
+#include <vector>
 
 static std::mt19937_64 rng;
 static int failures;
@@ -153,6 +157,44 @@ template <typename T> static void embedding_case(int N, int V, int C, const char
         emu_free(p);
 }
 
+/* reduce.cuh's parts of x (n) or x^2 (SQUARE), nparts blocks, against the order its
+ * header states, modelled on the host: per part, thread t adds elements t, t + 256,
+ * ... in order from 0.0; then the tree, halves added pairwise from 128 down. */
+template <bool SQUARE> static void parts_sum_case(size_t n, int nparts) {
+    /* magnitudes over 2^-30 .. 2^30: double sums of floats round, so the order shows */
+    std::uniform_int_distribution<int> ex(-30, 30);
+    float *x = device<float>(n, [&](size_t) { return std::ldexp(normal<float>(1.0), ex(rng)); });
+    double *got = (double *)emu_alloc(nparts * sizeof(double)); /* poisoned */
+    std::vector<double> want(nparts), sh(PXT_PARTS_BLOCK);
+    const size_t len = (n + nparts - 1) / nparts;
+    for (int p = 0; p < nparts; p++) {
+        const size_t lo = (size_t)p * len < n ? (size_t)p * len : n, hi = n - lo < len ? n : lo + len;
+        for (int t = 0; t < PXT_PARTS_BLOCK; t++) {
+            double a = 0.0;
+            for (size_t i = lo + t; i < hi; i += PXT_PARTS_BLOCK) {
+                const double d = x[i];
+                a += SQUARE ? d * d : d;
+            }
+            sh[t] = a;
+        }
+        for (int s = PXT_PARTS_BLOCK / 2; s > 0; s >>= 1)
+            for (int t = 0; t < s; t++)
+                sh[t] += sh[t + s];
+        want[p] = sh[0];
+    }
+    long e0 = emu_errors;
+    emu_dim3 grid, block;
+    grid.x = (unsigned)nparts;
+    block.x = PXT_PARTS_BLOCK;
+    emu_launch(grid, block, 0, [&] { parts_sum_kernel<SQUARE>(got, x, n, nparts); });
+    bool ok = same_bits(got, want.data(), nparts * sizeof(double)) && emu_errors == e0 && emu_tail_intact(got);
+    report("parts_sum " + std::string(SQUARE ? "x^2" : "x") + " n=" + std::to_string(n) + " parts=" +
+               std::to_string(nparts),
+           ok);
+    emu_free(x);
+    emu_free(got);
+}
+
 int main(int argc, char **argv) {
     rng.seed(argc > 1 ? strtoull(argv[1], NULL, 10) : 1);
     const bool quick = argc > 2 && !strcmp(argv[2], "quick");
@@ -172,6 +214,12 @@ int main(int argc, char **argv) {
     embedding_case<pxt_f16>(300, 1026, 33, "random", 65535);
     embedding_case<pxt_bf16>(608, 608, 64, "positions", 3);
     embedding_case<float>(1000, 4, 130, "skewed", 65535);
+    /* parts: empty ones (n < parts), under one round of loads, the main loop and its tail */
+    parts_sum_case<true>(1, PXT_SUMSQ_PARTS);
+    parts_sum_case<false>(200, PXT_SUMSQ_PARTS);
+    parts_sum_case<true>(3 * PXT_PARTS_AHEAD * PXT_PARTS_BLOCK + 17, 3);
+    parts_sum_case<true>(1000003, PXT_SUMSQ_PARTS);
+    parts_sum_case<false>(777777, 7);
     if (!quick) { /* XTTS v2: batch 8 x 490 positions, d = 1024; one sample's 308 audio rows */
         bias_case<pxt_bf16>(8 * 490, 1024, 65535);
         bias_case<pxt_bf16>(8 * 490, 4096, 65535);
