@@ -216,11 +216,17 @@ def worker(name: str, args: argparse.Namespace) -> dict:
     tokens = args.batch * T
     out = {"name": name, "config": args.config, "batch": args.batch, "tokens_per_sample": T,
            "parameters": n_params, "first_loss": losses[0], "last_loss": losses[-1],
-           "step_s": step_s, "first_step_s": first_s, "tokens_per_s": tokens / step_s,
+           "step_s": step_s, "first_step_s": first_s, "step_times_s": times, "tokens_per_s": tokens / step_s,
            "allocator_peak": peak(),
            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
     if name == "torch_compile":
+        from torch._dynamo.utils import counters
+
         out["compile"] = args.compile
+        out["compile_s"] = first_s - step_s  # what the first step spent compiling
+        # graphs, graph breaks and recompiles: two H200 runs of one tree took 60 and 96 ms a
+        # step; a recompile or a fallback to eager inside the timed steps would show here
+        out["dynamo"] = {k: dict(counters[k]) for k in ("stats", "graph_break", "recompiles") if k in counters}
     flops = model_flops_per_token(cfg, T, n_params) * tokens / step_s
     info = pyxtts.device_info(args.device)
     tf = peak_tflops(info["name"]) if args.device.startswith("cuda") else None
