@@ -77,8 +77,12 @@ int pxt_cuda_embedding_backward(int index, float *dtable, const void *dout, cons
             <<<grid, 32 * PXT_EMB_WARPS, 0, stream>>>(parts, flags, (const T *)dout, ids, N, C);
     }));
     PXT_CUDA_CHECK_LAUNCH("embedding_backward (chunk sums)");
-    dim3 grid(gx, rowblocks < EMB_MAX_GRID_Y ? rowblocks : EMB_MAX_GRID_Y);
-    pxt_emb_sum_kernel<<<grid, 32 * PXT_EMB_WARPS, 0, stream>>>(dtable, parts, flags, ids, N, C);
+    PXT_TRY(pxt_cuda_dispatch(dt, "embedding_backward", [&](auto tag) {
+        using T = decltype(tag);
+        dim3 grid(gx, rowblocks < EMB_MAX_GRID_Y ? rowblocks : EMB_MAX_GRID_Y);
+        pxt_emb_sum_kernel<T><<<grid, 32 * PXT_EMB_WARPS, 0, stream>>>(dtable, parts, flags,
+                                                                       (const T *)dout, ids, N, C);
+    }));
     PXT_CUDA_CHECK_LAUNCH("embedding_backward (totals)");
     return PXT_OK;
 }

@@ -3,12 +3,17 @@
  * order; per id, the chunk sums in chunk order; added to the table once).
  *
  *   flags   a warp per row: is it the first of its id in its chunk (bit 0, a
- *           "chunk leader"), and in all rows (bit 1, a "global leader")?
- *   parts   a warp per chunk leader and 32 columns: the sum of its chunk's rows
- *           of that id, in order, into parts (N, C) at the leader's row
+ *           "chunk leader"), and in all rows (bit 1, a "global leader")? Is a
+ *           chunk leader the only row of its id in its chunk (bit 2, "alone")?
+ *   parts   a warp per chunk leader not alone and 32 columns: the sum of its
+ *           chunk's rows of that id, in order, into parts (N, C) at its row
  *   sum     a warp per global leader and 32 columns: the chunk sums of its id,
  *           found chunk by chunk (a ballot over the chunk's ids), in order; then
- *           the table row += total, written by this warp alone
+ *           the table row += total, written by this warp alone. An alone
+ *           leader's chunk sum is its own row: 0.0 + x is x exactly in double, so
+ *           it is read from dout, never written to parts (most rows: a batch's
+ *           audio codes and text tokens, each sample's positions), which saves
+ *           the 8 bytes a column of parts written and read back for each
  *
  * Kernels only: the includer provides ldf(), the 16-bit storage types and the
  * warp intrinsics (elem.cuh on the GPU, the host emulator of tests/cuda_emu on
@@ -41,9 +46,11 @@ __global__ static void pxt_emb_flags_kernel(uint8_t *flags, const int32_t *ids, 
     }
     const int32_t v = ids[r];
     const int c0 = r / PXT_EMB_CHUNK * PXT_EMB_CHUNK;
+    const int c1 = N - c0 < PXT_EMB_CHUNK ? N : c0 + PXT_EMB_CHUNK;
     uint8_t f = 0;
     if (pxt_emb_first(ids, c0, r, v) < 0) { /* none before r in its chunk */
         f = pxt_emb_first(ids, 0, c0, v) < 0 ? 3 : 1;
+        f |= pxt_emb_first(ids, r + 1, c1, v) < 0 ? 4 : 0; /* none after it either */
     }
     if (threadIdx.x % 32 == 0) {
         flags[r] = f;
@@ -60,7 +67,7 @@ __global__ static void pxt_emb_parts_kernel(double *parts, const uint8_t *flags,
     for (int c = blockIdx.y; c < nchunks; c += gridDim.y) {
         const int end = N - c * PXT_EMB_CHUNK < PXT_EMB_CHUNK ? N : (c + 1) * PXT_EMB_CHUNK;
         for (int r = c * PXT_EMB_CHUNK + warp; r < end; r += PXT_EMB_WARPS) {
-            if (!(flags[r] & 1)) {
+            if ((flags[r] & 5) != 1) { /* not a leader, or alone: sum reads its row */
                 continue;
             }
             const int32_t v = ids[r];
@@ -79,8 +86,9 @@ __global__ static void pxt_emb_parts_kernel(double *parts, const uint8_t *flags,
 
 /* dtable (V, C) += each id's total. Grid (ceil(C / 32), up to ceil(N / WARPS));
  * blocks stride over the rows. */
+template <typename T>
 __global__ static void pxt_emb_sum_kernel(float *dtable, const double *parts, const uint8_t *flags,
-                                          const int32_t *ids, int N, int C) {
+                                          const T *dout, const int32_t *ids, int N, int C) {
     const int j = blockIdx.x * 32 + threadIdx.x % 32;
     for (int r0 = blockIdx.y * PXT_EMB_WARPS; r0 < N; r0 += gridDim.y * PXT_EMB_WARPS) {
         const int r = r0 + threadIdx.x / 32;
@@ -93,7 +101,8 @@ __global__ static void pxt_emb_sum_kernel(float *dtable, const double *parts, co
             const int end = N - c0 < PXT_EMB_CHUNK ? N : c0 + PXT_EMB_CHUNK;
             const int lead = pxt_emb_first(ids, c0, end, v); /* its chunk leader, if any */
             if (lead >= 0 && j < C) {
-                acc += parts[(size_t)lead * C + j];
+                const size_t k = (size_t)lead * C + j;
+                acc += flags[lead] & 4 ? (double)ldf(dout[k]) : parts[k];
             }
         }
         if (j < C) {

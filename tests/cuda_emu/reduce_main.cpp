@@ -145,7 +145,7 @@ template <typename T> static void embedding_case(int N, int V, int C, const char
     grid.y = (unsigned)nchunks < max_y ? (unsigned)nchunks : max_y;
     emu_launch(grid, block, 0, [&] { pxt_emb_parts_kernel<T>(parts, flags, dout, ids, N, C); });
     grid.y = rowblocks < max_y ? rowblocks : max_y;
-    emu_launch(grid, block, 0, [&] { pxt_emb_sum_kernel(got, parts, flags, ids, N, C); });
+    emu_launch(grid, block, 0, [&] { pxt_emb_sum_kernel<T>(got, parts, flags, dout, ids, N, C); });
     bool ok = same_bits(got, want, (size_t)V * C * sizeof(float)) && emu_errors == e0 &&
               emu_tail_intact(got) && emu_tail_intact(flags) && emu_tail_intact(parts);
     report("embedding_backward " + std::string(name_of<T>()) + " N=" + std::to_string(N) + " V=" +
@@ -214,6 +214,7 @@ int main(int argc, char **argv) {
     embedding_case<pxt_f16>(300, 1026, 33, "random", 65535);
     embedding_case<pxt_bf16>(608, 608, 64, "positions", 3);
     embedding_case<float>(1000, 4, 130, "skewed", 65535);
+    embedding_case<pxt_bf16>(300, 70, 40, "random", 65535); /* ids alone and repeated in a chunk */
     /* parts: empty ones (n < parts), under one round of loads, the main loop and its tail */
     parts_sum_case<true>(1, PXT_SUMSQ_PARTS);
     parts_sum_case<false>(200, PXT_SUMSQ_PARTS);
