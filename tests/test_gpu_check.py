@@ -127,3 +127,10 @@ def test_pack_puts_every_json_into_one_tar(tmp_path):
     with tarfile.open(out / "results.tar") as t:
         assert sorted(t.getnames()) == ["./a.json", "./b.json", "./c.json"]
     assert sorted(p.name for p in out.iterdir()) == ["results.tar"]
+    # in a run, only what it wrote: the committed results are older than its summary
+    summary = tmp_path / "summary.txt"
+    code = (f'source "{SCRIPT}"; OUTDIR="{out}"; sleep 0.05; SUMMARY="{summary}"; : > "$SUMMARY"; sleep 0.05; '
+            f'(cd "{res}" && echo 2 > d.json); pack "{res}"')
+    subprocess.run([BASH, "-c", code], check=True, timeout=30)
+    with tarfile.open(out / "results.tar") as t:
+        assert t.getnames() == ["./d.json"]

@@ -257,10 +257,14 @@ run_one() {
     pack $R
 }
 
-# pack DIR: every JSON in DIR into OUTDIR/results.tar, replacing the last one
+# pack DIR: the JSON in DIR written by this run (newer than its summary; every one without
+# a summary) into OUTDIR/results.tar, replacing the last one
 pack() {
     [ "${PYXTTS_GPU_CHECK_DRY:-0}" = 1 ] && return 0
-    (cd "$1" && ls ./*.json > /dev/null 2>&1 && tar -cf "$OUTDIR/results.tar.tmp" ./*.json &&
+    local newer=()
+    [ -n "${SUMMARY:-}" ] && [ -f "$SUMMARY" ] && newer=(-newer "$SUMMARY")
+    (cd "$1" && mapfile -t files < <(find . -maxdepth 1 -name '*.json' "${newer[@]}" | sort) &&
+        [ "${#files[@]}" -gt 0 ] && tar -cf "$OUTDIR/results.tar.tmp" "${files[@]}" &&
         mv "$OUTDIR/results.tar.tmp" "$OUTDIR/results.tar") || true
 }
 
