@@ -10,10 +10,10 @@
  *   sum     a warp per global leader and 32 columns: the chunk sums of its id,
  *           found chunk by chunk (a ballot over the chunk's ids), in order; then
  *           the table row += total, written by this warp alone. An alone
- *           leader's chunk sum is its own row: 0.0 + x is x exactly in double, so
- *           it is read from dout, never written to parts (most rows: a batch's
- *           audio codes and text tokens, each sample's positions), which saves
- *           the 8 bytes a column of parts written and read back for each
+ *           leader's chunk sum is its own row (0.0 + x is x exactly in double),
+ *           so it is read from dout and never goes through parts: for most rows
+ *           (a batch's audio codes and text tokens, each sample's positions) no
+ *           8 bytes a column are written to parts and read back
  *
  * Kernels only: the includer provides ldf(), the 16-bit storage types and the
  * warp intrinsics (elem.cuh on the GPU, the host emulator of tests/cuda_emu on
