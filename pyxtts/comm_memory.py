@@ -35,7 +35,7 @@ from typing import Mapping
 from pyxtts._args import integer
 
 __all__ = ["CommunicationPlan", "communication_plan", "device_communication", "gloo_bytes", "nccl_bytes",
-           "world_of"]
+           "nccl_plan", "world_of"]
 
 MiB = 2**20
 
@@ -240,10 +240,18 @@ def communication_plan(device: str | int, world_size: int, local_world_size: int
     local = world_size if local_world_size is None else local_world_size
     local = integer("local_world_size", local, minimum=1, maximum=world_size)
     if _on_gpu(device):
-        own = [("torch small-pool segment (scalar collectives)", TORCH_SMALL_SEGMENT)]
-        return CommunicationPlan("nccl", world_size, local,
-                                 tuple(own + nccl_bytes(world_size, local, env, capability)))
+        return nccl_plan(world_size, local, env, capability)
     return CommunicationPlan("gloo", world_size, local, tuple(gloo_bytes()))
+
+
+def nccl_plan(world_size: int, local_world_size: int, env: Mapping[str, str] | None = None,
+              capability: tuple[int, int] | None = None) -> CommunicationPlan:
+    """One GPU process's collectives over NCCL: torch's small-pool segment and
+    ``nccl_bytes``. Also for world size 1, which only a benchmark runs over NCCL (the
+    product makes no process group for one process: ``communication_plan`` says None)."""
+    own = [("torch small-pool segment (scalar collectives)", TORCH_SMALL_SEGMENT)]
+    return CommunicationPlan("nccl", world_size, local_world_size,
+                             tuple(own + nccl_bytes(world_size, local_world_size, env, capability)))
 
 
 def device_communication(device: str | int, world_size: int,

@@ -12,7 +12,8 @@ import pytest
 import pyxtts
 import pyxtts.cli
 import pyxtts.strategy
-from pyxtts.comm_memory import communication_plan, nccl_bytes, nccl_channels, nccl_connection_bytes, world_of
+from pyxtts.comm_memory import (communication_plan, nccl_bytes, nccl_channels, nccl_connection_bytes, nccl_plan,
+                                 world_of)
 from pyxtts.config import XTTSConfig, optimize_config, plan_for
 from pyxtts.memtest import run_memtest
 
@@ -305,6 +306,7 @@ def test_one_process_over_nccl_takes_the_measured_kernels_and_communicator():
     """World size 1 over NCCL (only the bench runs it: the product has no process group
     then) has no peer: no channel buffers, no NVLS, just what was measured on the H200."""
     assert mib(nccl_bytes(1, 1)) == {"NCCL kernels and communicator (measured)": 652}
+    assert nccl_plan(1, 1).total == (2 + 652) * MiB  # what bench_ddp.py --gpus 1 compares with
     assert communication_plan("cuda:0", 1) is None  # one process communicates with nobody
     with pytest.raises(ValueError, match="world_size"):
         nccl_bytes(0, 1)

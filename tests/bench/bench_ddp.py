@@ -66,9 +66,8 @@ def child(a: argparse.Namespace) -> None:
     lo = dp.rank * a.batch
     comm = dp.communication()  # None for one process: the product runs no NCCL then
     if comm is None and device != "cpu":  # this bench does: what one process alone takes
-        from pyxtts.comm_memory import TORCH_SMALL_SEGMENT, CommunicationPlan, nccl_bytes
-        own = ("torch small-pool segment (scalar collectives)", TORCH_SMALL_SEGMENT)
-        comm = CommunicationPlan("nccl", 1, 1, (own, *nccl_bytes(1, 1)))
+        from pyxtts.comm_memory import nccl_plan
+        comm = nccl_plan(1, 1)
     memory = _CommMemory(device)  # before the process group's first collective
     dp.all_reduce_grads(model)  # the first collective: the fresh model's zero gradients, still zero
     pyxtts.synchronize(device)
