@@ -49,9 +49,9 @@ int attn_tc_fwd_launch(const pxt_attn_args *a, void *out, float *lse, const void
 template <typename T, int D>
 int attn_tc_bwd_launch(const pxt_attn_args *a, void *dq, void *dk, void *dv, const void *dout,
                        const void *q, const void *k, const void *v, const float *lse,
-                       const float *Di, cudaStream_t stream);
+                       const float *Di, float *dqp, cudaStream_t stream);
 /* the instance's kernels on the current device: the forward's attributes (which code
- * of it this binary runs there) and the most static shared memory of the six kernels */
+ * of it this binary runs there) and the most static shared memory of the nine kernels */
 template <typename T, int D>
 cudaError_t attn_tc_attributes(cudaFuncAttributes *fwd, size_t *static_smem);
 

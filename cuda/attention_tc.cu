@@ -16,6 +16,16 @@
  *                        NotImplementedError (so a test knows which path ran)
  * pxt_cuda_attention_last_path() says which path the last call took.
  *
+ * The tensor-core backward has two schedules, chosen by PYXTTS_CUDA_ATTENTION_BWD (read
+ * once per process):
+ *   unset / "" / "two-kernel"  the dK/dV kernel and the dQ kernel (7 products per tile
+ *                              pair; the schedule the GPU runs have verified)
+ *   "one-pass"                 FlashAttention-2's deterministic one: one kernel, 5
+ *                              products, dQ through per-split fp32 partials in the
+ *                              workspace and their reduction in a fixed order
+ * Both are deterministic; their dQ differ in the order of fp32 sums (within the path's
+ * stated tolerance), dK and dV are the same bits.
+ *
  * The kernels, their arithmetic and their launches are in attention_tc.cuh; this
  * file is the switch, the eligibility check and the dispatch to the instances. */
 #include <atomic>
@@ -43,6 +53,22 @@ static std::atomic<int> tc_last{-1};
 static std::atomic<int> tc_dev_made[PXT_MAX_DEVICES];
 static pxt_tc_device tc_dev[PXT_MAX_DEVICES];
 static std::mutex tc_dev_lock;
+
+enum { TC_BWD_UNREAD = -2, TC_BWD_BAD = -1, TC_BWD_TWO = 0, TC_BWD_ONE = 1 };
+static std::atomic<int> tc_bwd_mode{TC_BWD_UNREAD};
+
+static int read_bwd_mode(void) {
+    int m = tc_bwd_mode.load(std::memory_order_relaxed);
+    if (m != TC_BWD_UNREAD) {
+        return m;
+    }
+    const char *s = getenv("PYXTTS_CUDA_ATTENTION_BWD");
+    m = !s || !*s || !strcmp(s, "two-kernel") ? TC_BWD_TWO
+        : !strcmp(s, "one-pass")              ? TC_BWD_ONE
+                                              : TC_BWD_BAD;
+    tc_bwd_mode.store(m, std::memory_order_relaxed);
+    return m;
+}
 
 static int read_mode(void) {
     int m = tc_mode.load(std::memory_order_relaxed);
@@ -80,7 +106,7 @@ static cudaError_t instances(cudaFuncAttributes *fa, size_t *static_smem) {
  * opt-in shared memory and the kernels' static shared memory. A failed query is not
  * kept (the next call asks again) and counts as no tensor-core path. */
 static pxt_tc_device device_caps(int index) {
-    pxt_tc_device none = {0, 0, 0};
+    pxt_tc_device none = {0, 0, 0, 0};
     if (index < 0 || index >= PXT_MAX_DEVICES) {
         return none;
     }
@@ -93,7 +119,7 @@ static pxt_tc_device device_caps(int index) {
     }
     int major = 0, optin = 0;
     cudaFuncAttributes fa;
-    pxt_tc_device d = {0, 0, 0};
+    pxt_tc_device d = {0, 0, 0, read_bwd_mode() == TC_BWD_ONE};
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index) != cudaSuccess ||
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, index) !=
             cudaSuccess ||
@@ -151,19 +177,36 @@ extern "C" int pxt_cuda_attention_tc_forward(int index, const pxt_attn_args *a, 
                       : attn_tc_fwd_launch<pxt_f16, 128>(a, out, lse, q, k, v, stream);
 }
 
-/* Di (B, H, Tq) is already in the workspace (attention.cu's kernel) */
+extern "C" size_t pxt_cuda_attention_tc_bwd_workspace(const pxt_attn_args *a) {
+    if (read_bwd_mode() != TC_BWD_ONE || read_mode() == TC_MODE_SIMPLE ||
+        (a->dt != PXT_BFLOAT16 && a->dt != PXT_FLOAT16) || (a->D != 64 && a->D != 128)) {
+        return 0;
+    }
+    return pxt_tc_split_bytes(a);
+}
+
+/* Di (B, H, Tq) is already in the workspace (attention.cu's kernel); extra: the workspace
+ * after it, pxt_cuda_attention_tc_bwd_workspace bytes */
 extern "C" int pxt_cuda_attention_tc_backward(int index, const pxt_attn_args *a, void *dq, void *dk,
                                               void *dv, const void *dout, const void *q,
                                               const void *k, const void *v, const float *lse,
-                                              const float *Di) {
+                                              const float *Di, void *extra) {
+    const int bwd = read_bwd_mode();
+    if (bwd == TC_BWD_BAD) {
+        return pxt_error(PXT_ERR_VALUE,
+                         "PYXTTS_CUDA_ATTENTION_BWD=%s: expected two-kernel or one-pass",
+                         getenv("PYXTTS_CUDA_ATTENTION_BWD"));
+    }
+    float *dqp = bwd == TC_BWD_ONE ? (float *)extra : NULL;
     cudaStream_t stream = pxt_cuda_stream(index);
     if (a->dt == PXT_BFLOAT16) {
-        return a->D == 64
-                   ? attn_tc_bwd_launch<pxt_bf16, 64>(a, dq, dk, dv, dout, q, k, v, lse, Di, stream)
-                   : attn_tc_bwd_launch<pxt_bf16, 128>(a, dq, dk, dv, dout, q, k, v, lse, Di,
-                                                       stream);
+        return a->D == 64 ? attn_tc_bwd_launch<pxt_bf16, 64>(a, dq, dk, dv, dout, q, k, v, lse, Di,
+                                                             dqp, stream)
+                          : attn_tc_bwd_launch<pxt_bf16, 128>(a, dq, dk, dv, dout, q, k, v, lse, Di,
+                                                              dqp, stream);
     }
     return a->D == 64
-               ? attn_tc_bwd_launch<pxt_f16, 64>(a, dq, dk, dv, dout, q, k, v, lse, Di, stream)
-               : attn_tc_bwd_launch<pxt_f16, 128>(a, dq, dk, dv, dout, q, k, v, lse, Di, stream);
+               ? attn_tc_bwd_launch<pxt_f16, 64>(a, dq, dk, dv, dout, q, k, v, lse, Di, dqp, stream)
+               : attn_tc_bwd_launch<pxt_f16, 128>(a, dq, dk, dv, dout, q, k, v, lse, Di, dqp,
+                                                  stream);
 }

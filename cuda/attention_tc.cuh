@@ -815,6 +815,300 @@ __global__ static void __launch_bounds__(TC_THREADS)
     }
 }
 
+/* ---- backward in one pass: dQ through split partials -------------------------------
+ * FlashAttention-2's deterministic schedule: 5 products per (query tile, key block)
+ * pair (S^T, dP^T, dV, dK, dQ) against the 7 of the two kernels above, which compute
+ * S and dP twice. A CTA per (b, h, split s of S = tc_splits): it takes the key blocks
+ * n = s, s + S, s + 2S, ... in turn (round robin: under the causal mask the early key
+ * blocks have the most query tiles), each as the dK/dV kernel does, and per query tile
+ * also stores dS^T (the 16-bit values dK's product uses) in shared memory, then adds
+ * dS K (BQ, D) into its split's fp32 partial dqp[s] (S, B, H, Tq, D). No other CTA
+ * touches that partial: its first key block writes the rows, later ones add, one fp32
+ * add per element per key block in key-block order. attn_tc_dq_reduce_kernel sums the
+ * splits in the order s = 0, 1, ..., S-1 and rounds once: the same bits every run. */
+
+/* whether split s's partial holds row i (< q_len) of a sample of key length kl: its
+ * first key block starts before kl and, causal, at or before the row's query tile (the
+ * kernel's istart). Later key blocks of the split touch a subset of those rows. */
+template <int BQ>
+__device__ static inline bool split_has_row(const pxt_attn_args &a, int s, int i, int kl) {
+    const int j0 = s * TC_BK;
+    return j0 < kl && (!a.causal || i >= j0 / BQ * BQ);
+}
+
+/* A fragment (16 rows from m0, k cols k0..k0+15) of a tile stored (k, m) */
+template <int SS>
+__device__ static inline void frag_a_km(uint32_t (&r)[4], const uint16_t *tile, int m0, int k0,
+                                        int lane) {
+    ldsm_x4_t(r,
+              smem_u32(tile + (k0 + (lane / 16) * 8 + lane % 8) * SS + m0 + ((lane / 8) % 2) * 8));
+}
+
+/* dk, dv of the split's key blocks; dqp[s] (B, H, Tq, D) fp32 of rows < q_len */
+template <typename T, int D, bool DROP>
+__global__ static void __launch_bounds__(TC_THREADS)
+    attn_tc_bwd_kernel(pxt_attn_args a, T *dk, T *dv, float *dqp, const T *dout, const T *q,
+                       const T *k, const T *v, const float *lse, const float *Di, int nkb, int S) {
+    constexpr int BQ = bwd_bq<D>(), SD = D + TC_PAD, KC = D / 16, NT = BQ / 8, DT = D / 8;
+    constexpr int SQ = BQ + TC_PAD; /* dS^T rows: 8 ldmatrix rows in 8 bank groups */
+    constexpr int WQ = BQ / 16;     /* warps along the tile's rows in dQ; 4 / WQ along D */
+    constexpr int CW = D / (4 / WQ), CT = CW / 8; /* dQ columns of a warp, its n-tiles */
+    static_assert(CW == 64, "a warp's dQ is 16 rows x 64 columns");
+    extern __shared__ __align__(16) uint16_t smem[];
+    uint16_t *Ks = smem;                      /* (BK, SD) */
+    uint16_t *Vs = Ks + TC_BK * SD;           /* (BK, SD) */
+    uint16_t *Qs = Vs + TC_BK * SD;           /* (2, BQ, SD) double buffer */
+    uint16_t *dOs = Qs + 2 * BQ * SD;         /* (2, BQ, SD) */
+    uint16_t *dSs = dOs + 2 * BQ * SD;        /* (BK, SQ) dS^T of the tile, 16-bit */
+    float *L2s = (float *)(dSs + TC_BK * SQ); /* (2, BQ) lse in log2 units, +inf: no row */
+    float *Dis = L2s + 2 * BQ;                /* (2, BQ) Di, 0 for no row */
+    unsigned char *kval = (unsigned char *)(Dis + 2 * BQ); /* (BK) */
+    const int bh = blockIdx.x / S, split = blockIdx.x % S;
+    const int b = bh / a.H, h = bh % a.H;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int ql = q_len(a, b), kl = k_len(a, b);
+    const float c2 = a.scale * TC_LOG2E;
+    const float *lse_bh = lse + (size_t)bh * a.Tq, *Di_bh = Di + (size_t)bh * a.Tq;
+    float *dqp_bh = dqp + ((size_t)split * a.B * a.H + bh) * a.Tq * D; /* (Tq, D) */
+    const int qr = 16 * (warp % WQ), qc = CW * (warp / WQ);            /* the warp's dQ block */
+
+    for (int n = split; n < nkb; n += S) {
+        const int j0 = n * TC_BK, jw = j0 + 16 * warp; /* the block's, the warp's first key */
+        const bool first = n == split; /* writes its rows of the partial; later blocks add */
+        auto kok = [&](int c) { return key_ok(a, b, j0 + c, kl); };
+        load_rows<TC_BK, D>(Ks, k, a.k, b, h, j0, kok);
+        load_rows<TC_BK, D>(Vs, v, a.v, b, h, j0, kok);
+        if (threadIdx.x < TC_BK) {
+            kval[threadIdx.x] = kok(threadIdx.x);
+        }
+        const int istart = a.causal ? j0 / BQ * BQ : 0;
+        const int iend = j0 < kl ? ql : 0;
+        const int ntiles = iend > istart ? (iend - istart + BQ - 1) / BQ : 0;
+        auto load_q = [&](int tile, int buf) {
+            const int i0 = istart + tile * BQ, nq = min(BQ, ql - i0);
+            auto ok = [&](int r) { return r < nq; };
+            load_rows<BQ, D>(Qs + buf * BQ * SD, q, a.q, b, h, i0, ok);
+            load_rows<BQ, D>(dOs + buf * BQ * SD, dout, a.o, b, h, i0, ok);
+            if (threadIdx.x < BQ) {
+                const int r = threadIdx.x;
+                const float L = r < nq ? lse_bh[i0 + r] : -INFINITY;
+                L2s[buf * BQ + r] = L == -INFINITY ? INFINITY : L * TC_LOG2E;
+                Dis[buf * BQ + r] = r < nq && L != -INFINITY ? Di_bh[i0 + r] : 0.0f;
+            }
+        };
+        if (ntiles > 0) {
+            load_q(0, 0);
+        }
+        cp_async_commit(); /* group: K, V and query tile 0 */
+
+        float dK[DT][4], dV[DT][4]; /* (16 keys, D) of the warp */
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                dK[dt][e] = dV[dt][e] = 0.0f;
+            }
+
+        for (int it = 0; it < ntiles; it++) {
+            const int buf = it & 1, i0 = istart + it * BQ;
+            if (it + 1 < ntiles) {
+                load_q(it + 1, buf ^ 1);
+            }
+            cp_async_commit();
+            cp_async_wait<1>();
+            __syncthreads();
+            const uint16_t *Qt = Qs + buf * BQ * SD, *dOt = dOs + buf * BQ * SD;
+            /* a warp whose keys all follow the tile's last query (causal), or are all
+             * past k_length, adds nothing to dK, dV and puts zeros in its rows of dS^T */
+            const bool skip = (a.causal && i0 + BQ - 1 < jw) || jw >= kl;
+            if (skip) {
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    *(uint32_t *)(dSs + (16 * warp + g) * SQ + nt * 8 + 2 * t) = 0u;
+                    *(uint32_t *)(dSs + (16 * warp + g + 8) * SQ + nt * 8 + 2 * t) = 0u;
+                }
+            } else {
+                const float *L2 = L2s + buf * BQ, *Dt = Dis + buf * BQ;
+                float s[NT][4], dp[NT][4]; /* S^T, dP^T (16 keys, BQ queries) */
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        s[nt][e] = dp[nt][e] = 0.0f;
+                    }
+#pragma unroll
+                for (int kc = 0; kc < KC; kc++) {
+                    uint32_t ka[4], va[4];
+                    frag_a<SD>(ka, Ks, 16 * warp, kc, lane);
+                    frag_a<SD>(va, Vs, 16 * warp, kc, lane);
+#pragma unroll
+                    for (int np = 0; np < NT / 2; np++) {
+                        uint32_t bf[4];
+                        frag_b_nk<SD>(bf, Qt, np * 16, kc, lane);
+                        mma16816<T>(s[2 * np], ka, bf[0], bf[1]);
+                        mma16816<T>(s[2 * np + 1], ka, bf[2], bf[3]);
+                        frag_b_nk<SD>(bf, dOt, np * 16, kc, lane);
+                        mma16816<T>(dp[2 * np], va, bf[0], bf[1]);
+                        mma16816<T>(dp[2 * np + 1], va, bf[2], bf[3]);
+                    }
+                }
+                const bool need_mask = a.key_mask || jw + 16 > kl || (a.causal && i0 < jw + 15);
+                [[maybe_unused]] uint32_t qkeep[NT][2]; /* dropout, as the dK/dV kernel */
+                if constexpr (DROP) {
+                    uint32_t mine = 0;
+#pragma unroll
+                    for (int x = 0; x < BQ / 32; x++) {
+                        mine |= (uint32_t)attn_keep_bits(a.drop, b, h, i0 + lane + 32 * x, jw, 16)
+                                << 16 * x;
+                    }
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            const int r = nt * 8 + 2 * t + e;
+                            qkeep[nt][e] = __shfl_sync(0xffffffffu, mine, r % 32) >> 16 * (r / 32);
+                        }
+                }
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int r = nt * 8 + 2 * t + (e & 1);     /* query in the tile */
+                        const int c = 16 * warp + g + 8 * (e >> 1); /* key in the CTA */
+                        float p = tc_exp2(fmaf(s[nt][e], c2, -L2[r]));
+                        if ((need_mask && (!kval[c] || (a.causal && j0 + c > i0 + r))) ||
+                            L2[r] == INFINITY) {
+                            p = 0.0f;
+                        }
+                        if constexpr (DROP) {
+                            const float z =
+                                qkeep[nt][e & 1] >> (g + 8 * (e >> 1)) & 1u ? a.drop.scale : 0.0f;
+                            s[nt][e] = p * z;
+                            dp[nt][e] = p * (dp[nt][e] * z - Dt[r]) * a.scale;
+                        } else {
+                            s[nt][e] = p;                                  /* P^T */
+                            dp[nt][e] = p * (dp[nt][e] - Dt[r]) * a.scale; /* dS^T, scaled */
+                        }
+                    }
+#pragma unroll
+                for (int kc = 0; kc < BQ / 16; kc++) { /* 16 queries at a time */
+                    uint32_t pa[4] = {pack2<T>(s[2 * kc][0], s[2 * kc][1]),
+                                      pack2<T>(s[2 * kc][2], s[2 * kc][3]),
+                                      pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                                      pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+                    uint32_t da[4] = {pack2<T>(dp[2 * kc][0], dp[2 * kc][1]),
+                                      pack2<T>(dp[2 * kc][2], dp[2 * kc][3]),
+                                      pack2<T>(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
+                                      pack2<T>(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+                    /* dS^T rows g, g + 8 of the warp's keys, queries 16 kc + 2t (+1), + 8 */
+                    uint16_t *ds = dSs + (16 * warp + g) * SQ + 16 * kc + 2 * t;
+                    *(uint32_t *)ds = da[0];
+                    *(uint32_t *)(ds + 8 * SQ) = da[1];
+                    *(uint32_t *)(ds + 8) = da[2];
+                    *(uint32_t *)(ds + 8 * SQ + 8) = da[3];
+#pragma unroll
+                    for (int dq = 0; dq < DT / 2; dq++) {
+                        uint32_t bf[4];
+                        frag_b_kn<SD>(bf, dOt, kc * 16, dq * 16, lane); /* dV += P^T dO */
+                        mma16816<T>(dV[2 * dq], pa, bf[0], bf[1]);
+                        mma16816<T>(dV[2 * dq + 1], pa, bf[2], bf[3]);
+                        frag_b_kn<SD>(bf, Qt, kc * 16, dq * 16, lane); /* dK += dS^T Q */
+                        mma16816<T>(dK[2 * dq], da, bf[0], bf[1]);
+                        mma16816<T>(dK[2 * dq + 1], da, bf[2], bf[3]);
+                    }
+                }
+            }
+            __syncthreads(); /* dS^T of every warp's keys is in shared memory */
+            /* dQ (16 rows from qr, cols qc..qc+63) = dS K over the block's 64 keys */
+            float acc[CT][4];
+#pragma unroll
+            for (int ct = 0; ct < CT; ct++) {
+                acc[ct][0] = acc[ct][1] = acc[ct][2] = acc[ct][3] = 0.0f;
+            }
+#pragma unroll
+            for (int kc = 0; kc < TC_BK / 16; kc++) {
+                uint32_t sa[4];
+                frag_a_km<SQ>(sa, dSs, qr, kc * 16, lane);
+#pragma unroll
+                for (int c2p = 0; c2p < CT / 2; c2p++) {
+                    uint32_t bf[4];
+                    frag_b_kn<SD>(bf, Ks, kc * 16, qc + c2p * 16, lane);
+                    mma16816<T>(acc[2 * c2p], sa, bf[0], bf[1]);
+                    mma16816<T>(acc[2 * c2p + 1], sa, bf[2], bf[3]);
+                }
+            }
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int r = i0 + qr + g + 8 * hf;
+                if (r >= ql) {
+                    continue; /* never read: the reduction writes zeros there */
+                }
+                float *dst = dqp_bh + (size_t)r * D + qc + 2 * t;
+#pragma unroll
+                for (int ct = 0; ct < CT; ct++) {
+                    float2 x = make_float2(acc[ct][2 * hf], acc[ct][2 * hf + 1]);
+                    if (!first) {
+                        const float2 old = *(const float2 *)(dst + ct * 8);
+                        x.x = old.x + x.x;
+                        x.y = old.y + x.y;
+                    }
+                    *(float2 *)(dst + ct * 8) = x;
+                }
+            }
+            __syncthreads(); /* the next tile's loads and dS^T overwrite these buffers */
+        }
+        cp_async_wait<0>();
+        __syncthreads(); /* kval is complete even when no query tile ran */
+
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int c = 16 * warp + g + 8 * hf;
+            if (j0 + c >= a.Tk) {
+                continue;
+            }
+            const bool keep = kval[c]; /* masked keys and keys past k_length: zeros */
+            T *dkr = row_ptr(dk, a.k, b, h, j0 + c), *dvr = row_ptr(dv, a.v, b, h, j0 + c);
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) {
+                const int d = dt * 8 + 2 * t;
+                store2<T>(dkr + d, keep ? dK[dt][2 * hf] : 0.0f, keep ? dK[dt][2 * hf + 1] : 0.0f);
+                store2<T>(dvr + d, keep ? dV[dt][2 * hf] : 0.0f, keep ? dV[dt][2 * hf + 1] : 0.0f);
+            }
+        }
+        __syncthreads(); /* the next key block overwrites K, V and kval */
+    }
+}
+
+/* dq (q layout) = the splits' partials summed in order s = 0..S-1, rounded once; zeros
+ * past q_length. A thread per pair of columns of one row. */
+template <typename T, int D>
+__global__ static void __launch_bounds__(TC_THREADS)
+    attn_tc_dq_reduce_kernel(pxt_attn_args a, T *dq, const float *dqp, int S) {
+    constexpr int BQ = bwd_bq<D>();
+    const int64_t e = (int64_t)blockIdx.x * TC_THREADS + threadIdx.x;
+    const int64_t rows = (int64_t)a.B * a.H * a.Tq;
+    if (e >= rows * (D / 2)) {
+        return;
+    }
+    const int64_t row = e / (D / 2);
+    const int d = (int)(e % (D / 2)) * 2;
+    const int bh = (int)(row / a.Tq), i = (int)(row % a.Tq), b = bh / a.H, h = bh % a.H;
+    float x = 0.0f, y = 0.0f;
+    if (i < q_len(a, b)) {
+        const int kl = k_len(a, b);
+        const size_t stride = (size_t)a.B * a.H * a.Tq * D; /* one split's partial */
+        const float *p = dqp + (size_t)row * D + d;
+        for (int s = 0; s < S; s++) {
+            if (split_has_row<BQ>(a, s, i, kl)) {
+                const float2 w = *(const float2 *)(p + s * stride);
+                x += w.x;
+                y += w.y;
+            }
+        }
+    }
+    store2<T>(row_ptr(dq, a.q, b, h, i) + d, x, y);
+}
+
 /* ---- host: launches, one instance per file ----------------------------------------- */
 
 /* the opt-in to more than 48 KiB of dynamic shared memory, then the launch */
@@ -843,11 +1137,37 @@ int attn_tc_fwd_launch(const pxt_attn_args *a, void *out, float *lse, const void
     return PXT_OK;
 }
 
+/* dqp: NULL for the dK/dV and dQ kernels; else pxt_tc_split_bytes of workspace for the
+ * one-pass kernel's dQ partials (attention_tc.cu says which runs) */
 template <typename T, int D>
 int attn_tc_bwd_launch(const pxt_attn_args *a, void *dq, void *dk, void *dv, const void *dout,
                        const void *q, const void *k, const void *v, const float *lse,
-                       const float *Di, cudaStream_t stream) {
+                       const float *Di, float *dqp, cudaStream_t stream) {
     const int nkb = (a->Tk + TC_BK - 1) / TC_BK, nqb = (a->Tq + TC_BQ - 1) / TC_BQ;
+    if (dqp) {
+        const int S = pxt_tc_splits(a);
+        unsigned int grid = 0;
+        PXT_TRY(attn_grid(a, S, &grid));
+        if (grid) {
+            PXT_TRY(launch(
+                a->drop.p > 0.0f ? attn_tc_bwd_kernel<T, D, true> : attn_tc_bwd_kernel<T, D, false>,
+                grid, bwd_smem_bytes<D>(), stream, *a, (T *)dk, (T *)dv, dqp, (const T *)dout,
+                (const T *)q, (const T *)k, (const T *)v, lse, Di, nkb, S));
+            PXT_CUDA_CHECK_LAUNCH("attention_backward (one pass; tensor cores)");
+        }
+        const int64_t pairs = (int64_t)a->B * a->H * a->Tq * (D / 2);
+        const int64_t blocks = (pairs + TC_THREADS - 1) / TC_THREADS;
+        if (blocks > INT32_MAX) {
+            return pxt_error(PXT_ERR_VALUE, "attention: %lld blocks are more than one grid holds",
+                             (long long)blocks);
+        }
+        if (blocks) {
+            attn_tc_dq_reduce_kernel<T, D>
+                <<<(unsigned int)blocks, TC_THREADS, 0, stream>>>(*a, (T *)dq, dqp, S);
+            PXT_CUDA_CHECK_LAUNCH("attention_backward (dq from the splits; tensor cores)");
+        }
+        return PXT_OK;
+    }
     unsigned int kgrid = 0, qgrid = 0;
     PXT_TRY(attn_grid(a, nkb, &kgrid));
     PXT_TRY(attn_grid(a, nqb, &qgrid));
@@ -870,18 +1190,21 @@ int attn_tc_bwd_launch(const pxt_attn_args *a, void *dq, void *dk, void *dv, con
 
 /* the instance's kernels as this binary runs them on the current device: *fwd the
  * forward's attributes (binaryVersion, ptxVersion: which code runs), *static_smem the
- * most static shared memory of its six kernels (attention_tc_plan.h adds it) */
+ * most static shared memory of its nine kernels (attention_tc_plan.h adds it) */
 template <typename T, int D>
 cudaError_t attn_tc_attributes(cudaFuncAttributes *fwd, size_t *static_smem) {
-    cudaFuncAttributes fa[6];
-    cudaError_t e[6] = {cudaFuncGetAttributes(&fa[0], attn_tc_fwd_kernel<T, D, false>),
+    cudaFuncAttributes fa[9];
+    cudaError_t e[9] = {cudaFuncGetAttributes(&fa[0], attn_tc_fwd_kernel<T, D, false>),
                         cudaFuncGetAttributes(&fa[1], attn_tc_fwd_kernel<T, D, true>),
                         cudaFuncGetAttributes(&fa[2], attn_tc_bwd_kv_kernel<T, D, false>),
                         cudaFuncGetAttributes(&fa[3], attn_tc_bwd_kv_kernel<T, D, true>),
                         cudaFuncGetAttributes(&fa[4], attn_tc_bwd_q_kernel<T, D, false>),
-                        cudaFuncGetAttributes(&fa[5], attn_tc_bwd_q_kernel<T, D, true>)};
+                        cudaFuncGetAttributes(&fa[5], attn_tc_bwd_q_kernel<T, D, true>),
+                        cudaFuncGetAttributes(&fa[6], attn_tc_bwd_kernel<T, D, false>),
+                        cudaFuncGetAttributes(&fa[7], attn_tc_bwd_kernel<T, D, true>),
+                        cudaFuncGetAttributes(&fa[8], attn_tc_dq_reduce_kernel<T, D>)};
     *static_smem = 0;
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 9; i++) {
         if (e[i] != cudaSuccess) {
             return e[i];
         }
@@ -898,7 +1221,7 @@ cudaError_t attn_tc_attributes(cudaFuncAttributes *fwd, size_t *static_smem) {
                                           const void *, const void *, cudaStream_t);               \
     template int attn_tc_bwd_launch<T, D>(const pxt_attn_args *, void *, void *, void *,           \
                                           const void *, const void *, const void *, const void *,  \
-                                          const float *, const float *, cudaStream_t);             \
+                                          const float *, const float *, float *, cudaStream_t);    \
     template cudaError_t attn_tc_attributes<T, D>(cudaFuncAttributes *, size_t *);
 
 #endif /* PXT_ATTENTION_TC_CUH */

@@ -11,6 +11,7 @@
  *   forward   55,424 B (128 q + 4x64 kv) 87,168 B (64 q + 4x64 kv)
  *   dK/dV     56,384 B                   70,208 B
  *   dQ        55,424 B                   69,696 B
+ *   one pass  65,600 B                   75,328 B  (dK/dV's + dS^T)
  *
  * The per-block opt-in limits (cudaDevAttrMaxSharedMemoryPerBlockOptin): sm_75 64 KiB,
  * sm_80 163 KiB, sm_86 / sm_89 / sm_120 99 KiB, sm_90 227 KiB. The decision reads the
@@ -58,19 +59,53 @@ template <int D> PXT_TC_HD constexpr int q_smem_bytes() {
     return (2 * TC_BQ + 4 * bwd_bq<D>()) * (D + TC_PAD) * 2 + 2 * bwd_bq<D>();
 }
 
-/* dynamic shared memory per block of the three kernels of head dim D (64 or 128) */
+/* the one-pass backward: the dK/dV kernel's and dS^T (BK, BQ + PAD) 16-bit */
+template <int D> PXT_TC_HD constexpr int bwd_smem_bytes() {
+    return kv_smem_bytes<D>() + TC_BK * (bwd_bq<D>() + TC_PAD) * 2;
+}
+
+/* dynamic shared memory per block of the four kernels of head dim D (64 or 128) */
 struct pxt_tc_smem {
-    int fwd, kv, q;
+    int fwd, kv, q, bwd;
 };
 static inline pxt_tc_smem pxt_tc_smem_of(int D) {
     if (D == 64) {
-        return pxt_tc_smem{fwd_smem_bytes<64>(), kv_smem_bytes<64>(), q_smem_bytes<64>()};
+        return pxt_tc_smem{fwd_smem_bytes<64>(), kv_smem_bytes<64>(), q_smem_bytes<64>(),
+                           bwd_smem_bytes<64>()};
     }
-    return pxt_tc_smem{fwd_smem_bytes<128>(), kv_smem_bytes<128>(), q_smem_bytes<128>()};
+    return pxt_tc_smem{fwd_smem_bytes<128>(), kv_smem_bytes<128>(), q_smem_bytes<128>(),
+                       bwd_smem_bytes<128>()};
 }
-static inline int pxt_tc_smem_most(int D) {
+/* the most of the kernels a call launches: the one-pass backward's only where it runs */
+static inline int pxt_tc_smem_most(int D, int one_pass) {
     const pxt_tc_smem s = pxt_tc_smem_of(D);
-    return s.fwd > s.kv ? (s.fwd > s.q ? s.fwd : s.q) : (s.kv > s.q ? s.kv : s.q);
+    int m = s.fwd > s.kv ? s.fwd : s.kv;
+    m = m > s.q ? m : s.q;
+    return one_pass && s.bwd > m ? s.bwd : m;
+}
+
+/* The one-pass backward's splits: enough CTAs (B H S) for two per SM of a 132-SM card,
+ * at most one per key block. A function of the arguments alone, so that a plan made on
+ * any machine sizes the workspace the call will use. */
+#define TC_SPLIT_CTAS 264
+static inline int pxt_tc_splits(const pxt_attn_args *a) {
+    const int64_t nkb = ((int64_t)a->Tk + TC_BK - 1) / TC_BK, bh = (int64_t)a->B * a->H;
+    if (nkb <= 0 || bh <= 0) {
+        return 0;
+    }
+    const int64_t s = (TC_SPLIT_CTAS + bh - 1) / bh;
+    return (int)(s < nkb ? s : nkb);
+}
+/* bytes of its fp32 dQ partials (S, B, H, Tq, D); SIZE_MAX if that overflows */
+static inline size_t pxt_tc_split_bytes(const pxt_attn_args *a) {
+    size_t n = (size_t)pxt_tc_splits(a);
+    const size_t f[] = {(size_t)a->B, (size_t)a->H, (size_t)a->Tq, (size_t)a->D, sizeof(float)};
+    for (size_t x : f) {
+        if (!pxt_mul_ok(n, x, &n)) {
+            return SIZE_MAX;
+        }
+    }
+    return n;
 }
 
 /* What the decision needs to know of a device. */
@@ -78,6 +113,7 @@ struct pxt_tc_device {
     int sm80;           /* sm_80+, and this binary runs sm_80+ code of the kernels there */
     size_t smem_optin;  /* cudaDevAttrMaxSharedMemoryPerBlockOptin, bytes */
     size_t smem_static; /* the most static shared memory of any of the kernels, bytes */
+    int one_pass;       /* the backward is the one-pass kernel (PYXTTS_CUDA_ATTENTION_BWD) */
 };
 
 /* NULL when the tensor-core kernels run these arguments on dev; else why not, a
@@ -110,7 +146,7 @@ static inline const char *pxt_tc_why_not(const pxt_attn_args *a, const void *con
     if (!dev->sm80) {
         return "the device is older than sm_80 (or this build has no sm_80+ code for it)";
     }
-    const size_t need = dev->smem_static + (size_t)pxt_tc_smem_most(a->D);
+    const size_t need = dev->smem_static + (size_t)pxt_tc_smem_most(a->D, dev->one_pass);
     if (need > dev->smem_optin) {
         snprintf(buf, n,
                  "its kernels for D=%d need %zu bytes of shared memory per block and the "

@@ -230,7 +230,11 @@ int pxt_cuda_attention_tc_forward(int index, const struct pxt_attn_args *args, v
                                   float *lse, const void *q, const void *k, const void *v);
 int pxt_cuda_attention_tc_backward(int index, const struct pxt_attn_args *args, void *dq, void *dk,
                                    void *dv, const void *dout, const void *q, const void *k,
-                                   const void *v, const float *lse, const float *Di);
+                                   const void *v, const float *lse, const float *Di, void *extra);
+/* Bytes of workspace the tensor-core backward needs after Di (256-byte aligned at the
+ * start): the one-pass kernel's dQ partials when PYXTTS_CUDA_ATTENTION_BWD selects it and
+ * the arguments' dtype and head dim could take the path, else 0. */
+size_t pxt_cuda_attention_tc_bwd_workspace(const struct pxt_attn_args *args);
 /* The path of the last attention call: 1 tensor cores, 0 the fallback, -1 none
  * yet (for benchmarks and debuggers; no Python binding). */
 int pxt_cuda_attention_last_path(void);

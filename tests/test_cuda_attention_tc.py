@@ -4,8 +4,12 @@ or 128, sm_80+) against torch float64 (CPU) and against the CUDA fallback path
 
 PYXTTS_CUDA_ATTENTION is read once per process, so each path runs in a child
 process: "tc" (a call the tensor-core path cannot take raises, so a passing case
-did run it) and "simple" (the fallback). The children get the same inputs through
-an .npz file; this process draws the inputs and computes the references.
+did run it), "one-pass" (the same with PYXTTS_CUDA_ATTENTION_BWD=one-pass: the
+backward as one kernel with dQ through split partials) and "simple" (the fallback).
+The children get the same inputs through an .npz file; this process draws the inputs
+and computes the references. The one-pass backward's dK and dV come from the same
+code and products as the dK/dV kernel's: the same bits; its dQ sums the same terms in
+another fp32 order, so the bounds below hold for it as they stand.
 
 Tolerances, from 16-bit rounding (u = 2^-8 bfloat16, 2^-11 float16, the unit
 roundoff). Q, K, V, dO enter the mma exactly and S, dP and all sums are fp32
@@ -65,6 +69,10 @@ CASES = [
 DTYPES = ["bfloat16", "float16"]
 PARAMS = [(c, dt) for c in CASES for dt in DTYPES]
 QKV = (2, 333, 4, 64)  # the model's strided (B, T, 3C) layout: B, T, H, D
+MODES = {"tc": {"PYXTTS_CUDA_ATTENTION": "tc"},
+         "one-pass": {"PYXTTS_CUDA_ATTENTION": "tc", "PYXTTS_CUDA_ATTENTION_BWD": "one-pass"},
+         "simple": {"PYXTTS_CUDA_ATTENTION": "simple"}}
+TC_MODES = ("tc", "one-pass")
 
 CHILD = r"""
 import json, sys
@@ -148,10 +156,9 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("attn_tc")
     np.savez(tmp / "in.npz", **arrays)
     results = {}
-    for mode in ("tc", "simple"):
-        p = run_python(CHILD, str(tmp / "in.npz"), str(tmp / f"{mode}.npz"),
-                       env={"PYXTTS_CUDA_ATTENTION": mode}, timeout=600)
-        assert p.returncode == 0, f"PYXTTS_CUDA_ATTENTION={mode} child failed (seed={SEED}):\n{p.stderr[-4000:]}"
+    for mode, env in MODES.items():
+        p = run_python(CHILD, str(tmp / "in.npz"), str(tmp / f"{mode}.npz"), env=env, timeout=600)
+        assert p.returncode == 0, f"{env} child failed (seed={SEED}):\n{p.stderr[-4000:]}"
         results[mode] = dict(np.load(tmp / f"{mode}.npz"))
     return arrays, exact, results
 
@@ -196,8 +203,19 @@ def test_tensor_cores_match_torch_float64_and_the_fallback(runs, n):
     q, k, v, dout, m, keys = exact[n]
     ref = reference(q, k, v, dout, allowed_mask(B, Tq, Tk, causal, **m), 1.0 / np.sqrt(D))
     bounds = tc_bounds(q, k, v, dout, m, causal, dtype, ref)
-    msg = f"seed={SEED} {case_id(case)} {dtype}"
-    tc, simple = results["tc"], results["simple"]
+    simple = results["simple"]
+    for mode in TC_MODES:
+        check_tc_case(results[mode], simple, n, m, keys, ref, bounds,
+                      f"seed={SEED} {case_id(case)} {dtype} {mode}")
+    for name in ("dk", "dv"):  # the same code and products in both backward schedules
+        a, b = results["tc"][f"{n}_{name}"], results["one-pass"][f"{n}_{name}"]
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{name}: the two backwards differ"
+
+
+def check_tc_case(tc, simple, n, m, keys, ref, bounds, msg):
+    """One case of one tensor-core child against float64 and the fallback."""
+    case, _ = PARAMS[n]
+    B, _, Tq, Tk, _, causal, _ = case
     assert bool(tc[f"{n}_det"]) and bool(simple[f"{n}_det"]), f"backward not deterministic; {msg}"
     no_key = ~allowed_mask(B, Tq, Tk, causal, **m).any(-1)          # (B, Tq)
     for i, name in enumerate(("out", "lse", "dq", "dk", "dv")):
@@ -250,16 +268,17 @@ def test_tensor_cores_on_the_strided_qkv_layout(runs, dtype):
                     1.0 / np.sqrt(D))
     bounds = tc_bounds(q, k, v, heads(dout) * rows[:, None, :, None], m, True, dtype, ref)
     msg = f"seed={SEED} qkv {QKV} {dtype}"
-    tc = results["tc"]
-    got = {"out": tc[f"qkv_{dtype}_out"]}
-    dqkv = tc[f"qkv_{dtype}_dqkv"]
-    got["dq"], got["dk"], got["dv"] = dqkv[..., :C], dqkv[..., C:2 * C], dqkv[..., 2 * C:]
-    for name, i in (("out", 0), ("dq", 2), ("dk", 3), ("dv", 4)):
-        r = flat(ref[i])
-        b = flat(bounds[name]) + fp32_floor(r)
-        err = np.abs(got[name].astype(np.float64) - r)
-        assert not np.any(err > b), f"{name}: max err {err.max():.3g}; {msg}"
-    check_close(tc[f"qkv_{dtype}_lse"].astype(np.float64), ref[1], 1e-5, f"lse; {msg}")
+    for mode in TC_MODES:
+        tc = results[mode]
+        got = {"out": tc[f"qkv_{dtype}_out"]}
+        dqkv = tc[f"qkv_{dtype}_dqkv"]
+        got["dq"], got["dk"], got["dv"] = dqkv[..., :C], dqkv[..., C:2 * C], dqkv[..., 2 * C:]
+        for name, i in (("out", 0), ("dq", 2), ("dk", 3), ("dv", 4)):
+            r = flat(ref[i])
+            b = flat(bounds[name]) + fp32_floor(r)
+            err = np.abs(got[name].astype(np.float64) - r)
+            assert not np.any(err > b), f"{name}: max err {err.max():.3g}; {msg} {mode}"
+        check_close(tc[f"qkv_{dtype}_lse"].astype(np.float64), ref[1], 1e-5, f"lse; {msg} {mode}")
 
 
 def test_forced_tensor_cores_refuse_what_they_cannot_run(runs):
@@ -269,6 +288,16 @@ def test_forced_tensor_cores_refuse_what_they_cannot_run(runs):
     assert refusals["d32"].startswith("NotImplementedError") and "64 or 128" in refusals["d32"]
     simple = json.loads(str(runs[2]["simple"]["refusals"]))
     assert simple == {"fp32": "ran", "d32": "ran"}
+
+
+def test_a_bad_backward_switch_value_is_an_error():
+    code = ("import numpy as np, pyxtts\n"
+            "x = pyxtts.tensor(np.zeros((1, 1, 8, 64), np.float32), dtype=pyxtts.bfloat16, device='cuda:0')\n"
+            "out, lse = pyxtts.attention_forward(x, x, x)\n"
+            "pyxtts.attention_backward(x, x, x, x, out, lse)\n")
+    p = run_python(code, env={"PYXTTS_CUDA_ATTENTION_BWD": "fast"})
+    assert p.returncode != 0 and "PYXTTS_CUDA_ATTENTION_BWD=fast" in p.stderr, p.stderr[-2000:]
+    assert "two-kernel or one-pass" in p.stderr, p.stderr[-2000:]
 
 
 def test_a_bad_switch_value_is_an_error():

@@ -11,7 +11,8 @@ device buffers), and check:
   documented column-major semantics, against backend.h's row-major definition;
 - the attention kernels (cuda/attention_tc.cuh's tensor-core path, cuda/attention_simple.cuh's
   general one, extracted verbatim but for the dynamic shared-memory declaration):
-  against float64, with masks, lengths, odd sizes and XTTS shapes; with dropout of the
+  against float64, with masks, lengths, odd sizes and XTTS shapes, the backward both as the
+  dK/dV and dQ kernels and as the one-pass kernel with its split dQ partials; with dropout of the
   probabilities ("drop"), against float64 with dropout.h's masks and against the CPU
   backend (csrc/cpu/attention.c, linked in) on the same arguments, the masks read back
   exactly by probe inputs (tests/cuda_emu/attn_main.cpp says how); with a scale of 3e38
@@ -180,10 +181,28 @@ def test_attention_kernels_against_float64(emu, which):
     assert " OK" in out and " FAIL" not in out, out
 
 
-def test_attention_path_fits_each_cards_shared_memory(emu):
+# (mode, splits): 1, 2 and 3 splits put several key blocks in one split (its first block
+# writes the dQ partial, later ones add), -1 is pxt_tc_splits's count (one key block each
+# at these sizes); the partials are poisoned, so a row the reduction reads unwritten is NaN
+ONE_PASS = [("tc", "2"), ("tcquick", "1"), ("tcquick", "-1"), ("xtts", "3"), ("drop", "3"),
+            ("overflow", "1")]
+
+
+@pytest.mark.parametrize("which,splits", ONE_PASS)
+def test_attention_one_pass_backward_against_float64(emu, which, splits):
+    """The tensor-core backward's one-pass schedule (PYXTTS_CUDA_ATTENTION_BWD=one-pass):
+    the same cases and bounds as the two kernels, dropout and overflow included."""
+    out = check([str(emu / "attn_emu"), which, splits], timeout=900)
+    assert "tensor-core backward: one pass" in out and " OK" in out and " FAIL" not in out, out
+
+
+@pytest.mark.parametrize("splits", ["0", "-1"])
+def test_attention_path_fits_each_cards_shared_memory(emu, splits):
     """Each card's path runs under its limit and matches float64; a launch over the limit
-    is refused (so a tile that outgrows a card cannot pass unnoticed)."""
-    p = subprocess.run([str(emu / "attn_emu"), "limits"], capture_output=True, text=True, timeout=600)
+    is refused (so a tile that outgrows a card cannot pass unnoticed). With the one-pass
+    backward (splits -1) its 65,600 bytes at D = 64 count too."""
+    p = subprocess.run([str(emu / "attn_emu"), "limits", splits], capture_output=True, text=True,
+                       timeout=600)
     out = p.stdout + p.stderr
     assert p.returncode == 0 and "failures: 0" in out, out[-6000:]
     assert "refused OK" in out and "over the device's 65536" in out, out[-6000:]
@@ -191,3 +210,5 @@ def test_attention_path_fits_each_cards_shared_memory(emu):
     assert len(lines) == 7 * 2 * 2 + 1, out[-6000:]  # cards x cases x (D 64, D 128), the forced one
     assert any(ln.startswith("tc ") and "sm_86/89" in ln and "D=128" in ln for ln in lines), out
     assert all(ln.startswith("fb ") for ln in lines if "sm_75" in ln), out
+    small = [ln for ln in lines if "64KiB (no such card)" in ln and "D=64" in ln]
+    assert small and all(ln.startswith("fb " if splits != "0" else "tc ") for ln in small), out

@@ -4,12 +4,13 @@ backend where torch has it), forward + backward, 16-bit, dense (B, H, T, D).
 
     python tests/bench/bench_attention_gpu.py [--device cuda:0] [--T 490 1024 2048 4096] [--tokens 16384]
         [--H 16] [--D 64] [--dtype bfloat16] [--no-causal] [--repeats 20]
-        [--paths tc simple torch] [--dropout P] [--json out.json]
+        [--paths tc tc-one-pass simple torch] [--dropout P] [--json out.json]
 
 B = tokens // T, so every T does about the same work per key. Each path runs in
 its own subprocess: PYXTTS_CUDA_ATTENTION (read once per process) is "tc" or
 "simple" there; with "tc" a call the tensor-core path cannot take fails instead
-of silently timing the fallback. Times are the median (and best) of `repeats`
+of silently timing the fallback. Path "tc-one-pass" is "tc" with the backward's
+one-pass schedule (PYXTTS_CUDA_ATTENTION_BWD=one-pass; "tc" is the two-kernel one). Times are the median (and best) of `repeats`
 forward+backward steps after two warm-up steps, each step ended by a device
 synchronize, and of `repeats` forwards alone (printed first, "forward_median_s" in the
 JSON: the backward's time is the difference). TFLOP/s counts 4 B H Tq Tk D for the forward (half of it when
@@ -138,7 +139,8 @@ def main() -> None:
         if glob.glob(os.path.join(ROOT, "pyxtts", "_C*.so")):  # an in-place build: the children use it
             env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
         if path != "torch":
-            env["PYXTTS_CUDA_ATTENTION"] = path
+            env["PYXTTS_CUDA_ATTENTION"] = "tc" if path.startswith("tc") else path
+            env["PYXTTS_CUDA_ATTENTION_BWD"] = "one-pass" if path == "tc-one-pass" else "two-kernel"
         cmd = [sys.executable, os.path.abspath(__file__), "--child", path] + sys.argv[1:]
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
         if p.returncode != 0:

@@ -41,16 +41,18 @@ LIMITS = {"75": 64 << 10, "80": 163 << 10, "86": 99 << 10, "87": 163 << 10, "89"
 CARDS = {"75": "RTX 20xx, T4", "80": "A100", "86": "RTX 30xx, A10, A40", "87": "Jetson Orin",
          "89": "RTX 40xx, L4, L40", "90": "H100, H200", "100": "B200", "120": "RTX 50xx"}
 STATIC_LIMIT = 48 << 10  # static shared memory per block: every GPU, no opt-in
-TC_KINDS = {"attn_tc_fwd_kernel": "fwd", "attn_tc_bwd_kv_kernel": "kv", "attn_tc_bwd_q_kernel": "q"}
+TC_KINDS = {"attn_tc_fwd_kernel": "fwd", "attn_tc_bwd_kv_kernel": "kv", "attn_tc_bwd_q_kernel": "q",
+            "attn_tc_bwd_kernel": "bwd"}
 
 DRIVER = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include "attention_tc_plan.h"
-/* argv: sm80 optin static -> per D: the three kernels' dynamic bytes, then "tc" or why not */
+/* argv: sm80 optin static -> per D: the four kernels' dynamic bytes, then "tc" or why
+ * not, with every kernel counted (the one-pass backward's too) */
 int main(int argc, char **argv) {
     if (argc != 4) return 2;
-    pxt_tc_device dev = {atoi(argv[1]), (size_t)atoll(argv[2]), (size_t)atoll(argv[3])};
+    pxt_tc_device dev = {atoi(argv[1]), (size_t)atoll(argv[2]), (size_t)atoll(argv[3]), 1};
     for (int D = 64; D <= 128; D *= 2) {
         pxt_attn_args a = {};
         a.B = a.H = a.Tq = a.Tk = 1, a.D = D, a.scale = 0.125f, a.dt = PXT_BFLOAT16;
@@ -58,7 +60,7 @@ int main(int argc, char **argv) {
         char buf[160];
         const char *why = pxt_tc_why_not(&a, NULL, 0, &dev, buf, sizeof buf);
         pxt_tc_smem s = pxt_tc_smem_of(D);
-        printf("%d %d %d %d %s\n", D, s.fwd, s.kv, s.q, why ? why : "tc");
+        printf("%d %d %d %d %d %s\n", D, s.fwd, s.kv, s.q, s.bwd, why ? why : "tc");
     }
     return 0;
 }
@@ -183,8 +185,8 @@ def plan(out: Path, arch: str, static: int) -> dict[int, tuple[dict[str, int], s
                          capture_output=True, text=True, check=True).stdout
     result = {}
     for line in res.splitlines():
-        d, fwd, kv, q, why = line.split(" ", 4)
-        result[int(d)] = ({"fwd": int(fwd), "kv": int(kv), "q": int(q)}, why)
+        d, fwd, kv, q, bwd, why = line.split(" ", 5)
+        result[int(d)] = ({"fwd": int(fwd), "kv": int(kv), "q": int(q), "bwd": int(bwd)}, why)
     return result
 
 

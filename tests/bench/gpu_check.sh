@@ -217,6 +217,10 @@ run_one() {
             $([ "$search" = search ] && echo "--search $name" || echo --no-search) --only "$name" \
             --json $R/xtts_gpu.json
     done
+    # the same step with the attention backward's one-pass schedule (its own JSON)
+    step xtts-pyxtts_none-one-pass 30 env PYXTTS_CUDA_ATTENTION_BWD=one-pass "$PY" \
+        tests/bench/bench_xtts_gpu.py --batch 8 --steps 5 --no-search --only pyxtts_none \
+        --json $R/xtts_gpu_one_pass.json
     pack $R
     # the optimizer's state in host memory: its extra time per step, its share of an
     # optimizer cycle at accumulation 84 and 1, its bits against the on-device step
@@ -241,11 +245,13 @@ run_one() {
         --only layernorm "gelu forward" "gelu backward" dgelu bias_backward groupnorm rmsnorm embedding \
         adamw --json $R/ops_gpu.json
     pack $R
-    step attention 30 "$PY" tests/bench/bench_attention_gpu.py --T 490 1024 2048 4096 \
-        --paths tc torch --repeats 5 --json $R/attention_gpu.json
+    # the backward's two schedules side by side (tc: two kernels; tc-one-pass: one kernel, dQ
+    # through split partials); the kernel tests ran both
+    step attention 35 "$PY" tests/bench/bench_attention_gpu.py --T 490 1024 2048 4096 \
+        --paths tc tc-one-pass torch --repeats 5 --json $R/attention_gpu.json
     pack $R
-    step attention-dropout 20 "$PY" tests/bench/bench_attention_gpu.py --T 490 2048 --paths tc torch \
-        --repeats 3 --dropout 0.1
+    step attention-dropout 25 "$PY" tests/bench/bench_attention_gpu.py --T 490 2048 \
+        --paths tc tc-one-pass torch --repeats 3 --dropout 0.1
     step memcheck 30 compute-sanitizer --tool memcheck --error-exitcode 9 "${PYTEST[@]}" \
         "${MEMCHECK_SELECTION[@]}"
     # the two tests that left 512 and 768 bytes allocated under memcheck in the second H200

@@ -6,8 +6,11 @@
  * multiple of any tile, NaN in every element the kernels must never read,
  * guard zones after every output, bank conflicts of ldmatrix counted.
  *
- * Usage: attn_emu tc|tcquick|fb|odd|xtts|drop|overflow|limits. One line per case, then
- * "failures: N". tc runs every case with cp.async landing early and late; tcquick a subset.
+ * Usage: attn_emu tc|tcquick|fb|odd|xtts|drop|overflow|limits [SPLITS]. One line per case,
+ * then "failures: N". tc runs every case with cp.async landing early and late; tcquick a
+ * subset. SPLITS (default 0): the tensor-core backward as the dK/dV and dQ kernels (0) or
+ * as the one-pass kernel with that many splits (-1: pxt_tc_splits's count), its dQ
+ * partials poisoned so that a row the reduction reads and no CTA wrote is NaN.
  *
  * limits: the cards of the build's targets, by what decides there (attention_tc_plan.h's
  * pxt_tc_why_not): sm_80+ code or not, and the per-block opt-in shared memory. Each case
@@ -47,6 +50,9 @@ extern "C" {
  * reason its decision gave (empty: the tensor-core path) */
 static const pxt_tc_device *emu_card;
 static std::string emu_card_why;
+/* the tensor-core backward: 0 the dK/dV and dQ kernels; S > 0 the one-pass kernel with
+ * S splits (at most the key blocks); -1 with attention_tc_plan.h's pxt_tc_splits */
+static int emu_splits;
 
 /* a 1-d grid of 128-thread blocks (every attention kernel's shape) */
 template <class F> static void launch(unsigned grid, size_t smem, F body) {
@@ -198,12 +204,29 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
         });
     }
     /* ---- backward: Di (attention.cu's kernel), then dK/dV and dQ ---- */
+    long split_guard = 0; /* split partials' guard elements written */
     {
         int64_t rows = (int64_t)B * H * Tq;
         unsigned dgrid = (unsigned)((rows + 3) / 4);
         launch(dgrid, 0, [&] { attn_di_kernel<T>(a, Di.data(), dout, out); });
     }
-    if constexpr (!std::is_same_v<T, float>) if (tc) {
+    if constexpr (!std::is_same_v<T, float>) {
+    if (tc && emu_splits) {
+        /* one pass, dQ through S split partials (poisoned: a partial row the reduction
+         * reads that no CTA wrote is NaN in dq), then their reduction */
+        const int nkb = (Tk + TC_BK - 1) / TC_BK;
+        const int S = emu_splits > 0 ? std::min(emu_splits, nkb) : pxt_tc_splits(&a);
+        std::vector<float> dqp((size_t)S * B * H * Tq * D + GUARD, NAN);
+        if (S > 0) {
+            launch(B * H * S, bwd_smem_bytes<D>(), [&] {
+                if (c.p > 0.0f) attn_tc_bwd_kernel<T, D, true>(a, dk, dv, dqp.data(), dout, q, k, v, lse.data(), Di.data(), nkb, S);
+                else attn_tc_bwd_kernel<T, D, false>(a, dk, dv, dqp.data(), dout, q, k, v, lse.data(), Di.data(), nkb, S);
+            });
+        }
+        const int64_t pairs = (int64_t)B * H * Tq * (D / 2);
+        launch((unsigned)((pairs + 127) / 128), 0, [&] { attn_tc_dq_reduce_kernel<T, D>(a, dq, dqp.data(), S); });
+        for (size_t i = (size_t)S * B * H * Tq * D; i < dqp.size(); i++) if (!std::isnan(dqp[i])) split_guard++;
+    } else if (tc) {
         const int nkb = (Tk + TC_BK - 1) / TC_BK, nqb = (Tq + TC_BQ - 1) / TC_BQ;
         launch(B * H * nkb, kv_smem_bytes<D>(), [&] {
             if (c.p > 0.0f) attn_tc_bwd_kv_kernel<T, D, true>(a, dk, dv, dout, q, k, v, lse.data(), Di.data(), nkb);
@@ -213,6 +236,7 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
             if (c.p > 0.0f) attn_tc_bwd_q_kernel<T, D, true>(a, dq, dout, q, k, v, lse.data(), Di.data(), nqb);
             else attn_tc_bwd_q_kernel<T, D, false>(a, dq, dout, q, k, v, lse.data(), Di.data(), nqb);
         });
+    }
     }
     if (!tc) {
         const int nkb = (Tk + KV_BC - 1) / KV_BC, nqb = (Tq + DQ_BR - 1) / DQ_BR;
@@ -227,6 +251,7 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
     }
     /* ---- the CPU backend on the same arguments and buffers (dropout and overflow cases) ---- */
     Res r{};
+    r.guard += split_guard;
     std::vector<T> cobuf(obuf.size(), nanv<T>()), cdqbuf(dqbuf.size(), nanv<T>()),
         cdkvbuf(dkvbuf.size(), nanv<T>());
     std::vector<float> clse(lse.size(), NAN);
@@ -438,6 +463,10 @@ int main(int argc, char **argv) {
         {"cross Tq=40 Tk=90 len0", 3, 1, 40, 90, 0, false, false, true, true, true, 101},
     };
     const char *only = argc > 1 ? argv[1] : "";
+    if (argc > 2) {
+        emu_splits = atoi(argv[2]);
+        printf("tensor-core backward: %s, splits %d\n", emu_splits ? "one pass" : "two kernels", emu_splits);
+    }
     if (!strcmp(only, "odd")) {
         std::vector<Case> odd = {
             {"self causal T=100 D=80", 2, 2, 100, 100, 80, true, true, true, true, true, 11},
@@ -519,14 +548,15 @@ int main(int argc, char **argv) {
             pxt_tc_device dev;
             int tc64, tc128;
         };
+        const int op = emu_splits != 0; /* the one-pass backward counts (65,600 B at D = 64) */
         const Card cards[] = {
-            {"sm_75 64KiB (RTX 20, T4)", {0, 65536, 0}, 0, 0},
-            {"sm_86/89 99KiB (RTX 30/40)", {1, 101376, 0}, 1, 1},
-            {"sm_80 163KiB (A100)", {1, 166912, 0}, 1, 1},
-            {"sm_90 227KiB (H100/H200)", {1, 232448, 0}, 1, 1},
-            {"sm_8x 64KiB (no such card)", {1, 65536, 0}, 1, 0},
-            {"sm_8x 48KiB (no such card)", {1, 49152, 0}, 0, 0},
-            {"sm_86 99KiB, 16KiB static", {1, 101376, 16384}, 1, 0},
+            {"sm_75 64KiB (RTX 20, T4)", {0, 65536, 0, op}, 0, 0},
+            {"sm_86/89 99KiB (RTX 30/40)", {1, 101376, 0, op}, 1, 1},
+            {"sm_80 163KiB (A100)", {1, 166912, 0, op}, 1, 1},
+            {"sm_90 227KiB (H100/H200)", {1, 232448, 0, op}, 1, 1},
+            {"sm_8x 64KiB (no such card)", {1, 65536, 0, op}, !op, 0},
+            {"sm_8x 48KiB (no such card)", {1, 49152, 0, op}, 0, 0},
+            {"sm_86 99KiB, 16KiB static", {1, 101376, 16384, op}, 1, 0},
         };
         emu_late = 1;
         for (const Card &card : cards) {

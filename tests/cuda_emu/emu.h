@@ -43,6 +43,11 @@ extern "C" {
 #define __align__(n) alignas(n)
 #define __shared__ static
 
+struct alignas(8) float2 {
+    float x, y;
+};
+static inline float2 make_float2(float x, float y) { return float2{x, y}; }
+
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }
 
