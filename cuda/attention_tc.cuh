@@ -35,6 +35,9 @@
  *             dO in shared memory, walking key tiles (64 / 32 keys) with K and
  *             V double-buffered: S, dP, P, dS as above, dQ += dS K.
  *           Each output element is a sum in a fixed order: same bits every run.
+ * backward, one pass (PYXTTS_CUDA_ATTENTION_BWD=one-pass; attention_tc.cu): the dK/dV
+ *           kernel's work plus dQ through per-split fp32 partials, 5 products per pair
+ *           instead of 7; described at attn_tc_bwd_kernel below.
  *
  * Dropout of the probabilities (a.drop.p > 0; the kernels' DROP instances, so p = 0
  * runs code without it): the masks of dropout.h, the CPU's bits. A warp draws the
@@ -179,11 +182,11 @@ template <typename T> __device__ static inline void store2(T *dst, float x, floa
 
 /* cp.async rows t0 .. t0+R-1 of (b, h) into dst (R, D + PAD); a row where
  * ok(r) is false is zero-filled and its memory never read. Not committed. */
-template <int R, int D, typename T, typename OK>
+template <int R, int D, int NTH = TC_THREADS, typename T, typename OK>
 __device__ static inline void load_rows(uint16_t *dst, const T *base, const pxt_strides &s, int b,
                                         int h, int t0, OK ok) {
     constexpr int CPR = D / 8, SD = D + TC_PAD; /* 16-byte chunks per row */
-    for (int e = threadIdx.x; e < R * CPR; e += TC_THREADS) {
+    for (int e = threadIdx.x; e < R * CPR; e += NTH) {
         const int r = e / CPR, c = e % CPR;
         const bool valid = ok(r);
         const T *src = valid ? row_ptr(base, s, b, h, t0 + r) + c * 8 : base;
@@ -818,7 +821,8 @@ __global__ static void __launch_bounds__(TC_THREADS)
 /* ---- backward in one pass: dQ through split partials -------------------------------
  * FlashAttention-2's deterministic schedule: 5 products per (query tile, key block)
  * pair (S^T, dP^T, dV, dK, dQ) against the 7 of the two kernels above, which compute
- * S and dP twice. A CTA per (b, h, split s of S = tc_splits): it takes the key blocks
+ * S and dP twice. A CTA per (b, h, split s of S = pxt_tc_splits) of bwd1_warps warps, 16
+ * keys each (a key block: 128 keys at D = 64, 64 at D = 128): it takes the key blocks
  * n = s, s + S, s + 2S, ... in turn (round robin: under the causal mask the early key
  * blocks have the most query tiles), each as the dK/dV kernel does, and per query tile
  * also stores dS^T (the 16-bit values dK's product uses) in shared memory, then adds
@@ -830,9 +834,9 @@ __global__ static void __launch_bounds__(TC_THREADS)
 /* whether split s's partial holds row i (< q_len) of a sample of key length kl: its
  * first key block starts before kl and, causal, at or before the row's query tile (the
  * kernel's istart). Later key blocks of the split touch a subset of those rows. */
-template <int BQ>
+template <int BQ, int BK>
 __device__ static inline bool split_has_row(const pxt_attn_args &a, int s, int i, int kl) {
-    const int j0 = s * TC_BK;
+    const int j0 = s * BK;
     return j0 < kl && (!a.causal || i >= j0 / BQ * BQ);
 }
 
@@ -846,22 +850,23 @@ __device__ static inline void frag_a_km(uint32_t (&r)[4], const uint16_t *tile, 
 
 /* dk, dv of the split's key blocks; dqp[s] (B, H, Tq, D) fp32 of rows < q_len */
 template <typename T, int D, bool DROP>
-__global__ static void __launch_bounds__(TC_THREADS)
+__global__ static void __launch_bounds__(32 * bwd1_warps<D>())
     attn_tc_bwd_kernel(pxt_attn_args a, T *dk, T *dv, float *dqp, const T *dout, const T *q,
                        const T *k, const T *v, const float *lse, const float *Di, int nkb, int S) {
     constexpr int BQ = bwd_bq<D>(), SD = D + TC_PAD, KC = D / 16, NT = BQ / 8, DT = D / 8;
+    constexpr int NW = bwd1_warps<D>(), NTH = 32 * NW, BK = 16 * NW; /* 16 keys a warp */
     constexpr int SQ = BQ + TC_PAD; /* dS^T rows: 8 ldmatrix rows in 8 bank groups */
-    constexpr int WQ = BQ / 16;     /* warps along the tile's rows in dQ; 4 / WQ along D */
-    constexpr int CW = D / (4 / WQ), CT = CW / 8; /* dQ columns of a warp, its n-tiles */
-    static_assert(CW == 64, "a warp's dQ is 16 rows x 64 columns");
+    constexpr int WQ = BQ / 16;     /* warps along the tile's rows in dQ; NW / WQ along D */
+    constexpr int CW = D / (NW / WQ), CT = CW / 8; /* dQ columns of a warp, its n-tiles */
+    static_assert(NW % WQ == 0 && CT % 2 == 0, "a warp's dQ is 16 rows x a multiple of 16");
     extern __shared__ __align__(16) uint16_t smem[];
-    uint16_t *Ks = smem;                      /* (BK, SD) */
-    uint16_t *Vs = Ks + TC_BK * SD;           /* (BK, SD) */
-    uint16_t *Qs = Vs + TC_BK * SD;           /* (2, BQ, SD) double buffer */
-    uint16_t *dOs = Qs + 2 * BQ * SD;         /* (2, BQ, SD) */
-    uint16_t *dSs = dOs + 2 * BQ * SD;        /* (BK, SQ) dS^T of the tile, 16-bit */
-    float *L2s = (float *)(dSs + TC_BK * SQ); /* (2, BQ) lse in log2 units, +inf: no row */
-    float *Dis = L2s + 2 * BQ;                /* (2, BQ) Di, 0 for no row */
+    uint16_t *Ks = smem;                   /* (BK, SD) */
+    uint16_t *Vs = Ks + BK * SD;           /* (BK, SD) */
+    uint16_t *Qs = Vs + BK * SD;           /* (2, BQ, SD) double buffer */
+    uint16_t *dOs = Qs + 2 * BQ * SD;      /* (2, BQ, SD) */
+    uint16_t *dSs = dOs + 2 * BQ * SD;     /* (BK, SQ) dS^T of the tile, 16-bit */
+    float *L2s = (float *)(dSs + BK * SQ); /* (2, BQ) lse in log2 units, +inf: no row */
+    float *Dis = L2s + 2 * BQ;             /* (2, BQ) Di, 0 for no row */
     unsigned char *kval = (unsigned char *)(Dis + 2 * BQ); /* (BK) */
     const int bh = blockIdx.x / S, split = blockIdx.x % S;
     const int b = bh / a.H, h = bh % a.H;
@@ -873,12 +878,12 @@ __global__ static void __launch_bounds__(TC_THREADS)
     const int qr = 16 * (warp % WQ), qc = CW * (warp / WQ);            /* the warp's dQ block */
 
     for (int n = split; n < nkb; n += S) {
-        const int j0 = n * TC_BK, jw = j0 + 16 * warp; /* the block's, the warp's first key */
+        const int j0 = n * BK, jw = j0 + 16 * warp; /* the block's, the warp's first key */
         const bool first = n == split; /* writes its rows of the partial; later blocks add */
         auto kok = [&](int c) { return key_ok(a, b, j0 + c, kl); };
-        load_rows<TC_BK, D>(Ks, k, a.k, b, h, j0, kok);
-        load_rows<TC_BK, D>(Vs, v, a.v, b, h, j0, kok);
-        if (threadIdx.x < TC_BK) {
+        load_rows<BK, D, NTH>(Ks, k, a.k, b, h, j0, kok);
+        load_rows<BK, D, NTH>(Vs, v, a.v, b, h, j0, kok);
+        if (threadIdx.x < BK) {
             kval[threadIdx.x] = kok(threadIdx.x);
         }
         const int istart = a.causal ? j0 / BQ * BQ : 0;
@@ -887,8 +892,8 @@ __global__ static void __launch_bounds__(TC_THREADS)
         auto load_q = [&](int tile, int buf) {
             const int i0 = istart + tile * BQ, nq = min(BQ, ql - i0);
             auto ok = [&](int r) { return r < nq; };
-            load_rows<BQ, D>(Qs + buf * BQ * SD, q, a.q, b, h, i0, ok);
-            load_rows<BQ, D>(dOs + buf * BQ * SD, dout, a.o, b, h, i0, ok);
+            load_rows<BQ, D, NTH>(Qs + buf * BQ * SD, q, a.q, b, h, i0, ok);
+            load_rows<BQ, D, NTH>(dOs + buf * BQ * SD, dout, a.o, b, h, i0, ok);
             if (threadIdx.x < BQ) {
                 const int r = threadIdx.x;
                 const float L = r < nq ? lse_bh[i0 + r] : -INFINITY;
@@ -1026,7 +1031,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
                 acc[ct][0] = acc[ct][1] = acc[ct][2] = acc[ct][3] = 0.0f;
             }
 #pragma unroll
-            for (int kc = 0; kc < TC_BK / 16; kc++) {
+            for (int kc = 0; kc < BK / 16; kc++) {
                 uint32_t sa[4];
                 frag_a_km<SQ>(sa, dSs, qr, kc * 16, lane);
 #pragma unroll
@@ -1084,7 +1089,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
 template <typename T, int D>
 __global__ static void __launch_bounds__(TC_THREADS)
     attn_tc_dq_reduce_kernel(pxt_attn_args a, T *dq, const float *dqp, int S) {
-    constexpr int BQ = bwd_bq<D>();
+    constexpr int BQ = bwd_bq<D>(), BK = 16 * bwd1_warps<D>();
     const int64_t e = (int64_t)blockIdx.x * TC_THREADS + threadIdx.x;
     const int64_t rows = (int64_t)a.B * a.H * a.Tq;
     if (e >= rows * (D / 2)) {
@@ -1099,7 +1104,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
         const size_t stride = (size_t)a.B * a.H * a.Tq * D; /* one split's partial */
         const float *p = dqp + (size_t)row * D + d;
         for (int s = 0; s < S; s++) {
-            if (split_has_row<BQ>(a, s, i, kl)) {
+            if (split_has_row<BQ, BK>(a, s, i, kl)) {
                 const float2 w = *(const float2 *)(p + s * stride);
                 x += w.x;
                 y += w.y;
@@ -1113,9 +1118,10 @@ __global__ static void __launch_bounds__(TC_THREADS)
 
 /* the opt-in to more than 48 KiB of dynamic shared memory, then the launch */
 template <typename K, typename... Args>
-static int launch(K kernel, unsigned int grid, int smem, cudaStream_t stream, Args... args) {
+static int launch(K kernel, unsigned int grid, int threads, int smem, cudaStream_t stream,
+                  Args... args) {
     PXT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    kernel<<<grid, TC_THREADS, smem, stream>>>(args...);
+    kernel<<<grid, threads, smem, stream>>>(args...);
     return PXT_OK;
 }
 
@@ -1131,8 +1137,8 @@ int attn_tc_fwd_launch(const pxt_attn_args *a, void *out, float *lse, const void
     /* the instance with dropout only where p > 0: p = 0 runs none of its code */
     PXT_TRY(
         launch(a->drop.p > 0.0f ? attn_tc_fwd_kernel<T, D, true> : attn_tc_fwd_kernel<T, D, false>,
-               grid, fwd_smem_bytes<D>(), stream, *a, (T *)out, lse, (const T *)q, (const T *)k,
-               (const T *)v, nqb));
+               grid, TC_THREADS, fwd_smem_bytes<D>(), stream, *a, (T *)out, lse, (const T *)q,
+               (const T *)k, (const T *)v, nqb));
     PXT_CUDA_CHECK_LAUNCH("attention_forward (tensor cores)");
     return PXT_OK;
 }
@@ -1143,16 +1149,16 @@ template <typename T, int D>
 int attn_tc_bwd_launch(const pxt_attn_args *a, void *dq, void *dk, void *dv, const void *dout,
                        const void *q, const void *k, const void *v, const float *lse,
                        const float *Di, float *dqp, cudaStream_t stream) {
-    const int nkb = (a->Tk + TC_BK - 1) / TC_BK, nqb = (a->Tq + TC_BQ - 1) / TC_BQ;
     if (dqp) {
+        const int nkb = (a->Tk + 16 * bwd1_warps<D>() - 1) / (16 * bwd1_warps<D>());
         const int S = pxt_tc_splits(a);
         unsigned int grid = 0;
         PXT_TRY(attn_grid(a, S, &grid));
         if (grid) {
             PXT_TRY(launch(
                 a->drop.p > 0.0f ? attn_tc_bwd_kernel<T, D, true> : attn_tc_bwd_kernel<T, D, false>,
-                grid, bwd_smem_bytes<D>(), stream, *a, (T *)dk, (T *)dv, dqp, (const T *)dout,
-                (const T *)q, (const T *)k, (const T *)v, lse, Di, nkb, S));
+                grid, 32 * bwd1_warps<D>(), bwd_smem_bytes<D>(), stream, *a, (T *)dk, (T *)dv, dqp,
+                (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse, Di, nkb, S));
             PXT_CUDA_CHECK_LAUNCH("attention_backward (one pass; tensor cores)");
         }
         const int64_t pairs = (int64_t)a->B * a->H * a->Tq * (D / 2);
@@ -1168,21 +1174,22 @@ int attn_tc_bwd_launch(const pxt_attn_args *a, void *dq, void *dk, void *dv, con
         }
         return PXT_OK;
     }
+    const int nkb = (a->Tk + TC_BK - 1) / TC_BK, nqb = (a->Tq + TC_BQ - 1) / TC_BQ;
     unsigned int kgrid = 0, qgrid = 0;
     PXT_TRY(attn_grid(a, nkb, &kgrid));
     PXT_TRY(attn_grid(a, nqb, &qgrid));
     if (kgrid) {
         PXT_TRY(launch(a->drop.p > 0.0f ? attn_tc_bwd_kv_kernel<T, D, true>
                                         : attn_tc_bwd_kv_kernel<T, D, false>,
-                       kgrid, kv_smem_bytes<D>(), stream, *a, (T *)dk, (T *)dv, (const T *)dout,
-                       (const T *)q, (const T *)k, (const T *)v, lse, Di, nkb));
+                       kgrid, TC_THREADS, kv_smem_bytes<D>(), stream, *a, (T *)dk, (T *)dv,
+                       (const T *)dout, (const T *)q, (const T *)k, (const T *)v, lse, Di, nkb));
         PXT_CUDA_CHECK_LAUNCH("attention_backward (dk, dv; tensor cores)");
     }
     if (qgrid) {
         PXT_TRY(launch(a->drop.p > 0.0f ? attn_tc_bwd_q_kernel<T, D, true>
                                         : attn_tc_bwd_q_kernel<T, D, false>,
-                       qgrid, q_smem_bytes<D>(), stream, *a, (T *)dq, (const T *)dout, (const T *)q,
-                       (const T *)k, (const T *)v, lse, Di, nqb));
+                       qgrid, TC_THREADS, q_smem_bytes<D>(), stream, *a, (T *)dq, (const T *)dout,
+                       (const T *)q, (const T *)k, (const T *)v, lse, Di, nqb));
         PXT_CUDA_CHECK_LAUNCH("attention_backward (dq; tensor cores)");
     }
     return PXT_OK;

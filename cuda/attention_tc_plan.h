@@ -11,7 +11,7 @@
  *   forward   55,424 B (128 q + 4x64 kv) 87,168 B (64 q + 4x64 kv)
  *   dK/dV     56,384 B                   70,208 B
  *   dQ        55,424 B                   69,696 B
- *   one pass  65,600 B                   75,328 B  (dK/dV's + dS^T)
+ *   one pass  93,312 B (128 keys)        75,328 B (64 keys)
  *
  * The per-block opt-in limits (cudaDevAttrMaxSharedMemoryPerBlockOptin): sm_75 64 KiB,
  * sm_80 163 KiB, sm_86 / sm_89 / sm_120 99 KiB, sm_90 227 KiB. The decision reads the
@@ -59,9 +59,16 @@ template <int D> PXT_TC_HD constexpr int q_smem_bytes() {
     return (2 * TC_BQ + 4 * bwd_bq<D>()) * (D + TC_PAD) * 2 + 2 * bwd_bq<D>();
 }
 
-/* the one-pass backward: the dK/dV kernel's and dS^T (BK, BQ + PAD) 16-bit */
+/* the one-pass backward's warps, 16 keys each: 8 (128 keys, FlashAttention-2's block for
+ * D = 64: half the dQ partials' traffic per product of 64 keys) for D = 64; 4 for D = 128,
+ * whose 128 keys would not fit the 99 KiB of sm_86/89 */
+template <int D> PXT_TC_HD constexpr int bwd1_warps() { return D <= 64 ? 8 : 4; }
+/* its K, V (BK, SD); Q, dO double-buffered (2, BQ, SD); dS^T (BK, BQ + PAD) 16-bit; lse
+ * and Di (2, 2, BQ) fp32; key flags (BK) */
 template <int D> PXT_TC_HD constexpr int bwd_smem_bytes() {
-    return kv_smem_bytes<D>() + TC_BK * (bwd_bq<D>() + TC_PAD) * 2;
+    return (2 * 16 * bwd1_warps<D>() + 4 * bwd_bq<D>()) * (D + TC_PAD) * 2 +
+           16 * bwd1_warps<D>() * (bwd_bq<D>() + TC_PAD) * 2 + 4 * bwd_bq<D>() * 4 +
+           16 * bwd1_warps<D>();
 }
 
 /* dynamic shared memory per block of the four kernels of head dim D (64 or 128) */
@@ -84,12 +91,13 @@ static inline int pxt_tc_smem_most(int D, int one_pass) {
     return one_pass && s.bwd > m ? s.bwd : m;
 }
 
-/* The one-pass backward's splits: enough CTAs (B H S) for two per SM of a 132-SM card,
- * at most one per key block. A function of the arguments alone, so that a plan made on
+/* The one-pass backward's splits: 264 CTAs (B H S) or more (two waves of a 132-SM card
+ * at D = 64, one CTA an SM; one wave at D = 128, two an SM), at most one per key block. A function of the arguments alone, so that a plan made on
  * any machine sizes the workspace the call will use. */
 #define TC_SPLIT_CTAS 264
 static inline int pxt_tc_splits(const pxt_attn_args *a) {
-    const int64_t nkb = ((int64_t)a->Tk + TC_BK - 1) / TC_BK, bh = (int64_t)a->B * a->H;
+    const int bk = 16 * (a->D <= 64 ? bwd1_warps<64>() : bwd1_warps<128>());
+    const int64_t nkb = ((int64_t)a->Tk + bk - 1) / bk, bh = (int64_t)a->B * a->H;
     if (nkb <= 0 || bh <= 0) {
         return 0;
     }

@@ -53,9 +53,12 @@ def test_tensor_core_attention_fits_an_rtx_30_and_40_card(tmp_path):
     rows, problems = check_smem.check(["86"], [ROOT / "cuda" / "attention" / "tc_f16_d128.cu"], jobs=1,
                                       workdir=tmp_path)
     assert problems == [], problems
-    tc = [r for r in rows if r.kernel.name.startswith("attn_tc_")]
-    assert len(tc) == 6, [r.kernel.name for r in rows]  # forward, dK/dV, dQ; with and without dropout
+    tc = [r for r in rows if r.kernel.name.startswith("attn_tc_") and "reduce" not in r.kernel.name]
+    # forward, dK/dV, dQ, one-pass backward; with and without dropout
+    assert len(tc) == 8, [r.kernel.name for r in rows]
     assert all(r.dynamic > 48 << 10 and r.fits for r in tc), check_smem.table(rows)
+    reduce = [r for r in rows if r.kernel.name.startswith("attn_tc_dq_reduce")]
+    assert len(reduce) == 1 and reduce[0].dynamic == 0 and reduce[0].fits, check_smem.table(rows)
     # the same kernels on a Turing card: the plan takes the general kernels
     answer = check_smem.plan(tmp_path, "75", max(r.kernel.static for r in tc))
     assert all(why != "tc" for _, why in answer.values()), answer
