@@ -139,7 +139,8 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
         m = m_new;
         if constexpr (DROP) { /* P Z after the sums: l stays the undropped softmax's */
             /* lane g draws keys 8g .. 8g+7 of the row, the quad shares the 32 bits */
-            uint32_t keep = (uint32_t)attn_keep_bits(a.drop, b, h, i0 + r, j0 + 8 * g, 8) << 8 * g;
+            uint32_t keep = (uint32_t)attn_keep_bits_n<8>(a.drop, b, h, i0 + r, j0 + 8 * g)
+                            << 8 * g;
             keep |= __shfl_xor_sync(0xffffffffu, keep, 1);
             keep |= __shfl_xor_sync(0xffffffffu, keep, 2);
 #pragma unroll
@@ -242,7 +243,7 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
         if constexpr (DROP) { /* warp 0: lane l draws keys 8 (l % 4) .. +7 of row l / 4 */
             if (tid < 32) {
                 const int rr = tid / 4, part = tid % 4;
-                uint32_t bits = (uint32_t)attn_keep_bits(a.drop, b, h, i0 + rr, j0 + 8 * part, 8)
+                uint32_t bits = (uint32_t)attn_keep_bits_n<8>(a.drop, b, h, i0 + rr, j0 + 8 * part)
                                 << 8 * part;
                 bits |= __shfl_xor_sync(0xffffffffu, bits, 1);
                 bits |= __shfl_xor_sync(0xffffffffu, bits, 2);

@@ -41,7 +41,7 @@
  *
  * Dropout of the probabilities (a.drop.p > 0; the kernels' DROP instances, so p = 0
  * runs code without it): the masks of dropout.h, the CPU's bits. A warp draws the
- * bits of its tile once (one Philox call per query and group of four key positions,
+ * bits of its tile once (one Philox call per query and group of eight key positions,
  * attn_keep_bits): lane l the keys of one query (a part of them when the tile has
  * fewer queries than lanes), then each lane gathers the bits of the (query, key)
  * pairs its mma fragments hold by shuffles. The forward scales P by the mask after
@@ -224,7 +224,7 @@ template <int WR, int NK>
 __device__ static inline uint64_t tc_keep_draw(const pxt_dropout &d, int b, int h, int row0, int j0,
                                                int lane) {
     constexpr int KPL = NK * WR / 32;
-    return attn_keep_bits(d, b, h, row0 + lane % WR, j0 + lane / WR * KPL, KPL);
+    return attn_keep_bits_n<KPL>(d, b, h, row0 + lane % WR, j0 + lane / WR * KPL);
 }
 /* the NK keep bits of row R of the tile (bit c: key c), from the lanes that drew them;
  * every lane of the warp calls it */
@@ -587,7 +587,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
                 uint32_t mine = 0;
 #pragma unroll
                 for (int x = 0; x < BQ / 32; x++) {
-                    mine |= (uint32_t)attn_keep_bits(a.drop, b, h, i0 + lane + 32 * x, jw, 16)
+                    mine |= (uint32_t)attn_keep_bits_n<16>(a.drop, b, h, i0 + lane + 32 * x, jw)
                             << 16 * x;
                 }
 #pragma unroll
@@ -963,7 +963,7 @@ __global__ static void __launch_bounds__(32 * bwd1_warps<D>())
                     uint32_t mine = 0;
 #pragma unroll
                     for (int x = 0; x < BQ / 32; x++) {
-                        mine |= (uint32_t)attn_keep_bits(a.drop, b, h, i0 + lane + 32 * x, jw, 16)
+                        mine |= (uint32_t)attn_keep_bits_n<16>(a.drop, b, h, i0 + lane + 32 * x, jw)
                                 << 16 * x;
                     }
 #pragma unroll

@@ -50,6 +50,11 @@ def threshold(p: float) -> int:
     return min(int(np.float64(np.float32(p)) * 2.0**32 + 0.5), 0xFFFFFFFF)
 
 
+def threshold16(p: float) -> int:
+    """The attention masks' threshold on 16-bit halves: round(p 2^16)."""
+    return min(int(np.float64(np.float32(p)) * 2.0**16 + 0.5), 0xFFFF)
+
+
 def positions(T: int, seg1: int, seg2: int) -> np.ndarray:
     """The position of each index 0..T-1: segment number above bit 28, place below."""
     t = np.arange(T, dtype=np.int64)
@@ -82,19 +87,24 @@ def row_mask(p: float, key: int, N: int, C: int, T: int | None = None, seg1: int
 
 def attention_mask(p: float, key: int, B: int, H: int, Tq: int, Tk: int, seg1: int | None = None,
                    seg2: int | None = None, sample0: int = 0) -> np.ndarray:
-    """(B, H, Tq, Tk) factors of the attention probabilities: counter {kpos / 4, qpos,
-    head + 1, sample}, word kpos % 4; query and key positions by the same segments."""
+    """(B, H, Tq, Tk) factors of the attention probabilities: counter {kpos / 8, qpos,
+    head + 1, sample}, 16-bit half kpos % 8 (the low half of word w is 2w, its high half
+    2w + 1), kept where it is >= round(p 2^16); query and key positions by the same
+    segments."""
     T = max(Tq, Tk)
     seg1 = T if seg1 is None else seg1
     seg2 = T if seg2 is None else seg2
     pos = positions(T, seg1, seg2)
     qpos, kpos = pos[:Tq], pos[:Tk]
     ctr = np.zeros((B, H, Tq, Tk, 4), np.uint64)
-    ctr[..., 0] = (kpos >> np.uint64(2))[None, None, None, :]
+    ctr[..., 0] = (kpos >> np.uint64(3))[None, None, None, :]
     ctr[..., 1] = qpos[None, None, :, None]
     ctr[..., 2] = (np.arange(H) + 1)[None, :, None, None]
     ctr[..., 3] = (sample0 + np.arange(B))[:, None, None, None]
     words = philox4x32_10(ctr, (key & 0xFFFFFFFF, key >> 32))
-    idx = (kpos & np.uint64(3)).astype(np.int64)
-    picked = np.take_along_axis(words, np.broadcast_to(idx[None, None, None, :, None], (B, H, Tq, Tk, 1)), 4)
-    return _factor(picked[..., 0], p)
+    half = (kpos & np.uint64(7)).astype(np.int64)
+    picked = np.take_along_axis(words, np.broadcast_to((half >> 1)[None, None, None, :, None],
+                                                       (B, H, Tq, Tk, 1)), 4)[..., 0]
+    u16 = (picked >> (16 * (half & 1)).astype(np.uint32)[None, None, None, :]) & np.uint32(0xFFFF)
+    scale = np.float32(1.0 / (1.0 - np.float64(np.float32(p))))
+    return np.where(u16 >= np.uint32(threshold16(p)), scale, np.float32(0.0)).astype(np.float32)

@@ -127,7 +127,7 @@ static inline void store_row(char *restrict dst, const float *restrict src, int 
 
 /* ---- dropout of the probabilities ---------------------------------------------------
  * The mask of (b, h, query i, key j) comes from dropout.h (its positions, its
- * sample), drawn four keys per Philox call. A tile holds queries i0 .. i0+nq-1
+ * sample), drawn eight keys per Philox call. A tile holds queries i0 .. i0+nq-1
  * against keys j0 .. j0+nk-1; element (i, j) sits at t[i * qs + j * ks], so the
  * forward's (keys, queries) tiles and the backward's (queries, keys) ones share
  * this code. assign: t = mask factor (0 or 1 / (1 - p)); else t *= it. */
@@ -138,11 +138,11 @@ static void dropout_tile(const pxt_attn_args *a, float *t, int qs, int ks, int b
         uint32_t qpos = pxt_dropout_pos(d, i0 + i), w[4] = {0, 0, 0, 0}, group = 0;
         for (int j = 0; j < nk; j++) {
             uint32_t kpos = pxt_dropout_pos(d, j0 + j);
-            if (j == 0 || kpos >> 2 != group) { /* a new group of four keys */
-                group = kpos >> 2;
+            if (j == 0 || kpos >> 3 != group) { /* a new group of eight keys */
+                group = kpos >> 3;
                 pxt_dropout_attn_words(d, b, h, qpos, kpos, w);
             }
-            float z = pxt_dropout_factor(d, w[kpos & 3]);
+            float z = pxt_dropout_attn_kept(d, w, kpos) ? d->scale : 0.0f;
             float *e = t + (size_t)i * qs + (size_t)j * ks;
             *e = assign ? z : *e * z;
         }

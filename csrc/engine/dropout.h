@@ -10,17 +10,23 @@
  * One call (a dropout site of one training step) has its own key, mixed from
  * (seed, step, site). Within it an element is named by where it sits in the
  * data, never by where it sits in the batch's buffers:
- *   rows     (sample, position, channel)       counter {c / 4, pos, 0, sample}
- *   attention (sample, head, query pos, key pos) counter {kpos / 4, qpos, head + 1, sample}
- * and takes word c % 4 (kpos % 4) of the four the counter gives. `sample` is
+ *   rows      (sample, position, channel)        counter {c / 4, pos, 0, sample},
+ *             word c % 4 of the four the counter gives;
+ *   attention (sample, head, query pos, key pos) counter {kpos / 8, qpos, head + 1, sample},
+ *             16-bit half kpos % 8 of the eight (half 2w the low one of word w, 2w + 1 its
+ *             high one): one call serves eight keys, as the probabilities are the
+ *             attention kernels' hottest draw (FlashAttention-2 takes 8 bits an element;
+ *             16 keep p within 2^-17). `sample` is
  * the sample's number in its effective batch (a micro-batch passes the number
  * of its first row) and `pos` a position inside the sample's own segment
  * (conditioning, text, audio), so a sample's masks do not depend on padding,
  * on the micro-batch it lands in, or on the thread that draws them.
  *
- * An element is kept when its 32-bit word u >= threshold = round(p 2^32): it
- * is dropped with probability p (to 2^-32) and a kept one is multiplied by
- * scale = 1 / (1 - p), as torch.nn.Dropout does. */
+ * A row element is kept when its 32-bit word u >= threshold = round(p 2^32): it is
+ * dropped with probability p (to 2^-32). An attention element is kept when its 16-bit
+ * half u >= threshold16 = round(p 2^16): dropped with probability threshold16 / 2^16,
+ * within 2^-17 of p. A kept element is multiplied by scale = 1 / (1 - p), as
+ * torch.nn.Dropout does (for attention, an expectation within 2^-17 / (1 - p) of 1). */
 #ifndef PXT_DROPOUT_H
 #define PXT_DROPOUT_H
 
@@ -34,14 +40,15 @@
 
 /* What a kernel needs to draw one site's masks. p = 0 means no dropout. */
 typedef struct pxt_dropout {
-    float p;            /* probability of dropping an element, in [0, 1) */
-    float scale;        /* 1 / (1 - p): what a kept element is multiplied by */
-    uint32_t threshold; /* a word below it drops the element */
-    uint64_t key;       /* this site's key: pxt_dropout_key(seed, step, site) */
-    int T;              /* rows per sample (row r is index r % T of sample r / T) */
-    int seg1, seg2;     /* segment starts: index t is position t in segment 0 (t < seg1),
+    float p;              /* probability of dropping an element, in [0, 1) */
+    float scale;          /* 1 / (1 - p): what a kept element is multiplied by */
+    uint32_t threshold;   /* a word below it drops the element (rows) */
+    uint32_t threshold16; /* a 16-bit half below it drops the element (attention) */
+    uint64_t key;         /* this site's key: pxt_dropout_key(seed, step, site) */
+    int T;                /* rows per sample (row r is index r % T of sample r / T) */
+    int seg1, seg2;       /* segment starts: index t is position t in segment 0 (t < seg1),
                            t - seg1 in segment 1 (t < seg2), t - seg2 in segment 2 */
-    uint32_t sample0;   /* the number of the first sample */
+    uint32_t sample0;     /* the number of the first sample */
 } pxt_dropout;
 
 /* ---- Philox4x32-10 ---------------------------------------------------------- */
@@ -84,10 +91,12 @@ PXT_HD uint64_t pxt_dropout_key(uint64_t seed, uint64_t step, uint32_t site) {
 PXT_HD pxt_dropout pxt_dropout_make(float p, uint64_t key, int T, int seg1, int seg2,
                                     uint32_t sample0) {
     double t = (double)p * 4294967296.0 + 0.5; /* round(p 2^32) */
+    double t16 = (double)p * 65536.0 + 0.5;    /* round(p 2^16) */
     pxt_dropout d;
     d.p = p;
     d.scale = p > 0.0f ? (float)(1.0 / (1.0 - (double)p)) : 1.0f;
     d.threshold = t >= 4294967295.0 ? 4294967295u : (uint32_t)t;
+    d.threshold16 = t16 >= 65535.0 ? 65535u : (uint32_t)t16;
     d.key = key;
     d.T = T;
     d.seg1 = seg1;
@@ -110,14 +119,29 @@ PXT_HD void pxt_dropout_row_words(const pxt_dropout *d, int r, int c, uint32_t o
     pxt_philox4x32_10(ctr, d->key, out);
 }
 
-/* The four words of keys with positions kpos & ~3 .. | 3 seen by query qpos of head h, sample b. */
+/* The four words of keys with positions kpos & ~7 .. | 7 seen by query qpos of head h,
+ * sample b: eight 16-bit halves. */
 PXT_HD void pxt_dropout_attn_words(const pxt_dropout *d, int b, int h, uint32_t qpos, uint32_t kpos,
                                    uint32_t out[4]) {
-    uint32_t ctr[4] = {kpos >> 2, qpos, (uint32_t)h + 1u, d->sample0 + (uint32_t)b};
+    uint32_t ctr[4] = {kpos >> 3, qpos, (uint32_t)h + 1u, d->sample0 + (uint32_t)b};
     pxt_philox4x32_10(ctr, d->key, out);
 }
 
-/* What an element whose word is u is multiplied by: 0 (dropped) or scale. */
+/* Whether the key at position kpos is kept, from its group's four words. */
+PXT_HD int pxt_dropout_attn_kept(const pxt_dropout *d, const uint32_t w[4], uint32_t kpos) {
+    return ((w[(kpos & 7u) >> 1] >> (16u * (kpos & 1u))) & 0xFFFFu) >= d->threshold16;
+}
+
+/* The keep bits of the eight keys of a group (bit e: position (kpos & ~7) + e). */
+PXT_HD uint32_t pxt_dropout_attn_byte(const pxt_dropout *d, const uint32_t w[4]) {
+    uint32_t bits = 0;
+    for (int e = 0; e < 8; e++) {
+        bits |= (uint32_t)(((w[e >> 1] >> (16 * (e & 1))) & 0xFFFFu) >= d->threshold16) << e;
+    }
+    return bits;
+}
+
+/* What a row element whose word is u is multiplied by: 0 (dropped) or scale. */
 PXT_HD float pxt_dropout_factor(const pxt_dropout *d, uint32_t u) {
     return u >= d->threshold ? d->scale : 0.0f;
 }

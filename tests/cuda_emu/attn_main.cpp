@@ -173,7 +173,7 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
         if (c.p <= 0.0f) return 1.0;
         uint32_t w[4], kpos = pxt_dropout_pos(&a.drop, j);
         pxt_dropout_attn_words(&a.drop, b, h, pxt_dropout_pos(&a.drop, i), kpos, w);
-        return pxt_dropout_factor(&a.drop, w[kpos & 3]);
+        return pxt_dropout_attn_kept(&a.drop, w, kpos) ? a.drop.scale : 0.0f;
     };
     std::vector<T> obuf((size_t)B * Tq * C + GUARD, nanv<T>());
     std::vector<float> lse((size_t)B * H * Tq + GUARD, NAN), Di((size_t)B * H * Tq + GUARD, NAN);
@@ -488,7 +488,7 @@ int main(int argc, char **argv) {
             return c;
         };
         std::vector<Case> drop = {
-            /* segments not multiples of 4 (groups of four keys cut at a segment start) */
+            /* segments not multiples of 8 (groups of eight keys cut at a segment start) */
             dc({"drop self causal T=77 segs", 2, 2, 77, 77, 0, true, true, true, true, true, 31},
                0.1f, 5, 30, 3, 0),
             dc({"drop self T=40 noncausal", 2, 1, 40, 40, 0, false, true, false, false, false, 32},
