@@ -7,6 +7,7 @@
  * attention_tc.cu; the switch PYXTTS_CUDA_ATTENTION=simple|tc|auto is described
  * there). Each kernel instance is compiled in its own file under cuda/attention/. */
 #include "attention.cuh"
+#include "vec.cuh"
 
 /* ---- backward: Di = rowsum(dO * O) ---------------------------------------------------- */
 
@@ -33,6 +34,47 @@ __global__ static void attn_di_kernel(pxt_attn_args a, float *Di, const T *dout,
     if (lane == 0) {
         Di[row] = acc;
     }
+}
+
+/* Di as above, 16 bytes a lane (a warp per row read 4 bytes a lane of a 128-byte row): a
+ * row is L = D / 8 lanes, a warp 32 / L rows; a lane's 8 products in order, then a fixed
+ * butterfly over the row's lanes. For D = 64, 128 with rows 16-byte aligned (di8_fits). */
+template <typename T, int D>
+__global__ static void attn_di8_kernel(pxt_attn_args a, float *Di, const T *dout, const T *out) {
+    constexpr int L = D / 8, RW = 32 / L;
+    const int64_t rows = (int64_t)a.B * a.H * a.Tq;
+    const int lane = threadIdx.x % 32;
+    const int64_t row =
+        ((int64_t)blockIdx.x * (ATTN_THREADS / 32) + threadIdx.x / 32) * RW + lane / L;
+    float acc = 0.0f;
+    if (row < rows) { /* every lane reaches the shuffles below */
+        const int bh = (int)(row / a.Tq), i = (int)(row % a.Tq), b = bh / a.H, h = bh % a.H;
+        if (i < q_len(a, b)) {
+            const int d0 = (lane % L) * 8;
+            float x[8], y[8];
+            pxt_vload<T, 8>(x, row_ptr(dout, a.o, b, h, i) + d0);
+            pxt_vload<T, 8>(y, row_ptr(out, a.o, b, h, i) + d0);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                acc = fmaf(x[k], y[k], acc);
+            }
+        }
+    }
+#pragma unroll
+    for (int s = L / 2; s > 0; s >>= 1) {
+        acc += __shfl_xor_sync(0xffffffffu, acc, s);
+    }
+    if (row < rows && lane % L == 0) {
+        Di[row] = acc;
+    }
+}
+
+/* whether attn_di8_kernel takes these arguments: D 64 or 128, 16-bit, the o layout's
+ * strides multiples of 8 elements and both pointers 16-byte aligned */
+static inline bool di8_fits(const pxt_attn_args *a, const void *dout, const void *out) {
+    return (a->D == 64 || a->D == 128) && (a->dt == PXT_BFLOAT16 || a->dt == PXT_FLOAT16) &&
+           a->o.b % 8 == 0 && a->o.h % 8 == 0 && a->o.t % 8 == 0 && (uintptr_t)dout % 16 == 0 &&
+           (uintptr_t)out % 16 == 0;
 }
 
 /* ---- the table entries ------------------------------------------------------------------- */
@@ -131,13 +173,29 @@ int pxt_cuda_attention_backward(int index, const pxt_attn_args *a, void *dq, voi
     cudaStream_t stream = pxt_cuda_stream(index);
     float *Di = (float *)(((uintptr_t)workspace + 255) & ~(uintptr_t)255); /* (B, H, Tq) */
     const int64_t rows = (int64_t)a->B * a->H * a->Tq;
-    const unsigned int dgrid = (unsigned int)((rows + ATTN_THREADS / 32 - 1) / (ATTN_THREADS / 32));
+    const bool di8 = di8_fits(a, dout, out);
+    /* rows a block: a warp per row, or 32 / (D / 8) a warp (attn_di8_kernel) */
+    const int64_t per = ATTN_THREADS / 32 * (di8 ? 256 / a->D : 1);
+    const unsigned int dgrid = (unsigned int)((rows + per - 1) / per);
     PXT_TRY(pxt_cuda_dispatch(a->dt, "attention_backward", [&](auto tag) {
         using T = decltype(tag);
-        if (dgrid) {
-            attn_di_kernel<T>
-                <<<dgrid, ATTN_THREADS, 0, stream>>>(*a, Di, (const T *)dout, (const T *)out);
+        if (!dgrid) {
+            return;
         }
+        if constexpr (!std::is_same_v<T, float>) {
+            if (di8) {
+                if (a->D == 64) {
+                    attn_di8_kernel<T, 64><<<dgrid, ATTN_THREADS, 0, stream>>>(
+                        *a, Di, (const T *)dout, (const T *)out);
+                } else {
+                    attn_di8_kernel<T, 128><<<dgrid, ATTN_THREADS, 0, stream>>>(
+                        *a, Di, (const T *)dout, (const T *)out);
+                }
+                return;
+            }
+        }
+        attn_di_kernel<T>
+            <<<dgrid, ATTN_THREADS, 0, stream>>>(*a, Di, (const T *)dout, (const T *)out);
     }));
     PXT_CUDA_CHECK_LAUNCH("attention_backward (Di)");
     const void *ptrs[] = {dq, dk, dv, dout, q, k, v};

@@ -36,6 +36,7 @@
 
 #include "attention_common.cuh"
 #include "attention_tc_plan.h"
+#include "vec.cuh"
 #include "tc_kernels.inc"
 #include "fb_kernels.inc"
 
@@ -53,6 +54,8 @@ static std::string emu_card_why;
 /* the tensor-core backward: 0 the dK/dV and dQ kernels; S > 0 the one-pass kernel with
  * S splits (at most the key blocks); -1 with attention_tc_plan.h's pxt_tc_splits */
 static int emu_splits;
+/* whether the last case's Di came from attn_di8_kernel (printed as "di8") */
+static bool emu_di8;
 
 /* a 1-d grid of 128-thread blocks (every attention kernel's shape but the one-pass
  * backward's, which says its own) */
@@ -208,8 +211,18 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
     long split_guard = 0; /* split partials' guard elements written */
     {
         int64_t rows = (int64_t)B * H * Tq;
-        unsigned dgrid = (unsigned)((rows + 3) / 4);
-        launch(dgrid, 0, [&] { attn_di_kernel<T>(a, Di.data(), dout, out); });
+        /* the kernel attention.cu picks: 16 bytes a lane where the rows allow it */
+        const bool di8 = di8_fits(&a, dout, out);
+        emu_di8 = di8;
+        const int64_t per = di8 ? 4 * (256 / Dr) : 4;
+        unsigned dgrid = (unsigned)((rows + per - 1) / per);
+        if constexpr (!std::is_same_v<T, float>) {
+            if (di8 && Dr == 64) launch(dgrid, 0, [&] { attn_di8_kernel<T, 64>(a, Di.data(), dout, out); });
+            else if (di8) launch(dgrid, 0, [&] { attn_di8_kernel<T, 128>(a, Di.data(), dout, out); });
+            else launch(dgrid, 0, [&] { attn_di_kernel<T>(a, Di.data(), dout, out); });
+        } else {
+            launch(dgrid, 0, [&] { attn_di_kernel<T>(a, Di.data(), dout, out); });
+        }
     }
     if constexpr (!std::is_same_v<T, float>) {
     if (tc && emu_splits) {
@@ -442,6 +455,7 @@ template <typename T, int D> static int one(const Case &c, bool tc, const char *
     printf("%-4s %-5s D=%-3d %-28s late=%d out %.2e lse %.1e dq %.2e dk %.2e dv %.2e nan %ld pad!=0 %ld guard %ld emu-err %ld bankconf %ld",
            tc ? "tc" : "fb", tname, D, c.name.c_str(), emu_late, r.out, r.lse, r.dq, r.dk, r.dv, r.nan,
            r.nonzero_pad, r.guard, emu_errors - e0, emu_bank_conflicts - b0);
+    if (emu_di8) printf(" di8");
     if (c.p > 0.0f) printf(" vs-cpu %.2e", r.cpu);
     if (c.probe) printf(" mask-err %ld of %ld", r.mask, r.probed);
     if (c.scale > 0.0f) printf(" class-err %ld nan-rows %ld", r.mask, r.probed);
