@@ -1,47 +1,14 @@
 /* layernorm.cu: LayerNorm over the last dimension, forward and backward
  * (csrc/cpu/layernorm.c is the reference).
  *
- * Rows go one per warp: the row sums are taken in double (lanes stride the
- * row, then a fixed butterfly, vec.cuh's), and mean, rstd are saved as float32
- * as on the CPU; the backward's dinp kernel is in layernorm.cuh (the emulator of
- * tests/cuda_emu runs it too). dweight and dbias are backend.h's two-stage column sums (colsum.cu):
+ * Rows go one per warp: the row sums are taken in double (lanes take the row's
+ * vectors in turn, then a fixed butterfly, vec.cuh's), and mean, rstd are saved as
+ * float32 as on the CPU; the forward's and the backward's dinp kernels are in
+ * layernorm.cuh (the emulator of tests/cuda_emu runs them too). dweight and dbias are backend.h's two-stage column sums (colsum.cu):
  * the CPU's bits, with (chunks x columns) threads instead of one per column. */
 #include "elem.cuh"
 
 #include "layernorm.cuh"
-
-/* out, inp (N, C); weight, bias (C); mean, rstd (N) */
-template <typename T>
-__global__ static void layernorm_forward_kernel(T *out, float *mean, float *rstd, const T *inp,
-                                                const T *weight, const T *bias, int N, int C,
-                                                float eps) {
-    int row = blockIdx.x * PXT_LN_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= N) {
-        return;
-    }
-    const T *x = inp + (size_t)row * C; /* (C) */
-    T *o = out + (size_t)row * C;       /* (C) */
-    double s = 0.0;
-    for (int j = lane; j < C; j += 32) {
-        s += ldf(x[j]);
-    }
-    float m = (float)(pxt_warp_sumd(s) / C);
-    /* variance around the rounded mean: two passes, no cancellation */
-    double v = 0.0;
-    for (int j = lane; j < C; j += 32) {
-        double d = (double)ldf(x[j]) - m;
-        v += d * d;
-    }
-    float r = (float)(1.0 / sqrt(pxt_warp_sumd(v) / C + eps));
-    for (int j = lane; j < C; j += 32) {
-        float n = (ldf(x[j]) - m) * r;
-        o[j] = stf<T>(n * ldf(weight[j]) + ldf(bias[j]));
-    }
-    if (lane == 0) {
-        mean[row] = m;
-        rstd[row] = r;
-    }
-}
 
 int pxt_cuda_layernorm_forward(int index, void *out, float *mean, float *rstd, const void *inp,
                                const void *weight, const void *bias, int N, int C, float eps,
@@ -50,14 +17,18 @@ int pxt_cuda_layernorm_forward(int index, void *out, float *mean, float *rstd, c
         return pxt_error(PXT_ERR_VALUE, "layernorm_forward: bad size N=%d C=%d", N, C);
     }
     PXT_CUDA_ENTER(index);
+    /* a warp per row (layernorm.cuh), 16 bytes per access where C and the pointers allow */
     PXT_TRY(pxt_cuda_dispatch(dt, "layernorm_forward", [&](auto tag) {
         using T = decltype(tag);
-        if (N) {
-            layernorm_forward_kernel<T>
-                <<<(N + PXT_LN_WARPS - 1) / PXT_LN_WARPS, 32 * PXT_LN_WARPS, 0,
-                   pxt_cuda_stream(index)>>>((T *)out, mean, rstd, (const T *)inp,
-                                             (const T *)weight, (const T *)bias, N, C, eps);
-        }
+        const void *ptrs[] = {out, inp, weight, bias};
+        pxt_vec_dispatch<T>(pxt_vec_width(sizeof(T), C, ptrs, 4), [&](auto v) {
+            if (N) {
+                pxt_ln_forward_kernel<T, decltype(v)::value>
+                    <<<(N + PXT_LN_WARPS - 1) / PXT_LN_WARPS, 32 * PXT_LN_WARPS, 0,
+                       pxt_cuda_stream(index)>>>((T *)out, mean, rstd, (const T *)inp,
+                                                 (const T *)weight, (const T *)bias, N, C, eps);
+            }
+        });
     }));
     PXT_CUDA_CHECK_LAUNCH("layernorm_forward");
     return PXT_OK;

@@ -1,6 +1,6 @@
 /* cond_main.cpp: the CUDA kernels of the conditioning path's ops (cuda/groupnorm.cuh,
  * cuda/rmsnorm.cuh, cuda/geglu.cuh, and their weight gradients in cuda/colsum.cuh; and the
- * MLP's GELU, cuda/gelu.cuh, and LayerNorm's dinp, cuda/layernorm.cuh), their
+ * MLP's GELU, cuda/gelu.cuh, and LayerNorm's forward and dinp, cuda/layernorm.cuh), their
  * own source run by the emulator, against the CPU backend's functions (csrc/cpu/
  * groupnorm.c, rmsnorm.c, geglu.c, linked in), at tiny, ragged, misaligned and XTTS v2
  * sizes, each dtype. Launches are those of the .cu files: the same grids, block sizes and
@@ -352,7 +352,46 @@ template <typename T> static void gelu_case(size_t n, int off, unsigned max_grid
         emu_free(p);
 }
 
-/* ---- LayerNorm's dinp (the GPT blocks'; cuda/layernorm.cuh) ----------------------------------- */
+/* ---- LayerNorm's forward and dinp (the GPT blocks'; cuda/layernorm.cuh) ------------------------ */
+
+/* N rows of C against the CPU's forward; off as groupnorm's. mean, rstd within 2 u of
+ * themselves; out within 8 u of the magnitudes of its terms (groupnorm's bounds). */
+template <typename T> static void layernorm_forward_case(int N, int C, int off) {
+    const size_t n = (size_t)N * C;
+    const pxt_dtype dt = dtype_of<T>();
+    T *x = device<T>(n + off, [](size_t) { return normal<T>(1.5, 0.5); }) + off;
+    T *w = device<T>(C + off, [](size_t) { return normal<T>(1.0); }) + off;
+    T *b = device<T>(C + off, [](size_t) { return normal<T>(0.5); }) + off;
+    T *want = poisoned<T>(n), *got = poisoned<T>(n + off) + off;
+    float *wm = poisoned<float>(N), *wr = poisoned<float>(N), *gm = poisoned<float>(N), *gr = poisoned<float>(N);
+    pxt_cpu_layernorm_forward(0, want, wm, wr, x, w, b, N, C, 1e-5f, dt);
+    long e0 = emu_errors;
+    const void *ptrs[] = {got, x, w, b};
+    const int V = pxt_vec_width(sizeof(T), C, ptrs, 4);
+    emu_dim3 grid, block;
+    grid.x = (unsigned)((N + PXT_LN_WARPS - 1) / PXT_LN_WARPS);
+    block.x = 32 * PXT_LN_WARPS;
+    pxt_vec_dispatch<T>(V, [&](auto v) {
+        if (N)
+            emu_launch(grid, block, 0, [&] {
+                pxt_ln_forward_kernel<T, decltype(v)::value>(got, gm, gr, x, w, b, N, C, 1e-5f);
+            });
+    });
+    bool ok = close(gm, wm, N, [&](size_t i) { return 2 * U * std::fabs(wm[i]) + 1e-30; }, "mean") &&
+              close(gr, wr, N, [&](size_t i) { return 2 * U * wr[i]; }, "rstd");
+    ok = ok && close(got, want, n, [&](size_t i) {
+             const size_t k = i / C;
+             const int j = (int)(i % C);
+             double xv = ldf(x[i]), nv = (xv - wm[k]) * wr[k], wv = ldf(w[j]);
+             return 8 * U * (std::fabs(nv * wv) + std::fabs(ldf(b[j])) + (std::fabs(xv) + std::fabs(wm[k])) * wr[k] * std::fabs(wv)) + 1e-30;
+         }, "out");
+    report("layernorm forward " + std::string(name_of<T>()) + " N=" + std::to_string(N) + " C=" + std::to_string(C) +
+               " V=" + std::to_string(V) + (off ? " misaligned" : ""),
+           ok && emu_errors == e0 && emu_tail_intact(gm) && emu_tail_intact(gr) && emu_tail_intact(got - off));
+    for (void *p : {(void *)(x - off), (void *)(w - off), (void *)(b - off), (void *)want, (void *)(got - off),
+                    (void *)wm, (void *)wr, (void *)gm, (void *)gr})
+        emu_free(p);
+}
 
 /* N rows of C from the CPU's saved statistics; off as groupnorm's. dinp within 8 u of the
  * magnitudes of its terms: the double sums add in a tree, so mean(g) and mean(g n) may be
@@ -433,6 +472,12 @@ template <typename T> static void all_small() {
     gelu_case<T>(4096 + 8, 0, 3);
     gelu_case<T>(1000, 1, 65535);
     gelu_case<T>(0, 0, 65535);
+    layernorm_forward_case<T>(1, 1, 0);
+    layernorm_forward_case<T>(3, 7, 0);
+    layernorm_forward_case<T>(10, 1000, 0);
+    layernorm_forward_case<T>(9, 1024, 1);
+    layernorm_forward_case<T>(17, 1024, 0);
+    layernorm_forward_case<T>(0, 8, 0);
     layernorm_case<T>(1, 1, 0);
     layernorm_case<T>(3, 7, 0);
     layernorm_case<T>(10, 1000, 0);
@@ -454,7 +499,8 @@ int main(int argc, char **argv) {
         geglu_case<pxt_bf16>(8 * 32, 2730, 0, 65535);
         geglu_case<float>(8 * 32, 2730, 0, 65535);
         gelu_case<pxt_bf16>((size_t)490 * 4096, 0, 65535); /* one sample of fc's activations */
-        layernorm_case<pxt_bf16>(8 * 490, 1024, 0);             /* a block's, batch 8 */
+        layernorm_forward_case<pxt_bf16>(8 * 490, 1024, 0);     /* a block's, batch 8 */
+        layernorm_case<pxt_bf16>(8 * 490, 1024, 0);
     }
     printf("failures: %d\n", failures);
     return failures != 0;
