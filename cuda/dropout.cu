@@ -1,36 +1,8 @@
 /* dropout.cu: dropout of rows, forward and backward (csrc/cpu/dropout.c is the
- * reference).
- *
- * The masks are engine/dropout.h's: a pure function of (site key, sample,
- * position, channel), so this kernel draws the CPU's bits in any order. One
- * thread owns a group of four channels of one row, the four words of one
- * Philox call, as the CPU's loop does; the arithmetic is the CPU's (x * factor,
- * then + resid, each rounded: -fmad=false), so the results are its bits. */
+ * reference): the launches of dropout.cuh's kernel, the CPU's bits. */
 #include "elem.cuh"
-#include "engine/dropout.h"
 
-/* dst, src, resid (N, C): dst = resid + src * mask (resid NULL: src * mask). The
- * forward is dst = src = x; the backward dst = dx, src = dy, no resid (dx may be dy:
- * each element is read, then written, by one thread). One thread per (row, group of 4
- * channels). */
-template <typename T>
-__global__ static void dropout_rows_kernel(T *dst, const T *src, const T *resid, int N, int C,
-                                           int groups, pxt_dropout d) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)N * groups) {
-        return;
-    }
-    int r = (int)(i / groups), c0 = (int)(i % groups) * 4;
-    uint32_t w[4];
-    pxt_dropout_row_words(&d, r, c0, w);
-    size_t row = (size_t)r * C;
-    int n = C - c0 < 4 ? C - c0 : 4;
-    for (int k = 0; k < n; k++) {
-        size_t e = row + c0 + k;
-        float v = ldf(src[e]) * pxt_dropout_factor(&d, w[k]);
-        dst[e] = stf<T>(resid ? ldf(resid[e]) + v : v);
-    }
-}
+#include "dropout.cuh"
 
 static int dropout_rows(int index, void *dst, const void *src, const void *resid, int N, int C,
                         const pxt_dropout *d, pxt_dtype dt, const char *op) {
@@ -42,9 +14,17 @@ static int dropout_rows(int index, void *dst, const void *src, const void *resid
     size_t n = (size_t)N * groups; /* threads; N * groups / 256 blocks < 2^31 for int N, C */
     PXT_TRY(pxt_cuda_dispatch(dt, op, [&](auto tag) {
         using T = decltype(tag);
-        if (n) {
-            unsigned int blocks = (unsigned int)((n + PXT_EW_BLOCK - 1) / PXT_EW_BLOCK);
-            dropout_rows_kernel<T><<<blocks, PXT_EW_BLOCK, 0, pxt_cuda_stream(index)>>>(
+        if (!n) {
+            return;
+        }
+        const unsigned int blocks = (unsigned int)((n + PXT_EW_BLOCK - 1) / PXT_EW_BLOCK);
+        /* a group's four elements in one access where C and the rows allow it */
+        const void *ptrs[] = {dst, src, resid ? resid : dst};
+        if (pxt_vec_width(sizeof(T), C, ptrs, 3) >= 4) {
+            pxt_dropout_rows_kernel<T, 4><<<blocks, PXT_EW_BLOCK, 0, pxt_cuda_stream(index)>>>(
+                (T *)dst, (const T *)src, (const T *)resid, N, C, groups, *d);
+        } else {
+            pxt_dropout_rows_kernel<T, 1><<<blocks, PXT_EW_BLOCK, 0, pxt_cuda_stream(index)>>>(
                 (T *)dst, (const T *)src, (const T *)resid, N, C, groups, *d);
         }
     }));

@@ -2,11 +2,12 @@
 host emulator of tests/cuda_emu/ (see test_cuda_emu.py for what it emulates).
 
 tests/cuda_emu/cond_main.cpp runs cuda/groupnorm.cuh, cuda/rmsnorm.cuh, cuda/geglu.cuh and
-their weight gradients (cuda/colsum.cuh's pxt_colsum_gn, pxt_colsum_rms), and the MLP's
-GELU (cuda/gelu.cuh) and LayerNorm's dinp (cuda/layernorm.cuh), with the .cu files'
-launches (grids, block sizes, vector widths) against the CPU backend (csrc/cpu/
-groupnorm.c, rmsnorm.c, geglu.c, gelu.c, layernorm.c, linked in): GEGLU, GELU and the
-weight gradients bit for bit, the rest within bounds its header states; every dtype, tiny,
+their weight gradients (cuda/colsum.cuh's pxt_colsum_gn, pxt_colsum_rms), the MLP's
+GELU (cuda/gelu.cuh), LayerNorm's forward and dinp (cuda/layernorm.cuh) and the dropout of
+rows (cuda/dropout.cuh), with the .cu files' launches (grids, block sizes, vector widths)
+against the CPU backend (csrc/cpu/groupnorm.c, rmsnorm.c, geglu.c, gelu.c, layernorm.c,
+dropout.c, linked in): GEGLU, GELU, dropout and the weight gradients bit for bit, the rest
+within bounds its header states; every dtype, tiny,
 ragged, misaligned and XTTS v2 sizes. The build is cached by the hash of its inputs (in the temp folder)."""
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ pytestmark = [pytest.mark.slow,
 
 # bias.c: pxt_cpu_colsum, the norms' weight-gradient sums
 C_SOURCES = ["csrc/engine/common.c", "csrc/engine/half.c", "csrc/cpu/bias.c", "csrc/cpu/groupnorm.c",
-             "csrc/cpu/rmsnorm.c", "csrc/cpu/geglu.c", "csrc/cpu/gelu.c", "csrc/cpu/layernorm.c"]
+             "csrc/cpu/rmsnorm.c", "csrc/cpu/geglu.c", "csrc/cpu/gelu.c", "csrc/cpu/layernorm.c",
+             "csrc/cpu/dropout.c"]
 
 
 def inputs_hash() -> str:
@@ -51,6 +53,6 @@ def cond_emu() -> Path:
 
 def test_cond_kernels_against_the_cpu_backend(cond_emu):
     out = check([str(cond_emu), str(SEED)], timeout=300)
-    # 3 dtypes x (9 GroupNorm x 2 + 6 RMS x 2 + 6 GEGLU + 5 GELU + 6 LayerNorm forward + 5
-    # LayerNorm dinp) small cases, 13 at XTTS v2 sizes
-    assert out.count(" OK") == 3 * (18 + 12 + 6 + 5 + 6 + 5) + 13, out
+    # 3 dtypes x (9 GroupNorm x 2 + 6 RMS x 2 + 6 GEGLU + 5 GELU + 5 dropout + 6 LayerNorm
+    # forward + 5 LayerNorm dinp) small cases, 14 at XTTS v2 sizes
+    assert out.count(" OK") == 3 * (18 + 12 + 6 + 5 + 5 + 6 + 5) + 14, out

@@ -1,6 +1,7 @@
 /* cond_main.cpp: the CUDA kernels of the conditioning path's ops (cuda/groupnorm.cuh,
  * cuda/rmsnorm.cuh, cuda/geglu.cuh, and their weight gradients in cuda/colsum.cuh; and the
- * MLP's GELU, cuda/gelu.cuh, and LayerNorm's forward and dinp, cuda/layernorm.cuh), their
+ * MLP's GELU, cuda/gelu.cuh, LayerNorm's forward and dinp, cuda/layernorm.cuh, and the
+ * dropout of rows, cuda/dropout.cuh), their
  * own source run by the emulator, against the CPU backend's functions (csrc/cpu/
  * groupnorm.c, rmsnorm.c, geglu.c, linked in), at tiny, ragged, misaligned and XTTS v2
  * sizes, each dtype. Launches are those of the .cu files: the same grids, block sizes and
@@ -8,7 +9,7 @@
  * grid-stride loops go round.
  *
  * What must match how:
- *  - bit for bit: GEGLU and GELU (the CPU's float expressions; the emulator's erff and expf are
+ *  - bit for bit: GEGLU, GELU and dropout (the CPU's float expressions; the emulator's erff and expf are
  *    the CPU's glibc), and the weight gradients dweight, dbias, dgamma (backend.h's
  *    chunked column sums of the same float terms, from the CPU's saved statistics);
  *  - within a bound: the rest, whose double sums (GroupNorm's statistics and means, the
@@ -26,6 +27,7 @@
 
 #include "engine/backend.h"
 #include "colsum.cuh"
+#include "dropout.cuh"
 #include "geglu.cuh"
 #include "gelu.cuh"
 #include "groupnorm.cuh"
@@ -352,6 +354,47 @@ template <typename T> static void gelu_case(size_t n, int off, unsigned max_grid
         emu_free(p);
 }
 
+/* ---- dropout of rows (cuda/dropout.cuh) ------------------------------------------------------ */
+
+/* N rows of C, rows of T per sample, segments at seg1, seg2; resid: the forward adds a
+ * residual; off as groupnorm's. The CPU's bits: forward in place (x = resid + x * mask),
+ * backward in place and out of place (dx = dy * mask), launched as dropout.cu does. */
+template <typename T> static void dropout_case(int N, int C, int Trows, int seg1, int seg2, bool resid, int off) {
+    const size_t n = (size_t)N * C;
+    const pxt_dtype dt = dtype_of<T>();
+    const pxt_dropout d = pxt_dropout_make(0.3f, pxt_dropout_key(rng(), 5, 3), Trows, seg1, seg2, (uint32_t)(rng() % 100));
+    T *x0 = device<T>(n, [](size_t) { return normal<T>(1.0); });
+    T *res = resid ? device<T>(n + off, [](size_t) { return normal<T>(1.0); }) + off : nullptr;
+    T *want = device<T>(n, [&](size_t i) { return x0[i]; });
+    T *got = device<T>(n + off, [&](size_t i) { return i < (size_t)off ? stf<T>(0.0f) : x0[i - off]; }) + off;
+    T *dwant = device<T>(n, [&](size_t i) { return x0[i]; });
+    T *dgot = device<T>(n + off, [&](size_t i) { return i < (size_t)off ? stf<T>(0.0f) : x0[i - off]; }) + off;
+    T *dapart = poisoned<T>(n + off) + off;
+    pxt_cpu_dropout_forward(0, want, res, N, C, &d, dt);
+    pxt_cpu_dropout_backward(0, dwant, dwant, N, C, &d, dt);
+    long e0 = emu_errors;
+    const int groups = (C + 3) / 4;
+    const void *ptrs[] = {got, got, res ? (const void *)res : (const void *)got};
+    const int V = pxt_vec_width(sizeof(T), C, ptrs, 3) >= 4 ? 4 : 1;
+    auto run = [&](T *dst, const T *src, const T *rs) {
+        if (V == 4) ew_launch((size_t)N * groups, 65535, [&] { pxt_dropout_rows_kernel<T, 4>(dst, src, rs, N, C, groups, d); });
+        else ew_launch((size_t)N * groups, 65535, [&] { pxt_dropout_rows_kernel<T, 1>(dst, src, rs, N, C, groups, d); });
+    };
+    run(dapart, x0, nullptr); /* the backward out of place: dx = dy * mask, dy = x0 */
+    run(got, got, res);
+    run(dgot, dgot, nullptr);
+    bool ok = same_bits(got, want, n * sizeof(T)) && same_bits(dgot, dwant, n * sizeof(T)) &&
+              same_bits(dapart, dwant, n * sizeof(T));
+    report("dropout rows " + std::string(name_of<T>()) + " N=" + std::to_string(N) + " C=" + std::to_string(C) +
+               " V=" + std::to_string(V) + (resid ? " +resid" : "") + (off ? " misaligned" : ""),
+           ok && emu_errors == e0 && emu_tail_intact(got - off) && emu_tail_intact(dgot - off) &&
+               emu_tail_intact(dapart - off));
+    for (void *p : {(void *)x0, (void *)want, (void *)(got - off), (void *)dwant, (void *)(dgot - off),
+                    (void *)(dapart - off)})
+        emu_free(p);
+    if (res) emu_free(res - off);
+}
+
 /* ---- LayerNorm's forward and dinp (the GPT blocks'; cuda/layernorm.cuh) ------------------------ */
 
 /* N rows of C against the CPU's forward; off as groupnorm's. mean, rstd within 2 u of
@@ -472,6 +515,11 @@ template <typename T> static void all_small() {
     gelu_case<T>(4096 + 8, 0, 3);
     gelu_case<T>(1000, 1, 65535);
     gelu_case<T>(0, 0, 65535);
+    dropout_case<T>(1, 1, 1, 1, 1, false, 0);
+    dropout_case<T>(3, 7, 3, 1, 2, true, 0);      /* C % 4 != 0: element by element */
+    dropout_case<T>(12, 64, 6, 2, 4, true, 0);     /* 2 samples of 6 rows, 3 segments */
+    dropout_case<T>(10, 1024, 5, 5, 5, false, 1);  /* misaligned: element by element */
+    dropout_case<T>(0, 8, 1, 1, 1, true, 0);
     layernorm_forward_case<T>(1, 1, 0);
     layernorm_forward_case<T>(3, 7, 0);
     layernorm_forward_case<T>(10, 1000, 0);
@@ -499,6 +547,7 @@ int main(int argc, char **argv) {
         geglu_case<pxt_bf16>(8 * 32, 2730, 0, 65535);
         geglu_case<float>(8 * 32, 2730, 0, 65535);
         gelu_case<pxt_bf16>((size_t)490 * 4096, 0, 65535); /* one sample of fc's activations */
+        dropout_case<pxt_bf16>(8 * 490, 1024, 490, 32, 232, true, 0); /* a block's residual, batch 8 */
         layernorm_forward_case<pxt_bf16>(8 * 490, 1024, 0);     /* a block's, batch 8 */
         layernorm_case<pxt_bf16>(8 * 490, 1024, 0);
     }
