@@ -91,17 +91,21 @@ static inline int pxt_tc_smem_most(int D, int one_pass) {
     return one_pass && s.bwd > m ? s.bwd : m;
 }
 
-/* The one-pass backward's splits: 264 CTAs (B H S) or more (two waves of a 132-SM card
- * at D = 64, one CTA an SM; one wave at D = 128, two an SM), at most one per key block. A function of the arguments alone, so that a plan made on
- * any machine sizes the workspace the call will use. */
-#define TC_SPLIT_CTAS 264
+/* The one-pass backward's splits: about one wave of CTAs (B H S) on a 132-SM card (an
+ * SM holds one CTA at D = 64, 8 warps of 255 registers; two at D = 128), rounded to the
+ * nearest, at least 1 and at most one per key block: more splits only add partials to
+ * reduce. A function of the arguments alone, so that a plan made on any machine sizes the
+ * workspace the call will use. */
+#define TC_SPLIT_SMS 132
 static inline int pxt_tc_splits(const pxt_attn_args *a) {
     const int bk = 16 * (a->D <= 64 ? bwd1_warps<64>() : bwd1_warps<128>());
     const int64_t nkb = ((int64_t)a->Tk + bk - 1) / bk, bh = (int64_t)a->B * a->H;
     if (nkb <= 0 || bh <= 0) {
         return 0;
     }
-    const int64_t s = (TC_SPLIT_CTAS + bh - 1) / bh;
+    const int64_t ctas = (int64_t)TC_SPLIT_SMS * (a->D <= 64 ? 1 : 2);
+    int64_t s = (ctas + bh / 2) / bh;
+    s = s < 1 ? 1 : s;
     return (int)(s < nkb ? s : nkb);
 }
 /* bytes of its fp32 dQ partials (S, B, H, Tq, D); SIZE_MAX if that overflows */

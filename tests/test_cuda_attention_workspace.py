@@ -5,8 +5,8 @@ with or without a GPU.
 
 - two-kernel (the default): Di (B, H, Tq) fp32 + 256 bytes of alignment, as before;
 - one-pass: Di rounded up to 256 bytes, then the split dQ partials (S, B, H, Tq, D) fp32
-  with S = min(ceil(264 / (B H)), key blocks: of 128 keys for D = 64, 64 for D = 128),
-  + 256 (cuda/attention_tc_plan.h);
+  with S = 132 CTAs (264 for D = 128) / (B H) rounded to the nearest, at least 1, at most
+  the key blocks (of 128 keys for D = 64, 64 for D = 128), + 256 (cuda/attention_tc_plan.h);
 - a bad value plans as two-kernel (the backward call itself names the value).
 """
 from __future__ import annotations
@@ -54,6 +54,6 @@ def test_one_pass_plans_its_split_partials_and_nothing_else_changes():
         rows = (w0 - 256) // 4
         assert rows * 4 + 256 == w0 and rows % (B * H) == 0, key
         T = rows // (B * H)
-        S = min(math.ceil(264 / (B * H)), math.ceil(T / (128 if D == 64 else 64)))
+        S = min(max(1, (132 * (1 if D == 64 else 2) + B * H // 2) // (B * H)), math.ceil(T / (128 if D == 64 else 64)))
         want = math.ceil(rows * 4 / 256) * 256 + S * B * H * T * D * 4 + 256
         assert one[key] == want, (key, one[key], want, T, S)
