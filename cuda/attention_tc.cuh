@@ -481,6 +481,110 @@ __global__ static void __launch_bounds__(TC_THREADS)
         }
 }
 
+/* ---- backward: a warp's 16 keys against one query tile ------------------------------- */
+
+/* The step of the dK/dV kernel and of the one-pass kernel: S^T = K Q^T and dP^T = V dO^T
+ * for the warp's 16 keys (rows 16 warp .. of Ks, Vs) and the tile's BQ queries (Qt, dOt;
+ * L2 their lse in log2 units, Dt their Di), P^T and the scaled dS^T as the header says,
+ * then dV += P^T dO and dK += dS^T Q. on_ds(kc, da) gets the dS^T fragments of each 16
+ * queries (the one-pass kernel stores them for dQ). j0: the CTA's first key, jw the
+ * warp's, i0 the tile's first query, kl the sample's key length, kval the CTA's key flags. */
+template <typename T, int D, bool DROP, typename OnDs>
+__device__ static __forceinline__ void
+bwd_kv_tile(const pxt_attn_args &a, int b, int h, int warp, int lane, const uint16_t *Ks,
+            const uint16_t *Vs, const uint16_t *Qt, const uint16_t *dOt, const float *L2,
+            const float *Dt, const unsigned char *kval, int j0, int jw, int i0, int kl,
+            float (&dK)[D / 8][4], float (&dV)[D / 8][4], OnDs on_ds) {
+    constexpr int BQ = bwd_bq<D>(), SD = D + TC_PAD, KC = D / 16, NT = BQ / 8, DT = D / 8;
+    const int g = lane / 4, t = lane % 4;
+    const float c2 = a.scale * TC_LOG2E;
+
+    float s[NT][4], dp[NT][4]; /* S^T, dP^T (16 keys, BQ queries) */
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            s[nt][e] = dp[nt][e] = 0.0f;
+        }
+#pragma unroll
+    for (int kc = 0; kc < KC; kc++) {
+        uint32_t ka[4], va[4];
+        frag_a<SD>(ka, Ks, 16 * warp, kc, lane);
+        frag_a<SD>(va, Vs, 16 * warp, kc, lane);
+#pragma unroll
+        for (int np = 0; np < NT / 2; np++) {
+            uint32_t bf[4];
+            frag_b_nk<SD>(bf, Qt, np * 16, kc, lane);
+            mma16816<T>(s[2 * np], ka, bf[0], bf[1]);
+            mma16816<T>(s[2 * np + 1], ka, bf[2], bf[3]);
+            frag_b_nk<SD>(bf, dOt, np * 16, kc, lane);
+            mma16816<T>(dp[2 * np], va, bf[0], bf[1]);
+            mma16816<T>(dp[2 * np + 1], va, bf[2], bf[3]);
+        }
+    }
+    const bool need_mask = a.key_mask || jw + 16 > kl || (a.causal && i0 < jw + 15);
+    /* dropout: lane l draws the warp's 16 keys of queries l, l + 32 (as BQ has),
+     * 16 bits each; qkeep[nt][e] the bits of query nt*8 + 2t + e */
+    [[maybe_unused]] uint32_t qkeep[NT][2];
+    if constexpr (DROP) {
+        uint32_t mine = 0;
+#pragma unroll
+        for (int x = 0; x < BQ / 32; x++) {
+            mine |= (uint32_t)attn_keep_bits_n<16>(a.drop, b, h, i0 + lane + 32 * x, jw) << 16 * x;
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int r = nt * 8 + 2 * t + e;
+                qkeep[nt][e] = __shfl_sync(0xffffffffu, mine, r % 32) >> 16 * (r / 32);
+            }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = nt * 8 + 2 * t + (e & 1);     /* query in the tile */
+            const int c = 16 * warp + g + 8 * (e >> 1); /* key in the CTA */
+            float p = tc_exp2(fmaf(s[nt][e], c2, -L2[r]));
+            /* a row of no key has p = 0 through L2 = +inf, but not where c2
+             * overflowed (scale > FLT_MAX / log2 e): 0 * inf is NaN */
+            if ((need_mask && (!kval[c] || (a.causal && j0 + c > i0 + r))) || L2[r] == INFINITY) {
+                p = 0.0f;
+            }
+            if constexpr (DROP) { /* dV takes P Z, dS = P (dP Z - Di) */
+                const float z = qkeep[nt][e & 1] >> (g + 8 * (e >> 1)) & 1u ? a.drop.scale : 0.0f;
+                s[nt][e] = p * z;
+                dp[nt][e] = p * (dp[nt][e] * z - Dt[r]) * a.scale;
+            } else {
+                s[nt][e] = p;                                  /* P^T */
+                dp[nt][e] = p * (dp[nt][e] - Dt[r]) * a.scale; /* dS^T, scaled */
+            }
+        }
+#pragma unroll
+    for (int kc = 0; kc < BQ / 16; kc++) { /* 16 queries at a time */
+        uint32_t pa[4] = {pack2<T>(s[2 * kc][0], s[2 * kc][1]),
+                          pack2<T>(s[2 * kc][2], s[2 * kc][3]),
+                          pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                          pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+        uint32_t da[4] = {pack2<T>(dp[2 * kc][0], dp[2 * kc][1]),
+                          pack2<T>(dp[2 * kc][2], dp[2 * kc][3]),
+                          pack2<T>(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
+                          pack2<T>(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
+        on_ds(kc, da);
+#pragma unroll
+        for (int dq = 0; dq < DT / 2; dq++) {
+            uint32_t bf[4];
+            frag_b_kn<SD>(bf, dOt, kc * 16, dq * 16, lane); /* dV += P^T dO */
+            mma16816<T>(dV[2 * dq], pa, bf[0], bf[1]);
+            mma16816<T>(dV[2 * dq + 1], pa, bf[2], bf[3]);
+            frag_b_kn<SD>(bf, Qt, kc * 16, dq * 16, lane); /* dK += dS^T Q */
+            mma16816<T>(dK[2 * dq], da, bf[0], bf[1]);
+            mma16816<T>(dK[2 * dq + 1], da, bf[2], bf[3]);
+        }
+    }
+}
+
 /* ---- backward: dK, dV per 64 keys ---------------------------------------------------- */
 
 /* dk, dv (k, v layouts) of keys j0 .. j0+63 of (b, h) */
@@ -488,7 +592,7 @@ template <typename T, int D, bool DROP>
 __global__ static void __launch_bounds__(TC_THREADS)
     attn_tc_bwd_kv_kernel(pxt_attn_args a, T *dk, T *dv, const T *dout, const T *q, const T *k,
                           const T *v, const float *lse, const float *Di, int nkb) {
-    constexpr int BQ = bwd_bq<D>(), SD = D + TC_PAD, KC = D / 16, NT = BQ / 8, DT = D / 8;
+    constexpr int BQ = bwd_bq<D>(), SD = D + TC_PAD, DT = D / 8;
     extern __shared__ __align__(16) uint16_t smem[];
     uint16_t *Ks = smem;                       /* (BK, SD) */
     uint16_t *Vs = Ks + TC_BK * SD;            /* (BK, SD) */
@@ -502,7 +606,6 @@ __global__ static void __launch_bounds__(TC_THREADS)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int ql = q_len(a, b), kl = k_len(a, b);
     const int jw = j0 + 16 * warp; /* the warp's first key */
-    const float c2 = a.scale * TC_LOG2E;
     const float *lse_bh = lse + (size_t)bh * a.Tq, *Di_bh = Di + (size_t)bh * a.Tq;
 
     auto kok = [&](int c) { return key_ok(a, b, j0 + c, kl); };
@@ -554,94 +657,9 @@ __global__ static void __launch_bounds__(TC_THREADS)
          * past k_length, skips it: its dK, dV stay 0 and are written as zeros */
         const bool skip = (a.causal && i0 + BQ - 1 < jw) || jw >= kl;
         if (!skip) {
-            const uint16_t *Qt = Qs + buf * BQ * SD, *dOt = dOs + buf * BQ * SD;
-            const float *L2 = L2s + buf * BQ, *Dt = Dis + buf * BQ;
-            float s[NT][4], dp[NT][4]; /* S^T, dP^T (16 keys, BQ queries) */
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    s[nt][e] = dp[nt][e] = 0.0f;
-                }
-#pragma unroll
-            for (int kc = 0; kc < KC; kc++) {
-                uint32_t ka[4], va[4];
-                frag_a<SD>(ka, Ks, 16 * warp, kc, lane);
-                frag_a<SD>(va, Vs, 16 * warp, kc, lane);
-#pragma unroll
-                for (int np = 0; np < NT / 2; np++) {
-                    uint32_t bf[4];
-                    frag_b_nk<SD>(bf, Qt, np * 16, kc, lane);
-                    mma16816<T>(s[2 * np], ka, bf[0], bf[1]);
-                    mma16816<T>(s[2 * np + 1], ka, bf[2], bf[3]);
-                    frag_b_nk<SD>(bf, dOt, np * 16, kc, lane);
-                    mma16816<T>(dp[2 * np], va, bf[0], bf[1]);
-                    mma16816<T>(dp[2 * np + 1], va, bf[2], bf[3]);
-                }
-            }
-            const bool need_mask = a.key_mask || jw + 16 > kl || (a.causal && i0 < jw + 15);
-            /* dropout: lane l draws the warp's 16 keys of queries l, l + 32 (as BQ has),
-             * 16 bits each; qkeep[nt][e] the bits of query nt*8 + 2t + e */
-            [[maybe_unused]] uint32_t qkeep[NT][2];
-            if constexpr (DROP) {
-                uint32_t mine = 0;
-#pragma unroll
-                for (int x = 0; x < BQ / 32; x++) {
-                    mine |= (uint32_t)attn_keep_bits_n<16>(a.drop, b, h, i0 + lane + 32 * x, jw)
-                            << 16 * x;
-                }
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const int r = nt * 8 + 2 * t + e;
-                        qkeep[nt][e] = __shfl_sync(0xffffffffu, mine, r % 32) >> 16 * (r / 32);
-                    }
-            }
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = nt * 8 + 2 * t + (e & 1);     /* query in the tile */
-                    const int c = 16 * warp + g + 8 * (e >> 1); /* key in the CTA */
-                    float p = tc_exp2(fmaf(s[nt][e], c2, -L2[r]));
-                    /* a row of no key has p = 0 through L2 = +inf, but not where c2
-                     * overflowed (scale > FLT_MAX / log2 e): 0 * inf is NaN */
-                    if ((need_mask && (!kval[c] || (a.causal && j0 + c > i0 + r))) ||
-                        L2[r] == INFINITY) {
-                        p = 0.0f;
-                    }
-                    if constexpr (DROP) { /* dV takes P Z, dS = P (dP Z - Di) */
-                        const float z =
-                            qkeep[nt][e & 1] >> (g + 8 * (e >> 1)) & 1u ? a.drop.scale : 0.0f;
-                        s[nt][e] = p * z;
-                        dp[nt][e] = p * (dp[nt][e] * z - Dt[r]) * a.scale;
-                    } else {
-                        s[nt][e] = p;                                  /* P^T */
-                        dp[nt][e] = p * (dp[nt][e] - Dt[r]) * a.scale; /* dS^T, scaled */
-                    }
-                }
-#pragma unroll
-            for (int kc = 0; kc < BQ / 16; kc++) { /* 16 queries at a time */
-                uint32_t pa[4] = {pack2<T>(s[2 * kc][0], s[2 * kc][1]),
-                                  pack2<T>(s[2 * kc][2], s[2 * kc][3]),
-                                  pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                                  pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-                uint32_t da[4] = {pack2<T>(dp[2 * kc][0], dp[2 * kc][1]),
-                                  pack2<T>(dp[2 * kc][2], dp[2 * kc][3]),
-                                  pack2<T>(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
-                                  pack2<T>(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
-#pragma unroll
-                for (int dq = 0; dq < DT / 2; dq++) {
-                    uint32_t bf[4];
-                    frag_b_kn<SD>(bf, dOt, kc * 16, dq * 16, lane); /* dV += P^T dO */
-                    mma16816<T>(dV[2 * dq], pa, bf[0], bf[1]);
-                    mma16816<T>(dV[2 * dq + 1], pa, bf[2], bf[3]);
-                    frag_b_kn<SD>(bf, Qt, kc * 16, dq * 16, lane); /* dK += dS^T Q */
-                    mma16816<T>(dK[2 * dq], da, bf[0], bf[1]);
-                    mma16816<T>(dK[2 * dq + 1], da, bf[2], bf[3]);
-                }
-            }
+            bwd_kv_tile<T, D, DROP>(a, b, h, warp, lane, Ks, Vs, Qs + buf * BQ * SD,
+                                    dOs + buf * BQ * SD, L2s + buf * BQ, Dis + buf * BQ, kval, j0,
+                                    jw, i0, kl, dK, dV, [](int, const uint32_t (&)[4]) {});
         }
         __syncthreads();
     }
@@ -853,7 +871,7 @@ template <typename T, int D, bool DROP>
 __global__ static void __launch_bounds__(32 * bwd1_warps<D>())
     attn_tc_bwd_kernel(pxt_attn_args a, T *dk, T *dv, float *dqp, const T *dout, const T *q,
                        const T *k, const T *v, const float *lse, const float *Di, int nkb, int S) {
-    constexpr int BQ = bwd_bq<D>(), SD = D + TC_PAD, KC = D / 16, NT = BQ / 8, DT = D / 8;
+    constexpr int BQ = bwd_bq<D>(), SD = D + TC_PAD, NT = BQ / 8, DT = D / 8;
     constexpr int NW = bwd1_warps<D>(), NTH = 32 * NW, BK = 16 * NW; /* 16 keys a warp */
     constexpr int SQ = BQ + TC_PAD; /* dS^T rows: 8 ldmatrix rows in 8 bank groups */
     constexpr int WQ = BQ / 16;     /* warps along the tile's rows in dQ; NW / WQ along D */
@@ -872,7 +890,6 @@ __global__ static void __launch_bounds__(32 * bwd1_warps<D>())
     const int b = bh / a.H, h = bh % a.H;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int ql = q_len(a, b), kl = k_len(a, b);
-    const float c2 = a.scale * TC_LOG2E;
     const float *lse_bh = lse + (size_t)bh * a.Tq, *Di_bh = Di + (size_t)bh * a.Tq;
     float *dqp_bh = dqp + ((size_t)split * a.B * a.H + bh) * a.Tq * D; /* (Tq, D) */
     const int qr = 16 * (warp % WQ), qc = CW * (warp / WQ);            /* the warp's dQ block */
@@ -933,98 +950,19 @@ __global__ static void __launch_bounds__(32 * bwd1_warps<D>())
                     *(uint32_t *)(dSs + (16 * warp + g + 8) * SQ + nt * 8 + 2 * t) = 0u;
                 }
             } else {
-                const float *L2 = L2s + buf * BQ, *Dt = Dis + buf * BQ;
-                float s[NT][4], dp[NT][4]; /* S^T, dP^T (16 keys, BQ queries) */
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        s[nt][e] = dp[nt][e] = 0.0f;
-                    }
-#pragma unroll
-                for (int kc = 0; kc < KC; kc++) {
-                    uint32_t ka[4], va[4];
-                    frag_a<SD>(ka, Ks, 16 * warp, kc, lane);
-                    frag_a<SD>(va, Vs, 16 * warp, kc, lane);
-#pragma unroll
-                    for (int np = 0; np < NT / 2; np++) {
-                        uint32_t bf[4];
-                        frag_b_nk<SD>(bf, Qt, np * 16, kc, lane);
-                        mma16816<T>(s[2 * np], ka, bf[0], bf[1]);
-                        mma16816<T>(s[2 * np + 1], ka, bf[2], bf[3]);
-                        frag_b_nk<SD>(bf, dOt, np * 16, kc, lane);
-                        mma16816<T>(dp[2 * np], va, bf[0], bf[1]);
-                        mma16816<T>(dp[2 * np + 1], va, bf[2], bf[3]);
-                    }
-                }
-                const bool need_mask = a.key_mask || jw + 16 > kl || (a.causal && i0 < jw + 15);
-                [[maybe_unused]] uint32_t qkeep[NT][2]; /* dropout, as the dK/dV kernel */
-                if constexpr (DROP) {
-                    uint32_t mine = 0;
-#pragma unroll
-                    for (int x = 0; x < BQ / 32; x++) {
-                        mine |= (uint32_t)attn_keep_bits_n<16>(a.drop, b, h, i0 + lane + 32 * x, jw)
-                                << 16 * x;
-                    }
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                        for (int e = 0; e < 2; e++) {
-                            const int r = nt * 8 + 2 * t + e;
-                            qkeep[nt][e] = __shfl_sync(0xffffffffu, mine, r % 32) >> 16 * (r / 32);
-                        }
-                }
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int r = nt * 8 + 2 * t + (e & 1);     /* query in the tile */
-                        const int c = 16 * warp + g + 8 * (e >> 1); /* key in the CTA */
-                        float p = tc_exp2(fmaf(s[nt][e], c2, -L2[r]));
-                        if ((need_mask && (!kval[c] || (a.causal && j0 + c > i0 + r))) ||
-                            L2[r] == INFINITY) {
-                            p = 0.0f;
-                        }
-                        if constexpr (DROP) {
-                            const float z =
-                                qkeep[nt][e & 1] >> (g + 8 * (e >> 1)) & 1u ? a.drop.scale : 0.0f;
-                            s[nt][e] = p * z;
-                            dp[nt][e] = p * (dp[nt][e] * z - Dt[r]) * a.scale;
-                        } else {
-                            s[nt][e] = p;                                  /* P^T */
-                            dp[nt][e] = p * (dp[nt][e] - Dt[r]) * a.scale; /* dS^T, scaled */
-                        }
-                    }
-#pragma unroll
-                for (int kc = 0; kc < BQ / 16; kc++) { /* 16 queries at a time */
-                    uint32_t pa[4] = {pack2<T>(s[2 * kc][0], s[2 * kc][1]),
-                                      pack2<T>(s[2 * kc][2], s[2 * kc][3]),
-                                      pack2<T>(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                                      pack2<T>(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-                    uint32_t da[4] = {pack2<T>(dp[2 * kc][0], dp[2 * kc][1]),
-                                      pack2<T>(dp[2 * kc][2], dp[2 * kc][3]),
-                                      pack2<T>(dp[2 * kc + 1][0], dp[2 * kc + 1][1]),
-                                      pack2<T>(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
-                    /* dS^T rows g, g + 8 of the warp's keys, queries 16 kc + 2t (+1), + 8 */
-                    uint16_t *ds = dSs + (16 * warp + g) * SQ + 16 * kc + 2 * t;
-                    *(uint32_t *)ds = da[0];
-                    *(uint32_t *)(ds + 8 * SQ) = da[1];
-                    *(uint32_t *)(ds + 8) = da[2];
-                    *(uint32_t *)(ds + 8 * SQ + 8) = da[3];
-#pragma unroll
-                    for (int dq = 0; dq < DT / 2; dq++) {
-                        uint32_t bf[4];
-                        frag_b_kn<SD>(bf, dOt, kc * 16, dq * 16, lane); /* dV += P^T dO */
-                        mma16816<T>(dV[2 * dq], pa, bf[0], bf[1]);
-                        mma16816<T>(dV[2 * dq + 1], pa, bf[2], bf[3]);
-                        frag_b_kn<SD>(bf, Qt, kc * 16, dq * 16, lane); /* dK += dS^T Q */
-                        mma16816<T>(dK[2 * dq], da, bf[0], bf[1]);
-                        mma16816<T>(dK[2 * dq + 1], da, bf[2], bf[3]);
-                    }
-                }
+                bwd_kv_tile<T, D, DROP>(
+                    a, b, h, warp, lane, Ks, Vs, Qt, dOt, L2s + buf * BQ, Dis + buf * BQ, kval, j0,
+                    jw, i0, kl, dK, dV, [&](int kc, const uint32_t (&da)[4]) {
+                        /* dS^T rows g, g + 8 of the warp's keys, queries 16 kc + 2t (+1), + 8 */
+                        uint16_t *ds = dSs + (16 * warp + g) * SQ + 16 * kc + 2 * t;
+                        *(uint32_t *)ds = da[0];
+                        *(uint32_t *)(ds + 8 * SQ) = da[1];
+                        *(uint32_t *)(ds + 8) = da[2];
+                        *(uint32_t *)(ds + 8 * SQ + 8) = da[3];
+                    });
             }
             __syncthreads(); /* dS^T of every warp's keys is in shared memory */
-            /* dQ (16 rows from qr, cols qc..qc+63) = dS K over the block's 64 keys */
+            /* dQ (16 rows from qr, CW cols from qc) = dS K over the block's BK keys */
             float acc[CT][4];
 #pragma unroll
             for (int ct = 0; ct < CT; ct++) {
