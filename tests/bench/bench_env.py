@@ -1,7 +1,9 @@
 """What every GPU benchmark's JSON records about where it ran: the device, the driver, the
-library versions and the build."""
+library versions, the build and the PYXTTS_* switches it ran under (the attention path and
+backward schedule among them)."""
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 
@@ -10,7 +12,8 @@ def environment(device: str) -> dict:
     import pyxtts
 
     env = {"python": platform.python_version(), "pyxtts": pyxtts.__version__,
-           "build": pyxtts.build_info(), "device": pyxtts.device_info(device)}
+           "build": pyxtts.build_info(), "device": pyxtts.device_info(device),
+           "switches": {k: v for k, v in sorted(os.environ.items()) if k.startswith("PYXTTS_")}}
     try:
         import torch
 
