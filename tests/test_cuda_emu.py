@@ -193,9 +193,11 @@ ONE_PASS = [("tc", "2"), ("tcquick", "1"), ("tcquick", "-1"), ("xtts", "3"), ("d
 @pytest.mark.parametrize("which,splits", ONE_PASS)
 def test_attention_one_pass_backward_against_float64(emu, which, splits):
     """The tensor-core backward's one-pass schedule (PYXTTS_CUDA_ATTENTION_BWD=one-pass):
-    the same cases and bounds as the two kernels, dropout and overflow included."""
+    the same cases and bounds as the two kernels, dropout and overflow included, and its dK
+    and dV the dK/dV kernel's bits (both run bwd_kv_tile), element for element."""
     out = check([str(emu / "attn_emu"), which, splits], timeout=900)
     assert "tensor-core backward: one pass" in out and " OK" in out and " FAIL" not in out, out
+    assert "kv-bits-differ 0" in out, out
 
 
 @pytest.mark.parametrize("splits", ["0", "-1"])

@@ -81,7 +81,7 @@ struct Case {
 
 /* cpu: the largest relative RMS difference to the CPU backend (dropout cases);
  * mask: probed mask elements that differ from dropout.h's (probe cases) */
-struct Res { double out, lse, dq, dk, dv, cpu; long nan, nonzero_pad, guard, mask, probed; };
+struct Res { double out, lse, dq, dk, dv, cpu; long nan, nonzero_pad, guard, mask, probed, kv_bits; };
 
 template <typename T> static T nanv() { T t; t.bits = 0xffff; return t; }
 template <> float nanv<float>() { return NAN; }
@@ -209,6 +209,7 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
     }
     /* ---- backward: Di (attention.cu's kernel), then dK/dV and dQ ---- */
     long split_guard = 0; /* split partials' guard elements written */
+    long split_kv_bits = 0; /* one pass: dK, dV elements not the dK/dV kernel's bits */
     {
         int64_t rows = (int64_t)B * H * Tq;
         /* the kernel attention.cu picks: 16 bytes a lane where the rows allow it */
@@ -240,6 +241,22 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
         const int64_t pairs = (int64_t)B * H * Tq * (D / 2);
         launch((unsigned)((pairs + 127) / 128), 0, [&] { attn_tc_dq_reduce_kernel<T, D>(a, dq, dqp.data(), S); });
         for (size_t i = (size_t)S * B * H * Tq * D; i < dqp.size(); i++) if (!std::isnan(dqp[i])) split_guard++;
+        /* dK, dV: the dK/dV kernel's code (bwd_kv_tile), so its bits; run it on copies */
+        std::vector<T> dq2buf(dqbuf.size(), nanv<T>()), dkv2buf(dkvbuf.size(), nanv<T>());
+        T *dk2 = c.self ? dq2buf.data() + C : dkv2buf.data(), *dv2 = c.self ? dq2buf.data() + 2 * C : dkv2buf.data() + C;
+        const int nkb2 = (Tk + TC_BK - 1) / TC_BK;
+        launch(B * H * nkb2, kv_smem_bytes<D>(), [&] {
+            if (c.p > 0.0f) attn_tc_bwd_kv_kernel<T, D, true>(a, dk2, dv2, dout, q, k, v, lse.data(), Di.data(), nkb2);
+            else attn_tc_bwd_kv_kernel<T, D, false>(a, dk2, dv2, dout, q, k, v, lse.data(), Di.data(), nkb2);
+        });
+        for (int b = 0; b < B; b++)
+            for (int hh = 0; hh < H; hh++)
+                for (int j = 0; j < Tk; j++)
+                    for (int d = 0; d < Dr; d++) {
+                        const size_t ok_ = (size_t)(at(dk, sk, b, hh, j) - dk) + d, ov = (size_t)(at(dv, sv, b, hh, j) - dv) + d;
+                        split_kv_bits += memcmp(dk + ok_, dk2 + ok_, sizeof(T)) != 0;
+                        split_kv_bits += memcmp(dv + ov, dv2 + ov, sizeof(T)) != 0;
+                    }
     } else if (tc) {
         const int nkb = (Tk + TC_BK - 1) / TC_BK, nqb = (Tq + TC_BQ - 1) / TC_BQ;
         launch(B * H * nkb, kv_smem_bytes<D>(), [&] {
@@ -266,6 +283,7 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
     /* ---- the CPU backend on the same arguments and buffers (dropout and overflow cases) ---- */
     Res r{};
     r.guard += split_guard;
+    r.kv_bits = split_kv_bits;
     std::vector<T> cobuf(obuf.size(), nanv<T>()), cdqbuf(dqbuf.size(), nanv<T>()),
         cdkvbuf(dkvbuf.size(), nanv<T>());
     std::vector<float> clse(lse.size(), NAN);
@@ -448,14 +466,15 @@ template <typename T, int D> static int one(const Case &c, bool tc, const char *
     }
     double tol = std::is_same_v<T, float> ? 1e-5 : std::is_same_v<T, pxt_f16> ? 4e-3 : 3e-2;
     bool ok = c.scale > 0.0f /* overflow: classes only, and some rows must be NaN */
-                  ? r.nan == 0 && r.guard == 0 && emu_errors == e0 && r.mask == 0 && r.probed > 0
+                  ? r.nan == 0 && r.guard == 0 && emu_errors == e0 && r.mask == 0 && r.probed > 0 && r.kv_bits == 0
                   : r.nan == 0 && r.nonzero_pad == 0 && r.guard == 0 && emu_errors == e0 &&
                         r.out < tol && r.dq < tol && r.dk < tol && r.dv < tol && r.lse < 1e-2 &&
-                        r.cpu < tol && r.mask == 0 && (c.probe == 0 || r.probed > 0);
+                        r.cpu < tol && r.mask == 0 && (c.probe == 0 || r.probed > 0) && r.kv_bits == 0;
     printf("%-4s %-5s D=%-3d %-28s late=%d out %.2e lse %.1e dq %.2e dk %.2e dv %.2e nan %ld pad!=0 %ld guard %ld emu-err %ld bankconf %ld",
            tc ? "tc" : "fb", tname, D, c.name.c_str(), emu_late, r.out, r.lse, r.dq, r.dk, r.dv, r.nan,
            r.nonzero_pad, r.guard, emu_errors - e0, emu_bank_conflicts - b0);
     if (emu_di8) printf(" di8");
+    if (emu_splits && tc) printf(" kv-bits-differ %ld", r.kv_bits);
     if (c.p > 0.0f) printf(" vs-cpu %.2e", r.cpu);
     if (c.probe) printf(" mask-err %ld of %ld", r.mask, r.probed);
     if (c.scale > 0.0f) printf(" class-err %ld nan-rows %ld", r.mask, r.probed);
