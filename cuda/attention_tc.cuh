@@ -481,6 +481,53 @@ __global__ static void __launch_bounds__(TC_THREADS)
         }
 }
 
+/* Query tile i0 .. i0+BQ-1 of (b, h) into buffer buf of the backward's shared memory (NTH
+ * threads): Q and dO rows (cp.async, not committed; rows past ql zero-filled), their lse
+ * in log2 units (+inf for a row that sees no key or is padding: p = exp2(x - inf) = 0; a
+ * NaN lse, scores that overflowed, carries on) and Di (0 for no row). */
+template <int BQ, int D, int NTH, typename T>
+__device__ static inline void bwd_load_qtile(uint16_t *Qs, uint16_t *dOs, float *L2s, float *Dis,
+                                             int buf, const T *q, const T *dout,
+                                             const pxt_attn_args &a, int b, int h, int i0, int ql,
+                                             const float *lse_bh, const float *Di_bh) {
+    constexpr int SD = D + TC_PAD;
+    const int nq = min(BQ, ql - i0);
+    auto ok = [&](int r) { return r < nq; };
+    load_rows<BQ, D, NTH>(Qs + buf * BQ * SD, q, a.q, b, h, i0, ok);
+    load_rows<BQ, D, NTH>(dOs + buf * BQ * SD, dout, a.o, b, h, i0, ok);
+    if (threadIdx.x < BQ) {
+        const int r = threadIdx.x;
+        const float L = r < nq ? lse_bh[i0 + r] : -INFINITY;
+        L2s[buf * BQ + r] = L == -INFINITY ? INFINITY : L * TC_LOG2E;
+        Dis[buf * BQ + r] = r < nq && L != -INFINITY ? Di_bh[i0 + r] : 0.0f;
+    }
+}
+
+/* dk, dv rows of the warp's 16 keys from j0 + 16 warp: its accumulators rounded once;
+ * masked keys and keys past k_length (kval 0) get zeros, keys past Tk nothing */
+template <typename T, int D>
+__device__ static inline void bwd_store_kv(const pxt_attn_args &a, T *dk, T *dv,
+                                           const float (&dK)[D / 8][4], const float (&dV)[D / 8][4],
+                                           const unsigned char *kval, int b, int h, int j0,
+                                           int warp, int lane) {
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int c = 16 * warp + g + 8 * hf;
+        if (j0 + c >= a.Tk) {
+            continue;
+        }
+        const bool keep = kval[c];
+        T *dkr = row_ptr(dk, a.k, b, h, j0 + c), *dvr = row_ptr(dv, a.v, b, h, j0 + c);
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++) {
+            const int d = dt * 8 + 2 * t;
+            store2<T>(dkr + d, keep ? dK[dt][2 * hf] : 0.0f, keep ? dK[dt][2 * hf + 1] : 0.0f);
+            store2<T>(dvr + d, keep ? dV[dt][2 * hf] : 0.0f, keep ? dV[dt][2 * hf + 1] : 0.0f);
+        }
+    }
+}
+
 /* ---- backward: a warp's 16 keys against one query tile ------------------------------- */
 
 /* The step of the dK/dV kernel and of the one-pass kernel: S^T = K Q^T and dP^T = V dO^T
@@ -603,7 +650,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
     unsigned char *kval = (unsigned char *)(Dis + 2 * BQ); /* (BK) */
     const int bh = blockIdx.x / nkb, j0 = (blockIdx.x % nkb) * TC_BK;
     const int b = bh / a.H, h = bh % a.H;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int ql = q_len(a, b), kl = k_len(a, b);
     const int jw = j0 + 16 * warp; /* the warp's first key */
     const float *lse_bh = lse + (size_t)bh * a.Tq, *Di_bh = Di + (size_t)bh * a.Tq;
@@ -619,18 +666,8 @@ __global__ static void __launch_bounds__(TC_THREADS)
     const int iend = j0 < kl ? ql : 0; /* a CTA past k_length has nothing to add */
     const int ntiles = iend > istart ? (iend - istart + BQ - 1) / BQ : 0;
     auto load_q = [&](int tile, int buf) {
-        const int i0 = istart + tile * BQ, nq = min(BQ, ql - i0);
-        auto ok = [&](int r) { return r < nq; };
-        load_rows<BQ, D>(Qs + buf * BQ * SD, q, a.q, b, h, i0, ok);
-        load_rows<BQ, D>(dOs + buf * BQ * SD, dout, a.o, b, h, i0, ok);
-        if (threadIdx.x < BQ) {
-            const int r = threadIdx.x;
-            const float L = r < nq ? lse_bh[i0 + r] : -INFINITY;
-            /* a row that sees no key (or is padding) gets +inf: p = exp2(x - inf) = 0;
-             * a NaN lse (scores that overflowed) carries on */
-            L2s[buf * BQ + r] = L == -INFINITY ? INFINITY : L * TC_LOG2E;
-            Dis[buf * BQ + r] = r < nq && L != -INFINITY ? Di_bh[i0 + r] : 0.0f;
-        }
+        bwd_load_qtile<BQ, D, TC_THREADS>(Qs, dOs, L2s, Dis, buf, q, dout, a, b, h,
+                                          istart + tile * BQ, ql, lse_bh, Di_bh);
     };
     if (ntiles > 0) {
         load_q(0, 0);
@@ -666,21 +703,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
     cp_async_wait<0>();
     __syncthreads(); /* kval is complete even when no query tile ran */
 
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        const int c = 16 * warp + g + 8 * hf;
-        if (j0 + c >= a.Tk) {
-            continue;
-        }
-        const bool keep = kval[c]; /* masked keys and keys past k_length: zeros */
-        T *dkr = row_ptr(dk, a.k, b, h, j0 + c), *dvr = row_ptr(dv, a.v, b, h, j0 + c);
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++) {
-            const int d = dt * 8 + 2 * t;
-            store2<T>(dkr + d, keep ? dK[dt][2 * hf] : 0.0f, keep ? dK[dt][2 * hf + 1] : 0.0f);
-            store2<T>(dvr + d, keep ? dV[dt][2 * hf] : 0.0f, keep ? dV[dt][2 * hf + 1] : 0.0f);
-        }
-    }
+    bwd_store_kv<T, D>(a, dk, dv, dK, dV, kval, b, h, j0, warp, lane);
 }
 
 /* ---- backward: dQ per 64 queries ----------------------------------------------------- */
@@ -907,16 +930,8 @@ __global__ static void __launch_bounds__(32 * bwd1_warps<D>())
         const int iend = j0 < kl ? ql : 0;
         const int ntiles = iend > istart ? (iend - istart + BQ - 1) / BQ : 0;
         auto load_q = [&](int tile, int buf) {
-            const int i0 = istart + tile * BQ, nq = min(BQ, ql - i0);
-            auto ok = [&](int r) { return r < nq; };
-            load_rows<BQ, D, NTH>(Qs + buf * BQ * SD, q, a.q, b, h, i0, ok);
-            load_rows<BQ, D, NTH>(dOs + buf * BQ * SD, dout, a.o, b, h, i0, ok);
-            if (threadIdx.x < BQ) {
-                const int r = threadIdx.x;
-                const float L = r < nq ? lse_bh[i0 + r] : -INFINITY;
-                L2s[buf * BQ + r] = L == -INFINITY ? INFINITY : L * TC_LOG2E;
-                Dis[buf * BQ + r] = r < nq && L != -INFINITY ? Di_bh[i0 + r] : 0.0f;
-            }
+            bwd_load_qtile<BQ, D, NTH>(Qs, dOs, L2s, Dis, buf, q, dout, a, b, h, istart + tile * BQ,
+                                       ql, lse_bh, Di_bh);
         };
         if (ntiles > 0) {
             load_q(0, 0);
@@ -1003,21 +1018,7 @@ __global__ static void __launch_bounds__(32 * bwd1_warps<D>())
         cp_async_wait<0>();
         __syncthreads(); /* kval is complete even when no query tile ran */
 
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            const int c = 16 * warp + g + 8 * hf;
-            if (j0 + c >= a.Tk) {
-                continue;
-            }
-            const bool keep = kval[c]; /* masked keys and keys past k_length: zeros */
-            T *dkr = row_ptr(dk, a.k, b, h, j0 + c), *dvr = row_ptr(dv, a.v, b, h, j0 + c);
-#pragma unroll
-            for (int dt = 0; dt < DT; dt++) {
-                const int d = dt * 8 + 2 * t;
-                store2<T>(dkr + d, keep ? dK[dt][2 * hf] : 0.0f, keep ? dK[dt][2 * hf + 1] : 0.0f);
-                store2<T>(dvr + d, keep ? dV[dt][2 * hf] : 0.0f, keep ? dV[dt][2 * hf + 1] : 0.0f);
-            }
-        }
+        bwd_store_kv<T, D>(a, dk, dv, dK, dV, kval, b, h, j0, warp, lane);
         __syncthreads(); /* the next key block overwrites K, V and kval */
     }
 }
