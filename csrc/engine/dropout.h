@@ -135,8 +135,8 @@ PXT_HD int pxt_dropout_attn_kept(const pxt_dropout *d, const uint32_t w[4], uint
 /* The keep bits of the eight keys of a group (bit e: position (kpos & ~7) + e). */
 PXT_HD uint32_t pxt_dropout_attn_byte(const pxt_dropout *d, const uint32_t w[4]) {
     uint32_t bits = 0;
-    for (int e = 0; e < 8; e++) {
-        bits |= (uint32_t)(((w[e >> 1] >> (16 * (e & 1))) & 0xFFFFu) >= d->threshold16) << e;
+    for (uint32_t e = 0; e < 8; e++) {
+        bits |= (uint32_t)pxt_dropout_attn_kept(d, w, e) << e;
     }
     return bits;
 }
