@@ -75,6 +75,7 @@ template <typename T, int DMAX, bool DROP>
 __global__ static void __launch_bounds__(ATTN_THREADS)
     attn_fwd_kernel(pxt_attn_args a, T *out, float *lse, const T *q, const T *k, const T *v,
                     int nqb) {
+    [[maybe_unused]] const pxt_dropout drop = DROP ? pxt_dropout_resolve(a.drop) : a.drop;
     constexpr int SDMAX = DMAX + 1, DPT = DMAX / 4, SPT = FWD_BC / 4, PS = FWD_BC + 1;
     __shared__ float Qs[FWD_BR * SDMAX]; /* (BR, SD) q * scale */
     __shared__ float KV[FWD_BC * SDMAX]; /* (BC, SD) the key tile, then the value tile */
@@ -139,13 +140,12 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
         m = m_new;
         if constexpr (DROP) { /* P Z after the sums: l stays the undropped softmax's */
             /* lane g draws keys 8g .. 8g+7 of the row, the quad shares the 32 bits */
-            uint32_t keep = (uint32_t)attn_keep_bits_n<8>(a.drop, b, h, i0 + r, j0 + 8 * g)
-                            << 8 * g;
+            uint32_t keep = (uint32_t)attn_keep_bits_n<8>(drop, b, h, i0 + r, j0 + 8 * g) << 8 * g;
             keep |= __shfl_xor_sync(0xffffffffu, keep, 1);
             keep |= __shfl_xor_sync(0xffffffffu, keep, 2);
 #pragma unroll
             for (int jj = 0; jj < SPT; jj++) {
-                s[jj] *= keep >> (g + 4 * jj) & 1u ? a.drop.scale : 0.0f;
+                s[jj] *= keep >> (g + 4 * jj) & 1u ? drop.scale : 0.0f;
             }
         }
         __syncthreads(); /* every thread is done with the key tile */
@@ -198,6 +198,7 @@ template <typename T, int DMAX, bool DROP>
 __global__ static void __launch_bounds__(ATTN_THREADS)
     attn_bwd_kv_kernel(pxt_attn_args a, T *dk, T *dv, const T *dout, const T *q, const T *k,
                        const T *v, const float *lse, const float *Di, int nkb) {
+    [[maybe_unused]] const pxt_dropout drop = DROP ? pxt_dropout_resolve(a.drop) : a.drop;
     constexpr int SDMAX = DMAX + 1, DPT = DMAX / 4, RPT = KV_BR / 4, PS = KV_BR + 1;
     __shared__ float Ks[KV_BC * SDMAX], Vs[KV_BC * SDMAX];  /* (BC, SD) */
     __shared__ float Qs[KV_BR * SDMAX], dOs[KV_BR * SDMAX]; /* (BR, SD) q * scale, dout */
@@ -243,7 +244,7 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
         if constexpr (DROP) { /* warp 0: lane l draws keys 8 (l % 4) .. +7 of row l / 4 */
             if (tid < 32) {
                 const int rr = tid / 4, part = tid % 4;
-                uint32_t bits = (uint32_t)attn_keep_bits_n<8>(a.drop, b, h, i0 + rr, j0 + 8 * part)
+                uint32_t bits = (uint32_t)attn_keep_bits_n<8>(drop, b, h, i0 + rr, j0 + 8 * part)
                                 << 8 * part;
                 bits |= __shfl_xor_sync(0xffffffffu, bits, 1);
                 bits |= __shfl_xor_sync(0xffffffffu, bits, 2);
@@ -261,7 +262,7 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
             bool seen = kval[c] && r < nq && (!a.causal || j0 + c <= i0 + r);
             float p = seen ? expf(s + nl[r]) : 0.0f;
             if constexpr (DROP) { /* dV takes P Z, dS = P (dP Z - Di) */
-                const float z = kept[r] >> c & 1u ? a.drop.scale : 0.0f;
+                const float z = kept[r] >> c & 1u ? drop.scale : 0.0f;
                 Ps[c * PS + r] = p * z;
                 dSs[c * PS + r] = seen ? p * (dp * z - di[r]) : 0.0f;
             } else {
@@ -304,6 +305,7 @@ template <typename T, int DMAX, bool DROP>
 __global__ static void __launch_bounds__(ATTN_THREADS)
     attn_bwd_q_kernel(pxt_attn_args a, T *dq, const T *dout, const T *q, const T *k, const T *v,
                       const float *lse, const float *Di, int nqb) {
+    [[maybe_unused]] const pxt_dropout drop = DROP ? pxt_dropout_resolve(a.drop) : a.drop;
     constexpr int SDMAX = DMAX + 1, DPT = DMAX / 4, CPT = DQ_BC / 4, PS = DQ_BC + 1;
     __shared__ float Qs[DQ_BR * SDMAX], dOs[DQ_BR * SDMAX]; /* (BR, SD) q * scale, dout */
     __shared__ float Ks[DQ_BC * SDMAX], Vs[DQ_BC * SDMAX];  /* (BC, SD) */
@@ -345,7 +347,7 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
                   [&](int c) { return key_ok(a, b, j0 + c, kl); });
         uint32_t keep = 0;    /* dropout: bit c set when key j0 + c is kept for row r */
         if constexpr (DROP) { /* lane g draws keys 2g, 2g+1, the quad shares the 8 bits */
-            keep = (uint32_t)attn_keep_bits(a.drop, b, h, i0 + r, j0 + 2 * g, 2) << 2 * g;
+            keep = (uint32_t)attn_keep_bits(drop, b, h, i0 + r, j0 + 2 * g, 2) << 2 * g;
             keep |= __shfl_xor_sync(0xffffffffu, keep, 1);
             keep |= __shfl_xor_sync(0xffffffffu, keep, 2);
         }
@@ -358,7 +360,7 @@ __global__ static void __launch_bounds__(ATTN_THREADS)
             bool seen = kval[c] && r < nq && (!a.causal || j0 + c <= i0 + r);
             float p = seen ? expf(s + nl) : 0.0f;
             if constexpr (DROP) { /* dS = P (dP Z - Di) */
-                dp *= keep >> c & 1u ? a.drop.scale : 0.0f;
+                dp *= keep >> c & 1u ? drop.scale : 0.0f;
             }
             dSs[r * PS + c] = seen ? p * (dp - di) : 0.0f;
         }

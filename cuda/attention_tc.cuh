@@ -253,6 +253,7 @@ template <typename T, int D, bool DROP>
 __global__ static void __launch_bounds__(TC_THREADS)
     attn_tc_fwd_kernel(pxt_attn_args a, T *out, float *lse, const T *q, const T *k, const T *v,
                        int nqb) {
+    [[maybe_unused]] const pxt_dropout drop = DROP ? pxt_dropout_resolve(a.drop) : a.drop;
     constexpr int MT = fwd_mt<D>(), BQ = fwd_bq<D>(), WR = 16 * MT; /* rows per warp */
     constexpr int SD = D + TC_PAD, KC = D / 16, NT = TC_BK / 8, DT = D / 8;
     extern __shared__ __align__(16) uint16_t smem[];
@@ -407,7 +408,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
                 }
             }
             if constexpr (DROP) { /* P Z after the sums: l stays the undropped softmax's */
-                const uint64_t mine = tc_keep_draw<WR, TC_BK>(a.drop, b, h, iw, j0, lane);
+                const uint64_t mine = tc_keep_draw<WR, TC_BK>(drop, b, h, iw, j0, lane);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -418,7 +419,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
 #pragma unroll
                             for (int e = 0; e < 2; e++) { /* key nt*8 + 2t + e of row g + 8 hf */
                                 s[mt][nt][2 * hf + e] *=
-                                    keep >> (nt * 8 + 2 * t + e) & 1u ? a.drop.scale : 0.0f;
+                                    keep >> (nt * 8 + 2 * t + e) & 1u ? drop.scale : 0.0f;
                             }
                     }
             }
@@ -538,10 +539,11 @@ __device__ static inline void bwd_store_kv(const pxt_attn_args &a, T *dk, T *dv,
  * warp's, i0 the tile's first query, kl the sample's key length, kval the CTA's key flags. */
 template <typename T, int D, bool DROP, typename OnDs>
 __device__ static __forceinline__ void
-bwd_kv_tile(const pxt_attn_args &a, int b, int h, int warp, int lane, const uint16_t *Ks,
-            const uint16_t *Vs, const uint16_t *Qt, const uint16_t *dOt, const float *L2,
-            const float *Dt, const unsigned char *kval, int j0, int jw, int i0, int kl,
-            float (&dK)[D / 8][4], float (&dV)[D / 8][4], OnDs on_ds) {
+bwd_kv_tile(const pxt_attn_args &a, [[maybe_unused]] const pxt_dropout &drop, int b, int h,
+            int warp, int lane, const uint16_t *Ks, const uint16_t *Vs, const uint16_t *Qt,
+            const uint16_t *dOt, const float *L2, const float *Dt, const unsigned char *kval,
+            int j0, int jw, int i0, int kl, float (&dK)[D / 8][4], float (&dV)[D / 8][4],
+            OnDs on_ds) {
     constexpr int BQ = bwd_bq<D>(), SD = D + TC_PAD, KC = D / 16, NT = BQ / 8, DT = D / 8;
     const int g = lane / 4, t = lane % 4;
     const float c2 = a.scale * TC_LOG2E;
@@ -577,7 +579,7 @@ bwd_kv_tile(const pxt_attn_args &a, int b, int h, int warp, int lane, const uint
         uint32_t mine = 0;
 #pragma unroll
         for (int x = 0; x < BQ / 32; x++) {
-            mine |= (uint32_t)attn_keep_bits_n<16>(a.drop, b, h, i0 + lane + 32 * x, jw) << 16 * x;
+            mine |= (uint32_t)attn_keep_bits_n<16>(drop, b, h, i0 + lane + 32 * x, jw) << 16 * x;
         }
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
@@ -600,7 +602,7 @@ bwd_kv_tile(const pxt_attn_args &a, int b, int h, int warp, int lane, const uint
                 p = 0.0f;
             }
             if constexpr (DROP) { /* dV takes P Z, dS = P (dP Z - Di) */
-                const float z = qkeep[nt][e & 1] >> (g + 8 * (e >> 1)) & 1u ? a.drop.scale : 0.0f;
+                const float z = qkeep[nt][e & 1] >> (g + 8 * (e >> 1)) & 1u ? drop.scale : 0.0f;
                 s[nt][e] = p * z;
                 dp[nt][e] = p * (dp[nt][e] * z - Dt[r]) * a.scale;
             } else {
@@ -639,6 +641,7 @@ template <typename T, int D, bool DROP>
 __global__ static void __launch_bounds__(TC_THREADS)
     attn_tc_bwd_kv_kernel(pxt_attn_args a, T *dk, T *dv, const T *dout, const T *q, const T *k,
                           const T *v, const float *lse, const float *Di, int nkb) {
+    [[maybe_unused]] const pxt_dropout drop = DROP ? pxt_dropout_resolve(a.drop) : a.drop;
     constexpr int BQ = bwd_bq<D>(), SD = D + TC_PAD, DT = D / 8;
     extern __shared__ __align__(16) uint16_t smem[];
     uint16_t *Ks = smem;                       /* (BK, SD) */
@@ -694,7 +697,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
          * past k_length, skips it: its dK, dV stay 0 and are written as zeros */
         const bool skip = (a.causal && i0 + BQ - 1 < jw) || jw >= kl;
         if (!skip) {
-            bwd_kv_tile<T, D, DROP>(a, b, h, warp, lane, Ks, Vs, Qs + buf * BQ * SD,
+            bwd_kv_tile<T, D, DROP>(a, drop, b, h, warp, lane, Ks, Vs, Qs + buf * BQ * SD,
                                     dOs + buf * BQ * SD, L2s + buf * BQ, Dis + buf * BQ, kval, j0,
                                     jw, i0, kl, dK, dV, [](int, const uint32_t (&)[4]) {});
         }
@@ -713,6 +716,7 @@ template <typename T, int D, bool DROP>
 __global__ static void __launch_bounds__(TC_THREADS)
     attn_tc_bwd_q_kernel(pxt_attn_args a, T *dq, const T *dout, const T *q, const T *k, const T *v,
                          const float *lse, const float *Di, int nqb) {
+    [[maybe_unused]] const pxt_dropout drop = DROP ? pxt_dropout_resolve(a.drop) : a.drop;
     constexpr int BK = bwd_bq<D>(), SD = D + TC_PAD, KC = D / 16, NT = BK / 8, DT = D / 8;
     extern __shared__ __align__(16) uint16_t smem[];
     uint16_t *Qs = smem;                                       /* (BQ, SD) */
@@ -804,7 +808,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
             const bool need_mask = a.key_mask || j0 + BK > kl || (a.causal && j0 + BK - 1 > iw);
             [[maybe_unused]] uint64_t keep[2]; /* dropout: the keep bits of rows g, g + 8 */
             if constexpr (DROP) {
-                const uint64_t mine = tc_keep_draw<16, BK>(a.drop, b, h, iw, j0, lane);
+                const uint64_t mine = tc_keep_draw<16, BK>(drop, b, h, iw, j0, lane);
                 keep[0] = tc_keep_gather<16, BK>(mine, g);
                 keep[1] = tc_keep_gather<16, BK>(mine, g + 8);
             }
@@ -820,7 +824,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
                         p = 0.0f;
                     }
                     if constexpr (DROP) { /* dS = P (dP Z - Di) */
-                        dp[nt][e] *= keep[hf] >> c & 1u ? a.drop.scale : 0.0f;
+                        dp[nt][e] *= keep[hf] >> c & 1u ? drop.scale : 0.0f;
                     }
                     dp[nt][e] = p * (dp[nt][e] - Dr[hf]) * a.scale; /* dS, scaled */
                 }
@@ -894,6 +898,7 @@ template <typename T, int D, bool DROP>
 __global__ static void __launch_bounds__(32 * bwd1_warps<D>())
     attn_tc_bwd_kernel(pxt_attn_args a, T *dk, T *dv, float *dqp, const T *dout, const T *q,
                        const T *k, const T *v, const float *lse, const float *Di, int nkb, int S) {
+    [[maybe_unused]] const pxt_dropout drop = DROP ? pxt_dropout_resolve(a.drop) : a.drop;
     constexpr int BQ = bwd_bq<D>(), SD = D + TC_PAD, NT = BQ / 8, DT = D / 8;
     constexpr int NW = bwd1_warps<D>(), NTH = 32 * NW, BK = 16 * NW; /* 16 keys a warp */
     constexpr int SQ = BQ + TC_PAD; /* dS^T rows: 8 ldmatrix rows in 8 bank groups */
@@ -966,8 +971,8 @@ __global__ static void __launch_bounds__(32 * bwd1_warps<D>())
                 }
             } else {
                 bwd_kv_tile<T, D, DROP>(
-                    a, b, h, warp, lane, Ks, Vs, Qt, dOt, L2s + buf * BQ, Dis + buf * BQ, kval, j0,
-                    jw, i0, kl, dK, dV, [&](int kc, const uint32_t (&da)[4]) {
+                    a, drop, b, h, warp, lane, Ks, Vs, Qt, dOt, L2s + buf * BQ, Dis + buf * BQ,
+                    kval, j0, jw, i0, kl, dK, dV, [&](int kc, const uint32_t (&da)[4]) {
                         /* dS^T rows g, g + 8 of the warp's keys, queries 16 kc + 2t (+1), + 8 */
                         uint16_t *ds = dSs + (16 * warp + g) * SQ + 16 * kc + 2 * t;
                         *(uint32_t *)ds = da[0];

@@ -24,8 +24,9 @@
  * elements. */
 template <typename T, int V>
 __global__ static void pxt_dropout_rows_kernel(T *dst, const T *src, const T *resid, int N, int C,
-                                               int groups, pxt_dropout d) {
+                                               int groups, pxt_dropout site) {
     static_assert(V == 1 || V == 4, "a group's four channels at once, or one by one");
+    const pxt_dropout d = pxt_dropout_resolve(site); /* a live key read here */
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)N * groups) {
         return;

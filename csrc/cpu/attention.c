@@ -385,6 +385,9 @@ int pxt_cpu_attention_forward(int index, const pxt_attn_args *a, void *out, floa
     if (rc != PXT_OK) {
         return rc;
     }
+    pxt_attn_args resolved = *a; /* the dropout's key read here: host memory */
+    resolved.drop = pxt_dropout_resolve(a->drop);
+    a = &resolved;
     attn_ctx c = {.a = a,
                   .Dp = round_up(a->D, PAD),
                   .esz = pxt_dtype_size(a->dt),
@@ -426,6 +429,9 @@ int pxt_cpu_attention_backward(int index, const pxt_attn_args *a, void *dq, void
     if (rc != PXT_OK) {
         return rc;
     }
+    pxt_attn_args resolved = *a; /* the dropout's key read here: host memory */
+    resolved.drop = pxt_dropout_resolve(a->drop);
+    a = &resolved;
     attn_ctx c = {.a = a,
                   .Dp = round_up(a->D, PAD),
                   .esz = pxt_dtype_size(a->dt),

@@ -20,6 +20,8 @@ int pxt_cpu_dropout_forward(int index, void *x, const void *resid, int N, int C,
                             const pxt_dropout *d, pxt_dtype dt) {
     (void)index;
     PXT_TRY(check(d, N, C, dt, "dropout_forward"));
+    const pxt_dropout live = pxt_dropout_resolve(*d); /* host memory: read here */
+    d = &live;
     /* x, resid (N, C): x = resid + x * mask */
 #pragma omp parallel for schedule(static) if ((size_t)N * C >= PXT_OMP_MIN_WORK)
     for (int r = 0; r < N; r++) {
@@ -40,6 +42,8 @@ int pxt_cpu_dropout_backward(int index, void *dx, const void *dy, int N, int C,
                              const pxt_dropout *d, pxt_dtype dt) {
     (void)index;
     PXT_TRY(check(d, N, C, dt, "dropout_backward"));
+    const pxt_dropout live = pxt_dropout_resolve(*d); /* host memory: read here */
+    d = &live;
     /* dx, dy (N, C): dx = dy * mask; element i is read before it is written */
 #pragma omp parallel for schedule(static) if ((size_t)N * C >= PXT_OMP_MIN_WORK)
     for (int r = 0; r < N; r++) {

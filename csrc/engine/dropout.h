@@ -30,6 +30,7 @@
 #ifndef PXT_DROPOUT_H
 #define PXT_DROPOUT_H
 
+#include <stddef.h> /* NULL */
 #include <stdint.h>
 
 #ifdef __CUDACC__
@@ -49,6 +50,13 @@ typedef struct pxt_dropout {
     int seg1, seg2;       /* segment starts: index t is position t in segment 0 (t < seg1),
                            t - seg1 in segment 1 (t < seg2), t - seg2 in segment 2 */
     uint32_t sample0;     /* the number of the first sample */
+    /* Keys read at run time, so that a captured step (a CUDA graph) replayed
+     * for the next micro-batch draws that micro-batch's masks: when live is not
+     * NULL, key and sample0 above are unused; the backend reads live[0] = seed,
+     * live[1] = step and live[2] = sample0 from its own memory (written with the
+     * batch) and mixes the key of `site` itself (pxt_dropout_resolve). */
+    const uint64_t *live; /* (3) device memory, or NULL: key and sample0 as given */
+    uint32_t site;        /* the site whose key live's seed and step give */
 } pxt_dropout;
 
 /* ---- Philox4x32-10 ---------------------------------------------------------- */
@@ -102,6 +110,30 @@ PXT_HD pxt_dropout pxt_dropout_make(float p, uint64_t key, int T, int seg1, int 
     d.seg1 = seg1;
     d.seg2 = seg2;
     d.sample0 = sample0;
+    d.live = NULL;
+    d.site = 0;
+    return d;
+}
+
+/* The same site with its key and first sample read at run time from live (see
+ * pxt_dropout): {seed, step, sample0} in the backend's memory. */
+PXT_HD pxt_dropout pxt_dropout_make_live(float p, const uint64_t *live, uint32_t site, int T,
+                                         int seg1, int seg2) {
+    pxt_dropout d = pxt_dropout_make(p, 0, T, seg1, seg2, 0);
+    d.live = live;
+    d.site = site;
+    return d;
+}
+
+/* d with its key and first sample in place: what every backend entry or kernel
+ * that draws calls first, where live can be read (host code on the CPU, the
+ * kernel itself on a GPU). 3 loads and 3 mixes, once per thread. */
+PXT_HD pxt_dropout pxt_dropout_resolve(pxt_dropout d) {
+    if (d.live) {
+        d.key = pxt_dropout_key(d.live[0], d.live[1], d.site);
+        d.sample0 = (uint32_t)d.live[2];
+        d.live = NULL;
+    }
     return d;
 }
 

@@ -348,7 +348,8 @@ int pxt_plan_make(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, i
     size_t N = (size_t)p->N, C = (size_t)p->C, es = pxt_dtype_size(dt);
     size_t cur = 0;
 
-    /* inputs: token ids, targets, position ids (int32), key mask, per-row losses */
+    /* inputs: token ids, targets, position ids (int32), key mask, per-row losses, the
+     * live values */
     p->text_ids = pxt_plan_take(&cur, (size_t)B * Lt * 4);
     p->audio_ids = pxt_plan_take(&cur, (size_t)B * La * 4);
     p->text_tgt = pxt_plan_take(&cur, (size_t)B * Lt * 4);
@@ -357,6 +358,7 @@ int pxt_plan_make(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, i
     p->audio_pos = pxt_plan_take(&cur, (size_t)B * La * 4);
     p->key_mask = pxt_plan_take(&cur, N);
     p->losses = pxt_plan_take(&cur, (size_t)B * (Lt + La) * sizeof(float));
+    p->live = pxt_plan_take(&cur, 3 * sizeof(uint64_t));
     pxt_cond_plan *q = &p->cond;
     if (S > 0) {
         q->S = S;

@@ -95,6 +95,10 @@ typedef struct {
 
     /* inputs (int32 / uint8) */
     size_t text_ids, audio_ids, text_tgt, audio_tgt, text_pos, audio_pos, key_mask, losses;
+    /* the step's values that change from one micro-batch to the next without
+     * changing its launches, read by the kernels (dropout.h's live keys):
+     * (3) uint64 {dropout seed, dropout step, first sample} */
+    size_t live;
     size_t inputs_bytes;
     /* saved for backward (or the ping-pong residuals of evaluation) */
     size_t resid; /* (L + 1, N, C): block inputs, then the last output */

@@ -169,14 +169,19 @@ template <typename T, int DM> static Res run(const Case &c, bool tc) {
     a.q = sq; a.k = sk; a.v = sv; a.o = so;
     a.dt = std::is_same_v<T, pxt_bf16> ? PXT_BFLOAT16 : std::is_same_v<T, pxt_f16> ? PXT_FLOAT16 : PXT_FLOAT32;
     const int Tmax = std::max(Tq, Tk);
-    a.drop = pxt_dropout_make(c.p, pxt_dropout_key(c.seed, 11, 7), Tmax, c.seg1 ? c.seg1 : Tmax,
-                              c.seg2 ? c.seg2 : Tmax, c.sample0);
+    const pxt_dropout ref = pxt_dropout_make(c.p, pxt_dropout_key(c.seed, 11, 7), Tmax, c.seg1 ? c.seg1 : Tmax,
+                                             c.seg2 ? c.seg2 : Tmax, c.sample0);
+    /* odd seeds hand the kernels a live key ({seed, step, sample0} in device memory, as the
+     * GPT step does), even ones the key itself: both must draw ref's masks */
+    const uint64_t live[3] = {(uint64_t)c.seed, 11, c.sample0};
+    a.drop = c.seed & 1 ? pxt_dropout_make_live(c.p, live, 7, Tmax, c.seg1 ? c.seg1 : Tmax, c.seg2 ? c.seg2 : Tmax)
+                        : ref;
     /* the mask factor of (b, h, i, j), drawn by dropout.h itself (1 without dropout) */
     auto Zf = [&](int b, int h, int i, int j) -> double {
         if (c.p <= 0.0f) return 1.0;
-        uint32_t w[4], kpos = pxt_dropout_pos(&a.drop, j);
-        pxt_dropout_attn_words(&a.drop, b, h, pxt_dropout_pos(&a.drop, i), kpos, w);
-        return pxt_dropout_attn_kept(&a.drop, w, kpos) ? a.drop.scale : 0.0f;
+        uint32_t w[4], kpos = pxt_dropout_pos(&ref, j);
+        pxt_dropout_attn_words(&ref, b, h, pxt_dropout_pos(&ref, i), kpos, w);
+        return pxt_dropout_attn_kept(&ref, w, kpos) ? ref.scale : 0.0f;
     };
     std::vector<T> obuf((size_t)B * Tq * C + GUARD, nanv<T>());
     std::vector<float> lse((size_t)B * H * Tq + GUARD, NAN), Di((size_t)B * H * Tq + GUARD, NAN);

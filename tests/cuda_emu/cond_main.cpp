@@ -362,7 +362,11 @@ template <typename T> static void gelu_case(size_t n, int off, unsigned max_grid
 template <typename T> static void dropout_case(int N, int C, int Trows, int seg1, int seg2, bool resid, int off) {
     const size_t n = (size_t)N * C;
     const pxt_dtype dt = dtype_of<T>();
-    const pxt_dropout d = pxt_dropout_make(0.3f, pxt_dropout_key(rng(), 5, 3), Trows, seg1, seg2, (uint32_t)(rng() % 100));
+    const uint64_t seed = rng(), live[3] = {seed, 5, rng() % 100};
+    const pxt_dropout d = pxt_dropout_make(0.3f, pxt_dropout_key(seed, 5, 3), Trows, seg1, seg2, (uint32_t)live[2]);
+    /* the kernel gets the key live ({seed, step, sample0} in device memory, as the GPT step
+     * passes it) every other case, and must draw the CPU's bits from d either way */
+    const pxt_dropout dk = seed & 1 ? pxt_dropout_make_live(0.3f, live, 3, Trows, seg1, seg2) : d;
     T *x0 = device<T>(n, [](size_t) { return normal<T>(1.0); });
     T *res = resid ? device<T>(n + off, [](size_t) { return normal<T>(1.0); }) + off : nullptr;
     T *want = device<T>(n, [&](size_t i) { return x0[i]; });
@@ -377,8 +381,8 @@ template <typename T> static void dropout_case(int N, int C, int Trows, int seg1
     const void *ptrs[] = {got, got, res ? (const void *)res : (const void *)got};
     const int V = pxt_vec_width(sizeof(T), C, ptrs, 3) >= 4 ? 4 : 1;
     auto run = [&](T *dst, const T *src, const T *rs) {
-        if (V == 4) ew_launch((size_t)N * groups, 65535, [&] { pxt_dropout_rows_kernel<T, 4>(dst, src, rs, N, C, groups, d); });
-        else ew_launch((size_t)N * groups, 65535, [&] { pxt_dropout_rows_kernel<T, 1>(dst, src, rs, N, C, groups, d); });
+        if (V == 4) ew_launch((size_t)N * groups, 65535, [&] { pxt_dropout_rows_kernel<T, 4>(dst, src, rs, N, C, groups, dk); });
+        else ew_launch((size_t)N * groups, 65535, [&] { pxt_dropout_rows_kernel<T, 1>(dst, src, rs, N, C, groups, dk); });
     };
     run(dapart, x0, nullptr); /* the backward out of place: dx = dy * mask, dy = x0 */
     run(got, got, res);
