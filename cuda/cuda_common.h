@@ -55,9 +55,16 @@
 /* Per-device state, made once by pxt_cuda_device_ready (backend_cuda.cu). */
 extern cudaStream_t pxt_cuda_streams[PXT_MAX_DEVICES];
 
+/* The stream this thread records a graph on, per device (graph.cu), or NULL. */
+extern thread_local cudaStream_t pxt_cuda_capture[PXT_MAX_DEVICES];
+
 /* The stream all work on device `index` is queued on: valid inside a
- * PXT_CUDA_ENTER scope of that device. */
-static inline cudaStream_t pxt_cuda_stream(int index) { return pxt_cuda_streams[index]; }
+ * PXT_CUDA_ENTER scope of that device. While this thread records a graph
+ * (graph_begin .. graph_end), its capture stream: the work is recorded. */
+static inline cudaStream_t pxt_cuda_stream(int index) {
+    cudaStream_t c = pxt_cuda_capture[index];
+    return c ? c : pxt_cuda_streams[index];
+}
 
 #ifdef __cplusplus
 extern "C" {
@@ -139,6 +146,12 @@ int pxt_cuda_h2d(int index, void *dst, const void *src, size_t n);
 int pxt_cuda_cast(int index, void *dst, pxt_dtype dt, const void *src, pxt_dtype st, size_t n);
 
 /* Kernels of the backend table (semantics in backend.h, reference in csrc/cpu/). */
+/* graph.cu: the graph_* entries (see backend.h) */
+int pxt_cuda_graph_begin(int index);
+int pxt_cuda_graph_end(int index, void **graph);
+void pxt_cuda_graph_abort(int index);
+int pxt_cuda_graph_launch(int index, void *graph);
+void pxt_cuda_graph_free(int index, void *graph);
 /* matmul.cu */
 int pxt_cuda_gemm(int index, int trans_a, int trans_b, int M, int N, int K, float alpha,
                   const void *A, const void *B, float beta, void *C, pxt_dtype dt_ab,

@@ -147,6 +147,9 @@ int pxt_cuda_gemm(int index, int trans_a, int trans_b, int M, int N, int K, floa
     cublasHandle_t h = blas.h;
     /* per call, not per handle: the workspace is the caller's, and the math mode
      * must hold even if something else shares the handle */
+    /* the stream first (setting it resets the workspace): this thread's, which
+     * is a capture stream while it records a graph */
+    PXT_CUBLAS_CHECK(cublasSetStream(h, stream));
     PXT_CUBLAS_CHECK(cublasSetWorkspace(h, workspace, GEMM_CUBLAS_WS));
     PXT_CUBLAS_CHECK(cublasSetMathMode(
         h, (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));

@@ -322,6 +322,15 @@ def _first_bad(mask: np.ndarray) -> tuple[int, ...]:
     return tuple(int(i) for i in np.argwhere(mask)[0])
 
 
+def _graphs_from_env() -> bool:
+    """``PYXTTS_CUDA_GRAPHS``: "1" records CUDA graphs (``XTTSGPT.cuda_graphs``), "0" or
+    unset does not."""
+    value = os.environ.get("PYXTTS_CUDA_GRAPHS", "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"PYXTTS_CUDA_GRAPHS: expected '0' or '1', got {value!r}")
+    return value == "1"
+
+
 def _step_number(name: str, value: Any, limit: int = 1 << 64) -> int:
     """An int in [0, limit) (a step counter, a sample number)."""
     return integer(name, value, maximum=limit - 1)
@@ -334,7 +343,8 @@ class XTTSGPT:
     step is planned and reserved before it starts (``estimate_memory``)."""
 
     def __init__(self, config: ModelConfig | None = None, device: str = "cpu",
-                 precision: str = "fp32", checkpointing: str = "none", seed: int = 0) -> None:
+                 precision: str = "fp32", checkpointing: str = "none", seed: int = 0,
+                 cuda_graphs: bool | None = None) -> None:
         self.config = config if config is not None else ModelConfig()
         if not isinstance(self.config, ModelConfig):
             raise TypeError(f"config: expected a ModelConfig, got {type(config).__name__}")
@@ -347,6 +357,9 @@ class XTTSGPT:
         self._names = list(self._core.parameters())
         self._dropout_seed = _step_number("seed", seed)
         self._dropout_step = 0
+        if cuda_graphs is None:
+            cuda_graphs = _graphs_from_env() and self.device.startswith("cuda")
+        self.cuda_graphs = cuda_graphs
 
     # ---- attributes -----------------------------------------------------------
     @property
@@ -368,6 +381,25 @@ class XTTSGPT:
     @property
     def num_parameters(self) -> int:
         return self._core.num_parameters
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Record a step's forward (up to the final norms) and backward (after the
+        heads) as CUDA graphs, one pair per batch shape (8 graphs at most, the least
+        recently used evicted), and replay them: the same kernels and the same bits as
+        without, launched at once. Default: ``PYXTTS_CUDA_GRAPHS=1`` on a CUDA device.
+        A record that fails turns this off and says why in ``graph_stats["error"]``."""
+        return self._core.cuda_graphs
+
+    @cuda_graphs.setter
+    def cuda_graphs(self, value: bool) -> None:
+        self._core.cuda_graphs = value
+
+    @property
+    def graph_stats(self) -> dict[str, Any]:
+        """Graphs recorded, replayed, evicted and cached, failed records and the last
+        failure's message (see ``cuda_graphs``)."""
+        return self._core.graph_stats
 
     @property
     def dropout_seed(self) -> int:

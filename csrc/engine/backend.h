@@ -245,6 +245,19 @@ typedef struct pxt_backend {
     /* Waits for all queued work on the device. */
     int (*synchronize)(int index);
 
+    /* ---- graphs: a step's work recorded once, replayed (NULL: none) -----------
+     * graph_begin: this thread's calls on device `index` are recorded from now on,
+     * not run, until graph_end makes *graph an executable graph of them (or says
+     * why recording failed: nothing recorded ran). graph_abort ends a record after
+     * a failed call and keeps that call's error message. A record holds queued
+     * device work only: no copy from or into host memory, no wait. graph_launch
+     * queues the graph's work in order with the device's other work. */
+    int (*graph_begin)(int index);
+    int (*graph_end)(int index, void **graph);
+    void (*graph_abort)(int index);
+    int (*graph_launch)(int index, void *graph);
+    void (*graph_free)(int index, void *graph);
+
     /* ---- kernels ---------------------------------------------------------------
      * Row-major. "(N, C)" is N rows of C contiguous elements. `dt` is the dtype of
      * activations and parameters (float32, or 16-bit with fp32 arithmetic);

@@ -1,5 +1,6 @@
 /* gpt.c: the XTTS GPT step (see gpt.h): forward, fused heads, backward. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,7 +25,18 @@ int pxt_gpt_init(pxt_gpt *m, const pxt_gpt_config *c, pxt_device dev, pxt_dtype 
                          0.02f / sqrtf(2.0f * (float)c->n_layers));
 }
 
+void pxt_gpt_free_graphs(pxt_gpt *m) {
+    const pxt_backend *be = m->flat.be;
+    for (int i = 0; i < PXT_GPT_GRAPHS; i++) {
+        if (m->graph[i].graph && be && be->graph_free) {
+            be->graph_free(m->flat.device.index, m->graph[i].graph);
+        }
+        m->graph[i].graph = NULL;
+    }
+}
+
 void pxt_gpt_free(pxt_gpt *m) {
+    pxt_gpt_free_graphs(m);
     pxt_storage_clear(&m->arena);
     pxt_plan_free(&m->plan);
     pxt_flat_free(&m->flat);
@@ -149,6 +161,7 @@ int pxt_gpt_reserve(pxt_gpt *m, pxt_plan *p, int keep_larger) {
 
 size_t pxt_gpt_release_arena(pxt_gpt *m) {
     size_t n = m->arena ? m->arena->nbytes : 0;
+    pxt_gpt_free_graphs(m);
     pxt_storage_clear(&m->arena);
     pxt_plan_free(&m->plan);
     return n;
@@ -183,22 +196,24 @@ enum { SITE_EMBED = 0, SITE_ATTN = 1, SITE_ATTN_OUT = 2, SITE_MLP_OUT = 3 }; /* 
 
 /* The masks of one site of this step over the sequence's rows: p = 0 in
  * evaluation; positions count from 0 in each segment (cond | text | audio). */
-static pxt_dropout site_dropout(const pxt_gpt *m, const pxt_plan *p, const pxt_gpt_batch *in,
+static pxt_dropout site_dropout(const pxt_gpt *m, const pxt_plan *p, const char *base,
                                 uint32_t site) {
     float prob = p->train ? m->cfg.dropout : 0.0f;
-    return pxt_dropout_make(prob, pxt_dropout_key(in->dropout_seed, in->dropout_step, site), p->T,
-                            p->Nc, p->Nc + p->Lt, in->sample0);
+    /* the key and first sample are read by the kernels from the arena (upload wrote
+     * them): the step's launches do not depend on them */
+    return pxt_dropout_make_live(prob, (const uint64_t *)(base + p->live), site, p->T, p->Nc,
+                                 p->Nc + p->Lt);
 }
 
 /* The step's context for block l: its three dropout sites. */
-static pxt_ctx layer_ctx(const pxt_gpt *m, const pxt_plan *p, const pxt_gpt_batch *in,
-                         const pxt_ctx *x, int l) {
+static pxt_ctx layer_ctx(const pxt_gpt *m, const pxt_plan *p, const char *base, const pxt_ctx *x,
+                         int l) {
     pxt_ctx xl = *x;
     if (p->train && m->cfg.dropout > 0.0f) {
         uint32_t site = 3 * (uint32_t)l;
-        xl.drop_attn = site_dropout(m, p, in, site + SITE_ATTN);
-        xl.drop_attn_out = site_dropout(m, p, in, site + SITE_ATTN_OUT);
-        xl.drop_mlp_out = site_dropout(m, p, in, site + SITE_MLP_OUT);
+        xl.drop_attn = site_dropout(m, p, base, site + SITE_ATTN);
+        xl.drop_attn_out = site_dropout(m, p, base, site + SITE_ATTN_OUT);
+        xl.drop_mlp_out = site_dropout(m, p, base, site + SITE_MLP_OUT);
     }
     return xl;
 }
@@ -278,7 +293,7 @@ static int cond_forward(const pxt_gpt *m, const pxt_plan *p, char *base, char *x
 }
 
 /* The conditioning path's gradients from dx0's conditioning rows (in dres). */
-static int cond_backward(pxt_gpt *m, const pxt_plan *p, char *base, const char *dx0) {
+static int cond_backward(const pxt_gpt *m, const pxt_plan *p, char *base, const char *dx0) {
     const pxt_cond_plan *q = &p->cond;
     const pxt_backend *be = m->flat.be;
     pxt_cond_ctx x = cond_ctx(m, p, base);
@@ -324,9 +339,7 @@ static int cond_backward(pxt_gpt *m, const pxt_plan *p, char *base, const char *
         dy = dh;
         dh = t;
     }
-    PXT_TRY(pxt_cond_init_backward(&x, &w, &g, base + q->mel, dy));
-    m->flat.cond_grads = 1;
-    return PXT_OK;
+    return pxt_cond_init_backward(&x, &w, &g, base + q->mel, dy);
 }
 
 /* ---- upload, embeddings, heads ------------------------------------------------------ */
@@ -344,6 +357,15 @@ static int upload(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt_gpt
     PXT_TRY(be->copy(d, base + p->text_pos, in->text_pos, bt, k));
     PXT_TRY(be->copy(d, base + p->audio_pos, in->audio_pos, ba, k));
     PXT_TRY(be->copy(d, base + p->key_mask, in->key_mask, (size_t)p->N, k));
+    if (p->Nc && in->cond) { /* fixed latents: x0's conditioning rows, per sample */
+        size_t row = (size_t)p->C * pxt_dtype_size(p->dt);
+        for (int b = 0; b < p->B; b++) {
+            PXT_TRY(be->copy(d, base + p->resid + (size_t)b * p->T * row,
+                             in->cond + (size_t)b * p->Nc * row, (size_t)p->Nc * row, k));
+        }
+    }
+    const uint64_t live[3] = {in->dropout_seed, in->dropout_step, in->sample0};
+    PXT_TRY(be->copy(d, base + p->live, live, sizeof live, k)); /* src reusable on return */
     if (p->cond.S) {
         PXT_TRY(be->copy(d, base + p->cond.mel, in->mels,
                          (size_t)p->B * PXT_MEL_CHANNELS * p->cond.S * pxt_dtype_size(p->dt), k));
@@ -352,20 +374,15 @@ static int upload(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt_gpt
 }
 
 /* x0 (N, C) = [cond | text emb + text pos | audio emb + audio pos] per sample;
- * the conditioning rows are the fixed latents, or left as the conditioning path
- * wrote them. */
-static int embed_forward(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt_gpt_batch *in,
-                         char *x0) {
+ * the conditioning rows are left as upload (fixed latents) or the conditioning
+ * path wrote them. */
+static int embed_forward(const pxt_gpt *m, const pxt_plan *p, char *base, char *x0) {
     const pxt_backend *be = m->flat.be;
     const pxt_param_layout *l = &m->flat.layout;
     int d = m->flat.device.index, C = p->C, T = p->T;
     size_t row = (size_t)C * pxt_dtype_size(p->dt);
     for (int b = 0; b < p->B; b++) {
         char *xb = x0 + (size_t)b * T * row;
-        if (p->Nc && in->cond) {
-            PXT_TRY(be->copy(d, xb, in->cond + (size_t)b * p->Nc * row, (size_t)p->Nc * row,
-                             host_copy(m)));
-        }
         char *xt = xb + (size_t)p->Nc * row, *xa = xt + (size_t)p->Lt * row;
         const int32_t *ti = (const int32_t *)(base + p->text_ids) + (size_t)b * p->Lt;
         const int32_t *tp = (const int32_t *)(base + p->text_pos) + (size_t)b * p->Lt;
@@ -554,18 +571,23 @@ static int losses_sum(const pxt_gpt *m, const pxt_plan *p, char *base, pxt_gpt_l
     return be->sum(d, &out->audio_sum, al, (size_t)p->B * p->La);
 }
 
+/* The stack's output: resid[L] in training, the last of the two in evaluation. */
+static char *stack_top(const pxt_plan *p, char *base) {
+    size_t NC = (size_t)p->N * p->C * pxt_dtype_size(p->dt);
+    return base + p->resid + (p->train ? (size_t)p->L : (size_t)(p->L % 2)) * NC;
+}
+
 /* forward: block l reads resid[l], writes resid[l + 1] (evaluation ping-pongs
- * two); then ln_f and final_norm. x0 = resid[0] holds the embeddings (and the
- * conditioning rows) on entry. *top gets the stack's output. */
-static int gpt_forward(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt_ctx *x,
-                       const pxt_gpt_batch *in, char **top) {
+ * two); then ln_f and final_norm. x0 = resid[0] holds the conditioning rows on
+ * entry. */
+static int gpt_forward(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt_ctx *x) {
     const pxt_backend *be = m->flat.be;
     const pxt_param_layout *l = &m->flat.layout;
     int d = m->flat.device.index, L = p->L, N = p->N, C = p->C;
     size_t NC = (size_t)N * C * pxt_dtype_size(p->dt);
     char *resid = base + p->resid; /* (L + 1, N, C), or (2, N, C) in evaluation */
-    PXT_TRY(embed_forward(m, p, base, in, resid));
-    pxt_dropout embd = site_dropout(m, p, in, SITE_EMBED);
+    PXT_TRY(embed_forward(m, p, base, resid));
+    pxt_dropout embd = site_dropout(m, p, base, SITE_EMBED);
     if (embd.p > 0.0f) {
         PXT_TRY(be->dropout_forward(d, resid, NULL, N, C, &embd, p->dt));
     }
@@ -576,13 +598,12 @@ static int gpt_forward(const pxt_gpt *m, const pxt_plan *p, char *base, const px
         pxt_block_acts a = block_acts(base, p, i);
         size_t in_slot = p->train ? (size_t)i : (size_t)(i % 2);
         size_t out_slot = p->train ? (size_t)i + 1 : (size_t)((i + 1) % 2);
-        pxt_ctx xl = layer_ctx(m, p, in, x, i);
+        pxt_ctx xl = layer_ctx(m, p, base, x, i);
         xl.gelu_apart = p->train && p->policy[i] == PXT_CKPT_SELECTIVE; /* as backward recomputes */
         PXT_TRY(pxt_block_forward(&xl, &bp, &a, resid + in_slot * NC, resid + out_slot * NC));
     }
-    *top = resid + (p->train ? (size_t)L : (size_t)(L % 2)) * NC;
     PXT_TRY(be->layernorm_forward(d, base + p->hf, (float *)(base + p->hf_mean),
-                                  (float *)(base + p->hf_rstd), *top,
+                                  (float *)(base + p->hf_rstd), stack_top(p, base),
                                   pxt_flat_param(&m->flat, l->ln_f_w),
                                   pxt_flat_param(&m->flat, l->ln_f_b), N, C, m->cfg.eps, p->dt));
     return be->layernorm_forward(d, base + p->h2, (float *)(base + p->h2_mean),
@@ -629,14 +650,14 @@ static int gpt_backward(const pxt_gpt *m, const pxt_plan *p, char *base, const p
         pxt_block_grads bg;
         block_views(m, i, &bp, &bg);
         pxt_block_acts saved = block_acts(base, p, i);
-        pxt_ctx xl = layer_ctx(m, p, in, x, i);
+        pxt_ctx xl = layer_ctx(m, p, base, x, i);
         xl.gelu_apart = p->policy[i] == PXT_CKPT_SELECTIVE; /* "full": fused as it ran */
         PXT_TRY(pxt_block_backward(&xl, &bp, &bg, &saved, &work, p->policy[i],
                                    resid + (size_t)i * NC, dres, dA, dB));
         int t0 = l->block0 + i * PXT_BLOCK_TENSORS;
         PXT_TRY(grads_done(m, in, t0, t0 + PXT_BLOCK_TENSORS - 1));
     }
-    pxt_dropout embd = site_dropout(m, p, in, SITE_EMBED);
+    pxt_dropout embd = site_dropout(m, p, base, SITE_EMBED);
     if (embd.p > 0.0f) {
         PXT_TRY(be->dropout_backward(d, dres, dres, N, C, &embd, p->dt));
     }
@@ -666,6 +687,127 @@ static int key_mask_needed(const uint8_t *key_mask, int B, int T) {
     return 0;
 }
 
+/* ---- graphs: the two phases recorded once per shape, replayed ------------------------- */
+
+enum { PHASE_FORWARD = 0, PHASE_BACKWARD = 1 };
+
+typedef struct {
+    const pxt_gpt *m;
+    const pxt_plan *p;
+    char *base;
+    const pxt_ctx *x;
+    const pxt_gpt_batch *in;
+} step_args;
+
+/* The conditioning path (with mels), the embeddings, the blocks, the final norms. */
+static int phase_forward(const step_args *s) {
+    if (s->p->cond.S) { /* the latents the GPT sees first, into x0's conditioning rows */
+        PXT_TRY(cond_forward(s->m, s->p, s->base, s->base + s->p->resid));
+    }
+    return gpt_forward(s->m, s->p, s->base, s->x);
+}
+
+/* From dh2 (the heads left it in dB) down to the embeddings and the conditioning path. */
+static int phase_backward(const step_args *s) {
+    PXT_TRY(gpt_backward(s->m, s->p, s->base, s->x, s->in, stack_top(s->p, s->base)));
+    if (s->p->cond.S) {
+        PXT_TRY(cond_backward(s->m, s->p, s->base, s->base + s->p->dres));
+    }
+    return PXT_OK;
+}
+
+static uint64_t policy_hash(const pxt_plan *p) {
+    uint64_t h = 0x9e3779b97f4a7c15ull;
+    for (int l = 0; p->policy && l < p->L; l++) {
+        h = pxt_mix64(h ^ (uint64_t)p->policy[l]);
+    }
+    return pxt_mix64(h ^ (p->cond.S ? (uint64_t)p->cond.policy + 1u : 0u));
+}
+
+/* What phase `phase` of this step records: see pxt_gpt_graph. */
+static pxt_gpt_graph graph_key(const pxt_gpt *m, const pxt_plan *p, const pxt_ctx *x, int phase) {
+    pxt_gpt_graph k;
+    memset(&k, 0, sizeof k);
+    k.arena = m->arena->data;
+    k.params = m->flat.params ? m->flat.params->data : NULL;
+    k.grads = m->flat.grads ? m->flat.grads->data : NULL;
+    k.phase = phase;
+    k.B = p->B, k.Lt = p->Lt, k.La = p->La, k.Nc = p->Nc, k.S = p->cond.S;
+    k.train = p->train;
+    k.key_mask = x->key_mask != NULL;
+    k.dropout = m->cfg.dropout;
+    k.policy = policy_hash(p);
+    return k;
+}
+
+static int graph_same(const pxt_gpt_graph *a, const pxt_gpt_graph *b) {
+    return a->arena == b->arena && a->params == b->params && a->grads == b->grads &&
+           a->phase == b->phase && a->B == b->B && a->Lt == b->Lt && a->La == b->La &&
+           a->Nc == b->Nc && a->S == b->S && a->train == b->train && a->key_mask == b->key_mask &&
+           a->dropout == b->dropout && a->policy == b->policy;
+}
+
+/* A slot for a new graph: a free one, else the least recently launched (freed). */
+static pxt_gpt_graph *graph_slot(pxt_gpt *m) {
+    pxt_gpt_graph *old = &m->graph[0];
+    for (int i = 0; i < PXT_GPT_GRAPHS; i++) {
+        if (!m->graph[i].graph) {
+            return &m->graph[i];
+        }
+        if (m->graph[i].used < old->used) {
+            old = &m->graph[i];
+        }
+    }
+    m->flat.be->graph_free(m->flat.device.index, old->graph);
+    old->graph = NULL;
+    m->graph_stats.evicted++;
+    return old;
+}
+
+/* Runs one phase: replays its graph; or records it (nothing runs while it is
+ * recorded), keeps the graph and launches it; or, without graphs, runs it as it
+ * comes. A record that fails turns graphs off for this model (the reason in
+ * graph_stats.error) and the phase runs as it comes: a call the record refused
+ * runs, a real error is raised by running it. */
+static int run_phase(pxt_gpt *m, const step_args *s, int phase, int (*fn)(const step_args *)) {
+    const pxt_backend *be = m->flat.be;
+    int d = m->flat.device.index;
+    if (!m->graphs || !be->graph_begin || s->in->grads_done) { /* a callback cannot replay */
+        return fn(s);
+    }
+    pxt_gpt_graph k = graph_key(m, s->p, s->x, phase);
+    pxt_gpt_graph *g = NULL;
+    for (int i = 0; i < PXT_GPT_GRAPHS && !g; i++) {
+        g = m->graph[i].graph && graph_same(&m->graph[i], &k) ? &m->graph[i] : NULL;
+    }
+    if (g) {
+        m->graph_stats.replayed++;
+    } else {
+        void *graph = NULL;
+        int rc = be->graph_begin(d);
+        if (rc == PXT_OK) {
+            rc = fn(s);
+            if (rc == PXT_OK) {
+                rc = be->graph_end(d, &graph);
+            } else {
+                be->graph_abort(d);
+            }
+        }
+        if (rc != PXT_OK) {
+            m->graphs = 0;
+            m->graph_stats.failed++;
+            snprintf(m->graph_stats.error, sizeof m->graph_stats.error, "%s", pxt_error_message());
+            return fn(s);
+        }
+        g = graph_slot(m);
+        *g = k;
+        g->graph = graph;
+        m->graph_stats.recorded++;
+    }
+    g->used = ++m->graph_clock;
+    return be->graph_launch(d, g->graph);
+}
+
 int pxt_gpt_step(pxt_gpt *m, const pxt_gpt_batch *in, pxt_gpt_losses *out) {
     const pxt_plan *p = &m->plan;
     char *base = m->arena->data;
@@ -685,19 +827,16 @@ int pxt_gpt_step(pxt_gpt *m, const pxt_gpt_batch *in, pxt_gpt_losses *out) {
         .gemm_ws = base + p->gemm_ws,
         .reduce_ws = base + p->reduce_ws,
     };
-    char *top = NULL;
+    const step_args s = {m, p, base, &x, in};
     PXT_TRY(upload(m, p, base, in));
-    if (p->cond.S) { /* the latents the GPT sees first, into x0's conditioning rows */
-        PXT_TRY(cond_forward(m, p, base, base + p->resid));
-    }
-    PXT_TRY(gpt_forward(m, p, base, &x, in, &top));
-    PXT_TRY(heads(m, p, base, &x, in));
+    PXT_TRY(run_phase(m, &s, PHASE_FORWARD, phase_forward));
+    PXT_TRY(heads(m, p, base, &x, in)); /* gathers decided by the lengths: as they come */
     if (p->train) {
-        PXT_TRY(gpt_backward(m, p, base, &x, in, top));
-        if (p->cond.S) {
-            PXT_TRY(cond_backward(m, p, base, base + p->dres));
-        }
+        PXT_TRY(run_phase(m, &s, PHASE_BACKWARD, phase_backward));
         const pxt_param_layout *l = &m->flat.layout;
+        if (p->cond.S) {
+            m->flat.cond_grads = 1;
+        }
         if (l->cond0 < l->count) { /* done, or untouched by a step without mels */
             PXT_TRY(grads_done(m, in, l->cond0, l->count - 1));
         }

@@ -24,12 +24,42 @@
  * recomputed blocks whose plan fits the memory available. */
 enum { PXT_CKPT_AUTO = 3 };
 
+/* A phase of the step recorded as a backend graph (its forward up to the final
+ * norms, or its backward after the heads), with everything its launches depend
+ * on: the addresses (arena, flat state), the shape and policy, the dropout
+ * probability and whether attention takes the key mask. What changes between
+ * micro-batches of one shape (the batch, the dropout keys) lives in the arena;
+ * the heads, which gather each sample's valid rows on the host's word, run
+ * between the two phases as they come. */
+#define PXT_GPT_GRAPHS 8
+
+typedef struct {
+    void *graph; /* the backend's graph; NULL: a free slot */
+    const void *arena, *params, *grads;
+    int phase, B, Lt, La, Nc, S, train, key_mask;
+    float dropout;
+    uint64_t policy; /* a hash of the blocks' and conditioning path's policies */
+    uint64_t used;   /* the clock at its last launch: the least recent is evicted */
+} pxt_gpt_graph;
+
+typedef struct {
+    uint64_t recorded, replayed, evicted, failed;
+    char error[256]; /* why the last record failed ("" when none did) */
+} pxt_gpt_graph_stats;
+
 typedef struct {
     pxt_gpt_config cfg;
     pxt_flat flat;      /* parameters, gradients, device, dtype */
     int ckpt;           /* pxt_ckpt or PXT_CKPT_AUTO: the policy of the next step */
     pxt_storage *arena; /* plan.arena_bytes or more (keep_larger); NULL until the first step */
     pxt_plan plan;      /* the arena's layout */
+    /* graphs (backends with graph entries): 1 records the step's two phases per
+     * shape and replays them; a failed record turns this back to 0 (the step
+     * then runs as it comes), stats.error says why */
+    int graphs;
+    pxt_gpt_graph graph[PXT_GPT_GRAPHS];
+    uint64_t graph_clock;
+    pxt_gpt_graph_stats graph_stats;
 } pxt_gpt;
 
 /* Told during a training step's backward that elements [offset, offset + count)
@@ -100,7 +130,9 @@ int pxt_gpt_check_batch(const pxt_gpt *m, const pxt_gpt_batch *in, int train);
 int pxt_gpt_reserve(pxt_gpt *m, pxt_plan *p, int keep_larger);
 /* Runs the step the arena is planned for. */
 int pxt_gpt_step(pxt_gpt *m, const pxt_gpt_batch *in, pxt_gpt_losses *out);
-/* Frees the arena; its bytes. */
+/* Frees the arena and the recorded graphs; the arena's bytes. */
 size_t pxt_gpt_release_arena(pxt_gpt *m);
+/* Frees the recorded graphs (they are recorded again when needed). */
+void pxt_gpt_free_graphs(pxt_gpt *m);
 
 #endif /* PXT_GPT_H */

@@ -768,6 +768,59 @@ static PyObject *gpt_get_arena_bytes(PyObject *op, void *c) {
     return m ? PyLong_FromSize_t(m->arena ? m->arena->nbytes : 0) : NULL;
 }
 
+static PyObject *gpt_get_graphs(PyObject *op, void *c) {
+    (void)c;
+    pxt_gpt *m = ready(op);
+    return m ? PyBool_FromLong(m->graphs) : NULL;
+}
+
+static int gpt_set_graphs(PyObject *op, PyObject *v, void *c) {
+    (void)c;
+    pxt_gpt *m = ready(op);
+    if (!m) {
+        return -1;
+    }
+    if (!v || !PyBool_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "cuda_graphs: expected True or False, got %s",
+                     v ? Py_TYPE(v)->tp_name : "deletion");
+        return -1;
+    }
+    char dname[32];
+    if (v == Py_True && !m->flat.be->graph_begin) {
+        PyErr_Format(PyExc_ValueError,
+                     "cuda_graphs: graphs need a CUDA device; this model is on %s",
+                     pxt_device_str(m->flat.device, dname, sizeof dname));
+        return -1;
+    }
+    if (m->flat.busy) {
+        PyErr_SetString(PyExc_RuntimeError, "cuda_graphs: a step of this model is running (in "
+                                            "another thread); set it between steps");
+        return -1;
+    }
+    if (v == Py_False) {
+        pxt_gpt_free_graphs(m);
+    }
+    m->graphs = v == Py_True;
+    return 0;
+}
+
+static PyObject *gpt_get_graph_stats(PyObject *op, void *c) {
+    (void)c;
+    pxt_gpt *m = ready(op);
+    if (!m) {
+        return NULL;
+    }
+    int cached = 0;
+    for (int i = 0; i < PXT_GPT_GRAPHS; i++) {
+        cached += m->graph[i].graph != NULL;
+    }
+    const pxt_gpt_graph_stats *st = &m->graph_stats;
+    return Py_BuildValue("{sKsKsKsKsisiss}", "recorded", (unsigned long long)st->recorded,
+                         "replayed", (unsigned long long)st->replayed, "evicted",
+                         (unsigned long long)st->evicted, "failed", (unsigned long long)st->failed,
+                         "cached", cached, "capacity", PXT_GPT_GRAPHS, "error", st->error);
+}
+
 static PyGetSetDef gpt_getset[] = {
     {"device", gpt_get_device, NULL, "'cpu' or 'cuda:N'", NULL},
     {"dtype", gpt_get_dtype, NULL, "dtype of parameters and activations", NULL},
@@ -775,6 +828,10 @@ static PyGetSetDef gpt_getset[] = {
     {"num_parameters", gpt_get_num_parameters, NULL, "number of parameters", NULL},
     {"arena_bytes", gpt_get_arena_bytes, NULL, "bytes of the cached step arena", NULL},
     {"_flat", gpt_flat_handle, NULL, "the handle of the flat state (what AdamW steps)", NULL},
+    {"cuda_graphs", gpt_get_graphs, gpt_set_graphs,
+     "record the step's forward and backward as CUDA graphs per shape and replay them", NULL},
+    {"graph_stats", gpt_get_graph_stats, NULL,
+     "graphs recorded, replayed, evicted, failed records, cached, capacity, last error", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

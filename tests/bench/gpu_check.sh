@@ -221,6 +221,13 @@ run_one() {
     step xtts-pyxtts_none-one-pass 30 env PYXTTS_CUDA_ATTENTION_BWD=one-pass "$PY" \
         tests/bench/bench_xtts_gpu.py --batch 8 --steps 5 --no-search --only pyxtts_none \
         --json $R/xtts_gpu_one_pass.json
+    # the step's forward and backward replayed as CUDA graphs against the step as it comes,
+    # at batch 8, 3 and 1, then Coqui's recipe (dropout, 517-frame mels) at its micro-batch
+    # of 3: speed, the losses' bits (new masks each replay), the graphs' own device memory
+    step graphs 30 "$PY" tests/bench/bench_graphs_gpu.py --batches 1 3 8 --steps 8 \
+        --json $R/graphs_gpu.json
+    step graphs-recipe 20 "$PY" tests/bench/bench_graphs_gpu.py --recipe --batches 3 --steps 8 \
+        --json $R/graphs_gpu_recipe.json
     pack $R
     # the optimizer's state in host memory: its extra time per step, its share of an
     # optimizer cycle at accumulation 84 and 1, its bits against the on-device step
