@@ -772,8 +772,8 @@ static pxt_gpt_graph *graph_slot(pxt_gpt *m) {
 static int run_phase(pxt_gpt *m, const step_args *s, int phase, int (*fn)(const step_args *)) {
     const pxt_backend *be = m->flat.be;
     int d = m->flat.device.index;
-    if (!m->graphs || !be->graph_begin || s->in->grads_done) { /* a callback cannot replay */
-        return fn(s);
+    if (!m->graphs || !be->graph_begin || (phase == PHASE_BACKWARD && s->in->grads_done)) {
+        return fn(s); /* the backward's callbacks are host calls: a replay would skip them */
     }
     pxt_gpt_graph k = graph_key(m, s->p, s->x, phase);
     pxt_gpt_graph *g = NULL;
