@@ -1,12 +1,14 @@
 /* colsum.cu: the deterministic column sums on the GPU (kernels in colsum.cuh):
  * bias_backward, layernorm's dweight and dbias for layernorm.cu, GroupNorm's
- * dweight and dbias for groupnorm.cu, the RMS norm's dgamma for rmsnorm.cu. The
+ * dweight and dbias for groupnorm.cu, the RMS norm's dgamma for rmsnorm.cu, and
+ * fc's GELU gradient with its bias gradient for gemm_fused.cu. The
  * chunking is backend.h's, so the results are the CPU's bits (csrc/cpu/bias.c,
  * layernorm.c), while (chunks x columns) threads share the rows: about 2^17
  * partial sums per call, against one thread per column walking every row. */
 #include "elem.cuh"
 
 #include "colsum.cuh"
+#include "gelu.cuh"
 
 #define COLSUM_MAX_GRID_Y 65535
 
@@ -38,10 +40,14 @@ static int colsum_run(int index, F f, float *out0, float *out1, int rows, int co
     cudaStream_t stream = pxt_cuda_stream(index);
     double *parts = (double *)workspace; /* (NV, nchunks, cols) */
     const unsigned int gx = (unsigned int)((cols + PXT_COLSUM_BLOCK - 1) / PXT_COLSUM_BLOCK);
-    if (nchunks > 0) {
-        dim3 grid(gx, nchunks < COLSUM_MAX_GRID_Y ? nchunks : COLSUM_MAX_GRID_Y);
-        pxt_colsum_parts_kernel<F>
-            <<<grid, PXT_COLSUM_BLOCK, 0, stream>>>(parts, f, rows, cols, R, nchunks);
+    if (nchunks > 0) { /* V columns a thread where the rows allow 16-byte loads */
+        pxt_vec_dispatch<typename F::elem, 4>(pxt_colsum_width(f, cols), [&](auto v) {
+            constexpr int V = decltype(v)::value;
+            dim3 grid((unsigned int)((cols / V + PXT_COLSUM_BLOCK - 1) / PXT_COLSUM_BLOCK),
+                      nchunks < COLSUM_MAX_GRID_Y ? nchunks : COLSUM_MAX_GRID_Y);
+            pxt_colsum_parts_kernel<F, V>
+                <<<grid, PXT_COLSUM_BLOCK, 0, stream>>>(parts, f, rows, cols, R, nchunks);
+        });
         PXT_CUDA_CHECK_LAUNCH(what);
     }
     pxt_colsum_finish_kernel<<<dim3(gx, F::NV), PXT_COLSUM_BLOCK, 0, stream>>>(out0, out1, parts,
@@ -102,6 +108,23 @@ int pxt_cuda_rmsnorm_dgamma(int index, float *dgamma, const void *dout, const vo
         using T = decltype(tag);
         pxt_colsum_rms<T> f = {(const T *)dout, (const T *)inp, norm, C, scale, eps};
         rc = colsum_run(index, f, dgamma, NULL, N, C, workspace, "rmsnorm_backward (dgamma)");
+    }));
+    return rc;
+}
+
+int pxt_cuda_dgelu_bgrad(int index, void *d, const void *pre, float *dbias, int M, int N,
+                         pxt_dtype dt, void *workspace) {
+    if (M < 0 || N < 0) {
+        return pxt_error(PXT_ERR_VALUE, "gemm_fused (GELU gradient): negative size M=%d N=%d", M,
+                         N);
+    }
+    PXT_CUDA_ENTER(index);
+    int rc = PXT_OK;
+    PXT_TRY(pxt_cuda_dispatch(dt, "gemm_fused (GELU gradient)", [&](auto tag) {
+        using T = decltype(tag);
+        pxt_colsum_dgelu<T> f = {(T *)d, (const T *)pre, N};
+        rc = colsum_run(index, f, dbias, NULL, M, N, workspace,
+                        "gemm_fused (GELU and bias gradients)");
     }));
     return rc;
 }

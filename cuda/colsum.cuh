@@ -7,20 +7,43 @@
  * 16-bit storage types (elem.cuh on the GPU, the host emulator of
  * tests/cuda_emu on the CPU, which runs this very source). A functor F gives
  * NV terms of element (i, j) as doubles: F::NV sums are taken at once (NV = 2
- * for layernorm's and GroupNorm's dweight and dbias, which read the same rows). */
+ * for layernorm's and GroupNorm's dweight and dbias, which read the same rows).
+ * Stage 1 read its rows 2 bytes a thread (16-bit rows) until it took V columns a
+ * thread: on the H200 it ran at 1.6 TB/s, the profile's third largest non-GEMM cost. */
 #ifndef PXT_CUDA_COLSUM_CUH
 #define PXT_CUDA_COLSUM_CUH
+
+#include "vec.cuh"
 
 #define PXT_COLSUM_BLOCK 256 /* columns per block of both stages */
 #define PXT_COLSUM_AHEAD 32  /* stage 2: loads a thread has in flight before their adds */
 
+/* A functor F gives the terms of V consecutive columns j .. j+V-1 of row i at once,
+ * in two steps: F::load<V> reads its NL row vectors (16-byte loads where cols % V == 0
+ * and its rows are aligned, which the host checks with F::width(cols), vec.cuh's
+ * pxt_vec_width over its pointers), F::terms<V> forms the NV terms from them. The
+ * terms are the same numbers for any V: only how they are loaded changes. */
+
 /* The terms of bias_backward: dout (rows, cols) itself. */
 template <typename T> struct pxt_colsum_rows {
     static constexpr int NV = 1;
+    using elem = T;
     const T *x; /* (rows, cols) */
     int cols;
-    __device__ void operator()(int i, int j, double *v) const {
-        v[0] = ldf(x[(size_t)i * cols + j]);
+    static constexpr int NL = 1;
+    template <int V> __device__ void load(int i, int j, float (&a)[NL][V]) const {
+        pxt_vload<T, V>(a[0], x + (size_t)i * cols + j);
+    }
+    template <int V>
+    __device__ void terms(int, int, const float (&a)[NL][V], double (&v)[NV][V]) const {
+#pragma unroll
+        for (int q = 0; q < V; q++) {
+            v[0][q] = a[0][q];
+        }
+    }
+    int width(int n) const {
+        const void *p[] = {x};
+        return pxt_vec_width(sizeof(T), n, p, 1);
     }
 };
 
@@ -28,15 +51,28 @@ template <typename T> struct pxt_colsum_rows {
  * n = (inp - mean) * rstd rounded to float as the forward formed it. */
 template <typename T> struct pxt_colsum_ln {
     static constexpr int NV = 2;
+    using elem = T;
     const T *dout, *inp;      /* (rows, cols) */
     const float *mean, *rstd; /* (rows) */
     int cols;
-    __device__ void operator()(int i, int j, double *v) const {
-        size_t k = (size_t)i * cols + j;
-        float g = ldf(dout[k]);
-        float n = (ldf(inp[k]) - mean[i]) * rstd[i];
-        v[0] = (double)n * g;
-        v[1] = g;
+    static constexpr int NL = 2; /* dout, inp */
+    template <int V> __device__ void load(int i, int j, float (&a)[NL][V]) const {
+        pxt_vload<T, V>(a[0], dout + (size_t)i * cols + j);
+        pxt_vload<T, V>(a[1], inp + (size_t)i * cols + j);
+    }
+    template <int V>
+    __device__ void terms(int i, int, const float (&a)[NL][V], double (&v)[NV][V]) const {
+        const float m = mean[i], r = rstd[i];
+#pragma unroll
+        for (int q = 0; q < V; q++) {
+            float n = (a[1][q] - m) * r;
+            v[0][q] = (double)n * a[0][q];
+            v[1][q] = a[0][q];
+        }
+    }
+    int width(int n) const {
+        const void *p[] = {dout, inp};
+        return pxt_vec_width(sizeof(T), n, p, 2);
     }
 };
 
@@ -45,16 +81,28 @@ template <typename T> struct pxt_colsum_ln {
  * column's group, rounded to float as the forward formed it. */
 template <typename T> struct pxt_colsum_gn {
     static constexpr int NV = 2;
-    const T *dout, *inp;      /* (B * S, C) */
-    const float *mean, *rstd; /* (B, G) */
-    int cols, S, G, cg;       /* C, frames, groups, C / G */
-    __device__ void operator()(int i, int j, double *v) const {
-        size_t k = (size_t)i * cols + j;
-        int bg = i / S * G + j / cg;
-        float g = ldf(dout[k]);
-        float n = (ldf(inp[k]) - mean[bg]) * rstd[bg];
-        v[0] = (double)n * g;
-        v[1] = g;
+    using elem = T;
+    const T *dout, *inp;         /* (B * S, C) */
+    const float *mean, *rstd;    /* (B, G) */
+    int cols, S, G, cg;          /* C, frames, groups, C / G */
+    static constexpr int NL = 2; /* dout, inp */
+    template <int V> __device__ void load(int i, int j, float (&a)[NL][V]) const {
+        pxt_vload<T, V>(a[0], dout + (size_t)i * cols + j);
+        pxt_vload<T, V>(a[1], inp + (size_t)i * cols + j);
+    }
+    template <int V>
+    __device__ void terms(int i, int j, const float (&a)[NL][V], double (&v)[NV][V]) const {
+#pragma unroll
+        for (int q = 0; q < V; q++) { /* a vector may straddle two groups */
+            const int bg = i / S * G + (j + q) / cg;
+            float n = (a[1][q] - mean[bg]) * rstd[bg];
+            v[0][q] = (double)n * a[0][q];
+            v[1][q] = a[0][q];
+        }
+    }
+    int width(int n) const {
+        const void *p[] = {dout, inp};
+        return pxt_vec_width(sizeof(T), n, p, 2);
     }
 };
 
@@ -62,41 +110,98 @@ template <typename T> struct pxt_colsum_gn {
  * 1 / max(norm, eps) rounded to float as the forward formed it. */
 template <typename T> struct pxt_colsum_rms {
     static constexpr int NV = 1;
+    using elem = T;
     const T *dout, *inp; /* (rows, cols) */
     const float *norm;   /* (rows) */
     int cols;
     float scale, eps;
-    __device__ void operator()(int i, int j, double *v) const {
-        size_t k = (size_t)i * cols + j;
-        float inv = 1.0f / (norm[i] > eps ? norm[i] : eps);
-        v[0] = (double)ldf(dout[k]) * (ldf(inp[k]) * inv * scale);
+    static constexpr int NL = 2; /* dout, inp */
+    template <int V> __device__ void load(int i, int j, float (&a)[NL][V]) const {
+        pxt_vload<T, V>(a[0], dout + (size_t)i * cols + j);
+        pxt_vload<T, V>(a[1], inp + (size_t)i * cols + j);
+    }
+    template <int V>
+    __device__ void terms(int i, int, const float (&a)[NL][V], double (&v)[NV][V]) const {
+        const float inv = 1.0f / (norm[i] > eps ? norm[i] : eps);
+#pragma unroll
+        for (int q = 0; q < V; q++) {
+            v[0][q] = (double)a[0][q] * (a[1][q] * inv * scale);
+        }
+    }
+    int width(int n) const {
+        const void *p[] = {dout, inp};
+        return pxt_vec_width(sizeof(T), n, p, 2);
     }
 };
 
-/* Stage 1. parts (NV, nchunks, cols): parts[v][c][j] = sum of f(i, j)[v] over the
- * rows i of chunk c (chunk_rows consecutive rows), from 0.0, in order. Grid
- * (ceil(cols / BLOCK), up to nchunks); blocks stride over the chunks. */
-template <typename F>
+/* Stage 1. parts (NV, nchunks, cols): parts[v][c][j] = sum of f's term v of (i, j)
+ * over the rows i of chunk c (chunk_rows consecutive rows), from 0.0, in order. A
+ * thread takes V consecutive columns (V = f.width(cols) or 1). Grid
+ * (ceil(cols / V / BLOCK), up to nchunks); blocks stride over the chunks. The rows go
+ * PXT_COLSUM_ROWS at a time: their loads first (f.load), then their terms and adds in
+ * row order (f.terms), so a thread has several rows' loads in flight even where f
+ * stores (gemm_fused's GELU gradient), which the compiler could not move loads past. */
+#define PXT_COLSUM_ROWS 8
+
+/* Host: the columns a thread of stage 1 takes for f: whole vectors of at most 4
+ * elements. The bytes a call has in flight are (partial sums) x ROWS x (rows read) x
+ * (element size) whatever V is, and the partial sums (about 2^17) are fixed by the
+ * chunking the bits depend on: so V only trades threads for registers, and 4 keeps
+ * 8 rows' loads in registers (ROWS 8: ~4 MB in flight for 16-bit rows read twice,
+ * about what the H200's 4.8 TB/s needs to cover the loads' latency). */
+template <typename F> static inline int pxt_colsum_width(const F &f, int cols) {
+    const int v = f.width(cols);
+    return v > 4 ? 4 : v;
+}
+
+template <typename F, int V>
 __global__ static void pxt_colsum_parts_kernel(double *parts, F f, int rows, int cols,
                                                int chunk_rows, int nchunks) {
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    constexpr int NV = F::NV, NL = F::NL, U = PXT_COLSUM_ROWS;
+    const int j = (blockIdx.x * blockDim.x + threadIdx.x) * V;
     if (j >= cols) {
         return;
     }
     for (int c = blockIdx.y; c < nchunks; c += gridDim.y) {
         const int i0 = c * chunk_rows, i1 = rows - i0 < chunk_rows ? rows : i0 + chunk_rows;
-        double acc[F::NV], t[F::NV];
-        for (int v = 0; v < F::NV; v++) {
-            acc[v] = 0.0;
-        }
-        for (int i = i0; i < i1; i++) {
-            f(i, j, t);
-            for (int v = 0; v < F::NV; v++) {
-                acc[v] += t[v];
+        double acc[NV][V];
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+#pragma unroll
+            for (int q = 0; q < V; q++) {
+                acc[v][q] = 0.0;
             }
         }
-        for (int v = 0; v < F::NV; v++) {
-            parts[((size_t)v * nchunks + c) * cols + j] = acc[v];
+        for (int i = i0; i < i1; i += U) {
+            const int n = i1 - i < U ? i1 - i : U; /* rows of this round */
+            float a[U][NL][V];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (u < n) {
+                    f.template load<V>(i + u, j, a[u]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (u < n) {
+                    double t[NV][V];
+                    f.template terms<V>(i + u, j, a[u], t);
+#pragma unroll
+                    for (int v = 0; v < NV; v++) {
+#pragma unroll
+                        for (int q = 0; q < V; q++) {
+                            acc[v][q] += t[v][q];
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int v = 0; v < NV; v++) {
+#pragma unroll
+            for (int q = 0; q < V; q++) {
+                parts[((size_t)v * nchunks + c) * cols + j + q] = acc[v][q];
+            }
         }
     }
 }

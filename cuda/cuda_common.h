@@ -165,6 +165,10 @@ size_t pxt_cuda_gemm_fused_workspace(const struct pxt_gemm_args *g);
  * composition, -1 none yet (for tests and benchmarks). */
 int pxt_cuda_gemm_fused_last_path(void);
 /* colsum.cu: the two-stage column sums */
+/* d (M, N) = gelu'(pre) * d and dbias (N) += its column sums, in one pass over the
+ * rows: the bits of gelu_backward then bias_backward. workspace: colsum_workspace(M, N). */
+int pxt_cuda_dgelu_bgrad(int index, void *d, const void *pre, float *dbias, int M, int N,
+                         pxt_dtype dt, void *workspace);
 size_t pxt_cuda_colsum_workspace(int rows, int cols);
 int pxt_cuda_bias_backward(int index, float *dbias, const void *dout, int M, int N, pxt_dtype dt,
                            void *workspace);

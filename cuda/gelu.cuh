@@ -35,6 +35,21 @@ __global__ static void pxt_gelu_forward_kernel(T *out, const T *inp, size_t n) {
     }
 }
 
+/* gelu'(x) dy, formed as the CPU's gelu_backward forms it. */
+__device__ static inline float pxt_gelu_grad(float x, float dy) {
+    float u = PXT_GELU_K * (x + PXT_GELU_A * x * x * x);
+    /* clamping x changes nothing where s (1 - s) > 0 and keeps x du finite */
+    float xc = x < 100.0f ? x : 100.0f; /* the CPU's selects: NaN -> 100 */
+    xc = xc > -100.0f ? xc : -100.0f;
+    float du = PXT_GELU_K * (1.0f + 3.0f * PXT_GELU_A * xc * xc);
+    float e = expf(-2.0f * u);
+    float s = 1.0f / (1.0f + e);
+    float es = e * s;
+    float sm = es < 1.0f ? es : 1.0f; /* 1 - s; NaN (e = inf) -> 1, as the CPU */
+    float grad = s + 2.0f * xc * (s * sm) * du;
+    return grad * dy;
+}
+
 /* dinp, inp, dout (n): dinp = gelu'(inp) dout. dinp may be dout: each vector
  * is read, then written, by one thread. */
 template <typename T, int V>
@@ -45,21 +60,44 @@ __global__ static void pxt_gelu_backward_kernel(T *dinp, const T *inp, const T *
         pxt_vload<T, V>(x, inp + i * V);
         pxt_vload<T, V>(dy, dout + i * V);
         for (int q = 0; q < V; q++) {
-            float u = PXT_GELU_K * (x[q] + PXT_GELU_A * x[q] * x[q] * x[q]);
-            /* clamping x changes nothing where s (1 - s) > 0 and keeps x du finite */
-            float xc = x[q] < 100.0f ? x[q] : 100.0f; /* the CPU's selects: NaN -> 100 */
-            xc = xc > -100.0f ? xc : -100.0f;
-            float du = PXT_GELU_K * (1.0f + 3.0f * PXT_GELU_A * xc * xc);
-            float e = expf(-2.0f * u);
-            float s = 1.0f / (1.0f + e);
-            float es = e * s;
-            float sm = es < 1.0f ? es : 1.0f; /* 1 - s; NaN (e = inf) -> 1, as the CPU */
-            float grad = s + 2.0f * xc * (s * sm) * du;
-            dy[q] = grad * dy[q];
+            dy[q] = pxt_gelu_grad(x[q], dy[q]);
         }
         pxt_vstore<T, V>(dinp + i * V, dy);
     }
 }
+
+/* fc's GELU gradient with its bias gradient in one pass over the rows (gemm_fused's
+ * DGELU_BGRAD where cuBLASLt has no kernel): a column-sum functor (colsum.cuh) whose
+ * terms store d = gelu'(pre) d over the product d, as pxt_gelu_backward_kernel does,
+ * and give the stored values back, as bias_backward would read them: the composed
+ * path's bits, d read and written once instead of written, then read again. Each
+ * element is visited once by stage 1 of the column sums. */
+template <typename T> struct pxt_colsum_dgelu {
+    static constexpr int NV = 1;
+    using elem = T;
+    T *d;         /* (rows, cols): the product in, gelu'(pre) * product out */
+    const T *pre; /* (rows, cols) */
+    int cols;
+    static constexpr int NL = 2; /* pre, d */
+    template <int V> __device__ void load(int i, int j, float (&a)[NL][V]) const {
+        pxt_vload<T, V>(a[0], pre + (size_t)i * cols + j);
+        pxt_vload<T, V>(a[1], d + (size_t)i * cols + j);
+    }
+    template <int V>
+    __device__ void terms(int i, int j, const float (&a)[NL][V], double (&v)[NV][V]) const {
+        float dy[V];
+#pragma unroll
+        for (int q = 0; q < V; q++) {
+            dy[q] = ldf(stf<T>(pxt_gelu_grad(a[0][q], a[1][q]))); /* the value stored */
+            v[0][q] = dy[q];
+        }
+        pxt_vstore<T, V>(d + (size_t)i * cols + j, dy); /* no rounding more: T's values */
+    }
+    int width(int n) const {
+        const void *p[] = {d, pre};
+        return pxt_vec_width(sizeof(T), n, p, 2);
+    }
+};
 
 #undef PXT_GELU_K
 #undef PXT_GELU_A

@@ -335,6 +335,11 @@ int pxt_cuda_gemm_fused(int index, const pxt_gemm_args *g, void *workspace) {
                          g->M, g->N, g->K, g->trans_a, g->trans_b, pxt_dtype_name(g->dt_ab),
                          pxt_dtype_name(g->dt_c), (int)g->epilogue);
     }
+    if (g->epilogue == PXT_EPI_DGELU_BGRAD) { /* the product, then one pass for the rest */
+        PXT_TRY(pxt_cuda_gemm(index, g->trans_a, g->trans_b, g->M, g->N, g->K, g->alpha, g->A, g->B,
+                              g->beta, g->D, g->dt_ab, g->dt_c, gemm_ws));
+        return pxt_cuda_dgelu_bgrad(index, g->D, g->pre, g->dbias, g->M, g->N, g->dt_c, sums_ws);
+    }
     return pxt_gemm_fused_composed(pxt_cuda_backend(), index, g, gemm_ws, sums_ws);
 }
 

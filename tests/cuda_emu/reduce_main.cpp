@@ -12,6 +12,7 @@
 
 #include "engine/backend.h"
 #include "colsum.cuh"
+#include "gelu.cuh"
 #include "embedding.cuh"
 #include "reduce.cuh"
 
@@ -63,9 +64,14 @@ static void colsum_launch(F f, float *out0, float *out1, int rows, int cols, dou
     emu_dim3 grid, block;
     grid.x = (unsigned)((cols + PXT_COLSUM_BLOCK - 1) / PXT_COLSUM_BLOCK);
     block.x = PXT_COLSUM_BLOCK;
-    if (nchunks > 0) {
+    if (nchunks > 0) { /* V columns a thread, as colsum.cu picks them */
         grid.y = (unsigned)nchunks < max_y ? (unsigned)nchunks : max_y;
-        emu_launch(grid, block, 0, [&] { pxt_colsum_parts_kernel<F>(parts, f, rows, cols, R, nchunks); });
+        pxt_vec_dispatch<typename F::elem, 4>(pxt_colsum_width(f, cols), [&](auto v) {
+            constexpr int V = decltype(v)::value;
+            grid.x = (unsigned)((cols / V + PXT_COLSUM_BLOCK - 1) / PXT_COLSUM_BLOCK);
+            emu_launch(grid, block, 0, [&] { pxt_colsum_parts_kernel<F, V>(parts, f, rows, cols, R, nchunks); });
+        });
+        grid.x = (unsigned)((cols + PXT_COLSUM_BLOCK - 1) / PXT_COLSUM_BLOCK);
     }
     grid.y = F::NV;
     emu_launch(grid, block, 0, [&] { pxt_colsum_finish_kernel(out0, out1, parts, nchunks, cols); });
@@ -86,6 +92,34 @@ template <typename T> static void bias_case(int M, int N, unsigned max_y) {
                std::to_string(N) + (max_y < 65535 ? " (grid.y " + std::to_string(max_y) + ")" : ""),
            ok);
     emu_free(dout), emu_free(want), emu_free(got), emu_free(parts);
+}
+
+/* gemm_fused's DGELU_BGRAD without cuBLASLt (colsum.cu's pxt_cuda_dgelu_bgrad): d and
+ * dbias the CPU's gelu_backward then bias_backward bits; off > 0 misaligns the rows
+ * (V = 1) */
+template <typename T> static void dgelu_case(int M, int N, int off) {
+    const size_t n = (size_t)M * N;
+    T *pre = device<T>(n + off, [](size_t) { return normal<T>(3.0); }) + off;
+    T *p0 = device<T>(n, [](size_t) { return normal<T>(1.0); });
+    T *want = device<T>(n, [&](size_t i) { return p0[i]; });
+    T *got = device<T>(n + off, [&](size_t i) { return i < (size_t)off ? stf<T>(0.0f) : p0[i - off]; }) + off;
+    float *bwant = device<float>(N, [](size_t) { return normal<float>(1.0); });
+    float *bgot = device<float>(N, [&](size_t j) { return bwant[j]; });
+    double *parts = (double *)emu_alloc((size_t)pxt_colsum_chunks(M, N) * N * sizeof(double) + 8);
+    pxt_cpu_gelu_backward(0, want, pre, want, n, dtype_of<T>());
+    pxt_cpu_bias_backward(0, bwant, want, M, N, dtype_of<T>(), NULL);
+    long e0 = emu_errors;
+    const pxt_colsum_dgelu<T> f = {got, pre, N};
+    const int V = pxt_colsum_width(f, N);
+    colsum_launch(f, bgot, NULL, M, N, parts, 65535);
+    bool ok = same_bits(got, want, n * sizeof(T)) && same_bits(bgot, bwant, N * sizeof(float)) &&
+              emu_errors == e0 && emu_tail_intact(got - off) && emu_tail_intact(bgot) && emu_tail_intact(parts);
+    report("dgelu + bias gradient " + std::string(name_of<T>()) + " M=" + std::to_string(M) + " N=" +
+               std::to_string(N) + " V=" + std::to_string(V) + (off ? " misaligned" : ""),
+           ok);
+    for (void *p : {(void *)(pre - off), (void *)p0, (void *)want, (void *)(got - off), (void *)bwant,
+                    (void *)bgot, (void *)parts})
+        emu_free(p);
 }
 
 template <typename T> static void layernorm_case(int N, int C) {
@@ -205,6 +239,11 @@ int main(int argc, char **argv) {
     bias_case<pxt_f16>(1000, 130, 65535);
     bias_case<float>(5000, 7, 3);
     bias_case<pxt_bf16>(700, 300, 2);
+    dgelu_case<float>(1, 1, 0);
+    dgelu_case<pxt_bf16>(17, 40, 0);
+    dgelu_case<pxt_f16>(300, 130, 0);
+    dgelu_case<pxt_bf16>(200, 64, 1);
+    dgelu_case<float>(33, 12, 0);
     layernorm_case<float>(1, 1);
     layernorm_case<pxt_f16>(33, 5);
     layernorm_case<pxt_bf16>(700, 96);
@@ -225,6 +264,7 @@ int main(int argc, char **argv) {
         bias_case<pxt_bf16>(8 * 490, 1024, 65535);
         bias_case<pxt_bf16>(8 * 490, 4096, 65535);
         layernorm_case<pxt_bf16>(8 * 490, 1024);
+        dgelu_case<pxt_bf16>(8 * 490, 4096, 0);
         embedding_case<pxt_bf16>(308, 1026, 1024, "random", 65535);
         embedding_case<pxt_bf16>(308, 608, 1024, "positions", 65535);
     }
