@@ -78,7 +78,7 @@ int pxt_cuda_layernorm_dparams(int index, float *dweight, float *dbias, const vo
     int rc = PXT_OK;
     PXT_TRY(pxt_cuda_dispatch(dt, "layernorm_backward", [&](auto tag) {
         using T = decltype(tag);
-        pxt_colsum_ln<T> f = {(const T *)dout, (const T *)inp, mean, rstd, C};
+        pxt_colsum_ln<T> f = {{(const T *)dout, (const T *)inp, C}, mean, rstd};
         rc = colsum_run(index, f, dweight, dbias, N, C, workspace,
                         "layernorm_backward (dweight, dbias)");
     }));
@@ -92,7 +92,7 @@ int pxt_cuda_groupnorm_dparams(int index, float *dweight, float *dbias, const vo
     int rc = PXT_OK;
     PXT_TRY(pxt_cuda_dispatch(dt, "groupnorm_backward", [&](auto tag) {
         using T = decltype(tag);
-        pxt_colsum_gn<T> f = {(const T *)dout, (const T *)inp, mean, rstd, C, S, G, C / G};
+        pxt_colsum_gn<T> f = {{(const T *)dout, (const T *)inp, C}, mean, rstd, S, G, C / G};
         rc = colsum_run(index, f, dweight, dbias, B * S, C, workspace,
                         "groupnorm_backward (dweight, dbias)");
     }));
@@ -106,7 +106,7 @@ int pxt_cuda_rmsnorm_dgamma(int index, float *dgamma, const void *dout, const vo
     int rc = PXT_OK;
     PXT_TRY(pxt_cuda_dispatch(dt, "rmsnorm_backward", [&](auto tag) {
         using T = decltype(tag);
-        pxt_colsum_rms<T> f = {(const T *)dout, (const T *)inp, norm, C, scale, eps};
+        pxt_colsum_rms<T> f = {{(const T *)dout, (const T *)inp, C}, norm, scale, eps};
         rc = colsum_run(index, f, dgamma, NULL, N, C, workspace, "rmsnorm_backward (dgamma)");
     }));
     return rc;

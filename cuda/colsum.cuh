@@ -47,19 +47,28 @@ template <typename T> struct pxt_colsum_rows {
     }
 };
 
-/* The terms of layernorm's dweight and dbias: n * dout and dout, with
- * n = (inp - mean) * rstd rounded to float as the forward formed it. */
-template <typename T> struct pxt_colsum_ln {
-    static constexpr int NV = 2;
-    using elem = T;
-    const T *dout, *inp;      /* (rows, cols) */
-    const float *mean, *rstd; /* (rows) */
-    int cols;
+/* The loads of the norms' weight gradients: dout and inp (rows, cols), row i's
+ * vectors at column j. */
+template <typename T> struct pxt_colsum_dout_inp {
     static constexpr int NL = 2; /* dout, inp */
+    using elem = T;
+    const T *dout, *inp; /* (rows, cols) */
+    int cols;
     template <int V> __device__ void load(int i, int j, float (&a)[NL][V]) const {
         pxt_vload<T, V>(a[0], dout + (size_t)i * cols + j);
         pxt_vload<T, V>(a[1], inp + (size_t)i * cols + j);
     }
+    int width(int n) const {
+        const void *p[] = {dout, inp};
+        return pxt_vec_width(sizeof(T), n, p, 2);
+    }
+};
+
+/* The terms of layernorm's dweight and dbias: n * dout and dout, with
+ * n = (inp - mean) * rstd rounded to float as the forward formed it. */
+template <typename T> struct pxt_colsum_ln : pxt_colsum_dout_inp<T> {
+    static constexpr int NV = 2, NL = 2;
+    const float *mean, *rstd; /* (rows) */
     template <int V>
     __device__ void terms(int i, int, const float (&a)[NL][V], double (&v)[NV][V]) const {
         const float m = mean[i], r = rstd[i];
@@ -70,26 +79,15 @@ template <typename T> struct pxt_colsum_ln {
             v[1][q] = a[0][q];
         }
     }
-    int width(int n) const {
-        const void *p[] = {dout, inp};
-        return pxt_vec_width(sizeof(T), n, p, 2);
-    }
 };
 
 /* The terms of GroupNorm's dweight and dbias over the B x S rows of (B, S, C):
  * n * dout and dout, n = (inp - mean) * rstd of the row's sample and the
  * column's group, rounded to float as the forward formed it. */
-template <typename T> struct pxt_colsum_gn {
-    static constexpr int NV = 2;
-    using elem = T;
-    const T *dout, *inp;         /* (B * S, C) */
-    const float *mean, *rstd;    /* (B, G) */
-    int cols, S, G, cg;          /* C, frames, groups, C / G */
-    static constexpr int NL = 2; /* dout, inp */
-    template <int V> __device__ void load(int i, int j, float (&a)[NL][V]) const {
-        pxt_vload<T, V>(a[0], dout + (size_t)i * cols + j);
-        pxt_vload<T, V>(a[1], inp + (size_t)i * cols + j);
-    }
+template <typename T> struct pxt_colsum_gn : pxt_colsum_dout_inp<T> {
+    static constexpr int NV = 2, NL = 2; /* rows: the B x S of (B, S, C) */
+    const float *mean, *rstd;            /* (B, G) */
+    int S, G, cg;                        /* frames, groups, C / G */
     template <int V>
     __device__ void terms(int i, int j, const float (&a)[NL][V], double (&v)[NV][V]) const {
 #pragma unroll
@@ -100,26 +98,14 @@ template <typename T> struct pxt_colsum_gn {
             v[1][q] = a[0][q];
         }
     }
-    int width(int n) const {
-        const void *p[] = {dout, inp};
-        return pxt_vec_width(sizeof(T), n, p, 2);
-    }
 };
 
 /* The terms of the RMS norm's dgamma: dout * (inp * inv * scale), inv =
  * 1 / max(norm, eps) rounded to float as the forward formed it. */
-template <typename T> struct pxt_colsum_rms {
-    static constexpr int NV = 1;
-    using elem = T;
-    const T *dout, *inp; /* (rows, cols) */
-    const float *norm;   /* (rows) */
-    int cols;
+template <typename T> struct pxt_colsum_rms : pxt_colsum_dout_inp<T> {
+    static constexpr int NV = 1, NL = 2;
+    const float *norm; /* (rows) */
     float scale, eps;
-    static constexpr int NL = 2; /* dout, inp */
-    template <int V> __device__ void load(int i, int j, float (&a)[NL][V]) const {
-        pxt_vload<T, V>(a[0], dout + (size_t)i * cols + j);
-        pxt_vload<T, V>(a[1], inp + (size_t)i * cols + j);
-    }
     template <int V>
     __device__ void terms(int i, int, const float (&a)[NL][V], double (&v)[NV][V]) const {
         const float inv = 1.0f / (norm[i] > eps ? norm[i] : eps);
@@ -127,10 +113,6 @@ template <typename T> struct pxt_colsum_rms {
         for (int q = 0; q < V; q++) {
             v[0][q] = (double)a[0][q] * (a[1][q] * inv * scale);
         }
-    }
-    int width(int n) const {
-        const void *p[] = {dout, inp};
-        return pxt_vec_width(sizeof(T), n, p, 2);
     }
 };
 

@@ -165,7 +165,7 @@ template <typename T> static void groupnorm_case(int B, int S, int C, int G, int
     });
     const int rows = B * S, R = pxt_colsum_chunk_rows(rows, C), nchunks = pxt_colsum_chunks(rows, C);
     double *parts = poisoned<double>(2 * (size_t)nchunks * C);
-    pxt_colsum_gn<T> f = {dout, x, wm, wr, C, S, G, cg};
+    pxt_colsum_gn<T> f = {{dout, x, C}, wm, wr, S, G, cg};
     grid.x = (unsigned)((C + PXT_COLSUM_BLOCK - 1) / PXT_COLSUM_BLOCK);
     block.x = PXT_COLSUM_BLOCK;
     if (nchunks > 0) {
@@ -251,7 +251,7 @@ template <typename T> static void rmsnorm_case(int N, int C, int zero_row, int o
     });
     const int R = pxt_colsum_chunk_rows(N, C), nchunks = pxt_colsum_chunks(N, C);
     double *parts = poisoned<double>((size_t)nchunks * C);
-    pxt_colsum_rms<T> f = {dout, x, wn, C, scale, eps};
+    pxt_colsum_rms<T> f = {{dout, x, C}, wn, scale, eps};
     grid.x = (unsigned)((C + PXT_COLSUM_BLOCK - 1) / PXT_COLSUM_BLOCK);
     block.x = PXT_COLSUM_BLOCK;
     if (nchunks > 0) {

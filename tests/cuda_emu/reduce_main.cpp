@@ -139,7 +139,7 @@ template <typename T> static void layernorm_case(int N, int C) {
     pxt_cpu_layernorm_backward(0, dinp, wd, wb, dout, x, w, mean, rstd, N, C, dtype_of<T>(), NULL);
     double *parts = (double *)emu_alloc(2 * (size_t)pxt_colsum_chunks(N, C) * C * sizeof(double) + 8);
     long e0 = emu_errors;
-    colsum_launch(pxt_colsum_ln<T>{dout, x, mean, rstd, C}, gd, gb, N, C, parts, 65535);
+    colsum_launch(pxt_colsum_ln<T>{{dout, x, C}, mean, rstd}, gd, gb, N, C, parts, 65535);
     bool ok = same_bits(gd, wd, C * sizeof(float)) && same_bits(gb, wb, C * sizeof(float)) &&
               emu_errors == e0 && emu_tail_intact(gd) && emu_tail_intact(gb) && emu_tail_intact(parts);
     report("layernorm dweight, dbias " + std::string(name_of<T>()) + " N=" + std::to_string(N) +
