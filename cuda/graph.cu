@@ -10,31 +10,27 @@
  * What is recorded must not depend on values that change between replays: the
  * engine passes those through device memory (dropout.h's live keys) and keeps
  * host-dependent work (uploads, the heads' gathers, read-backs) outside. */
-#include <pthread.h>
-
 #include "cuda_common.h"
 
 thread_local cudaStream_t pxt_cuda_capture[PXT_MAX_DEVICES];
 
-/* The capture streams, one per device, made on first use (never freed: a few
- * hundred bytes each, for the process). */
-static cudaStream_t capture_streams[PXT_MAX_DEVICES];
-static pthread_mutex_t capture_lock = PTHREAD_MUTEX_INITIALIZER;
+/* The capture streams, one per thread and device, made on first use: two threads
+ * may record at once (two models). Never freed: a stream is a few hundred bytes, and
+ * a thread that recorded once will likely record again. */
+static thread_local cudaStream_t capture_streams[PXT_MAX_DEVICES];
 
 static int capture_stream(int index, cudaStream_t *out) {
-    pthread_mutex_lock(&capture_lock);
-    cudaError_t err = cudaSuccess;
     if (!capture_streams[index]) {
-        err = cudaStreamCreateWithFlags(&capture_streams[index], cudaStreamNonBlocking);
+        cudaError_t err = cudaStreamCreateWithFlags(&capture_streams[index], cudaStreamNonBlocking);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            capture_streams[index] = NULL;
+            return pxt_error(PXT_ERR_DEVICE,
+                             "cuda:%d: making a stream to record a graph failed: %s", index,
+                             cudaGetErrorString(err));
+        }
     }
     *out = capture_streams[index];
-    pthread_mutex_unlock(&capture_lock);
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        capture_streams[index] = NULL;
-        return pxt_error(PXT_ERR_DEVICE, "cuda:%d: making a stream to record a graph failed: %s",
-                         index, cudaGetErrorString(err));
-    }
     return PXT_OK;
 }
 
@@ -43,7 +39,7 @@ extern "C" int pxt_cuda_graph_begin(int index) {
     if (pxt_cuda_capture[index]) {
         return pxt_error(PXT_ERR_VALUE, "cuda:%d: this thread is already recording a graph", index);
     }
-    cudaStream_t s;
+    cudaStream_t s = NULL;
     PXT_TRY(capture_stream(index, &s));
     /* the record starts after what the device's stream holds: the uploads
      * queued there are waited for by the launch, which runs on that stream */

@@ -145,3 +145,35 @@ def test_a_gradient_callback_runs_the_step_as_it_comes(rng, seed):
     assert seen and _grads(graphed) == _grads(eager)
     st = graphed.graph_stats
     assert st["recorded"] == 1 and st["replayed"] == 0, st  # the forward only
+
+
+@requires_cuda
+def test_two_threads_record_at_once(rng, seed):
+    """Each recording thread has its own capture stream: two models stepping in two
+    threads (the step runs without the GIL) both record and replay, each equal to its
+    twin stepping as it comes."""
+    import threading
+
+    pairs = [_pair("bf16", "none", rng, seed + k) for k in range(2)]
+    batches = [[_batch(rng, "latents", 3, 14, 22, k % 2 == 1) for k in range(4)] for _ in pairs]
+    errors: list[BaseException] = []
+
+    def run(graphed, bs):
+        try:
+            for b in bs:
+                graphed.forward_backward(b, keep_larger_arena=True)
+        except BaseException as e:  # reported below, in the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(p[1], bs)) for p, bs in zip(pairs, batches)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for (eager, graphed), bs in zip(pairs, batches):
+        for b in bs:
+            eager.forward_backward(b, keep_larger_arena=True)
+        st = graphed.graph_stats
+        assert st["failed"] == 0 and st["recorded"] == 4 and st["replayed"] == 4, st
+        assert _grads(graphed) == _grads(eager)
