@@ -50,8 +50,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 CONFIGS = {
     # name: (ModelConfig kwargs, text_len, audio_len)
-    # dropout 0 (the CUDA backend has no dropout kernels yet) and no conditioning path (the
-    # torch model has none; bench_ops_gpu.py times its GroupNorm, RMS norm and GEGLU)
+    # dropout 0 and no conditioning path: the torch model beside it (torch_xtts.py) has
+    # neither (Coqui's recipe, with both, is timed by profile_xtts_gpu.py --recipe,
+    # bench_offload_gpu.py and bench_graphs_gpu.py --recipe)
     "xtts_v2": (dict(dropout=0.0, conditioning=False), 150, 308),
     "tiny": (dict(n_layers=2, d_model=128, n_heads=2, text_vocab_size=256, audio_vocab_size=1026,
                   max_text_tokens=48, max_audio_tokens=96, n_cond_latents=8, dropout=0.0,
