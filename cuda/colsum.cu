@@ -41,7 +41,7 @@ static int colsum_run(int index, F f, float *out0, float *out1, int rows, int co
     double *parts = (double *)workspace; /* (NV, nchunks, cols) */
     const unsigned int gx = (unsigned int)((cols + PXT_COLSUM_BLOCK - 1) / PXT_COLSUM_BLOCK);
     if (nchunks > 0) { /* V columns a thread where the rows allow 16-byte loads */
-        pxt_vec_dispatch<typename F::elem, 4>(pxt_colsum_width(f, cols), [&](auto v) {
+        pxt_colsum_dispatch(f, cols, [&](auto v) {
             constexpr int V = decltype(v)::value;
             dim3 grid((unsigned int)((cols / V + PXT_COLSUM_BLOCK - 1) / PXT_COLSUM_BLOCK),
                       nchunks < COLSUM_MAX_GRID_Y ? nchunks : COLSUM_MAX_GRID_Y);

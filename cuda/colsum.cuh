@@ -132,8 +132,17 @@ template <typename T> struct pxt_colsum_rms : pxt_colsum_dout_inp<T> {
  * 8 rows' loads in registers (ROWS 8: ~4 MB in flight for 16-bit rows read twice,
  * about what the H200's 4.8 TB/s needs to cover the loads' latency). */
 template <typename F> static inline int pxt_colsum_width(const F &f, int cols) {
-    const int v = f.width(cols);
-    return v > 4 ? 4 : v;
+    return f.width(cols) >= 4 ? 4 : 1; /* no 2: a third more kernels for shapes no model has */
+}
+
+/* Host: launch(std::integral_constant<int, V>{}) with V = pxt_colsum_width(f, cols). */
+template <typename F, typename L>
+static inline void pxt_colsum_dispatch(const F &f, int cols, L &&launch) {
+    if (pxt_colsum_width(f, cols) == 4) {
+        launch(std::integral_constant<int, 4>{});
+    } else {
+        launch(std::integral_constant<int, 1>{});
+    }
 }
 
 template <typename F, int V>

@@ -55,11 +55,11 @@ static inline int pxt_vec_width(size_t esize, int n, const void *const *ptrs, in
 }
 
 /* Host: calls f(std::integral_constant<int, V>{}) for the width V of
- * pxt_vec_width, instantiating only the widths that fit 16 bytes of T (and MAXV). */
-template <typename T, int MAXV = 8, typename F> static inline void pxt_vec_dispatch(int v, F &&f) {
+ * pxt_vec_width, instantiating only the widths that fit 16 bytes of T. */
+template <typename T, typename F> static inline void pxt_vec_dispatch(int v, F &&f) {
     switch (v) {
     case 8:
-        if constexpr (sizeof(T) * 8 <= 16 && MAXV >= 8) {
+        if constexpr (sizeof(T) * 8 <= 16) {
             f(std::integral_constant<int, 8>{});
         }
         break;

@@ -170,7 +170,7 @@ template <typename T> static void groupnorm_case(int B, int S, int C, int G, int
     block.x = PXT_COLSUM_BLOCK;
     if (nchunks > 0) {
         grid.y = (unsigned)(nchunks < 3 ? nchunks : 3); /* blocks stride over the chunks */
-        pxt_vec_dispatch<T, 4>(pxt_colsum_width(f, C), [&](auto v) { /* V columns a thread, as colsum.cu */
+        pxt_colsum_dispatch(f, C, [&](auto v) { /* V columns a thread, as colsum.cu */
             constexpr int V = decltype(v)::value;
             grid.x = (unsigned)((C / V + PXT_COLSUM_BLOCK - 1) / PXT_COLSUM_BLOCK);
             emu_launch(grid, block, 0, [&] { pxt_colsum_parts_kernel<decltype(f), V>(parts, f, rows, C, R, nchunks); });
@@ -256,7 +256,7 @@ template <typename T> static void rmsnorm_case(int N, int C, int zero_row, int o
     block.x = PXT_COLSUM_BLOCK;
     if (nchunks > 0) {
         grid.y = (unsigned)nchunks;
-        pxt_vec_dispatch<T, 4>(pxt_colsum_width(f, C), [&](auto v) { /* V columns a thread, as colsum.cu */
+        pxt_colsum_dispatch(f, C, [&](auto v) { /* V columns a thread, as colsum.cu */
             constexpr int V = decltype(v)::value;
             grid.x = (unsigned)((C / V + PXT_COLSUM_BLOCK - 1) / PXT_COLSUM_BLOCK);
             emu_launch(grid, block, 0, [&] { pxt_colsum_parts_kernel<decltype(f), V>(parts, f, N, C, R, nchunks); });

@@ -66,7 +66,7 @@ static void colsum_launch(F f, float *out0, float *out1, int rows, int cols, dou
     block.x = PXT_COLSUM_BLOCK;
     if (nchunks > 0) { /* V columns a thread, as colsum.cu picks them */
         grid.y = (unsigned)nchunks < max_y ? (unsigned)nchunks : max_y;
-        pxt_vec_dispatch<typename F::elem, 4>(pxt_colsum_width(f, cols), [&](auto v) {
+        pxt_colsum_dispatch(f, cols, [&](auto v) {
             constexpr int V = decltype(v)::value;
             grid.x = (unsigned)((cols / V + PXT_COLSUM_BLOCK - 1) / PXT_COLSUM_BLOCK);
             emu_launch(grid, block, 0, [&] { pxt_colsum_parts_kernel<F, V>(parts, f, rows, cols, R, nchunks); });
