@@ -193,7 +193,9 @@ run_b() {
 # against torch eager with the largest batch, the optimizer's state in host memory, world
 # size 1 over NCCL, the whole run against the step, torch.compile (these four first ran in
 # the H200's runs 3 and 4), the memory-bound ops with a cold cache, attention against SDPA,
-# memcheck, then where the step's GPU time goes. Run 3 took 465 s for all of it.
+# memcheck, then where the step's GPU time goes. Run 3 took 465 s for all of it; the steps
+# added since (the one-pass backward's step, graphs, graphs-recipe, a third attention path)
+# should add 60-80 s.
 # PYXTTS_GPU_CHECK_BUDGET (s, default 585) is the whole run's: each step's limit is cut to
 # what is left, and a step with under 10 s left is reported as not run, so the summary is
 # written before the device tool's own limit (600 s a command) stops everything.
