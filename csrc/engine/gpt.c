@@ -147,6 +147,7 @@ int pxt_gpt_reserve(pxt_gpt *m, pxt_plan *p, int keep_larger) {
         memset(p, 0, sizeof *p);
         return PXT_OK;
     }
+    pxt_gpt_free_graphs(m); /* they hold the old arena's addresses */
     pxt_storage_clear(&m->arena);
     pxt_plan_free(&m->plan);
     int rc = pxt_storage_new(m->flat.device, p->arena_bytes, &m->arena);
@@ -728,9 +729,6 @@ static uint64_t policy_hash(const pxt_plan *p) {
 static pxt_gpt_graph graph_key(const pxt_gpt *m, const pxt_plan *p, const pxt_ctx *x, int phase) {
     pxt_gpt_graph k;
     memset(&k, 0, sizeof k);
-    k.arena = m->arena->data;
-    k.params = m->flat.params ? m->flat.params->data : NULL;
-    k.grads = m->flat.grads ? m->flat.grads->data : NULL;
     k.phase = phase;
     k.B = p->B, k.Lt = p->Lt, k.La = p->La, k.Nc = p->Nc, k.S = p->cond.S;
     k.train = p->train;
@@ -741,8 +739,7 @@ static pxt_gpt_graph graph_key(const pxt_gpt *m, const pxt_plan *p, const pxt_ct
 }
 
 static int graph_same(const pxt_gpt_graph *a, const pxt_gpt_graph *b) {
-    return a->arena == b->arena && a->params == b->params && a->grads == b->grads &&
-           a->phase == b->phase && a->B == b->B && a->Lt == b->Lt && a->La == b->La &&
+    return a->phase == b->phase && a->B == b->B && a->Lt == b->Lt && a->La == b->La &&
            a->Nc == b->Nc && a->S == b->S && a->train == b->train && a->key_mask == b->key_mask &&
            a->dropout == b->dropout && a->policy == b->policy;
 }

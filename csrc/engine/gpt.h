@@ -26,8 +26,10 @@ enum { PXT_CKPT_AUTO = 3 };
 
 /* A phase of the step recorded as a backend graph (its forward up to the final
  * norms, or its backward after the heads), with everything its launches depend
- * on: the addresses (arena, flat state), the shape and policy, the dropout
- * probability and whether attention takes the key mask. What changes between
+ * on besides addresses: the shape and policy, the dropout probability and whether
+ * attention takes the key mask. The addresses do not change while a graph lives:
+ * the flat state's are the model's for its life, and a new arena frees every
+ * graph (pxt_gpt_reserve, pxt_gpt_release_arena). What changes between
  * micro-batches of one shape (the batch, the dropout keys) lives in the arena;
  * the heads, which gather each sample's valid rows on the host's word, run
  * between the two phases as they come. */
@@ -35,7 +37,6 @@ enum { PXT_CKPT_AUTO = 3 };
 
 typedef struct {
     void *graph; /* the backend's graph; NULL: a free slot */
-    const void *arena, *params, *grads;
     int phase, B, Lt, La, Nc, S, train, key_mask;
     float dropout;
     uint64_t policy; /* a hash of the blocks' and conditioning path's policies */
