@@ -35,16 +35,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-CONFIGS = {  # name: (ModelConfig kwargs, text_len, audio_len, mel frames) without --recipe
-    "xtts_v2": (dict(dropout=0.0, conditioning=False), 150, 308, 0),
-    "tiny": (dict(n_layers=2, d_model=128, n_heads=2, text_vocab_size=256, audio_vocab_size=1026,
-                  max_text_tokens=48, max_audio_tokens=96, n_cond_latents=8, dropout=0.0,
-                  conditioning=False), 40, 80, 0),
-}
-RECIPE = {"xtts_v2": ({}, 200, 252, 517),
-          "tiny": (dict(n_layers=2, d_model=128, n_heads=2, text_vocab_size=256, audio_vocab_size=1026,
-                        max_text_tokens=48, max_audio_tokens=96, n_cond_latents=8, max_cond_frames=64),
-                   40, 80, 60)}
+# the step's model and batch as bench_xtts_gpu.py times it, and Coqui's recipe as
+# bench_offload_gpu.py does: (ModelConfig kwargs, text_len, audio_len[, mel frames])
+from bench_offload_gpu import CONFIGS as RECIPE  # noqa: E402
+from bench_xtts_gpu import CONFIGS  # noqa: E402
 
 
 def free_bytes(device: str) -> int | None:
@@ -71,7 +65,7 @@ def main() -> int:
     from bench_env import environment
     from pyxtts.batch import _synthetic_batch
 
-    kwargs, Lt, La, S = (RECIPE if a.recipe else CONFIGS)[a.config]
+    kwargs, Lt, La, S = RECIPE[a.config] if a.recipe else (*CONFIGS[a.config], 0)
     cfg = pyxtts.ModelConfig(**kwargs)
     dev = a.device
     model = pyxtts.XTTSGPT(cfg, device=dev, precision="bf16", checkpointing="none", seed=0,
