@@ -531,6 +531,32 @@ __device__ static inline void bwd_store_kv(const pxt_attn_args &a, T *dk, T *dv,
 
 /* ---- backward: a warp's 16 keys against one query tile ------------------------------- */
 
+/* The backward's two products over the head dim, sharing their k loop: s = A B^T and
+ * dp = A2 B2^T for the warp's 16 rows (row0 .. of A, A2) against the NT * 8 rows of B,
+ * B2, added into s and dp (fp32). The dK/dV step takes K, V against Q, dO (S^T, dP^T);
+ * the dQ kernel Q, dO against K, V (S, dP). */
+template <typename T, int SD, int KC, int NT>
+__device__ static __forceinline__ void
+tc_two_products(float (&s)[NT][4], float (&dp)[NT][4], const uint16_t *A, const uint16_t *A2,
+                int row0, const uint16_t *B, const uint16_t *B2, int lane) {
+#pragma unroll
+    for (int kc = 0; kc < KC; kc++) {
+        uint32_t fa[4], fa2[4];
+        frag_a<SD>(fa, A, row0, kc, lane);
+        frag_a<SD>(fa2, A2, row0, kc, lane);
+#pragma unroll
+        for (int np = 0; np < NT / 2; np++) {
+            uint32_t bf[4];
+            frag_b_nk<SD>(bf, B, np * 16, kc, lane);
+            mma16816<T>(s[2 * np], fa, bf[0], bf[1]);
+            mma16816<T>(s[2 * np + 1], fa, bf[2], bf[3]);
+            frag_b_nk<SD>(bf, B2, np * 16, kc, lane);
+            mma16816<T>(dp[2 * np], fa2, bf[0], bf[1]);
+            mma16816<T>(dp[2 * np + 1], fa2, bf[2], bf[3]);
+        }
+    }
+}
+
 /* The step of the dK/dV kernel and of the one-pass kernel: S^T = K Q^T and dP^T = V dO^T
  * for the warp's 16 keys (rows 16 warp .. of Ks, Vs) and the tile's BQ queries (Qt, dOt;
  * L2 their lse in log2 units, Dt their Di), P^T and the scaled dS^T as the header says,
@@ -555,22 +581,7 @@ bwd_kv_tile(const pxt_attn_args &a, [[maybe_unused]] const pxt_dropout &drop, in
         for (int e = 0; e < 4; e++) {
             s[nt][e] = dp[nt][e] = 0.0f;
         }
-#pragma unroll
-    for (int kc = 0; kc < KC; kc++) {
-        uint32_t ka[4], va[4];
-        frag_a<SD>(ka, Ks, 16 * warp, kc, lane);
-        frag_a<SD>(va, Vs, 16 * warp, kc, lane);
-#pragma unroll
-        for (int np = 0; np < NT / 2; np++) {
-            uint32_t bf[4];
-            frag_b_nk<SD>(bf, Qt, np * 16, kc, lane);
-            mma16816<T>(s[2 * np], ka, bf[0], bf[1]);
-            mma16816<T>(s[2 * np + 1], ka, bf[2], bf[3]);
-            frag_b_nk<SD>(bf, dOt, np * 16, kc, lane);
-            mma16816<T>(dp[2 * np], va, bf[0], bf[1]);
-            mma16816<T>(dp[2 * np + 1], va, bf[2], bf[3]);
-        }
-    }
+    tc_two_products<T, SD, KC, NT>(s, dp, Ks, Vs, 16 * warp, Qt, dOt, lane);
     const bool need_mask = a.key_mask || jw + 16 > kl || (a.causal && i0 < jw + 15);
     /* dropout: lane l draws the warp's 16 keys of queries l, l + 32 (as BQ has),
      * 16 bits each; qkeep[nt][e] the bits of query nt*8 + 2t + e */
@@ -789,22 +800,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
                 for (int e = 0; e < 4; e++) {
                     s[nt][e] = dp[nt][e] = 0.0f;
                 }
-#pragma unroll
-            for (int kc = 0; kc < KC; kc++) {
-                uint32_t qa[4], da[4];
-                frag_a<SD>(qa, Qs, 16 * warp, kc, lane);
-                frag_a<SD>(da, dOs, 16 * warp, kc, lane);
-#pragma unroll
-                for (int np = 0; np < NT / 2; np++) {
-                    uint32_t bf[4];
-                    frag_b_nk<SD>(bf, Kt, np * 16, kc, lane);
-                    mma16816<T>(s[2 * np], qa, bf[0], bf[1]);
-                    mma16816<T>(s[2 * np + 1], qa, bf[2], bf[3]);
-                    frag_b_nk<SD>(bf, Vt, np * 16, kc, lane);
-                    mma16816<T>(dp[2 * np], da, bf[0], bf[1]);
-                    mma16816<T>(dp[2 * np + 1], da, bf[2], bf[3]);
-                }
-            }
+            tc_two_products<T, SD, KC, NT>(s, dp, Qs, dOs, 16 * warp, Kt, Vt, lane);
             const bool need_mask = a.key_mask || j0 + BK > kl || (a.causal && j0 + BK - 1 > iw);
             [[maybe_unused]] uint64_t keep[2]; /* dropout: the keep bits of rows g, g + 8 */
             if constexpr (DROP) {
