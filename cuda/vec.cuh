@@ -14,6 +14,12 @@
 
 #include <type_traits>
 
+/* A vector access at a misaligned address faults on a GPU; the host emulator
+ * (tests/cuda_emu) defines this to count it as an error, which x86 would not. */
+#ifndef PXT_VEC_CHECK_ALIGNED
+#define PXT_VEC_CHECK_ALIGNED(p, bytes) ((void)0)
+#endif
+
 /* V elements of storage type T, aligned to their size: one memory access. */
 template <typename T, int V> struct alignas(sizeof(T) * V) pxt_vec {
     T v[V];
@@ -21,6 +27,7 @@ template <typename T, int V> struct alignas(sizeof(T) * V) pxt_vec {
 
 /* f (V) = the V elements at p, as floats; p is aligned to V elements. */
 template <typename T, int V> __device__ static inline void pxt_vload(float (&f)[V], const T *p) {
+    PXT_VEC_CHECK_ALIGNED(p, sizeof(T) * V);
     const pxt_vec<T, V> w = *reinterpret_cast<const pxt_vec<T, V> *>(p);
 #pragma unroll
     for (int k = 0; k < V; k++) {
@@ -35,6 +42,7 @@ template <typename T, int V> __device__ static inline void pxt_vstore(T *p, cons
     for (int k = 0; k < V; k++) {
         w.v[k] = stf<T>(f[k]);
     }
+    PXT_VEC_CHECK_ALIGNED(p, sizeof(T) * V);
     *reinterpret_cast<pxt_vec<T, V> *>(p) = w;
 }
 

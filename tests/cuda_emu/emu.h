@@ -111,6 +111,12 @@ extern long emu_bank_conflicts;
 void emu_block(int kind);
 void emu_error(const char *fmt, ...);
 
+/* vec.cuh's vector loads and stores: a GPU faults on a misaligned one */
+#define PXT_VEC_CHECK_ALIGNED(p, bytes)                                                            \
+    ((uintptr_t)(p) % (bytes) ? emu_error("vector access of %d bytes at misaligned %p", (int)(bytes), \
+                                          (const void *)(p))                                        \
+                              : (void)0)
+
 static inline void __syncthreads() { emu_block(K_BAR); }
 
 template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
