@@ -366,6 +366,7 @@ static const pxt_backend cuda_backend = {
     .graph_launch = pxt_cuda_graph_launch,
     .graph_free = pxt_cuda_graph_free,
     .gemm = pxt_cuda_gemm,
+    .gemm_ld = pxt_cuda_gemm_ld,
     .gemm_workspace = pxt_cuda_gemm_workspace,
     .add_bias = pxt_cuda_add_bias,
     .bias_backward = pxt_cuda_bias_backward,

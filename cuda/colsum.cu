@@ -56,16 +56,19 @@ static int colsum_run(int index, F f, float *out0, float *out1, int rows, int co
     return PXT_OK;
 }
 
-int pxt_cuda_bias_backward(int index, float *dbias, const void *dout, int M, int N, pxt_dtype dt,
-                           void *workspace) {
+int pxt_cuda_bias_backward(int index, float *dbias, const void *dout, int M, int N, int ld,
+                           pxt_dtype dt, void *workspace) {
     if (M < 0 || N < 0) {
         return pxt_error(PXT_ERR_VALUE, "bias_backward: negative size M=%d N=%d", M, N);
+    }
+    if (ld < N) {
+        return pxt_error(PXT_ERR_VALUE, "bias_backward: rows %d apart, fewer than N=%d", ld, N);
     }
     PXT_CUDA_ENTER(index);
     int rc = PXT_OK;
     PXT_TRY(pxt_cuda_dispatch(dt, "bias_backward", [&](auto tag) {
         using T = decltype(tag);
-        pxt_colsum_rows<T> f = {(const T *)dout, N};
+        pxt_colsum_rows<T> f = {(const T *)dout, ld};
         rc = colsum_run(index, f, dbias, NULL, M, N, workspace, "bias_backward");
     }));
     return rc;

@@ -24,15 +24,15 @@
  * pxt_vec_width over its pointers), F::terms<V> forms the NV terms from them. The
  * terms are the same numbers for any V: only how they are loaded changes. */
 
-/* The terms of bias_backward: dout (rows, cols) itself. */
+/* The terms of bias_backward: dout (rows, cols) itself, its rows ld apart. */
 template <typename T> struct pxt_colsum_rows {
     static constexpr int NV = 1;
     using elem = T;
-    const T *x; /* (rows, cols) */
-    int cols;
+    const T *x; /* (rows, cols), rows ld apart */
+    int ld;
     static constexpr int NL = 1;
     template <int V> __device__ void load(int i, int j, float (&a)[NL][V]) const {
-        pxt_vload<T, V>(a[0], x + (size_t)i * cols + j);
+        pxt_vload<T, V>(a[0], x + (size_t)i * ld + j);
     }
     template <int V>
     __device__ void terms(int, int, const float (&a)[NL][V], double (&v)[NV][V]) const {
@@ -41,9 +41,13 @@ template <typename T> struct pxt_colsum_rows {
             v[0][q] = a[0][q];
         }
     }
-    int width(int n) const {
+    int width(int n) const { /* the rows' starts aligned too */
         const void *p[] = {x};
-        return pxt_vec_width(sizeof(T), n, p, 1);
+        int v = pxt_vec_width(sizeof(T), n, p, 1);
+        while (ld % v) {
+            v /= 2;
+        }
+        return v;
     }
 };
 

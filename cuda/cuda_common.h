@@ -156,6 +156,9 @@ void pxt_cuda_graph_free(int index, void *graph);
 int pxt_cuda_gemm(int index, int trans_a, int trans_b, int M, int N, int K, float alpha,
                   const void *A, const void *B, float beta, void *C, pxt_dtype dt_ab,
                   pxt_dtype dt_c, void *workspace);
+int pxt_cuda_gemm_ld(int index, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                     const void *A, int lda, const void *B, int ldb, float beta, void *C, int ldc,
+                     pxt_dtype dt_ab, pxt_dtype dt_c, void *workspace);
 size_t pxt_cuda_gemm_workspace(int M, int N, int K, pxt_dtype dt_ab);
 int pxt_cuda_add_bias(int index, void *out, const void *bias, int M, int N, pxt_dtype dt);
 /* gemm_fused.cu */
@@ -170,8 +173,8 @@ int pxt_cuda_gemm_fused_last_path(void);
 int pxt_cuda_dgelu_bgrad(int index, void *d, const void *pre, float *dbias, int M, int N,
                          pxt_dtype dt, void *workspace);
 size_t pxt_cuda_colsum_workspace(int rows, int cols);
-int pxt_cuda_bias_backward(int index, float *dbias, const void *dout, int M, int N, pxt_dtype dt,
-                           void *workspace);
+int pxt_cuda_bias_backward(int index, float *dbias, const void *dout, int M, int N, int ld,
+                           pxt_dtype dt, void *workspace);
 /* dweight (C) += sum_i n * dout, dbias (C) += sum_i dout, n = (inp - mean) * rstd */
 int pxt_cuda_layernorm_dparams(int index, float *dweight, float *dbias, const void *dout,
                                const void *inp, const float *mean, const float *rstd, int N, int C,
@@ -227,8 +230,8 @@ int pxt_cuda_embedding_backward(int index, float *dtable, const void *dout, cons
                                 int N, int C, int V, pxt_dtype dt, void *workspace);
 size_t pxt_cuda_embedding_workspace(int N, int C, int V);
 /* xent.cu */
-int pxt_cuda_softmax_xent(int index, float *logits, float *losses, const int32_t *targets, int N,
-                          int V, float scale, int backward);
+int pxt_cuda_softmax_xent(int index, float *logits, int ld, const float *bias, float *losses,
+                          const int32_t *targets, int N, int V, float scale, int backward);
 int pxt_cuda_sum(int index, double *out, const float *x, size_t n);
 /* attention.cu */
 int pxt_cuda_attention_forward(int index, const struct pxt_attn_args *args, void *out, float *lse,

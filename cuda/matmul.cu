@@ -40,11 +40,13 @@ static int cuda_type(pxt_dtype dt, cudaDataType_t *out, const char *what) {
 
 /* ---- small kernels --------------------------------------------------------------- */
 
-/* c (n) = beta * c, or 0 where beta = 0 (c is not read then: it may hold NaN) */
-template <typename T> __global__ static void scale_kernel(T *c, float beta, size_t n) {
-    size_t stride = (size_t)gridDim.x * blockDim.x;
+/* C (M, N), rows ldc apart, = beta * C, or 0 where beta = 0 (C is not read then:
+ * it may hold NaN) */
+template <typename T> __global__ static void scale_kernel(T *c, float beta, int M, int N, int ldc) {
+    size_t n = (size_t)M * N, stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        c[i] = stf<T>(beta == 0.0f ? 0.0f : beta * ldf(c[i]));
+        T *e = c + (i / N) * ldc + i % N;
+        *e = stf<T>(beta == 0.0f ? 0.0f : beta * ldf(*e));
     }
 }
 
@@ -67,11 +69,10 @@ __global__ static void tile_store_kernel(T *c, const float *tile, int rows, int 
 
 /* ---- gemm -------------------------------------------------------------------------- */
 
-/* One row-major product into C (M, N) of leading dim ldc (see the top comment). */
+/* One row-major product, rows lda, ldb and ldc apart (see the top comment). */
 static int gemm_ex(cublasHandle_t h, int trans_a, int trans_b, int M, int N, int K, float alpha,
-                   const void *A, cudaDataType_t ta, const void *B, float beta, void *C,
-                   cudaDataType_t tc, int ldc) {
-    int lda = trans_a ? M : K, ldb = trans_b ? K : N; /* row-major leading dims */
+                   const void *A, int lda, cudaDataType_t ta, const void *B, int ldb, float beta,
+                   void *C, cudaDataType_t tc, int ldc) {
     PXT_CUBLAS_CHECK(cublasGemmEx(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                   trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, ta, ldb,
                                   A, ta, lda, &beta, C, tc, ldc, CUBLAS_COMPUTE_32F,
@@ -84,30 +85,29 @@ static int gemm_ex(cublasHandle_t h, int trans_a, int trans_b, int M, int N, int
  * staging area (beta * C loaded there first), then rounded once into C. */
 template <typename T>
 static int gemm_staged(cublasHandle_t h, cudaStream_t stream, int trans_a, int trans_b, int M,
-                       int N, int K, float alpha, const char *A, const char *B, cudaDataType_t tab,
-                       size_t esz, float beta, T *C, float *stage) {
+                       int N, int K, float alpha, const char *A, int lda, const char *B, int ldb,
+                       cudaDataType_t tab, size_t esz, float beta, T *C, int ldc, float *stage) {
     int nb = (size_t)N < GEMM_STAGE ? N : (int)GEMM_STAGE;
     int mb = (int)(GEMM_STAGE / (size_t)nb);
-    int lda = trans_a ? M : K, ldb = trans_b ? K : N; /* of the full operands */
     for (int i0 = 0; i0 < M; i0 += mb) {
         int mi = M - i0 < mb ? M - i0 : mb;
         /* rows i0.. of op(A): rows of A (M, K), or columns of the stored (K, M) */
-        const char *ap = A + (trans_a ? (size_t)i0 : (size_t)i0 * K) * esz;
+        const char *ap = A + (trans_a ? (size_t)i0 : (size_t)i0 * lda) * esz;
         for (int j0 = 0; j0 < N; j0 += nb) {
             int nj = N - j0 < nb ? N - j0 : nb;
             /* columns j0.. of op(B): columns of B (K, N), or rows of the stored (N, K) */
-            const char *bp = B + (trans_b ? (size_t)j0 * K : (size_t)j0) * esz;
-            T *cp = C + (size_t)i0 * N + j0;
+            const char *bp = B + (trans_b ? (size_t)j0 * ldb : (size_t)j0) * esz;
+            T *cp = C + (size_t)i0 * ldc + j0;
             unsigned int grid = pxt_ew_grid((size_t)mi * nj);
             if (beta != 0.0f) {
-                tile_load_kernel<T><<<grid, PXT_EW_BLOCK, 0, stream>>>(stage, cp, mi, nj, N);
+                tile_load_kernel<T><<<grid, PXT_EW_BLOCK, 0, stream>>>(stage, cp, mi, nj, ldc);
                 PXT_CUDA_CHECK_LAUNCH("gemm (staging load)");
             }
             PXT_CUBLAS_CHECK(cublasGemmEx(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                           trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, nj, mi, K, &alpha,
                                           bp, tab, ldb, ap, tab, lda, &beta, stage, CUDA_R_32F, nj,
                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-            tile_store_kernel<T><<<grid, PXT_EW_BLOCK, 0, stream>>>(cp, stage, mi, nj, N);
+            tile_store_kernel<T><<<grid, PXT_EW_BLOCK, 0, stream>>>(cp, stage, mi, nj, ldc);
             PXT_CUDA_CHECK_LAUNCH("gemm (staging store)");
         }
     }
@@ -117,11 +117,23 @@ static int gemm_staged(cublasHandle_t h, cudaStream_t stream, int trans_a, int t
 int pxt_cuda_gemm(int index, int trans_a, int trans_b, int M, int N, int K, float alpha,
                   const void *A, const void *B, float beta, void *C, pxt_dtype dt_ab,
                   pxt_dtype dt_c, void *workspace) {
+    return pxt_cuda_gemm_ld(index, trans_a, trans_b, M, N, K, alpha, A, trans_a ? M : K, B,
+                            trans_b ? K : N, beta, C, N, dt_ab, dt_c, workspace);
+}
+
+int pxt_cuda_gemm_ld(int index, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                     const void *A, int lda, const void *B, int ldb, float beta, void *C, int ldc,
+                     pxt_dtype dt_ab, pxt_dtype dt_c, void *workspace) {
     cudaDataType_t tab = CUDA_R_32F, tc = CUDA_R_32F;
     PXT_TRY(cuda_type(dt_ab, &tab, "gemm (A, B)"));
     PXT_TRY(cuda_type(dt_c, &tc, "gemm (C)"));
     if (M < 0 || N < 0 || K < 0) {
         return pxt_error(PXT_ERR_VALUE, "gemm: negative size M=%d N=%d K=%d", M, N, K);
+    }
+    if (lda < (trans_a ? M : K) || ldb < (trans_b ? K : N) || ldc < N) {
+        return pxt_error(PXT_ERR_VALUE,
+                         "gemm: leading dimensions lda=%d ldb=%d ldc=%d below the widths %d %d %d",
+                         lda, ldb, ldc, trans_a ? M : K, trans_b ? K : N, N);
     }
     if (M == 0 || N == 0) {
         return PXT_OK;
@@ -138,7 +150,7 @@ int pxt_cuda_gemm(int index, int trans_a, int trans_b, int M, int N, int K, floa
         size_t n = (size_t)M * N;
         PXT_TRY(pxt_cuda_dispatch(dt_c, "gemm (C)", [&](auto tag) {
             using T = decltype(tag);
-            scale_kernel<T><<<pxt_ew_grid(n), PXT_EW_BLOCK, 0, stream>>>((T *)C, beta, n);
+            scale_kernel<T><<<pxt_ew_grid(n), PXT_EW_BLOCK, 0, stream>>>((T *)C, beta, M, N, ldc);
         }));
         PXT_CUDA_CHECK_LAUNCH("gemm (k = 0)");
         return PXT_OK;
@@ -157,13 +169,13 @@ int pxt_cuda_gemm(int index, int trans_a, int trans_b, int M, int N, int K, floa
         float *stage = (float *)((char *)workspace + GEMM_CUBLAS_WS); /* (GEMM_STAGE) */
         size_t esz = pxt_dtype_size(dt_ab);
         if (dt_c == PXT_FLOAT16) {
-            return gemm_staged(h, stream, trans_a, trans_b, M, N, K, alpha, (const char *)A,
-                               (const char *)B, tab, esz, beta, (pxt_f16 *)C, stage);
+            return gemm_staged(h, stream, trans_a, trans_b, M, N, K, alpha, (const char *)A, lda,
+                               (const char *)B, ldb, tab, esz, beta, (pxt_f16 *)C, ldc, stage);
         }
-        return gemm_staged(h, stream, trans_a, trans_b, M, N, K, alpha, (const char *)A,
-                           (const char *)B, tab, esz, beta, (pxt_bf16 *)C, stage);
+        return gemm_staged(h, stream, trans_a, trans_b, M, N, K, alpha, (const char *)A, lda,
+                           (const char *)B, ldb, tab, esz, beta, (pxt_bf16 *)C, ldc, stage);
     }
-    return gemm_ex(h, trans_a, trans_b, M, N, K, alpha, A, tab, B, beta, C, tc, N);
+    return gemm_ex(h, trans_a, trans_b, M, N, K, alpha, A, lda, tab, B, ldb, beta, C, tc, ldc);
 }
 
 /* ---- bias ---------------------------------------------------------------------------- */

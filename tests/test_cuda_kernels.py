@@ -85,6 +85,36 @@ def test_gemm_mixed(rng, seed, M, N, K, dtype, out_dtype):
     close(got, ref, 2 * u * np.abs(exact) + 8e-6 * terms + 1e-30, f"seed={seed} {dtype}->{out_dtype}")
 
 
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("dtype,out_dtype", [("float32", "float32"), ("bfloat16", "float32"),
+                                             ("bfloat16", "bfloat16"), ("float32", "bfloat16")])
+def test_gemm_of_wider_operands(rng, seed, ta, tb, dtype, out_dtype):
+    """The heads' products: rows further apart than the product's widths (gemm_ld), the
+    extra columns of A and B NaN (never read), C's kept; k = 0 too."""
+    M, N, K = 256, 6681, 64
+
+    def wider(x, pad, fill, dt):
+        return np.concatenate([x, np.full((x.shape[0], pad), fill, NP_DTYPE[dt])], 1)
+
+    A = rand(rng, (K, M) if ta else (M, K), dtype=dtype)
+    B = rand(rng, (N, K) if tb else (K, N), dtype=dtype)
+    C0 = rand(rng, (M, N), dtype=out_dtype)
+    (a, ag), (b, bg) = pair(wider(A, 8, np.nan, dtype), dtype), pair(wider(B, 3, np.nan, dtype), dtype)
+    c, cg = pair(wider(C0, 7, 5.0, out_dtype), out_dtype)
+    kw = dict(trans_a=ta, trans_b=tb, alpha=0.5, beta=-2.0, out_dtype=getattr(pyxtts, out_dtype), sizes=(M, N, K))
+    ref = _C._op_gemm(a, b, C=c, **kw)
+    got = _C._op_gemm(ag, bg, C=cg, **kw)
+    opA, opB = (A.T if ta else A).astype(np.float64), (B.T if tb else B).astype(np.float64)
+    exact = 0.5 * opA @ opB - 2.0 * C0.astype(np.float64)
+    terms = 0.5 * np.abs(opA) @ np.abs(opB) + 2.0 * np.abs(C0.astype(np.float64))
+    u = U16.get(out_dtype, 0.0)
+    msg = f"seed={seed} {dtype}->{out_dtype} ta={ta} tb={tb}"
+    close(got.numpy()[:, :N], ref.numpy()[:, :N], 2 * u * np.abs(exact) + 8e-6 * terms + 1e-30, msg)
+    assert np.all(f64(got)[:, N:] == 5.0), msg + ": C's columns past N"
+    k0 = dict(kw, sizes=(M, N, 0))
+    same_bits(_C._op_gemm(ag, bg, C=cg, **k0), _C._op_gemm(a, b, C=c, **k0), msg + " k = 0")
+
+
 def test_gemm_k0_and_fresh_output(rng):
     A, B = np.zeros((4, 0), np.float32), np.zeros((0, 3), np.float32)
     C0 = rand(rng, (4, 3))
@@ -106,6 +136,17 @@ def test_bias_forward_and_backward_are_the_cpus_bits(rng, seed, M, N, dtype):
     db0 = rand(rng, N)
     (db, dbg) = pair(db0)
     same_bits(_C._op_bias_backward(dg, dbias=dbg), _C._op_bias_backward(d, dbias=db), f"bias_backward seed={seed}")
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("M,N,ld", [(7, 3, 8), (256, 6681, 6688), (N_REAL, 1026, 1032)], ids=str)
+def test_bias_backward_of_leading_columns_is_the_cpus_bits(rng, seed, M, N, ld, dtype):
+    dout = rand(rng, (M, ld), dtype=dtype)
+    dout[:, N:] = np.nan  # never read
+    d, dg = pair(dout, dtype)
+    db, dbg = pair(rand(rng, N))
+    same_bits(_C._op_bias_backward(dg, dbias=dbg, cols=N), _C._op_bias_backward(d, dbias=db, cols=N),
+              f"seed={seed} {M, N, ld} {dtype}")
 
 
 # ---- layernorm, gelu, add ----------------------------------------------------------------------
@@ -202,6 +243,28 @@ def test_softmax_xent(rng, seed, N, V):
             assert np.all(gradg.numpy()[targets0 < 0] == 0), msg
             again = _C._op_softmax_xent(lgg, tgg, scale=0.25)[1]
             same_bits(again, gradg, f"deterministic; {msg}")
+
+
+@pytest.mark.parametrize("N,V,ld", [(6, 5, 8), (256, 6681, 6688), (256, 1026, 1032)], ids=str)
+def test_softmax_xent_of_leading_columns_with_a_bias(rng, seed, N, V, ld):
+    """The heads' call: rows ld apart, the bias added inside, the pad columns zeroed."""
+    logits0 = rand(rng, (N, ld), scale=4.0)
+    logits0[:, V:] = np.nan  # never read
+    bias0 = rand(rng, V)
+    targets0 = rng.integers(-1, V, N).astype(np.int32)
+    (lg, lgg), (tg, tgg), (b, bg) = pair(logits0), pair(targets0, "int32"), pair(bias0)
+    msg = f"seed={seed} {N, V, ld}"
+    for backward in (False, True):
+        loss, grad = _C._op_softmax_xent(lg, tg, scale=0.25, backward=backward, bias=b, vocab=V)
+        lossg, gradg = _C._op_softmax_xent(lgg, tgg, scale=0.25, backward=backward, bias=bg, vocab=V)
+        lse_terms = np.abs(logits0[:, :V] + bias0).max(-1) + np.log(V) + 1
+        close(lossg, loss, 1e-6 * lse_terms, f"losses; {msg}")
+        if backward:
+            hot = np.zeros((N, V))
+            hot[targets0 >= 0, targets0[targets0 >= 0]] = 1
+            g, c = gradg.numpy(), grad.numpy()
+            close(g[:, :V], c[:, :V], 1e-5 * np.abs(f64(c[:, :V])) + 0.25 * 1e-6 * hot + 1e-30, f"dlogits; {msg}")
+            assert np.array_equal(g[:, V:], np.zeros((N, ld - V), np.float32)), msg + ": the pad columns"
 
 
 @pytest.mark.parametrize("n", [0, 1, 3, 255, 257, 100_003, N_REAL * 1026])

@@ -197,6 +197,53 @@ def test_gemm_fp32(rng, seed, M, N, K, ta, tb):
     assert_within(f64(out), ref + beta * C0, 1e-5 * (mag + beta * np.abs(C0)) + 1e-30, msg + f" beta={beta}")
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("ta,tb", TRANSPOSES)
+@pytest.mark.parametrize("dt_c", ["float32", "bfloat16"])
+def test_gemm_sizes_takes_the_leading_columns_of_wider_operands(rng, seed, dtype, ta, tb, dt_c):
+    # the heads' products: operands whose rows are further apart than the product's widths.
+    # The bits of the dense product on the same values; A's and B's extra columns are NaN
+    # (a read would show), C's are a sentinel that must stay
+    M, N, K = 37, 45, 29
+    A, B, _, _ = gemm_operands(rng, M, N, K, ta, tb, dtype)
+    C0 = rand(rng, (M, N), dtype=dt_c)
+
+    def wider(x, pad, fill, dt):
+        return np.concatenate([x, np.full((x.shape[0], pad), fill, NP_DTYPE[dt])], 1)
+
+    msg = f"seed={seed} {dtype} trans={ta},{tb} C {dt_c}"
+    out_dtype = getattr(pyxtts, dt_c)
+    for beta in (0.0, 0.5):
+        C = T(wider(C0, 8, 7.0, dt_c), dt_c)
+        got = _C._op_gemm(T(wider(A, 3, np.nan, dtype), dtype), T(wider(B, 5, np.nan, dtype), dtype),
+                          trans_a=ta, trans_b=tb, alpha=1.5, beta=beta, C=C, out_dtype=out_dtype,
+                          sizes=(M, N, K))
+        assert got is C, msg
+        want = _C._op_gemm(T(A, dtype), T(B, dtype), trans_a=ta, trans_b=tb, alpha=1.5, beta=beta,
+                           C=T(C0, dt_c), out_dtype=out_dtype)
+        assert_bits_equal(got.numpy()[:, :N], want.numpy(), msg + f" beta={beta}")
+        assert np.all(f64(got)[:, N:] == 7.0), msg + " C's columns past N"
+    # without C: a new dense (M, N)
+    got = _C._op_gemm(T(wider(A, 3, np.nan, dtype), dtype), T(B, dtype), trans_a=ta, trans_b=tb,
+                      out_dtype=out_dtype, sizes=(M, N, K))
+    want = _C._op_gemm(T(A, dtype), T(B, dtype), trans_a=ta, trans_b=tb, out_dtype=out_dtype)
+    assert_bits_equal(got.numpy(), want.numpy(), msg + " new C")
+
+
+def test_gemm_sizes_errors():
+    A, B = T(np.ones((4, 6))), T(np.ones((6, 5)))
+    with pytest.raises(ValueError, match=r"^A: expected 4 rows of at least 7 elements for sizes, got \(4, 6\)"):
+        _C._op_gemm(A, B, sizes=(4, 5, 7))
+    with pytest.raises(ValueError, match=r"^B: expected 6 rows of at least 6 elements for sizes, got \(6, 5\)"):
+        _C._op_gemm(A, B, sizes=(4, 6, 6))
+    with pytest.raises(ValueError, match=r"^C: expected 4 rows of at least 5 elements for sizes, got \(4, 4\)"):
+        _C._op_gemm(A, B, sizes=(4, 5, 6), C=T(np.ones((4, 4))))
+    with pytest.raises(TypeError, match="^sizes: expected a tuple \\(M, N, K\\), got list"):
+        _C._op_gemm(A, B, sizes=[4, 5, 6])
+    with pytest.raises(ValueError, match=r"^sizes \(K\): expected an integer in \[0, 2147483647\], got -1"):
+        _C._op_gemm(A, B, sizes=(4, 5, -1))
+
+
 @pytest.mark.parametrize("out16", [False, True], ids=["C=fp32", "C=16bit"])
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, True), (False, True)])
@@ -360,6 +407,22 @@ def test_bias_backward(rng, seed, M, N, dtype):
     given = T(db0)
     assert _C._op_bias_backward(T(dout, dtype), dbias=given) is given
     assert_within(f64(given), exact + db0, tol + U * np.abs(db0), msg + " (+=)")
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("M,N,ld", [(1, 1, 8), (130, 70, 77), (N_REAL // 8, 6681, 6688)], ids=str)
+def test_bias_backward_of_leading_columns(rng, seed, M, N, ld, dtype):
+    # the heads' bias gradient: the sums of the first N columns of rows ld apart, the bits of
+    # the dense kernel on those columns; the columns past N are NaN, so a read would show
+    dout = rand(rng, (M, ld), dtype=dtype)
+    dout[:, N:] = np.nan
+    msg = f"seed={seed} M,N,ld={M},{N},{ld} {dtype}"
+    db0 = rand(rng, N)
+    got = _C._op_bias_backward(T(dout, dtype), dbias=T(db0), cols=N)
+    want = _C._op_bias_backward(T(np.ascontiguousarray(dout[:, :N]), dtype), dbias=T(db0))
+    assert_bits_equal(got.numpy(), want.numpy(), msg)
+    with pytest.raises(ValueError, match=f"^cols: expected at most dout's {ld} columns, got {ld + 1}"):
+        _C._op_bias_backward(T(dout, dtype), cols=ld + 1)
 
 
 def test_bias_fd(rng, seed):
@@ -762,6 +825,45 @@ def test_softmax_xent(rng, seed, N, V):
         (tloss.sum() * scale).backward()
         np.testing.assert_allclose(ref, tloss.detach().numpy(), rtol=1e-12, atol=1e-12, err_msg=msg)
         np.testing.assert_allclose(grad, tl.grad.numpy(), rtol=1e-12, atol=1e-14, err_msg=msg)
+
+
+@pytest.mark.parametrize("N,V,ld", [(1, 1, 8), (6, 5, 8), (37, 101, 104), (N_REAL // 4, 6681, 6688)], ids=str)
+def test_softmax_xent_of_leading_columns_with_a_bias(rng, seed, N, V, ld):
+    # the heads: logits rows ld apart, the classes their first V columns, the bias added
+    # inside. The same bits as the dense kernel on logits + bias (one float32 add, as NumPy's);
+    # the columns past V are NaN on the way in (never read) and zeros in dlogits
+    logits = rand(rng, (N, ld), scale=3.0, offset=2.0)
+    logits[:, V:] = np.nan
+    bias = rand(rng, V)
+    targets = rng.integers(0, V, N).astype(np.int32)
+    targets[rng.random(N) < 0.2] = -1
+    msg = f"seed={seed} N,V,ld={N},{V},{ld}"
+    tt = T(targets, "int32")
+    dense = T(np.ascontiguousarray(logits[:, :V]) + bias)
+    for backward in (False, True):
+        losses, dlogits = _C._op_softmax_xent(T(logits), tt, scale=0.5, backward=backward, bias=T(bias),
+                                              vocab=V)
+        want, want_d = _C._op_softmax_xent(dense, tt, scale=0.5, backward=backward)
+        assert_bits_equal(losses.numpy(), want.numpy(), msg + f" losses, backward={backward}")
+        if backward:
+            d = dlogits.numpy()
+            assert d.shape == (N, ld), msg
+            assert_bits_equal(d[:, :V], want_d.numpy(), msg + " dlogits")
+            assert np.array_equal(d[:, V:], np.zeros((N, ld - V), np.float32)), msg + " the pad columns"
+        else:
+            assert dlogits is None and want_d is None, msg
+
+
+def test_softmax_xent_vocab_and_bias_errors():
+    logits, targets = T(np.zeros((3, 8))), T([0, 1, 1], "int32")
+    with pytest.raises(ValueError, match="^vocab: expected at most logits' 8 columns, got 9"):
+        _C._op_softmax_xent(logits, targets, vocab=9)
+    with pytest.raises(ValueError, match=r"^bias: expected shape \(5\), got \(8\)"):
+        _C._op_softmax_xent(logits, targets, vocab=5, bias=T(np.zeros(8)))
+    with pytest.raises(TypeError, match="^bias: expected dtype float32, got bfloat16"):
+        _C._op_softmax_xent(logits, targets, bias=T(np.zeros(8), "bfloat16"))
+    with pytest.raises(ValueError, match=r"^targets: expected values in \[-1, 5\), got 6"):
+        _C._op_softmax_xent(logits, T([0, 6, 1], "int32"), vocab=5)
 
 
 def test_softmax_xent_finite_differences(rng, seed):

@@ -172,6 +172,7 @@ static const pxt_backend cpu_backend = {
     .cast = pxt_cpu_cast,
     .synchronize = cpu_synchronize,
     .gemm = pxt_cpu_gemm,
+    .gemm_ld = pxt_cpu_gemm_ld,
     .gemm_workspace = pxt_cpu_gemm_workspace,
     .add_bias = pxt_cpu_add_bias,
     .bias_backward = pxt_cpu_bias_backward,

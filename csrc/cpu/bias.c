@@ -69,22 +69,22 @@ void pxt_cpu_colsum(int rows, int cols, pxt_cpu_colsum_row row, const void *ctx,
 }
 
 typedef struct {
-    const void *dout; /* (M, N) */
-    int N;
+    const void *dout; /* (M, N), rows ld apart */
+    int ld;
     pxt_dtype dt;
 } bias_terms;
 
 static void bias_row(const void *ctx, int i, int c0, int w, double part[2][PXT_COL_SLICE]) {
     const bias_terms *t = ctx;
-    size_t row = (size_t)i * t->N + c0;
+    size_t row = (size_t)i * t->ld + c0;
     for (int j = 0; j < w; j++) {
         part[0][j] += pxt_ld(t->dout, row + j, t->dt);
     }
 }
 
-/* dbias (N) += column sums of dout (M, N). */
-int pxt_cpu_bias_backward(int index, float *dbias, const void *dout, int M, int N, pxt_dtype dt,
-                          void *workspace) {
+/* dbias (N) += column sums of dout (M, N), its rows ld apart. */
+int pxt_cpu_bias_backward(int index, float *dbias, const void *dout, int M, int N, int ld,
+                          pxt_dtype dt, void *workspace) {
     (void)index, (void)workspace;
     int rc = pxt_cpu_check_float(dt, "bias_backward");
     if (rc != PXT_OK) {
@@ -93,7 +93,10 @@ int pxt_cpu_bias_backward(int index, float *dbias, const void *dout, int M, int 
     if (M < 0 || N < 0) {
         return pxt_error(PXT_ERR_VALUE, "bias_backward: negative size M=%d N=%d", M, N);
     }
-    bias_terms t = {dout, N, dt};
+    if (ld < N) {
+        return pxt_error(PXT_ERR_VALUE, "bias_backward: rows %d apart, fewer than N=%d", ld, N);
+    }
+    bias_terms t = {dout, ld, dt};
     pxt_cpu_colsum(M, N, bias_row, &t, dbias, NULL);
     return PXT_OK;
 }

@@ -11,6 +11,9 @@ int pxt_cpu_cast(int index, void *dst, pxt_dtype dt, const void *src, pxt_dtype 
 int pxt_cpu_gemm(int index, int trans_a, int trans_b, int M, int N, int K, float alpha,
                  const void *A, const void *B, float beta, void *C, pxt_dtype dt_ab, pxt_dtype dt_c,
                  void *workspace);
+int pxt_cpu_gemm_ld(int index, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                    const void *A, int lda, const void *B, int ldb, float beta, void *C, int ldc,
+                    pxt_dtype dt_ab, pxt_dtype dt_c, void *workspace);
 size_t pxt_cpu_gemm_workspace(int M, int N, int K, pxt_dtype dt_ab);
 /* gemm_fused.c */
 struct pxt_gemm_args;
@@ -18,8 +21,8 @@ int pxt_cpu_gemm_fused(int index, const struct pxt_gemm_args *g, void *workspace
 size_t pxt_cpu_gemm_fused_workspace(const struct pxt_gemm_args *g);
 /* bias.c */
 int pxt_cpu_add_bias(int index, void *out, const void *bias, int M, int N, pxt_dtype dt);
-int pxt_cpu_bias_backward(int index, float *dbias, const void *dout, int M, int N, pxt_dtype dt,
-                          void *workspace);
+int pxt_cpu_bias_backward(int index, float *dbias, const void *dout, int M, int N, int ld,
+                          pxt_dtype dt, void *workspace);
 size_t pxt_cpu_colsum_workspace(int rows, int cols);
 /* layernorm.c */
 int pxt_cpu_layernorm_forward(int index, void *out, float *mean, float *rstd, const void *inp,
@@ -41,8 +44,8 @@ int pxt_cpu_embedding_backward(int index, float *dtable, const void *dout, const
                                int N, int C, int V, pxt_dtype dt, void *workspace);
 size_t pxt_cpu_embedding_workspace(int N, int C, int V);
 /* xent.c */
-int pxt_cpu_softmax_xent(int index, float *logits, float *losses, const int32_t *targets, int N,
-                         int V, float scale, int backward);
+int pxt_cpu_softmax_xent(int index, float *logits, int ld, const float *bias, float *losses,
+                         const int32_t *targets, int N, int V, float scale, int backward);
 int pxt_cpu_sum(int index, double *out, const float *x, size_t n);
 
 /* attention.c */

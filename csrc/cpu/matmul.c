@@ -98,20 +98,47 @@ static void sgemm_tiles(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M,
     }
 }
 
-/* dst (n) = (float) src (n), in parallel chunks (a cast is memory bound). */
-static void widen(float *dst, const void *src, size_t n, pxt_dtype dt) {
-    const size_t chunk = 1 << 16;
-    long nchunks = (long)((n + chunk - 1) / chunk);
+/* dst (rows, cols) = (float) src (rows, cols) whose rows are ld elements apart, in
+ * parallel chunks (a cast is memory bound); dst is dense. */
+static void widen(float *dst, const void *src, int rows, int cols, int ld, pxt_dtype dt) {
+    const uint16_t *s = src;
+    if (ld == cols) { /* one run of rows * cols */
+        const size_t chunk = 1 << 16, n = (size_t)rows * cols;
+        long nchunks = (long)((n + chunk - 1) / chunk);
 #pragma omp parallel for schedule(static) if (nchunks > 1)
-    for (long c = 0; c < nchunks; c++) {
-        size_t lo = (size_t)c * chunk, len = n - lo < chunk ? n - lo : chunk;
-        pxt_cpu_cast(0, dst + lo, PXT_FLOAT32, (const uint16_t *)src + lo, dt, len);
+        for (long c = 0; c < nchunks; c++) {
+            size_t lo = (size_t)c * chunk, len = n - lo < chunk ? n - lo : chunk;
+            pxt_cpu_cast(0, dst + lo, PXT_FLOAT32, s + lo, dt, len);
+        }
+        return;
     }
+#pragma omp parallel for schedule(static) if ((size_t)rows * cols >= PXT_OMP_MIN_WORK)
+    for (int i = 0; i < rows; i++) {
+        pxt_cpu_cast(0, dst + (size_t)i * cols, PXT_FLOAT32, s + (size_t)i * ld, dt, (size_t)cols);
+    }
+}
+
+/* The leading dimensions of a product: each at least its stored width. */
+static int check_ld(int trans_a, int trans_b, int M, int N, int K, int lda, int ldb, int ldc) {
+    int wa = trans_a ? M : K, wb = trans_b ? K : N;
+    if (lda < wa || ldb < wb || ldc < N) {
+        return pxt_error(PXT_ERR_VALUE,
+                         "gemm: leading dimensions lda=%d ldb=%d ldc=%d below the widths %d %d %d",
+                         lda, ldb, ldc, wa, wb, N);
+    }
+    return PXT_OK;
 }
 
 int pxt_cpu_gemm(int index, int trans_a, int trans_b, int M, int N, int K, float alpha,
                  const void *A, const void *B, float beta, void *C, pxt_dtype dt_ab, pxt_dtype dt_c,
                  void *workspace) {
+    return pxt_cpu_gemm_ld(index, trans_a, trans_b, M, N, K, alpha, A, trans_a ? M : K, B,
+                           trans_b ? K : N, beta, C, N, dt_ab, dt_c, workspace);
+}
+
+int pxt_cpu_gemm_ld(int index, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                    const void *A, int lda, const void *B, int ldb, float beta, void *C, int ldc,
+                    pxt_dtype dt_ab, pxt_dtype dt_c, void *workspace) {
     (void)index;
     int rc = pxt_cpu_check_float(dt_ab, "gemm (A, B)");
     if (rc == PXT_OK) {
@@ -123,36 +150,41 @@ int pxt_cpu_gemm(int index, int trans_a, int trans_b, int M, int N, int K, float
     if (M < 0 || N < 0 || K < 0) {
         return pxt_error(PXT_ERR_VALUE, "gemm: negative size M=%d N=%d K=%d", M, N, K);
     }
+    PXT_TRY(check_ld(trans_a, trans_b, M, N, K, lda, ldb, ldc));
     if (M == 0 || N == 0) {
         return PXT_OK;
     }
-    size_t mn = (size_t)M * N;
     if (K == 0) { /* no products: C = beta * C (beta = 0 ignores what C held) */
-        for (size_t i = 0; i < mn; i++) {
-            pxt_st(C, i, dt_c, beta == 0.0f ? 0.0f : beta * pxt_ld(C, i, dt_c));
+        for (int i = 0; i < M; i++) {
+            for (int j = 0; j < N; j++) {
+                size_t e = (size_t)i * ldc + j;
+                pxt_st(C, e, dt_c, beta == 0.0f ? 0.0f : beta * pxt_ld(C, e, dt_c));
+            }
         }
         return PXT_OK;
     }
-    const float *a = A; /* op(A) (M, K): stored (M, K), or (K, M) with trans_a */
-    const float *b = B; /* op(B) (K, N): stored (K, N), or (N, K) with trans_b */
+    const float *a = A; /* op(A) (M, K): stored (M, K), or (K, M) with trans_a; rows lda apart */
+    const float *b = B; /* op(B) (K, N): stored (K, N), or (N, K) with trans_b; rows ldb apart */
     if (dt_ab != PXT_FLOAT32) {
         if (!workspace) {
             return pxt_error(PXT_ERR_VALUE, "gemm: 16-bit operands need a workspace of "
                                             "gemm_workspace() bytes, got NULL");
         }
+        /* dense float32 copies: the same numbers, so the same bits as dense operands */
         float *a32 = workspace;           /* (M*K) */
         float *b32 = a32 + (size_t)M * K; /* (K*N) */
-        widen(a32, A, (size_t)M * K, dt_ab);
-        widen(b32, B, (size_t)K * N, dt_ab);
+        widen(a32, A, trans_a ? K : M, trans_a ? M : K, lda, dt_ab);
+        widen(b32, B, trans_b ? N : K, trans_b ? K : N, ldb, dt_ab);
         a = a32;
         b = b32;
+        lda = trans_a ? M : K;
+        ldb = trans_b ? K : N;
     }
     enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
     enum CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
-    int lda = trans_a ? M : K, ldb = trans_b ? K : N;
     if (dt_c == PXT_FLOAT32) {
         /* BLAS semantics: beta = 0 never reads C, so garbage (even NaN) is fine */
-        sgemm_tiles(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, N);
+        sgemm_tiles(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
         return PXT_OK;
     }
     /* 16-bit C: float32 tiles (mb, nb), each rounded once into C; tiles of rows
@@ -166,15 +198,15 @@ int pxt_cpu_gemm(int index, int trans_a, int trans_b, int M, int N, int K, float
         int i0 = t * mb;
         int mi = M - i0 < mb ? M - i0 : mb;
         /* rows i0.. of op(A): rows of A, or columns of the stored (K, M) */
-        const float *ap = trans_a ? a + i0 : a + (size_t)i0 * K;
+        const float *ap = trans_a ? a + i0 : a + (size_t)i0 * lda;
         for (int j0 = 0; j0 < N; j0 += nb) {
             int nj = N - j0 < nb ? N - j0 : nb;
             /* columns j0.. of op(B): columns of B, or rows of the stored (N, K) */
-            const float *bp = trans_b ? b + (size_t)j0 * K : b + j0;
+            const float *bp = trans_b ? b + (size_t)j0 * ldb : b + j0;
             if (beta != 0.0f) { /* beta = 0: C is not read (it may hold NaN) */
                 for (int i = 0; i < mi; i++) {
                     for (int j = 0; j < nj; j++) {
-                        tile[i * nj + j] = pxt_ld(C, (size_t)(i0 + i) * N + j0 + j, dt_c);
+                        tile[i * nj + j] = pxt_ld(C, (size_t)(i0 + i) * ldc + j0 + j, dt_c);
                     }
                 }
             }
@@ -182,7 +214,7 @@ int pxt_cpu_gemm(int index, int trans_a, int trans_b, int M, int N, int K, float
                               nj);
             for (int i = 0; i < mi; i++) {
                 for (int j = 0; j < nj; j++) {
-                    pxt_st(C, (size_t)(i0 + i) * N + j0 + j, dt_c, tile[i * nj + j]);
+                    pxt_st(C, (size_t)(i0 + i) * ldc + j0 + j, dt_c, tile[i * nj + j]);
                 }
             }
         }

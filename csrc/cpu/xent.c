@@ -5,29 +5,36 @@
  * double, then loss = (max - x[t]) + log(sum) (in double: x[t] close to the
  * log-sum-exp would cancel in float), then with backward the row is
  * overwritten by scale * (exp(x - max) / sum - onehot(t)). Rows are independent,
- * so any thread count gives the same bits. */
+ * so any thread count gives the same bits. A logit is x plus the bias where one
+ * is given: the heads add their bias here rather than in a pass of its own. */
 #include <math.h>
 #include <string.h>
 
 #include "cpu.h"
 #include "elem.h"
 
-int pxt_cpu_softmax_xent(int index, float *logits, float *losses, const int32_t *targets, int N,
-                         int V, float scale, int backward) {
+int pxt_cpu_softmax_xent(int index, float *logits, int ld, const float *bias, float *losses,
+                         const int32_t *targets, int N, int V, float scale, int backward) {
     (void)index;
-    if (N < 0 || V <= 0) {
-        return pxt_error(PXT_ERR_VALUE, "softmax_xent: bad size N=%d V=%d", N, V);
+    if (N < 0 || V <= 0 || ld < V) {
+        return pxt_error(PXT_ERR_VALUE, "softmax_xent: bad size N=%d V=%d (rows %d apart)", N, V,
+                         ld);
     }
     /* O(N) and before any write: a bad target would read outside its row */
     int rc = pxt_cpu_check_ids(targets, N, -1, V, "softmax_xent (targets)");
     if (rc != PXT_OK) {
         return rc;
     }
-    /* logits (N, V) fp32, overwritten by dlogits with backward; losses (N); targets (N) */
+    /* logits (N, V) fp32, rows ld apart, overwritten by dlogits (and zeros in
+     * columns V..ld-1) with backward; bias (V) or NULL; losses (N); targets (N).
+     * A logit is x[j] + bias[j], one fp32 add as add_bias makes it. */
 #pragma omp parallel for schedule(static) if ((size_t)N * V >= PXT_OMP_MIN_WORK)
     for (int i = 0; i < N; i++) {
-        float *x = logits + (size_t)i * V; /* (V) */
+        float *x = logits + (size_t)i * ld; /* (ld) */
         int t = targets[i];
+        if (backward && ld > V) {
+            memset(x + V, 0, (size_t)(ld - V) * sizeof(float));
+        }
         if (t < 0) { /* ignored: no loss, no gradient */
             losses[i] = 0.0f;
             if (backward) {
@@ -37,17 +44,20 @@ int pxt_cpu_softmax_xent(int index, float *logits, float *losses, const int32_t 
         }
         float mx = -INFINITY;
         for (int j = 0; j < V; j++) {
-            mx = x[j] > mx ? x[j] : mx;
+            float l = bias ? x[j] + bias[j] : x[j];
+            mx = l > mx ? l : mx;
         }
         double sum = 0.0;
         for (int j = 0; j < V; j++) {
-            sum += expf(x[j] - mx);
+            sum += expf((bias ? x[j] + bias[j] : x[j]) - mx);
         }
-        losses[i] = (float)(((double)mx - x[t]) + log(sum));
+        float lt = bias ? x[t] + bias[t] : x[t];
+        losses[i] = (float)(((double)mx - lt) + log(sum));
         if (backward) {
             float inv = (float)(1.0 / sum);
             for (int j = 0; j < V; j++) {
-                x[j] = scale * (expf(x[j] - mx) * inv - (j == t ? 1.0f : 0.0f));
+                float l = bias ? x[j] + bias[j] : x[j];
+                x[j] = scale * (expf(l - mx) * inv - (j == t ? 1.0f : 0.0f));
             }
         }
     }

@@ -77,9 +77,9 @@ int pxt_gemm_fused_composed(const pxt_backend *be, int index, const pxt_gemm_arg
         return be->gelu_forward(index, g->D, P, mn, g->dt_c);
     case PXT_EPI_DGELU_BGRAD:
         PXT_TRY(be->gelu_backward(index, g->D, g->pre, g->D, mn, g->dt_c));
-        return be->bias_backward(index, g->dbias, g->D, g->M, g->N, g->dt_c, sums_ws);
+        return be->bias_backward(index, g->dbias, g->D, g->M, g->N, g->N, g->dt_c, sums_ws);
     case PXT_EPI_BGRAD_B: /* op(B) = B (K, N): its column sums over the K rows */
-        return be->bias_backward(index, g->dbias, g->B, g->K, g->N, g->dt_ab, sums_ws);
+        return be->bias_backward(index, g->dbias, g->B, g->K, g->N, g->N, g->dt_ab, sums_ws);
     default: return PXT_OK;
     }
 }

@@ -274,13 +274,22 @@ typedef struct pxt_backend {
     int (*gemm)(int index, int trans_a, int trans_b, int M, int N, int K, float alpha,
                 const void *A, const void *B, float beta, void *C, pxt_dtype dt_ab, pxt_dtype dt_c,
                 void *workspace);
+    /* gemm over matrices whose rows are further apart than their widths: the
+     * rows of the stored A, B and C start lda, ldb and ldc elements apart (at
+     * least K or M, N or K, and N). The heads' logits rows are padded to a
+     * multiple of 8 elements with it: rows of 16 bytes' alignment are what
+     * cuBLAS's fast kernels take. The same workspace as gemm. */
+    int (*gemm_ld)(int index, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                   const void *A, int lda, const void *B, int ldb, float beta, void *C, int ldc,
+                   pxt_dtype dt_ab, pxt_dtype dt_c, void *workspace);
     size_t (*gemm_workspace)(int M, int N, int K, pxt_dtype dt_ab);
     /* out (M, N) += bias (N), broadcast over rows. */
     int (*add_bias)(int index, void *out, const void *bias, int M, int N, pxt_dtype dt);
-    /* dbias (N) += sum over rows of dout (M, N), chunked as pxt_colsum_chunk_rows
-     * says (the same bits on every backend). workspace: colsum_workspace(M, N). */
-    int (*bias_backward)(int index, float *dbias, const void *dout, int M, int N, pxt_dtype dt,
-                         void *workspace);
+    /* dbias (N) += sum over rows of dout (M, N), its rows ld >= N elements apart,
+     * chunked as pxt_colsum_chunk_rows says (the same bits on every backend).
+     * workspace: colsum_workspace(M, N). */
+    int (*bias_backward)(int index, float *dbias, const void *dout, int M, int N, int ld,
+                         pxt_dtype dt, void *workspace);
     /* Bytes of workspace bias_backward and layernorm_backward need for a column
      * reduction of (rows, cols) (0 on the CPU, which needs none). */
     size_t (*colsum_workspace)(int rows, int cols);
@@ -320,11 +329,14 @@ typedef struct pxt_backend {
                               int C, int V, pxt_dtype dt, void *workspace);
     size_t (*embedding_workspace)(int N, int C, int V);
 
-    /* Softmax cross-entropy on fp32 logits (N, V) against targets (N); a target
-     * of -1 is ignored (loss 0, zero gradient). losses (N) = -log softmax[target].
-     * With backward, logits are overwritten by dlogits = scale * (softmax - onehot). */
-    int (*softmax_xent)(int index, float *logits, float *losses, const int32_t *targets, int N,
-                        int V, float scale, int backward);
+    /* Softmax cross-entropy on fp32 logits (N, V), rows ld >= V elements apart,
+     * plus bias (V) fp32 when not NULL (one fp32 add per logit, as add_bias),
+     * against targets (N); a target of -1 is ignored (loss 0, zero gradient).
+     * losses (N) = -log softmax[target]. With backward, logits are overwritten by
+     * dlogits = scale * (softmax - onehot) and columns V..ld-1 by zeros; without,
+     * they are left as they were. */
+    int (*softmax_xent)(int index, float *logits, int ld, const float *bias, float *losses,
+                        const int32_t *targets, int N, int V, float scale, int backward);
     /* *out = sum of x (n), in double on the host, in a fixed order (deterministic). */
     int (*sum)(int index, double *out, const float *x, size_t n);
 

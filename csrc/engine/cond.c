@@ -165,7 +165,7 @@ int pxt_cond_init_backward(const pxt_cond_ctx *x, const pxt_cond_params *p, cons
                          at(mel, (size_t)b * PXT_MEL_CHANNELS * S, dt), 1.0f, g->g[PXT_CE_INIT_W],
                          dt, PXT_FLOAT32, x->gemm_ws));
     }
-    return be->bias_backward(d, g->g[PXT_CE_INIT_B], dh0, x->B * S, C, dt, x->reduce_ws);
+    return be->bias_backward(d, g->g[PXT_CE_INIT_B], dh0, x->B * S, C, C, dt, x->reduce_ws);
 }
 
 /* ---- an encoder block --------------------------------------------------------------- */
@@ -229,7 +229,7 @@ int pxt_enc_backward(const pxt_cond_ctx *x, const pxt_cond_params *p, const pxt_
     PXT_TRY(be->gemm(d, 0, 0, N, C, C, 1.0f, dy, w[PXT_CB_PROJ_W], 0.0f, datt, dt, dt, x->gemm_ws));
     PXT_TRY(
         be->gemm(d, 1, 0, C, C, N, 1.0f, dy, att, 1.0f, gw[PXT_CB_PROJ_W], dt, f32, x->gemm_ws));
-    PXT_TRY(be->bias_backward(d, gw[PXT_CB_PROJ_B], dy, N, C, dt, x->reduce_ws));
+    PXT_TRY(be->bias_backward(d, gw[PXT_CB_PROJ_B], dy, N, C, C, dt, x->reduce_ws));
     /* attention: dqkv (N, 3C), laid out like qkv */
     pxt_attn_args args = pxt_enc_attn_args(x);
     PXT_TRY(be->attention_backward(d, &args, dqkv, at(dqkv, (size_t)D, dt),
@@ -240,7 +240,7 @@ int pxt_enc_backward(const pxt_cond_ctx *x, const pxt_cond_params *p, const pxt_
         be->gemm(d, 0, 0, N, C, 3 * C, 1.0f, dqkv, w[PXT_CB_QKV_W], 1.0f, dy, dt, dt, x->gemm_ws));
     PXT_TRY(be->gemm(d, 1, 0, 3 * C, C, N, 1.0f, dqkv, xn, 1.0f, gw[PXT_CB_QKV_W], dt, f32,
                      x->gemm_ws));
-    PXT_TRY(be->bias_backward(d, gw[PXT_CB_QKV_B], dqkv, N, 3 * C, dt, x->reduce_ws));
+    PXT_TRY(be->bias_backward(d, gw[PXT_CB_QKV_B], dqkv, N, 3 * C, 3 * C, dt, x->reduce_ws));
     /* norm: dh += GroupNorm'(dxn) */
     return be->groupnorm_backward(d, dh, gw[PXT_CB_NORM_W], gw[PXT_CB_NORM_B], dy, h,
                                   w[PXT_CB_NORM_W], a.a[PXT_ENC_MEAN], a.a[PXT_ENC_RSTD], x->B,
@@ -319,14 +319,14 @@ int pxt_perc_backward(const pxt_cond_ctx *x, const pxt_cond_params *p, const pxt
         be->gemm(d, 0, 0, Nn, F, C, 1.0f, dl, w[PXT_PL_FF2_W], 0.0f, s->dg, dt, dt, x->gemm_ws));
     PXT_TRY(be->gemm(d, 1, 0, C, F, Nn, 1.0f, dl, a.a[PXT_PERC_G], 1.0f, gw[PXT_PL_FF2_W], dt, f32,
                      x->gemm_ws));
-    PXT_TRY(be->bias_backward(d, gw[PXT_PL_FF2_B], dl, Nn, C, dt, x->reduce_ws));
+    PXT_TRY(be->bias_backward(d, gw[PXT_PL_FF2_B], dl, Nn, C, C, dt, x->reduce_ws));
     /* GEGLU, then feed-forward in: dmid = dout + du W_1 (in place); dW_1 (2F, C) += du^T mid */
     PXT_TRY(be->geglu_backward(d, s->du, a.a[PXT_PERC_U], s->dg, Nn, F, dt));
     PXT_TRY(be->gemm(d, 0, 0, Nn, C, 2 * F, 1.0f, s->du, w[PXT_PL_FF1_W], 1.0f, dl, dt, dt,
                      x->gemm_ws));
     PXT_TRY(be->gemm(d, 1, 0, 2 * F, C, Nn, 1.0f, s->du, a.a[PXT_PERC_MID], 1.0f, gw[PXT_PL_FF1_W],
                      dt, f32, x->gemm_ws));
-    PXT_TRY(be->bias_backward(d, gw[PXT_PL_FF1_B], s->du, Nn, 2 * F, dt, x->reduce_ws));
+    PXT_TRY(be->bias_backward(d, gw[PXT_PL_FF1_B], s->du, Nn, 2 * F, 2 * F, dt, x->reduce_ws));
     /* attention out: datt (Nn, 512) = dmid W_out; dW_out (C, 512) += dmid^T att */
     PXT_TRY(be->gemm(d, 0, 0, Nn, INNER, C, 1.0f, dl, w[PXT_PL_OUT_W], 0.0f, s->datt, dt, dt,
                      x->gemm_ws));

@@ -327,7 +327,8 @@ static int cond_backward(const pxt_gpt *m, const pxt_plan *p, char *base, const 
                                   context, dl, d1, &ps));
     }
     /* the latents, shared by every sample: dlatents (Nl, C) += sum over samples */
-    PXT_TRY(be->bias_backward(d, g.g[PXT_CE_LATENTS], dl, p->B, Nl * C, p->dt, x.reduce_ws));
+    PXT_TRY(
+        be->bias_backward(d, g.g[PXT_CE_LATENTS], dl, p->B, Nl * C, Nl * C, p->dt, x.reduce_ws));
     /* the encoder's blocks top-down: dy is overwritten, dh gathers the input's gradient */
     pxt_enc_acts ework = enc_acts(base, q, -1);
     char *dy = d1, *dh = d2;
@@ -455,7 +456,8 @@ static int head_chunk(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt
     int d = m->flat.device.index, C = p->C, V = h->V;
     pxt_dtype dt = p->dt;
     size_t es = pxt_dtype_size(dt), row = (size_t)C * es;
-    float *logits = (float *)(base + p->logits);         /* (n, V) fp32 */
+    const int ld = pxt_head_ld(V);                       /* logits rows, aligned */
+    float *logits = (float *)(base + p->logits);         /* (n, V) fp32, rows ld apart */
     char *rows = base + p->head_rows;                    /* (n, C) */
     int32_t *tgt = (int32_t *)(base + p->head_tgt);      /* (n) */
     float *loss = (float *)(base + p->head_loss);        /* (n) */
@@ -468,12 +470,11 @@ static int head_chunk(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt
         PXT_TRY(be->copy(d, tgt + segs[s].at, h->tgt + (size_t)segs[s].b * h->L + segs[s].t,
                          (size_t)segs[s].n * sizeof(int32_t), PXT_COPY_D2D));
     }
-    PXT_TRY(be->gemm(d, 0, 1, n, V, C, 1.0f, rows, W, 0.0f, logits, dt, PXT_FLOAT32, x->gemm_ws));
-    PXT_TRY(be->add_bias(d, logits,
-                         wide ? (const void *)pxt_flat_param(&m->flat, h->head_b)
-                              : (const void *)h->bias32,
-                         n, V, PXT_FLOAT32));
-    PXT_TRY(be->softmax_xent(d, logits, loss, tgt, n, V, h->scale, p->train));
+    PXT_TRY(be->gemm_ld(d, 0, 1, n, V, C, 1.0f, rows, C, W, C, 0.0f, logits, ld, dt, PXT_FLOAT32,
+                        x->gemm_ws));
+    /* the bias is added inside the cross-entropy: one pass over the logits less */
+    const float *bias32 = wide ? (const float *)pxt_flat_param(&m->flat, h->head_b) : h->bias32;
+    PXT_TRY(be->softmax_xent(d, logits, ld, bias32, loss, tgt, n, V, h->scale, p->train));
     for (int s = 0; s < nseg; s++) { /* the losses back to their (b, t) */
         PXT_TRY(be->copy(d, h->losses + (size_t)segs[s].b * h->L + segs[s].t, loss + segs[s].at,
                          (size_t)segs[s].n * sizeof(float), PXT_COPY_D2D));
@@ -482,16 +483,17 @@ static int head_chunk(const pxt_gpt *m, const pxt_plan *p, char *base, const pxt
         return PXT_OK;
     }
     /* the gemms' A and B share one dtype: a 16-bit model feeds them a dt copy of
-     * dlogits (the fp32 logits chunk stays for the bias gradient) */
-    void *dlog = wide ? (void *)logits : (void *)(base + p->dlogits16);
+     * dlogits (the fp32 logits chunk stays for the bias gradient); the copy is of
+     * whole rows, the zeros between them included */
+    void *dlog = wide ? (void *)logits : (void *)(base + p->dlogits16); /* (n, V), rows ld apart */
     if (!wide) {
-        PXT_TRY(be->cast(d, dlog, dt, logits, PXT_FLOAT32, (size_t)n * V));
+        PXT_TRY(be->cast(d, dlog, dt, logits, PXT_FLOAT32, (size_t)n * ld));
     }
     char *dh = base + p->head_dh; /* (n, C) */
-    PXT_TRY(be->gemm(d, 0, 0, n, C, V, 1.0f, dlog, W, 0.0f, dh, dt, dt, x->gemm_ws));
-    PXT_TRY(be->gemm(d, 1, 0, V, C, n, 1.0f, dlog, rows, 1.0f, pxt_flat_grad(&m->flat, h->head_w),
-                     dt, PXT_FLOAT32, x->gemm_ws));
-    PXT_TRY(be->bias_backward(d, pxt_flat_grad(&m->flat, h->head_b), logits, n, V, PXT_FLOAT32,
+    PXT_TRY(be->gemm_ld(d, 0, 0, n, C, V, 1.0f, dlog, ld, W, C, 0.0f, dh, C, dt, dt, x->gemm_ws));
+    PXT_TRY(be->gemm_ld(d, 1, 0, V, C, n, 1.0f, dlog, ld, rows, C, 1.0f,
+                        pxt_flat_grad(&m->flat, h->head_w), C, dt, PXT_FLOAT32, x->gemm_ws));
+    PXT_TRY(be->bias_backward(d, pxt_flat_grad(&m->flat, h->head_b), logits, n, V, ld, PXT_FLOAT32,
                               x->reduce_ws));
     for (int s = 0; s < nseg; s++) { /* dh2 rows back into dB (N, C) */
         size_t dst = (size_t)segs[s].b * p->T + (size_t)h->off + (size_t)segs[s].t;

@@ -415,14 +415,15 @@ int pxt_plan_make(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, i
     /* heads: the logits chunk reuses the block area, which is idle by then */
     int V = c->text_vocab > c->audio_vocab ? c->text_vocab : c->audio_vocab;
     size_t lcur = after_grads;
-    p->logits_bytes = (size_t)p->logits_rows * (size_t)V * sizeof(float);
+    p->logits_bytes = (size_t)p->logits_rows * (size_t)pxt_head_ld(V) * sizeof(float);
     p->logits = pxt_plan_take(&lcur, p->logits_bytes);
-    if (dt != PXT_FLOAT32) { /* the head GEMMs take one dtype for A and B; add_bias too */
+    if (dt != PXT_FLOAT32) { /* the head GEMMs take one dtype for A and B; xent fp32 biases */
         size_t before = lcur;
         p->head_bias32 =
             pxt_plan_take(&lcur, ((size_t)c->text_vocab + (size_t)c->audio_vocab) * sizeof(float));
         if (train) {
-            p->dlogits16 = pxt_plan_take(&lcur, (size_t)p->logits_rows * (size_t)V * es);
+            p->dlogits16 =
+                pxt_plan_take(&lcur, (size_t)p->logits_rows * (size_t)pxt_head_ld(V) * es);
         }
         p->head_cast_bytes = lcur - before;
     }

@@ -27,6 +27,13 @@ size_t pxt_plan_align(size_t bytes);
 size_t pxt_plan_take(size_t *cursor, size_t bytes);
 
 /* Offsets (bytes from the arena start) of a block's activations, PXT_ACT_*. */
+/* The elements between two rows of a head's logits (and of their 16-bit copy):
+ * V rounded up to a multiple of 8, so every row starts 16-byte aligned (32 for
+ * the fp32 logits). cuBLAS picks its fast kernels only for aligned rows: with
+ * XTTS v2's odd text vocabulary (6681) the head's products ran on align-1
+ * kernels at a tenth of the speed of the blocks' (an H200's profile). */
+static inline int pxt_head_ld(int V) { return (V + 7) / 8 * 8; }
+
 typedef struct {
     size_t at[PXT_ACT_COUNT];
 } pxt_block_offsets;
@@ -114,10 +121,11 @@ typedef struct {
     pxt_block_offsets work; /* a whole block's activations (forward, recompute) */
     size_t work_bytes;
     size_t attn_ws, attn_ws_bytes; /* attention workspace (max of forward, backward) */
-    size_t logits, logits_bytes;   /* (logits_rows, max vocab) fp32 */
+    size_t logits, logits_bytes;   /* (logits_rows, pxt_head_ld(max vocab)) fp32 */
     /* 16-bit models only (0 bytes in fp32): dlogits cast to dt for the head
-     * GEMMs (logits_rows, max vocab) dt, and both head biases cast to fp32 once
-     * per step (text_vocab + audio_vocab) fp32; both next to the logits chunk */
+     * GEMMs (logits_rows, pxt_head_ld(max vocab)) dt, and both head biases cast to
+     * fp32 once per step (text_vocab + audio_vocab) fp32; both next to the logits
+     * chunk */
     size_t dlogits16, head_bias32, head_cast_bytes;
     /* the heads gather each chunk's valid rows from every sample: their h2 rows
      * (logits_rows, C) dt, targets (logits_rows) int32 and losses (logits_rows)

@@ -146,16 +146,30 @@ static int overlaps(const pxt_tensor *a, const pxt_tensor *b) {
 /* The operands of a product: A (2-d float), B like A with op(A) (M, K) op(B)
  * (K, N), the sizes as ints, alpha and beta finite float32, out_dtype a float
  * dtype (not given: A's, and given = 0). A and B are new references parked in
- * *ah, *bh. 0 or -1. */
+ * *ah, *bh. With sizes (M, N, K) given (mnk not NULL), the stored A and B may be
+ * wider than the product takes: their rows are its rows, their widths at least
+ * its widths, and lda, ldb their widths. 0 or -1. */
 typedef struct {
     pxt_tensor *A, *B;
-    int M, N, K, given;
+    int M, N, K, lda, ldb, given;
     pxt_dtype dt_c;
 } gemm_operands;
 
+/* A stored operand: `rows` rows exactly, at least `width` wide: its width, or -1. */
+static int64_t operand_ld(const pxt_tensor *t, const char *name, int64_t rows, int64_t width) {
+    if (t->shape[0] != rows || t->shape[1] < width) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: expected %lld rows of at least %lld elements for sizes, got (%lld, %lld)",
+                     name, (long long)rows, (long long)width, (long long)t->shape[0],
+                     (long long)t->shape[1]);
+        return -1;
+    }
+    return t->shape[1];
+}
+
 static int parse_gemm_operands(PyObject *a_obj, PyObject *b_obj, int ta, int tb, double alpha,
-                               double beta, const pxt_py_dtype *dt_arg, PyObject **ah,
-                               PyObject **bh, gemm_operands *g) {
+                               double beta, const pxt_py_dtype *dt_arg, const int *mnk,
+                               PyObject **ah, PyObject **bh, gemm_operands *g) {
     g->A = pxt_op_arg(a_obj, "A", NULL, ah);
     if (!g->A || pxt_py_check_float(g->A, "A") < 0 ||
         pxt_py_check_shape(g->A, "A", 2, (int64_t[]){-1, -1}) < 0) {
@@ -165,14 +179,26 @@ static int parse_gemm_operands(PyObject *a_obj, PyObject *b_obj, int ta, int tb,
     if (!g->B || pxt_op_check_like(g->B, "B", g->A) < 0) {
         return -1;
     }
-    int64_t M = g->A->shape[ta ? 1 : 0], K = g->A->shape[ta ? 0 : 1];
-    if (pxt_py_check_shape(g->B, "B", 2, tb ? (int64_t[]){-1, K} : (int64_t[]){K, -1}) < 0) {
-        return -1;
-    }
-    int64_t N = g->B->shape[tb ? 0 : 1];
-    if (pxt_op_to_int(M, "A", &g->M) < 0 || pxt_op_to_int(K, "A", &g->K) < 0 ||
-        pxt_op_to_int(N, "B", &g->N) < 0) {
-        return -1;
+    if (mnk) {
+        int64_t lda = operand_ld(g->A, "A", ta ? mnk[2] : mnk[0], ta ? mnk[0] : mnk[2]);
+        int64_t ldb =
+            lda < 0 ? -1 : operand_ld(g->B, "B", tb ? mnk[1] : mnk[2], tb ? mnk[2] : mnk[1]);
+        if (ldb < 0 || pxt_op_to_int(lda, "A", &g->lda) < 0 ||
+            pxt_op_to_int(ldb, "B", &g->ldb) < 0) {
+            return -1;
+        }
+        g->M = mnk[0], g->N = mnk[1], g->K = mnk[2];
+    } else {
+        int64_t M = g->A->shape[ta ? 1 : 0], K = g->A->shape[ta ? 0 : 1];
+        if (pxt_py_check_shape(g->B, "B", 2, tb ? (int64_t[]){-1, K} : (int64_t[]){K, -1}) < 0) {
+            return -1;
+        }
+        int64_t N = g->B->shape[tb ? 0 : 1];
+        if (pxt_op_to_int(M, "A", &g->M) < 0 || pxt_op_to_int(K, "A", &g->K) < 0 ||
+            pxt_op_to_int(N, "B", &g->N) < 0) {
+            return -1;
+        }
+        g->lda = ta ? g->M : g->K, g->ldb = tb ? g->K : g->N;
     }
     if (!isfinite(alpha) || !isfinite(beta) || fabs(alpha) > FLT_MAX || fabs(beta) > FLT_MAX) {
         char msg[128]; /* PyErr_Format has no %g */
@@ -191,27 +217,53 @@ static int parse_gemm_operands(PyObject *a_obj, PyObject *b_obj, int ta, int tb,
     return 0;
 }
 
+/* sizes: None, or (M, N, K) of ints >= 0 into mnk. 0 or -1. */
+static int parse_sizes(PyObject *obj, int mnk[3], int *given) {
+    *given = obj != Py_None;
+    if (!*given) {
+        return 0;
+    }
+    if (!PyTuple_Check(obj) || PyTuple_GET_SIZE(obj) != 3) {
+        PyErr_Format(PyExc_TypeError, "sizes: expected a tuple (M, N, K), got %s",
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    const char *names[3] = {"sizes (M)", "sizes (N)", "sizes (K)"};
+    for (int i = 0; i < 3; i++) {
+        pxt_py_int v = PXT_PY_INT(names[i], 0, INT_MAX);
+        if (!pxt_py_int_converter(PyTuple_GET_ITEM(obj, i), &v)) {
+            return -1;
+        }
+        mnk[i] = (int)v.value;
+    }
+    return 0;
+}
+
 static PyObject *op_gemm(PyObject *m, PyObject *args, PyObject *kwargs) {
     (void)m;
-    static char *kw[] = {"A", "B", "trans_a", "trans_b", "alpha", "beta", "C", "out_dtype", NULL};
-    PyObject *a_obj, *b_obj, *c_obj = Py_None;
-    int ta = 0, tb = 0;
+    static char *kw[] = {"A",    "B", "trans_a",   "trans_b", "alpha",
+                         "beta", "C", "out_dtype", "sizes",   NULL};
+    PyObject *a_obj, *b_obj, *c_obj = Py_None, *sizes_obj = Py_None;
+    int ta = 0, tb = 0, mnk[3] = {0, 0, 0}, sized = 0;
     pxt_py_real alpha_arg = PXT_PY_NUMBER("alpha", 1.0), beta_arg = PXT_PY_NUMBER("beta", 0.0);
     pxt_py_dtype dt_arg = PXT_PY_DTYPE_OPT("out_dtype", PXT_FLOAT32);
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|ppO&O&OO&:_op_gemm", kw, &a_obj, &b_obj, &ta,
-                                     &tb, pxt_py_real_converter, &alpha_arg, pxt_py_real_converter,
-                                     &beta_arg, &c_obj, pxt_py_dtype_converter, &dt_arg)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|ppO&O&OO&O:_op_gemm", kw, &a_obj, &b_obj,
+                                     &ta, &tb, pxt_py_real_converter, &alpha_arg,
+                                     pxt_py_real_converter, &beta_arg, &c_obj,
+                                     pxt_py_dtype_converter, &dt_arg, &sizes_obj) ||
+        parse_sizes(sizes_obj, mnk, &sized) < 0) {
         return NULL;
     }
     double alpha = alpha_arg.value, beta = beta_arg.value;
     PyObject *ah = NULL, *bh = NULL, *ch = NULL, *ws = NULL, *result = NULL;
     pxt_tensor *A, *B, *C = NULL;
     gemm_operands g;
-    if (parse_gemm_operands(a_obj, b_obj, ta, tb, alpha, beta, &dt_arg, &ah, &bh, &g) < 0) {
+    if (parse_gemm_operands(a_obj, b_obj, ta, tb, alpha, beta, &dt_arg, sized ? mnk : NULL, &ah,
+                            &bh, &g) < 0) {
         goto done;
     }
     A = g.A, B = g.B;
-    int m_ = g.M, n_ = g.N, k_ = g.K, have_dt = g.given;
+    int m_ = g.M, n_ = g.N, k_ = g.K, have_dt = g.given, ldc = g.N;
     int64_t M = m_, N = n_;
     pxt_dtype dt_c = g.dt_c;
     if (c_obj != Py_None) {
@@ -223,9 +275,15 @@ static PyObject *op_gemm(PyObject *m, PyObject *args, PyObject *kwargs) {
             dt_c = C->dtype;
         }
         if ((have_dt ? pxt_py_check_dtype(C, "C", dt_c) : pxt_py_check_float(C, "C")) < 0 ||
-            pxt_py_check_device(C, "C", A->device) < 0 ||
-            pxt_py_check_shape(C, "C", 2, (int64_t[]){M, N}) < 0 ||
-            pxt_py_check_writable(C, "C") < 0) {
+            pxt_py_check_device(C, "C", A->device) < 0 || pxt_py_check_writable(C, "C") < 0) {
+            goto done;
+        }
+        if (sized) { /* C may be wider too: its width is ldc */
+            int64_t w = operand_ld(C, "C", M, N);
+            if (w < 0 || pxt_op_to_int(w, "C", &ldc) < 0) {
+                goto done;
+            }
+        } else if (pxt_py_check_shape(C, "C", 2, (int64_t[]){M, N}) < 0) {
             goto done;
         }
         if (overlaps(C, A) || overlaps(C, B)) {
@@ -238,7 +296,7 @@ static PyObject *op_gemm(PyObject *m, PyObject *args, PyObject *kwargs) {
         PyErr_SetString(PyExc_ValueError, msg);
         goto done;
     }
-    const pxt_backend *be = PXT_BACKEND_OP(A->device, gemm);
+    const pxt_backend *be = PXT_BACKEND_OP(A->device, gemm_ld);
     if (!be || !PXT_BACKEND_OP(A->device, gemm_workspace)) {
         goto done;
     }
@@ -254,8 +312,8 @@ static PyObject *op_gemm(PyObject *m, PyObject *args, PyObject *kwargs) {
         goto done;
     }
     int rc;
-    RUN_NOGIL(rc, be->gemm(A->device.index, ta, tb, m_, n_, k_, (float)alpha, A->data, B->data,
-                           (float)beta, C->data, A->dtype, dt_c, wsp));
+    RUN_NOGIL(rc, be->gemm_ld(A->device.index, ta, tb, m_, n_, k_, (float)alpha, A->data, g.lda,
+                              B->data, g.ldb, (float)beta, C->data, ldc, A->dtype, dt_c, wsp));
     if (pxt_op_status(rc) < 0) {
         goto done;
     }
@@ -332,7 +390,7 @@ static PyObject *op_gemm_fused(PyObject *m, PyObject *args, PyObject *kwargs) {
     PyObject *dbh = NULL, *ws = NULL, *result = NULL;
     pxt_tensor *C = NULL, *D = NULL, *bias = NULL, *pre = NULL, *dbias = NULL;
     gemm_operands g;
-    if (parse_gemm_operands(a_obj, b_obj, ta, tb, alpha, beta, &dt_arg, &ah, &bh, &g) < 0) {
+    if (parse_gemm_operands(a_obj, b_obj, ta, tb, alpha, beta, &dt_arg, NULL, &ah, &bh, &g) < 0) {
         goto done;
     }
     int64_t N = g.N, mn[2] = {g.M, g.N};
@@ -462,9 +520,11 @@ done:
 
 static PyObject *op_bias_backward(PyObject *m, PyObject *args, PyObject *kwargs) {
     (void)m;
-    static char *kw[] = {"dout", "dbias", NULL};
+    static char *kw[] = {"dout", "dbias", "cols", NULL};
     PyObject *d_obj, *db_obj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:_op_bias_backward", kw, &d_obj, &db_obj)) {
+    pxt_py_int cols_arg = PXT_PY_INT_OPT("cols", 0, INT_MAX, -1);
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OO&:_op_bias_backward", kw, &d_obj, &db_obj,
+                                     pxt_py_int_converter, &cols_arg)) {
         return NULL;
     }
     PyObject *dh = NULL, *dbh = NULL, *ws = NULL, *result = NULL;
@@ -475,11 +535,17 @@ static PyObject *op_bias_backward(PyObject *m, PyObject *args, PyObject *kwargs)
         pxt_py_check_shape(dout, "dout", 2, (int64_t[]){-1, -1}) < 0) {
         goto done;
     }
-    int64_t n64 = dout->shape[1];
+    /* cols: the sums of the leading columns only, the rows dout's width apart */
+    int64_t n64 = cols_arg.a.given ? cols_arg.value : dout->shape[1];
+    if (n64 > dout->shape[1]) {
+        PyErr_Format(PyExc_ValueError, "cols: expected at most dout's %lld columns, got %lld",
+                     (long long)dout->shape[1], (long long)n64);
+        goto done;
+    }
     dbias = pxt_op_opt_out(db_obj, "dbias", dout, PXT_FLOAT32, 1, &n64, &dbh, &bad);
-    int M = 0, N = 0;
+    int M = 0, N = 0, ld = 0;
     if (bad || pxt_op_to_int(dout->shape[0], "dout", &M) < 0 ||
-        pxt_op_to_int(n64, "dout", &N) < 0) {
+        pxt_op_to_int(n64, "dout", &N) < 0 || pxt_op_to_int(dout->shape[1], "dout", &ld) < 0) {
         goto done;
     }
     const pxt_backend *be = PXT_BACKEND_OP(dout->device, bias_backward);
@@ -493,7 +559,7 @@ static PyObject *op_bias_backward(PyObject *m, PyObject *args, PyObject *kwargs)
         dbias = (pxt_tensor *)dbh;
     }
     int rc;
-    RUN_NOGIL(rc, be->bias_backward(dout->device.index, (float *)dbias->data, dout->data, M, N,
+    RUN_NOGIL(rc, be->bias_backward(dout->device.index, (float *)dbias->data, dout->data, M, N, ld,
                                     dout->dtype, wsp));
     if (pxt_op_status(rc) < 0) {
         goto done;
@@ -932,20 +998,33 @@ done:
 
 static PyObject *op_softmax_xent(PyObject *m, PyObject *args, PyObject *kwargs) {
     (void)m;
-    static char *kw[] = {"logits", "targets", "scale", "backward", NULL};
-    PyObject *l_obj, *t_obj;
+    static char *kw[] = {"logits", "targets", "scale", "backward", "bias", "vocab", NULL};
+    PyObject *l_obj, *t_obj, *b_obj = Py_None;
     pxt_py_real scale_arg = PXT_PY_NUMBER("scale", 1.0);
+    pxt_py_int vocab_arg = PXT_PY_INT_OPT("vocab", 1, INT_MAX, -1);
     int backward = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O&p:_op_softmax_xent", kw, &l_obj, &t_obj,
-                                     pxt_py_real_converter, &scale_arg, &backward)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O&pOO&:_op_softmax_xent", kw, &l_obj, &t_obj,
+                                     pxt_py_real_converter, &scale_arg, &backward, &b_obj,
+                                     pxt_py_int_converter, &vocab_arg)) {
         return NULL;
     }
     double scale = scale_arg.value;
-    PyObject *lh = NULL, *th = NULL, *gh = NULL, *losses = NULL, *result = NULL;
-    int N = 0, V = 0;
-    pxt_tensor *logits = pxt_op_arg(l_obj, "logits", NULL, &lh), *targets;
+    PyObject *lh = NULL, *th = NULL, *bh = NULL, *gh = NULL, *losses = NULL, *result = NULL;
+    int N = 0, V = 0, ld = 0, bad = 0;
+    pxt_tensor *logits = pxt_op_arg(l_obj, "logits", NULL, &lh), *targets, *bias;
     if (!logits || pxt_py_check_dtype(logits, "logits", PXT_FLOAT32) < 0 ||
-        pxt_op_rows_cols(logits, "logits", &N, &V) < 0) {
+        pxt_op_rows_cols(logits, "logits", &N, &ld) < 0) {
+        goto done;
+    }
+    /* vocab: the classes are the leading columns, the rows the last dimension apart */
+    V = vocab_arg.a.given ? (int)vocab_arg.value : ld;
+    if (V > ld) {
+        PyErr_Format(PyExc_ValueError, "vocab: expected at most logits' %d columns, got %d", ld, V);
+        goto done;
+    }
+    int64_t v64 = V;
+    bias = opt_in(b_obj, "bias", logits, PXT_FLOAT32, 1, &v64, &bh, &bad);
+    if (bad) {
         goto done;
     }
     targets = pxt_op_arg(t_obj, "targets", logits, &th);
@@ -976,7 +1055,8 @@ static PyObject *op_softmax_xent(PyObject *m, PyObject *args, PyObject *kwargs) 
         work = (pxt_tensor *)gh;
     }
     int rc;
-    RUN_NOGIL(rc, be->softmax_xent(logits->device.index, (float *)work->data,
+    RUN_NOGIL(rc, be->softmax_xent(logits->device.index, (float *)work->data, ld,
+                                   bias ? (const float *)bias->data : NULL,
                                    (float *)((pxt_tensor *)losses)->data,
                                    (const int32_t *)targets->data, N, V, (float)scale, backward));
     if (pxt_op_status(rc) < 0) {
@@ -986,6 +1066,7 @@ static PyObject *op_softmax_xent(PyObject *m, PyObject *args, PyObject *kwargs) 
 done:
     Py_XDECREF(lh);
     Py_XDECREF(th);
+    Py_XDECREF(bh);
     Py_XDECREF(gh);
     Py_XDECREF(losses);
     return result;
@@ -1021,8 +1102,10 @@ done:
 
 PyMethodDef pxt_py_ops_methods[] = {
     {"_op_gemm", PXT_PY_KW(op_gemm),
-     "_op_gemm(A, B, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, C=None, out_dtype=None)"
-     " -> C = alpha * op(A) @ op(B) + beta * C (fp32 accumulation)."},
+     "_op_gemm(A, B, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, C=None, out_dtype=None,"
+     " sizes=None) -> C = alpha * op(A) @ op(B) + beta * C (fp32 accumulation); with sizes "
+     "(M, N, K), A, B and C may be wider than the product takes (their widths are the rows' "
+     "leading dimensions)."},
     {"_op_add_bias", PXT_PY_KW(op_add_bias),
      "_op_add_bias(out, bias): out (M, N) += bias (N), in place."},
     {"_op_gemm_fused", PXT_PY_KW(op_gemm_fused),
@@ -1030,7 +1113,8 @@ PyMethodDef pxt_py_ops_methods[] = {
      " C=None, D=None, bias=None, pre=None, dbias=None, out_dtype=None) -> (D, pre, dbias):"
      " one product with its epilogue ('none', 'bias', 'bias_gelu', 'dgelu_bgrad', 'bgrad_b')."},
     {"_op_bias_backward", PXT_PY_KW(op_bias_backward),
-     "_op_bias_backward(dout, dbias=None) -> dbias (N) fp32 += column sums of dout (M, N)."},
+     "_op_bias_backward(dout, dbias=None, cols=None) -> dbias (N) fp32 += column sums of dout "
+     "(M, N); with cols, of its first cols columns only (dout's width apart)."},
     {"_op_layernorm_forward", PXT_PY_KW(op_layernorm_forward),
      "_op_layernorm_forward(x, weight, bias, eps=1e-5) -> (out, mean, rstd)."},
     {"_op_layernorm_backward", PXT_PY_KW(op_layernorm_backward),
@@ -1045,8 +1129,10 @@ PyMethodDef pxt_py_ops_methods[] = {
     {"_op_embedding_backward", PXT_PY_KW(op_embedding_backward),
      "_op_embedding_backward(ids, dout, V, dtable=None) -> dtable (V, C) fp32 += scatter of dout."},
     {"_op_softmax_xent", PXT_PY_KW(op_softmax_xent),
-     "_op_softmax_xent(logits, targets, scale=1.0, backward=True) -> (losses, dlogits or None);"
-     " the caller's logits are not modified."},
+     "_op_softmax_xent(logits, targets, scale=1.0, backward=True, bias=None, vocab=None) -> "
+     "(losses, dlogits or None); bias (vocab) fp32 is added to the logits first; vocab: the "
+     "classes are logits' first vocab columns (dlogits has zeros after them); the caller's "
+     "logits are not modified."},
     {"_op_sum", PXT_PY_KW(op_sum),
      "_op_sum(x) -> float: deterministic double sum of a float32 tensor."},
     {NULL, NULL, 0, NULL},

@@ -77,19 +77,24 @@ static void colsum_launch(F f, float *out0, float *out1, int rows, int cols, dou
     emu_launch(grid, block, 0, [&] { pxt_colsum_finish_kernel(out0, out1, parts, nchunks, cols); });
 }
 
-template <typename T> static void bias_case(int M, int N, unsigned max_y) {
-    T *dout = device<T>((size_t)M * N, [](size_t) { return normal<T>(3.0); });
+/* ld > N: the rows ld apart, the columns past N NaN (the heads' padded logits) */
+template <typename T> static void bias_case(int M, int N, unsigned max_y, int ld = 0) {
+    ld = ld ? ld : N;
+    T *dout = device<T>((size_t)M * ld, [&](size_t i) {
+        return (int)(i % ld) < N ? normal<T>(3.0) : stf<T>(NAN);
+    });
     float *want = device<float>(N, [](size_t) { return normal<float>(1.0); });
     float *got = device<float>(N, [&](size_t j) { return want[j]; });
     size_t nparts = (size_t)pxt_colsum_chunks(M, N) * N;
     double *parts = (double *)emu_alloc(nparts * sizeof(double) + 8); /* poisoned */
-    pxt_cpu_bias_backward(0, want, dout, M, N, dtype_of<T>(), NULL);
+    pxt_cpu_bias_backward(0, want, dout, M, N, ld, dtype_of<T>(), NULL);
     long e0 = emu_errors;
-    colsum_launch(pxt_colsum_rows<T>{dout, N}, got, NULL, M, N, parts, max_y);
+    colsum_launch(pxt_colsum_rows<T>{dout, ld}, got, NULL, M, N, parts, max_y);
     bool ok = same_bits(got, want, N * sizeof(float)) && emu_errors == e0 &&
               emu_tail_intact(got) && emu_tail_intact(parts);
     report("bias_backward " + std::string(name_of<T>()) + " M=" + std::to_string(M) + " N=" +
-               std::to_string(N) + (max_y < 65535 ? " (grid.y " + std::to_string(max_y) + ")" : ""),
+               std::to_string(N) + (ld != N ? " ld=" + std::to_string(ld) : "") +
+               (max_y < 65535 ? " (grid.y " + std::to_string(max_y) + ")" : ""),
            ok);
     emu_free(dout), emu_free(want), emu_free(got), emu_free(parts);
 }
@@ -107,7 +112,7 @@ template <typename T> static void dgelu_case(int M, int N, int off) {
     float *bgot = device<float>(N, [&](size_t j) { return bwant[j]; });
     double *parts = (double *)emu_alloc((size_t)pxt_colsum_chunks(M, N) * N * sizeof(double) + 8);
     pxt_cpu_gelu_backward(0, want, pre, want, n, dtype_of<T>());
-    pxt_cpu_bias_backward(0, bwant, want, M, N, dtype_of<T>(), NULL);
+    pxt_cpu_bias_backward(0, bwant, want, M, N, N, dtype_of<T>(), NULL);
     long e0 = emu_errors;
     const pxt_colsum_dgelu<T> f = {got, pre, N};
     const int V = pxt_colsum_width(f, N);
@@ -239,6 +244,10 @@ int main(int argc, char **argv) {
     bias_case<pxt_f16>(1000, 130, 65535);
     bias_case<float>(5000, 7, 3);
     bias_case<pxt_bf16>(700, 300, 2);
+    bias_case<float>(300, 6681, 65535, 6688); /* the text head's bias gradient */
+    bias_case<pxt_bf16>(700, 300, 65535, 304);
+    bias_case<pxt_f16>(100, 8, 65535, 12);
+    bias_case<pxt_f16>(100, 8, 65535, 10); /* rows 20 bytes apart: one column a thread */
     dgelu_case<float>(1, 1, 0);
     dgelu_case<pxt_bf16>(17, 40, 0);
     dgelu_case<pxt_f16>(300, 130, 0);
