@@ -66,7 +66,8 @@ def files(folder: str, *patterns: str) -> list[str]:
     return sorted(str(p.relative_to(ROOT)) for pat in patterns for p in (ROOT / folder).rglob(pat))
 
 
-c_sources = files("csrc", "*.c")
+# cuda/*.c: the CUDA backend's plain-C part (its workspace sizes), in every build
+c_sources = files("csrc", "*.c") + files("cuda", "*.c")
 cu_sources = files("cuda", "*.cu") if cuda else []
 
 opt = ["-O0", "-g"] if debug else ["-O2", "-g1"]

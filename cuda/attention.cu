@@ -105,21 +105,9 @@ static int check_args(const pxt_attn_args *a) {
     return PXT_OK;
 }
 
-/* Di (B, H, Tq) fp32, 256-byte aligned at the start: linear in Tq, none for the forward.
- * The tensor-core path (attention_tc.cu) reads the same Di; its one-pass backward, where
- * PYXTTS_CUDA_ATTENTION_BWD selects it, also its dQ partials after it (linear in Tq). */
+/* Di (B, H, Tq) fp32 at the workspace's start, 256-byte aligned (sizes.c sizes it) */
 static size_t di_bytes(const pxt_attn_args *a) {
     return ((size_t)a->B * a->H * a->Tq * sizeof(float) + 255) / 256 * 256;
-}
-size_t pxt_cuda_attention_workspace(const pxt_attn_args *a, int backward) {
-    if (!a || !backward || a->B < 0 || a->H < 0 || a->Tq < 0) {
-        return 0;
-    }
-    const size_t extra = pxt_cuda_attention_tc_bwd_workspace(a);
-    if (extra == SIZE_MAX) {
-        return SIZE_MAX; /* too large to plan: the allocation fails and says so */
-    }
-    return extra ? di_bytes(a) + extra + 256 : (size_t)a->B * a->H * a->Tq * sizeof(float) + 256;
 }
 
 int pxt_cuda_attention_forward(int index, const pxt_attn_args *a, void *out, float *lse,

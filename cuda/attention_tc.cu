@@ -39,50 +39,12 @@
 
 /* ---- host: the switch, eligibility, launches ---------------------------------------- */
 
-enum {
-    TC_MODE_UNREAD = -2,
-    TC_MODE_BAD = -1,
-    TC_MODE_AUTO = 0,
-    TC_MODE_SIMPLE = 1,
-    TC_MODE_TC = 2
-};
-static std::atomic<int> tc_mode{TC_MODE_UNREAD};
 static std::atomic<int> tc_last{-1};
 
 /* per device, made once: 0 not yet, 1 made (tc_dev holds it) */
 static std::atomic<int> tc_dev_made[PXT_MAX_DEVICES];
 static pxt_tc_device tc_dev[PXT_MAX_DEVICES];
 static std::mutex tc_dev_lock;
-
-enum { TC_BWD_UNREAD = -2, TC_BWD_BAD = -1, TC_BWD_TWO = 0, TC_BWD_ONE = 1 };
-static std::atomic<int> tc_bwd_mode{TC_BWD_UNREAD};
-
-static int read_bwd_mode(void) {
-    int m = tc_bwd_mode.load(std::memory_order_relaxed);
-    if (m != TC_BWD_UNREAD) {
-        return m;
-    }
-    const char *s = getenv("PYXTTS_CUDA_ATTENTION_BWD");
-    m = !s || !*s || !strcmp(s, "two-kernel") ? TC_BWD_TWO
-        : !strcmp(s, "one-pass")              ? TC_BWD_ONE
-                                              : TC_BWD_BAD;
-    tc_bwd_mode.store(m, std::memory_order_relaxed);
-    return m;
-}
-
-static int read_mode(void) {
-    int m = tc_mode.load(std::memory_order_relaxed);
-    if (m != TC_MODE_UNREAD) {
-        return m;
-    }
-    const char *s = getenv("PYXTTS_CUDA_ATTENTION"); /* read once: a racing reader agrees */
-    m = !s || !*s || !strcmp(s, "auto") ? TC_MODE_AUTO
-        : !strcmp(s, "simple")          ? TC_MODE_SIMPLE
-        : !strcmp(s, "tc")              ? TC_MODE_TC
-                                        : TC_MODE_BAD;
-    tc_mode.store(m, std::memory_order_relaxed);
-    return m;
-}
 
 /* the most static shared memory of the four instances' kernels; *fa the bf16 D = 64
  * forward's attributes (which code of the kernels runs here) */
@@ -119,7 +81,7 @@ static pxt_tc_device device_caps(int index) {
     }
     int major = 0, optin = 0;
     cudaFuncAttributes fa;
-    pxt_tc_device d = {0, 0, 0, read_bwd_mode() == TC_BWD_ONE};
+    pxt_tc_device d = {0, 0, 0, pxt_cuda_attention_bwd_mode() == PXT_TC_BWD_ONE};
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index) != cudaSuccess ||
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, index) !=
             cudaSuccess ||
@@ -137,19 +99,19 @@ static pxt_tc_device device_caps(int index) {
 extern "C" int pxt_cuda_attention_tc_select(int index, const pxt_attn_args *a,
                                             const void *const *ptrs, int nptrs, int *use_tc) {
     *use_tc = 0;
-    const int mode = read_mode();
-    if (mode == TC_MODE_BAD) {
+    const int mode = pxt_cuda_attention_mode();
+    if (mode == PXT_TC_MODE_BAD) {
         return pxt_error(PXT_ERR_VALUE, "PYXTTS_CUDA_ATTENTION=%s: expected simple, tc or auto",
                          getenv("PYXTTS_CUDA_ATTENTION"));
     }
-    if (mode == TC_MODE_SIMPLE) {
+    if (mode == PXT_TC_MODE_SIMPLE) {
         tc_last.store(0, std::memory_order_relaxed);
         return PXT_OK;
     }
     const pxt_tc_device dev = device_caps(index);
     char buf[160];
     const char *why = pxt_tc_why_not(a, ptrs, nptrs, &dev, buf, sizeof buf);
-    if (why && mode == TC_MODE_TC) {
+    if (why && mode == PXT_TC_MODE_TC) {
         return pxt_error(PXT_ERR_NOT_IMPLEMENTED,
                          "attention: PYXTTS_CUDA_ATTENTION=tc but the tensor-core path cannot "
                          "run: %s (dt=%s, D=%d)",
@@ -177,27 +139,19 @@ extern "C" int pxt_cuda_attention_tc_forward(int index, const pxt_attn_args *a, 
                       : attn_tc_fwd_launch<pxt_f16, 128>(a, out, lse, q, k, v, stream);
 }
 
-extern "C" size_t pxt_cuda_attention_tc_bwd_workspace(const pxt_attn_args *a) {
-    if (read_bwd_mode() != TC_BWD_ONE || read_mode() == TC_MODE_SIMPLE ||
-        (a->dt != PXT_BFLOAT16 && a->dt != PXT_FLOAT16) || (a->D != 64 && a->D != 128)) {
-        return 0;
-    }
-    return pxt_tc_split_bytes(a);
-}
-
 /* Di (B, H, Tq) is already in the workspace (attention.cu's kernel); extra: the workspace
- * after it, pxt_cuda_attention_tc_bwd_workspace bytes */
+ * after it, what sizes.c counts for the one-pass dQ partials (pxt_tc_split_bytes) */
 extern "C" int pxt_cuda_attention_tc_backward(int index, const pxt_attn_args *a, void *dq, void *dk,
                                               void *dv, const void *dout, const void *q,
                                               const void *k, const void *v, const float *lse,
                                               const float *Di, void *extra) {
-    const int bwd = read_bwd_mode();
-    if (bwd == TC_BWD_BAD) {
+    const int bwd = pxt_cuda_attention_bwd_mode();
+    if (bwd == PXT_TC_BWD_BAD) {
         return pxt_error(PXT_ERR_VALUE,
                          "PYXTTS_CUDA_ATTENTION_BWD=%s: expected two-kernel or one-pass",
                          getenv("PYXTTS_CUDA_ATTENTION_BWD"));
     }
-    float *dqp = bwd == TC_BWD_ONE ? (float *)extra : NULL;
+    float *dqp = bwd == PXT_TC_BWD_ONE ? (float *)extra : NULL;
     cudaStream_t stream = pxt_cuda_stream(index);
     if (a->dt == PXT_BFLOAT16) {
         return a->D == 64 ? attn_tc_bwd_launch<pxt_bf16, 64>(a, dq, dk, dv, dout, q, k, v, lse, Di,

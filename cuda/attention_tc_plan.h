@@ -27,6 +27,7 @@
 #include <stdio.h>
 
 #include "engine/backend.h"
+#include "sizes.h"
 
 #ifdef __CUDACC__
 #define PXT_TC_HD __host__ __device__
@@ -59,10 +60,8 @@ template <int D> PXT_TC_HD constexpr int q_smem_bytes() {
     return (2 * TC_BQ + 4 * bwd_bq<D>()) * (D + TC_PAD) * 2 + 2 * bwd_bq<D>();
 }
 
-/* the one-pass backward's warps, 16 keys each: 8 (128 keys, FlashAttention-2's block for
- * D = 64: half the dQ partials' traffic per product of 64 keys) for D = 64; 4 for D = 128,
- * whose 128 keys would not fit the 99 KiB of sm_86/89 */
-template <int D> PXT_TC_HD constexpr int bwd1_warps() { return D <= 64 ? 8 : 4; }
+/* the one-pass backward's warps, 16 keys each (sizes.h: the plan sizes its splits) */
+template <int D> PXT_TC_HD constexpr int bwd1_warps() { return PXT_TC_BWD1_WARPS(D); }
 /* its K, V (BK, SD); Q, dO double-buffered (2, BQ, SD); dS^T (BK, BQ + PAD) 16-bit; lse
  * and Di (2, 2, BQ) fp32; key flags (BK) */
 template <int D> PXT_TC_HD constexpr int bwd_smem_bytes() {
@@ -89,35 +88,6 @@ static inline int pxt_tc_smem_most(int D, int one_pass) {
     int m = s.fwd > s.kv ? s.fwd : s.kv;
     m = m > s.q ? m : s.q;
     return one_pass && s.bwd > m ? s.bwd : m;
-}
-
-/* The one-pass backward's splits: about one wave of CTAs (B H S) on a 132-SM card (an
- * SM holds one CTA at D = 64, 8 warps of 255 registers; two at D = 128), rounded to the
- * nearest, at least 1 and at most one per key block: more splits only add partials to
- * reduce. A function of the arguments alone, so that a plan made on any machine sizes the
- * workspace the call will use. */
-#define TC_SPLIT_SMS 132
-static inline int pxt_tc_splits(const pxt_attn_args *a) {
-    const int bk = 16 * (a->D <= 64 ? bwd1_warps<64>() : bwd1_warps<128>());
-    const int64_t nkb = ((int64_t)a->Tk + bk - 1) / bk, bh = (int64_t)a->B * a->H;
-    if (nkb <= 0 || bh <= 0) {
-        return 0;
-    }
-    const int64_t ctas = (int64_t)TC_SPLIT_SMS * (a->D <= 64 ? 1 : 2);
-    int64_t s = (ctas + bh / 2) / bh;
-    s = s < 1 ? 1 : s;
-    return (int)(s < nkb ? s : nkb);
-}
-/* bytes of its fp32 dQ partials (S, B, H, Tq, D); SIZE_MAX if that overflows */
-static inline size_t pxt_tc_split_bytes(const pxt_attn_args *a) {
-    size_t n = (size_t)pxt_tc_splits(a);
-    const size_t f[] = {(size_t)a->B, (size_t)a->H, (size_t)a->Tq, (size_t)a->D, sizeof(float)};
-    for (size_t x : f) {
-        if (!pxt_mul_ok(n, x, &n)) {
-            return SIZE_MAX;
-        }
-    }
-    return n;
 }
 
 /* What the decision needs to know of a device. */

@@ -12,16 +12,6 @@
 
 #define COLSUM_MAX_GRID_Y 65535
 
-static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-
-/* Two sums per column at most (layernorm); 0 for an empty shape. */
-size_t pxt_cuda_colsum_workspace(int rows, int cols) {
-    if (rows <= 0 || cols <= 0) {
-        return 0;
-    }
-    return align256(2 * (size_t)pxt_colsum_chunks(rows, cols) * (size_t)cols * sizeof(double));
-}
-
 /* Both stages of the terms f over (rows, cols) into out0 (and out1). The
  * device is current (the caller's PXT_CUDA_ENTER). */
 template <typename F>

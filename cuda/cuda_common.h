@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include "engine/backend.h"
+#include "sizes.h" /* the workspace sizes, in every build */
 
 /* Turns a failed CUDA call into `return pxt_error(PXT_ERR_DEVICE, ...)`.
  * The failed call also set the runtime's last error; clear it so a later
@@ -159,11 +160,9 @@ int pxt_cuda_gemm(int index, int trans_a, int trans_b, int M, int N, int K, floa
 int pxt_cuda_gemm_ld(int index, int trans_a, int trans_b, int M, int N, int K, float alpha,
                      const void *A, int lda, const void *B, int ldb, float beta, void *C, int ldc,
                      pxt_dtype dt_ab, pxt_dtype dt_c, void *workspace);
-size_t pxt_cuda_gemm_workspace(int M, int N, int K, pxt_dtype dt_ab);
 int pxt_cuda_add_bias(int index, void *out, const void *bias, int M, int N, pxt_dtype dt);
 /* gemm_fused.cu */
 int pxt_cuda_gemm_fused(int index, const struct pxt_gemm_args *g, void *workspace);
-size_t pxt_cuda_gemm_fused_workspace(const struct pxt_gemm_args *g);
 /* The path of the last gemm_fused call: 1 cuBLASLt's epilogue, 0 the unfused
  * composition, -1 none yet (for tests and benchmarks). */
 int pxt_cuda_gemm_fused_last_path(void);
@@ -172,7 +171,6 @@ int pxt_cuda_gemm_fused_last_path(void);
  * rows: the bits of gelu_backward then bias_backward. workspace: colsum_workspace(M, N). */
 int pxt_cuda_dgelu_bgrad(int index, void *d, const void *pre, float *dbias, int M, int N,
                          pxt_dtype dt, void *workspace);
-size_t pxt_cuda_colsum_workspace(int rows, int cols);
 int pxt_cuda_bias_backward(int index, float *dbias, const void *dout, int M, int N, int ld,
                            pxt_dtype dt, void *workspace);
 /* dweight (C) += sum_i n * dout, dbias (C) += sum_i dout, n = (inp - mean) * rstd */
@@ -228,7 +226,6 @@ int pxt_cuda_embedding_forward(int index, void *out, const int32_t *ids, const v
                                int C, int accumulate, pxt_dtype dt);
 int pxt_cuda_embedding_backward(int index, float *dtable, const void *dout, const int32_t *ids,
                                 int N, int C, int V, pxt_dtype dt, void *workspace);
-size_t pxt_cuda_embedding_workspace(int N, int C, int V);
 /* xent.cu */
 int pxt_cuda_softmax_xent(int index, float *logits, int ld, const float *bias, float *losses,
                           const int32_t *targets, int N, int V, float scale, int backward);
@@ -239,7 +236,6 @@ int pxt_cuda_attention_forward(int index, const struct pxt_attn_args *args, void
 int pxt_cuda_attention_backward(int index, const struct pxt_attn_args *args, void *dq, void *dk,
                                 void *dv, const void *dout, const void *q, const void *k,
                                 const void *v, const void *out, const float *lse, void *workspace);
-size_t pxt_cuda_attention_workspace(const struct pxt_attn_args *args, int backward);
 /* attention_tc.cu: the tensor-core path for 16-bit inputs. select sets *use_tc
  * (1: take it) from the arguments, the device, the alignment of ptrs (nptrs)
  * and PYXTTS_CUDA_ATTENTION; it fails when that says "tc" and the path cannot
@@ -251,10 +247,6 @@ int pxt_cuda_attention_tc_forward(int index, const struct pxt_attn_args *args, v
 int pxt_cuda_attention_tc_backward(int index, const struct pxt_attn_args *args, void *dq, void *dk,
                                    void *dv, const void *dout, const void *q, const void *k,
                                    const void *v, const float *lse, const float *Di, void *extra);
-/* Bytes of workspace the tensor-core backward needs after Di (256-byte aligned at the
- * start): the one-pass kernel's dQ partials when PYXTTS_CUDA_ATTENTION_BWD selects it and
- * the arguments' dtype and head dim could take the path, else 0. */
-size_t pxt_cuda_attention_tc_bwd_workspace(const struct pxt_attn_args *args);
 /* The path of the last attention call: 1 tensor cores, 0 the fallback, -1 none
  * yet (for benchmarks and debuggers; no Python binding). */
 int pxt_cuda_attention_last_path(void);

@@ -45,15 +45,6 @@ int pxt_cuda_embedding_forward(int index, void *out, const int32_t *ids, const v
 
 static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
-/* [parts (N, C) double | flags (N) u8] */
-size_t pxt_cuda_embedding_workspace(int N, int C, int V) {
-    (void)V;
-    if (N <= 0 || C <= 0) {
-        return 0;
-    }
-    return align256((size_t)N * (size_t)C * sizeof(double)) + align256((size_t)N);
-}
-
 int pxt_cuda_embedding_backward(int index, float *dtable, const void *dout, const int32_t *ids,
                                 int N, int C, int V, pxt_dtype dt, void *workspace) {
     int empty;

@@ -28,20 +28,12 @@
 #include "elem.cuh"
 #include "lt_map.h"
 
-#define LT_WS ((size_t)32 << 20) /* bytes of cuBLASLt scratch: the head of gemm's workspace */
-#define LT_CACHE 512             /* remembered heuristic answers */
+#define LT_WS PXT_CUDA_LT_WS /* bytes of cuBLASLt scratch: the head of gemm's workspace */
+#define LT_CACHE 512         /* remembered heuristic answers */
 
 static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
-
-size_t pxt_cuda_gemm_fused_workspace(const pxt_gemm_args *g) {
-    size_t gemm = align256(max_sz(pxt_cuda_gemm_workspace(g->M, g->N, g->K, g->dt_ab), LT_WS));
-    size_t tmp = align256((size_t)(g->N > 0 ? g->N : 0) * sizeof(float));
-    size_t sums =
-        max_sz(pxt_cuda_colsum_workspace(g->M, g->N), pxt_cuda_colsum_workspace(g->K, g->N));
-    return gemm + tmp + sums;
-}
 
 static std::atomic<int> last_path(-1);
 

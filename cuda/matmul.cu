@@ -14,18 +14,13 @@
  * C, or the reverse): those pairs are computed in fp32 panels in a staging
  * area of the workspace, then rounded into C.
  *
- * Workspace, [cuBLAS scratch (GEMM_CUBLAS_WS) | staging (GEMM_STAGE floats)]: fixed sizes, so the memory plan counts one number and
+ * Workspace, [cuBLAS scratch (GEMM_CUBLAS_WS) | staging (GEMM_STAGE floats)]: fixed
+ * sizes (sizes.c's pxt_cuda_gemm_workspace), so the memory plan counts one number and
  * cuBLAS never allocates behind the allocator's back (cublasSetWorkspace). */
 #include "elem.cuh"
 
-#define GEMM_CUBLAS_WS ((size_t)32 << 20) /* bytes: what cuBLAS asks for on Hopper */
-#define GEMM_STAGE ((size_t)1 << 20)      /* floats of the fp32 -> 16-bit staging (4 MiB) */
-
-size_t pxt_cuda_gemm_workspace(int M, int N, int K, pxt_dtype dt_ab) {
-    (void)M, (void)N, (void)K, (void)dt_ab;
-    /* dt_c is not known here: the staging is always reserved (4 MiB) */
-    return GEMM_CUBLAS_WS + GEMM_STAGE * sizeof(float);
-}
+#define GEMM_CUBLAS_WS PXT_CUDA_GEMM_CUBLAS_WS /* bytes (sizes.h) */
+#define GEMM_STAGE PXT_CUDA_GEMM_STAGE         /* floats of the fp32 -> 16-bit staging */
 
 static int cuda_type(pxt_dtype dt, cudaDataType_t *out, const char *what) {
     switch (dt) {

@@ -698,7 +698,8 @@ def plan_for(config: XTTSConfig, device: str | None = None, *, micro_batch: int 
     allows, the conditioning path over its longest reference mel, a default AdamW's state
     counted (on the device, or with ``offload`` in the host pool). ``offload=None`` is
     ``offload_for(config, device, memory)``. Nothing is allocated: the plan for
-    ``cuda:0`` is computed on any machine whose build has the CUDA backend.
+    ``cuda:0`` is computed on any machine, a CPU-only build included (the CUDA backend's
+    workspace sizes are in every build).
 
     ``world_size``: the plan of one of that many processes (``nodes`` machines, default 1)
     training together (``pyxtts.distributed``): their collectives' memory on this device

@@ -126,7 +126,8 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
     if plan.communication:
         lines.append(_communication_line(plan, world))
     lines += ["", str(plan)]
-    host_avail = int(_C.device_info("cpu")["free_memory"]) if plan.host_total else None
+    # this machine's memory is the training machine's only when the card is here
+    host_avail = int(_C.device_info("cpu")["free_memory"]) if plan.host_total and here else None
     if verbose:
         lines += ["", "per block (policy, activations kept for backward):"]
         lines += [f"  block {i:3d}  {p:9s} {fb(s):>14}"
@@ -144,10 +145,13 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
     fits_plan = fits_device and fits_host
     report.short = None if fits_plan else "device" if not fits_device else "host"
     lines.append("")
+    locked = 'page-locked' if plan.host_pinned else 'pageable'
     if host_avail is not None:
         lines.append(f"host: the offloaded optimizer state needs {fb(plan.host_total)} "
-                     f"({'page-locked' if plan.host_pinned else 'pageable'}); this machine has {fb(host_avail)} "
-                     f"available{'' if fits_host else ': NOT ENOUGH'}")
+                     f"({locked}); this machine has {fb(host_avail)} available{'' if fits_host else ': NOT ENOUGH'}")
+    elif plan.host_total:
+        lines.append(f"host: the offloaded optimizer state needs {fb(plan.host_total)} ({locked}) on the machine "
+                     f"that trains ({dev} is not in this one, so its memory is not checked)")
     if step and not here:
         lines.append(f"real step: not run ({dev} is not in this machine: planned for {fb(total)})")
     elif step and fits_plan:

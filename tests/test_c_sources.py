@@ -53,3 +53,25 @@ def test_no_format_string_uses_a_conversion_cpython_lacks():
         for line, fmt in format_strings(path.read_text(encoding="utf-8")):
             found += [f"{path.relative_to(ROOT)}:{line}: {b!r}" for b in bad_conversions(fmt)]
     assert not found, "\n".join(found)
+
+
+TABLE_ENTRY = re.compile(r"^\s*\.(\w+_workspace)\s*=\s*(\w+),", re.M)
+
+
+def workspace_entries(path: Path) -> dict[str, str]:
+    return dict(TABLE_ENTRY.findall(path.read_text()))
+
+
+def test_the_planning_table_sizes_as_the_cuda_backend_does():
+    # a plan for a card made without the CUDA backend (cuda/sizes.c's table) must equal the
+    # CUDA build's: both tables name the same workspace functions, every one of them
+    full = workspace_entries(ROOT / "cuda" / "backend_cuda.cu")
+    sizes = workspace_entries(ROOT / "cuda" / "sizes.c")
+    assert len(full) >= 5 and full == sizes, (full, sizes)
+    # and those functions are defined in sizes.c (compiled in every build), not in a .cu
+    text = (ROOT / "cuda" / "sizes.c").read_text()
+    for fn in full.values():
+        assert re.search(rf"^size_t {fn}\(", text, re.M), fn
+    for cu in (ROOT / "cuda").glob("*.cu"):
+        for fn in full.values():
+            assert not re.search(rf"^(extern \"C\" )?size_t {fn}\(", cu.read_text(), re.M), (cu.name, fn)

@@ -19,14 +19,11 @@ TIERS = {"large_gpu": 80, "gpu_24gb": 24, "gpu_16gb": 16, "gpu_12gb": 12, "gpu_8
 # the tiers' names before the sizes: each now just its size tier
 ALIASES = {"standard": "gpu_24gb", "memory_optimized": "gpu_12gb", "extreme_memory_optimized": "gpu_8gb"}
 MARGIN = 0.10
-# The tiers are for GPUs: their fits are checked on the plan for "cuda:0" where this build
-# has the CUDA backend (CI builds it; no GPU is needed, a plan allocates nothing), and on
-# the CPU backend's plan in every build. The two differ only in their workspaces (by up to
-# 0.12 GiB at the tiers' sizes), so a CPU-only build checks the model, batch, precision and
-# checkpointing of each tier, not the GPU's last 0.12 GiB.
-HAS_CUDA_BACKEND = pyxtts.build_info()["cuda"]
-PLAN_DEVICES = ["cpu"] + (["cuda:0"] if HAS_CUDA_BACKEND else [])
-PLAN_DEVICE = "cuda:0" if HAS_CUDA_BACKEND else "cpu"  # optimize_config: the GPU plan where it can
+# The tiers are for GPUs: their fits are checked on the plan for "cuda:0" (every build has
+# the CUDA backend's workspace sizes, cuda/sizes.c; no GPU is needed, a plan allocates
+# nothing), and on the CPU backend's plan too.
+PLAN_DEVICES = ["cpu", "cuda:0"]
+PLAN_DEVICE = "cuda:0"  # optimize_config: the GPU's plan
 
 
 def xtts_v2(batch=8, accum=4, conditioning=True, **training) -> XTTSConfig:
@@ -297,8 +294,6 @@ def test_tier_is_coquis_whole_recipe_and_fits_its_card(name, plan_device):
 SETTINGS = ("precision", "checkpointing", "gradient_accumulation_steps", "optimizer_offload")
 
 
-@pytest.mark.skipif(not HAS_CUDA_BACKEND, reason="the tiers are optimize_config's choices on the plan for cuda:0, "
-                                                 "which a build without the CUDA backend cannot compute")
 @pytest.mark.parametrize("name", list(TIERS))
 def test_tier_is_what_optimize_config_chooses_for_its_size(name):
     """Each size tier is the choice of optimize_config for its card from Coqui's recipe in
@@ -476,8 +471,6 @@ def recipe_bf16(offload="auto") -> XTTSConfig:
                                                      optimizer_offload=offload))
 
 
-@pytest.mark.skipif(not HAS_CUDA_BACKEND, reason="offload is a GPU's choice: the plan for cuda:0 needs the CUDA "
-                                                 "backend in the build")
 def test_optimize_offloads_only_to_fit_or_to_reach_coquis_micro_batch():
     for size, offload in ((4, True), (8, True), (12, False), (24, False)):
         new, why = optimize_config(recipe_bf16(), f"{size}GiB", device="cuda:0", keep_precision=True)

@@ -20,8 +20,7 @@ from pyxtts.config import (DEFAULT_MARGIN, DataConfig, TrainingConfig, XTTSConfi
                            plan_for)
 from pyxtts.model import ModelConfig, precision_problem
 
-HAS_CUDA_BACKEND = pyxtts.build_info()["cuda"]
-PLAN_DEVICE = "cuda:0" if HAS_CUDA_BACKEND else "cpu"  # optimize_config's plans need a backend
+PLAN_DEVICE = "cuda:0"  # optimize_config plans for a card in every build (cuda/sizes.c)
 # long sequences for its size: activations, which half precision halves, outweigh the
 # fp32 master copy it adds, so a 16-bit plan can fit where no fp32 one does
 TINY = ModelConfig(n_layers=2, d_model=64, n_heads=4, text_vocab_size=50, audio_vocab_size=40,

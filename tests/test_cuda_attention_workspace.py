@@ -1,12 +1,12 @@
 """The CUDA attention backward's workspace in the plan, under each backward schedule
 (PYXTTS_CUDA_ATTENTION_BWD, read once per process: each value runs in a child). The plan
-for cuda:0 needs the CUDA backend's size functions only, so this runs on any CUDA build,
-with or without a GPU.
+for cuda:0 needs the CUDA backend's size functions only (cuda/sizes.c, in every build), so
+this runs on any machine, the CPU-only build included.
 
 - two-kernel (the default): Di (B, H, Tq) fp32 + 256 bytes of alignment, as before;
 - one-pass: Di rounded up to 256 bytes, then the split dQ partials (S, B, H, Tq, D) fp32
   with S = 132 CTAs (264 for D = 128) / (B H) rounded to the nearest, at least 1, at most
-  the key blocks (of 128 keys for D = 64, 64 for D = 128), + 256 (cuda/attention_tc_plan.h);
+  the key blocks (of 128 keys for D = 64, 64 for D = 128), + 256 (cuda/sizes.h);
 - a bad value plans as two-kernel (the backward call itself names the value).
 """
 from __future__ import annotations
@@ -15,11 +15,8 @@ import json
 import math
 
 import pyxtts
-import pytest
 from conftest import run_python
 
-pytestmark = pytest.mark.skipif(not pyxtts.build_info()["cuda"],
-                                reason="the plan for cuda:0 needs the CUDA backend's size functions")
 
 CHILD = r"""
 import json, sys

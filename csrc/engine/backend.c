@@ -11,6 +11,11 @@ const pxt_backend *pxt_backend_for(pxt_device_type type) {
     }
 }
 
+const pxt_backend *pxt_backend_plan_for(pxt_device_type type) {
+    const pxt_backend *be = pxt_backend_for(type);
+    return be ? be : type == PXT_CUDA ? pxt_cuda_sizes_backend() : NULL;
+}
+
 int pxt_gemm_args_check(const pxt_gemm_args *g) {
     if (g->M < 0 || g->N < 0 || g->K < 0) {
         return pxt_error(PXT_ERR_VALUE, "gemm_fused: negative size M=%d N=%d K=%d", g->M, g->N,

@@ -413,13 +413,19 @@ typedef struct pxt_backend {
 
 /* The backend of a device type, or NULL when this build has none (CPU-only). */
 const pxt_backend *pxt_backend_for(pxt_device_type type);
+/* What a memory plan for a device type may ask: its backend, or in a build without
+ * the CUDA backend, the CUDA backend's workspace sizes alone (cuda/sizes.c, in every
+ * build), so any machine plans a step for a card. NULL for an unknown type. */
+const pxt_backend *pxt_backend_plan_for(pxt_device_type type);
 
-/* Filled by csrc/cpu/backend_cpu.c and cuda/backend_cuda.cu; only backend.c
- * names them (engine and bindings ask pxt_backend_for). */
+/* Filled by csrc/cpu/backend_cpu.c and cuda/backend_cuda.cu (cuda/sizes.c the
+ * planning table); only backend.c names them (engine and bindings ask
+ * pxt_backend_for). */
 const pxt_backend *pxt_cpu_backend(void);
 #ifdef PXT_WITH_CUDA
 const pxt_backend *pxt_cuda_backend(void);
 #endif
+const pxt_backend *pxt_cuda_sizes_backend(void);
 
 #ifdef __cplusplus
 }

@@ -436,10 +436,10 @@ static PyObject *py_plan_memory(PyObject *mod, PyObject *args, PyObject *kwargs)
     if (rc != PXT_OK) {
         return pxt_raise(rc);
     }
-    const pxt_backend *be = pxt_backend_for(dev.value.type);
+    /* a plan for a card needs the CUDA backend's sizes only: every build has them */
+    const pxt_backend *be = pxt_backend_plan_for(dev.value.type);
     if (!be) {
-        return PyErr_Format(PyExc_ValueError, "device: this build has no %s backend",
-                            dev.value.type == PXT_CUDA ? "CUDA" : "such");
+        return PyErr_Format(PyExc_ValueError, "device: this build has no such backend");
     }
     pxt_param_layout layout;
     if ((rc = pxt_param_layout_init(&layout, &c)) != PXT_OK) {
