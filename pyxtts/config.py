@@ -898,10 +898,20 @@ def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, 
         why.append("it is the cheapest candidate: no recomputation, the whole effective batch at once")
     else:
         cheaper = [c for c in cands if (c[0], c[1]) < (cost, precisions.index(prec))]
-        top = sorted(cheaper, key=lambda c: plan(c[2], c[3], c[4], off).total)[:1]
-        why.append(f"{len(cheaper)} cheaper candidate(s) do not fit"
-                   + (f" (the smallest of them, {top[0][2]} {top[0][3]} micro-batch {top[0][4]}, needs "
-                      f"{fb(plan(top[0][2], top[0][3], top[0][4], off).total)})" if top else ""))
+        # with the state in host memory for Coqui's micro-batch, a cheaper plan may fit only
+        # below that micro-batch: it was passed over for it, not for its memory
+        below = [c for c in cheaper if c[4] < target and plan(c[2], c[3], c[4], off).total <= limit]
+        unfit = [c for c in cheaper if c not in below]
+        top = sorted(unfit, key=lambda c: plan(c[2], c[3], c[4], off).total)[:1]
+        if unfit:
+            why.append(f"{len(unfit)} cheaper candidate(s) do not fit"
+                       + (f" (the smallest of them, {top[0][2]} {top[0][3]} micro-batch {top[0][4]}, needs "
+                          f"{fb(plan(top[0][2], top[0][3], top[0][4], off).total)})" if top else ""))
+        if below:
+            c = below[0]
+            why.append(f"{len(below)} cheaper candidate(s) fit only below Coqui's micro-batch of {target} (the "
+                       f"cheapest, {c[2]} {c[3]} micro-batch {c[4]}, needs {fb(plan(c[2], c[3], c[4], off).total)}): "
+                       "with the optimizer's state in host memory the micro-batch is kept at Coqui's")
     if prec != t.precision and no_bf16 and t.precision == "bf16":
         why.append(f"precision changed from bf16 to {prec}: {dev} has no bfloat16 (compute capability "
                    "under 8.0)" + (", and fp32 lets a cheaper plan fit" if prec == "fp32" else ""))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -88,7 +89,8 @@ def _synthetic_step(config: XTTSConfig, device: str, batch_size: int, offload: b
 
 def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str | None = None,
                 memory: int | str | None = None, step: bool = True, verbose: bool = False, *,
-                world_size: int | None = None, nodes: int | None = None) -> MemtestReport:
+                world_size: int | None = None, nodes: int | None = None,
+                config_args: str | None = None) -> MemtestReport:
     """Plans a training step of ``config`` (micro-batch ``batch_size`` or
     ``data.batch_size``) for ``device`` with ``memory`` bytes (default: the device's total)
     times ``training.max_memory_fraction``, the optimizer's state where
@@ -99,7 +101,9 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
     saying so. ``world_size``/``nodes``: the test of one of that many processes
     (``plan_for``; None: torchrun's world when it started this process, else one): the
     collectives' memory is a line of the plan and counts against the budget, and the real
-    step's allocator peak is compared with the rest of the plan."""
+    step's allocator peak is compared with the rest of the plan. ``config_args``: how the
+    command line named the config (``--config X [--vocab V]``), for the command the advice
+    gives; default a placeholder."""
     if not isinstance(config, XTTSConfig):
         raise TypeError(f"config: expected an XTTSConfig, got {type(config).__name__}")
     config = XTTSConfig.from_dict(config.to_dict())  # the caller's config stays as it is
@@ -211,14 +215,16 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
     else:
         lines.append(f"verdict: {report.verdict.upper()}: {fb(peak)} of {fb(budget)} "
                      f"({peak / budget:.0%} of the budget)")
-    report.advice = _advice(config, dev, total, budget, report, world)
+    report.advice = _advice(config, dev, total, budget, report, world, config_args)
     lines += [f"advice: {a}" for a in report.advice]
     report.text = "\n".join(lines)
     return report
 
 
 def _advice(config: XTTSConfig, dev: str, total: int, budget: int, report: MemtestReport,
-            world: tuple[int, int] = (1, 1)) -> list[str]:
+            world: tuple[int, int] = (1, 1), config_args: str | None = None) -> list[str]:
+    """What to change, from the plan. ``config_args``: how the command line named the config
+    (``--config X [--vocab V]``), for the optimize-config command the advice gives."""
     t, d = config.training, config.data
     out: list[str] = []
     plan = report.plan
@@ -256,8 +262,8 @@ def _advice(config: XTTSConfig, dev: str, total: int, budget: int, report: Memte
                        f"data.batch_size {nd.batch_size} x gradient_accumulation_steps "
                        f"{nt.gradient_accumulation_steps} (effective batch {new.effective_batch_size} kept), "
                        f"training.optimizer_offload {str(nt.optimizer_offload).lower()}; "
-                       f"`pyxtts optimize-config --memory {_size_arg(total)} --device {dev}"
-                       f"{_world_flags(world)}` writes it")
+                       f"`pyxtts optimize-config {config_args or '--config CONFIG.yaml'} --output NEW.yaml "
+                       f"--memory {_size_arg(total)} --device {dev}{_world_flags(world)}` writes it")
         except ValueError as exc:
             out.append(str(exc))
         tier = _fitting_tier(config, dev, total, world)
@@ -265,19 +271,22 @@ def _advice(config: XTTSConfig, dev: str, total: int, budget: int, report: Memte
             out.append(f"the shipped tier {tier} (Coqui's recipe for that card size) fits: --config {tier}")
         return out
     largest = _largest_batch(config, dev, t.checkpointing, report.offload, int(budget * (1 - TIGHT)), world)
+    # the largest micro-batch that divides the effective batch and leaves 10%: the settings
+    # below keep the effective batch (and so the learning rate's meaning)
+    micro = max(b for b in range(1, max(1, largest) + 1) if effective % b == 0)
     if report.verdict == "tight":
         out.append("less than 10% of the budget is left: a longer-than-planned batch cannot happen "
                    "(sequences are capped by data.max_*_tokens), but other processes on the device may "
-                   f"push it over; data.batch_size {max(1, largest)} leaves 10%")
+                   f"push it over; data.batch_size {micro} x gradient_accumulation_steps {effective // micro} "
+                   f"leaves 10% and keeps the effective batch {effective}")
     elif largest >= effective and t.gradient_accumulation_steps > 1:
         out.append(f"room to spare: the whole effective batch of {effective} fits in one micro-batch "
                    f"(data.batch_size {effective}, gradient_accumulation_steps 1); up to {largest} with 10% left")
-    elif largest > d.batch_size and largest < effective:
-        micro = max(b for b in range(1, largest + 1) if effective % b == 0)
+    elif largest > d.batch_size and largest < effective and micro > d.batch_size:
         out.append(f"room to spare: micro-batch {largest} fits with 10% left; for the effective batch "
                    f"{effective}: data.batch_size {micro} x gradient_accumulation_steps {effective // micro} "
                    "(fewer, larger micro-batches run faster)")
-    elif largest > d.batch_size:
+    elif largest > d.batch_size and t.gradient_accumulation_steps == 1:
         out.append(f"room to spare: micro-batches up to {largest} fit with 10% left (data.batch_size, "
                    "with the learning rate adjusted to the larger batch)")
     if t.checkpointing in ("full", "selective"):
@@ -327,8 +336,11 @@ def _backend(plan: MemoryPlan) -> str:
 
 
 def _size_arg(nbytes: int) -> str:
-    """A size as --memory takes it: whole GiB where it is one, else bytes."""
-    return f"{nbytes // 2**30}GiB" if nbytes % 2**30 == 0 else str(nbytes)
+    """A size as --memory takes it: whole GiB or MiB where it is one, else bytes."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
+        if nbytes % size == 0:
+            return f"{nbytes // size}{unit}"
+    return str(nbytes)
 
 
 def memtest(args: argparse.Namespace) -> int:
@@ -344,8 +356,10 @@ def memtest(args: argparse.Namespace) -> int:
         world_size, nodes = world_flags(args)
         if launched():
             return _memtest_every_rank(config, args)
+        again = f"--config {shlex.quote(args.config)}" + (
+            f" --vocab {shlex.quote(str(args.vocab))}" if getattr(args, "vocab", None) is not None else "")
         report = run_memtest(config, args.batch_size, args.device, args.memory, step=not args.no_step,
-                             verbose=args.verbose, world_size=world_size, nodes=nodes)
+                             verbose=args.verbose, world_size=world_size, nodes=nodes, config_args=again)
     except (OSError, TypeError, ValueError) as exc:
         print(f"pyxtts memtest: {exc}", file=sys.stderr)
         return 2

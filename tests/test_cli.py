@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import time
 
 import pytest
@@ -171,6 +173,36 @@ def test_memtest_advice_names_the_settings_and_the_tier_that_fit(capsys):
     assert rc == 1 and "DOES NOT FIT: device memory is short" in out
     assert "training.optimizer_offload true" in out and "--memory 8GiB --device cuda:0" in out
     assert "the shipped tier gpu_8gb" in out and "use a smaller model" not in out
+
+
+def test_memtest_advice_gives_a_command_that_runs(capsys, tmp_path):
+    # the command the advice prints is complete: run as it stands, it writes the config that fits
+    rc = pyxtts.cli.main(["memtest", "--config", "gpu_8gb", "--memory", "3.5GiB", "--device", "cuda:0", "--no-step"])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    command = re.search(r"`pyxtts (optimize-config [^`]*)` writes it", out).group(1)
+    assert "--memory 3584MiB" in command and "--config gpu_8gb" in command, command
+    args = shlex.split(command.replace("NEW.yaml", str(tmp_path / "new.yaml")))
+    assert pyxtts.cli.main(args) == 0, capsys.readouterr()
+    capsys.readouterr()
+    assert pyxtts.cli.main(["memtest", "--config", str(tmp_path / "new.yaml"), "--memory", "3.5GiB",
+                            "--device", "cuda:0", "--no-step"]) == 0, capsys.readouterr().out
+
+
+def test_memtest_advice_keeps_the_effective_batch(capsys):
+    # TIGHT: the smaller micro-batch comes with the accumulation that keeps the effective batch;
+    # room to spare with no larger divisor of it: no advice to change the micro-batch
+    assert pyxtts.cli.main(["memtest", "--config", "gpu_4gb", "--memory", "4GB", "--device", "cuda:0",
+                            "--no-step"]) == 0
+    out = capsys.readouterr().out
+    m = re.search(r"data\.batch_size (\d+) x gradient_accumulation_steps (\d+) leaves 10% and keeps the "
+                  r"effective batch 252", out)
+    assert "TIGHT" in out and m and int(m.group(1)) * int(m.group(2)) == 252, out
+    assert pyxtts.cli.main(["memtest", "--config", "gpu_16gb", "--memory", "16GiB", "--device", "cuda:0",
+                            "--no-step"]) == 0
+    out = capsys.readouterr().out
+    assert "FITS" in out and "data.batch_size 4 x gradient_accumulation_steps 63" not in out, out
+    assert "learning rate adjusted" not in out, out
 
 
 def test_memtest_names_the_host_when_it_is_short(monkeypatch):
