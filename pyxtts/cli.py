@@ -278,6 +278,10 @@ def _train(args: argparse.Namespace) -> int:
     demo = args.config is None
     strategy = None
     try:
+        if args.synthetic is not None and args.synthetic < 1:
+            raise ValueError(f"--synthetic: expected a number of samples, an int >= 1, got {args.synthetic}")
+        if args.synthetic is not None and args.data is not None:
+            raise ValueError("--synthetic: train on --data or on a synthetic set, not both")
         config = XTTSConfig.load(args.config or "cpu_demo")
         strategy = _launched_strategy(config, args.device)
         if args.max_steps is not None:
@@ -298,13 +302,13 @@ def _train(args: argparse.Namespace) -> int:
                 _train_note(note, strategy)
         if args.data is not None:
             train, held = _train_data(args.data, want_eval=args.eval_data is None, strategy=strategy)
-        elif config.data.train_metadata is not None:
-            train, held = _dataset(config.data.train_metadata, "data.train_metadata"), None
-        elif demo or args.synthetic is not None:
-            n = args.synthetic or DEMO_SAMPLES
+        elif demo or args.synthetic is not None:  # the flag before the config's data: it is the later word
+            n = args.synthetic if args.synthetic is not None else DEMO_SAMPLES
             train, held = SyntheticDataset(config.model, n + DEMO_EVAL, seed=config.training.seed).split(DEMO_EVAL)
             _train_note(f"{'no --config: the CPU demo (cpu_demo.yaml) ' if demo else ''}on a synthetic set of {n} "
                         f"samples whose audio codes are a function of the text, {DEMO_EVAL} held out", strategy)
+        elif config.data.train_metadata is not None:
+            train, held = _dataset(config.data.train_metadata, "data.train_metadata"), None
         else:
             raise ValueError("no training data: pass --data (a folder of .npz shards, a JSONL manifest or the "
                              "output folder of pyxtts prepare), set data.train_metadata in the config, or "
@@ -557,6 +561,14 @@ def main(argv: list[str] | None = None) -> int:
     _world_arguments(oc)
     oc.set_defaults(func=_optimize_config)
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and not argv[0].startswith("-") and argv[0] not in sub.choices:
+        # a word first is a command (train takes none): a misspelt one is named, not trained on
+        import difflib
+
+        near = difflib.get_close_matches(argv[0], list(sub.choices), n=1)
+        print(f"pyxtts: unknown command {argv[0]!r}" + (f"; did you mean {near[0]!r}?" if near else "")
+              + f" (commands: {', '.join(sub.choices)})", file=sys.stderr)
+        return 2
     if not argv or argv[0] not in (*sub.choices, "-h", "--help", "--version"):
         argv = ["train", *argv]  # train is the default command: `pyxtts --config c.yaml` trains
     args = parser.parse_args(argv)

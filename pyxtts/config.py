@@ -583,15 +583,25 @@ def _load_raw(path: Path, chain: tuple[Path, ...], where: str = "config") -> dic
     import yaml
 
     p = _config_path(path, where)
-    text = p.read_text(encoding="utf-8")
+    if p.is_dir():
+        raise IsADirectoryError(21, f"{where}: {str(p)!r} is a folder, not a YAML config file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{where}: {str(p)!r} is not UTF-8 text (byte {exc.start}): not a YAML config") from exc
     try:
         d = yaml.load(text, Loader=_yaml_loader())
     except yaml.YAMLError as exc:
-        raise ValueError(f"config: not valid YAML: {exc}") from exc
+        # the parser's own first line names "<unicode string>": the file's name instead
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ValueError(f"{where}: {str(p)!r} is not valid YAML{at}: {problem}") from exc
     if d is None:
-        d = {}
+        raise ValueError(f"{where}: {str(p)!r} is empty: give at least one section (model, training, data) "
+                         "or base: NAME")
     if not isinstance(d, Mapping):
-        raise TypeError(f"config: expected a mapping with sections model, training, data; got {d!r}")
+        raise TypeError(f"{where}: expected a mapping with sections model, training, data; got {d!r}")
     d = dict(d)
     if p.resolve().parent != CONFIGS_DIR:
         for section, name in PATH_FIELDS:
@@ -656,9 +666,13 @@ def _on_gpu(device: str | int) -> bool:
 
 
 def device_present(device: str) -> bool:
-    """Whether ``device`` is in this machine (and this build)."""
+    """Whether ``device`` is in this machine (and this build); a ValueError for a name that
+    is no device's ("gpu"), which is not a device elsewhere either."""
     from pyxtts import _C
 
+    if not (isinstance(device, int) and not isinstance(device, bool)) and \
+            re.fullmatch(r"cpu|cuda(:\d+)?", str(device)) is None:
+        raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}")
     try:
         _C.device_info(device)
     except ValueError:
@@ -741,7 +755,13 @@ def parse_memory_size(value: int | str, name: str = "memory") -> int:
     elif isinstance(value, float) and value.is_integer():
         n = int(value)
     elif isinstance(value, str):
+        if re.fullmatch(r"\s*-\s*\d+(?:\.\d+)?\s*[a-zA-Z]*\s*", value):
+            raise ValueError(f"{name}: must be > 0 bytes, got {value!r}")
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value)
+        if m is not None and not m.group(2) and 0 < Fraction(m.group(1)) < 2**20:
+            # "8" from a command line is 8 bytes: far more likely a unit left out
+            raise ValueError(f"{name}: {value.strip()!r} would be {value.strip()} bytes; give a unit, e.g. "
+                             f"'{value.strip()}GiB'")
         if m is None or m.group(2).lower() not in _UNITS:
             raise ValueError(f"{name}: must be bytes or a number with a unit (B, KiB, MiB, GiB, TiB, "
                              f"K, M, G, T, KB, MB, GB, TB), got {value!r}")

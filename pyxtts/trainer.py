@@ -402,7 +402,9 @@ class Trainer:
         if resume is True:
             found = self.checkpoints()
             if not found:
-                self._say(f"resume: no checkpoint in {self.checkpoint_dir}; starting from step 0")
+                # said even without progress: a resume that starts afresh (a typo in the
+                # folder?) must not pass unseen
+                self._reporter.warn(f"resume: no checkpoint in {self.checkpoint_dir}; starting from step 0")
                 return None
             candidates = found[::-1]
         else:
@@ -509,8 +511,10 @@ class Trainer:
                   checkpoint_dir=self.checkpoint_dir, eval_dataset=held, say=self._reporter.say,
                   warn=self._reporter.warn, evaluate_with=self._evaluation, save_with=self._checkpoint,
                   audio_with=self.callbacks.audio, optimizer=self.optimizer, model=self.model)
+        offloaded = getattr(self.optimizer, "state_device", None) == "cpu"
         self._say(f"training {self.model.num_parameters:,} parameters on {self.device} ({t.precision}, "
-                  f"checkpointing {t.checkpointing}): {len(train)} samples, batch {effective} = "
+                  f"checkpointing {t.checkpointing}"
+                  f"{', optimizer state in host memory' if offloaded else ''}): {len(train)} samples, batch {effective} = "
                   f"{c.data.batch_size} x {t.gradient_accumulation_steps} accumulation, {per_epoch} steps an epoch, "
                   f"{total} steps in all")
         t_start = time.perf_counter()

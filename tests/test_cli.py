@@ -251,3 +251,52 @@ def test_init_that_changes_the_model_says_so_and_replans():
     budget = int(pyxtts.device_info("cpu")["total_memory"] * tier.training.max_memory_fraction)
     assert f"re-planned on cpu: {pyxtts.memory.format_bytes(plan.total)} of the budget " in line
     assert line.endswith("fits") == (plan.total <= budget)
+
+
+def test_resume_with_no_checkpoint_says_so_without_progress(tmp_path, capsys):
+    # --resume in a folder with no checkpoint (a typo?) starts afresh, and says so even with
+    # --no-progress
+    rc = pyxtts.cli.main(["train", "--synthetic", "8", "--max-steps", "1", "--resume", "--no-progress",
+                          "--checkpoint-dir", str(tmp_path / "typo")])
+    err = capsys.readouterr().err
+    assert rc == 0 and f"resume: no checkpoint in {tmp_path / 'typo'}; starting from step 0" in err, err
+
+
+def test_train_synthetic_refuses_a_count_below_one_and_data_beside_it(tmp_path, capsys):
+    for n in ("0", "-3"):
+        assert pyxtts.cli.main(["train", "--synthetic", n, "--checkpoint-dir", str(tmp_path / n)]) == 2
+        err = capsys.readouterr().err
+        assert f"--synthetic: expected a number of samples, an int >= 1, got {n}" in err, err
+    assert pyxtts.cli.main(["train", "--synthetic", "8", "--data", str(tmp_path),
+                            "--checkpoint-dir", str(tmp_path / "d")]) == 2
+    assert "--synthetic: train on --data or on a synthetic set, not both" in capsys.readouterr().err
+    assert not (tmp_path / "0").exists() and not (tmp_path / "d").exists()  # refused before anything
+
+
+@pytest.mark.parametrize("value, says", [("8", "'8' would be 8 bytes; give a unit, e.g. '8GiB'"),
+                                         ("-1", "must be > 0 bytes, got '-1'"),
+                                         ("0", "must be > 0 bytes, got '0'")])
+def test_memory_without_a_unit_or_not_positive_is_refused(value, says, capsys):
+    assert pyxtts.cli.main(["memtest", "--config", "gpu_8gb", "--device", "cuda", "--memory", value]) == 2
+    assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device", ["gpu", "tpu", "CPU"])
+def test_memtest_names_a_bad_device_name_as_such(device, capsys):
+    assert pyxtts.cli.main(["memtest", "--config", "gpu_8gb", "--device", device]) == 2
+    assert f"device: expected 'cpu', 'cuda' or 'cuda:N', got '{device}'" in capsys.readouterr().err
+
+
+def test_a_misspelt_command_is_named_not_trained_on(capsys):
+    assert pyxtts.cli.main(["memtset", "--config", "gpu_4gb"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown command 'memtset'; did you mean 'memtest'?" in err and "commands: train, memtest" in err, err
+
+
+def test_train_says_when_the_optimizer_state_is_in_host_memory(tmp_path, capsys):
+    cfg = tmp_path / "off.yaml"
+    cfg.write_text("base: cpu_demo\ntraining:\n  optimizer_offload: true\n")
+    assert pyxtts.cli.main(["train", "--config", str(cfg), "--synthetic", "8", "--max-steps", "1",
+                            "--checkpoint-dir", str(tmp_path / "run")]) == 0
+    err = capsys.readouterr().err
+    assert "checkpointing" in err and ", optimizer state in host memory): " in err, err

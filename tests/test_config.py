@@ -388,7 +388,7 @@ def test_cpu_demo_is_tiny_and_trains():
 
 @pytest.mark.parametrize("text, n", [("12GiB", 12 * GiB), ("12 GiB", 12 * GiB), ("12G", 12 * GiB),
                                      ("12g", 12 * GiB), ("12GB", 12 * GB), ("1.5GiB", 3 * GiB // 2),
-                                     ("512MiB", 512 * 2**20), ("4096", 4096), (4096, 4096)])
+                                     ("512MiB", 512 * 2**20), ("4194304", 4194304), (4096, 4096)])
 def test_parse_memory_size(text, n):
     assert parse_memory_size(text) == n
 
@@ -400,6 +400,15 @@ def test_parse_memory_size_is_exact(text, n):
     # found by the fuzz: a float product said 2009999999 bytes for "2.01GB", and lost every
     # digit past the 17th of a long number
     assert parse_memory_size(text) == n
+
+
+def test_parse_memory_size_refuses_a_small_number_without_a_unit():
+    # "--memory 8" would be 8 bytes: a unit left out, not a device of 8 bytes (bytes as an int
+    # stay bytes, and a number of a MiB or more stays bytes too)
+    with pytest.raises(ValueError, match="^memory: '8' would be 8 bytes; give a unit, e.g. '8GiB'$"):
+        parse_memory_size("8")
+    with pytest.raises(ValueError, match="^memory: '4096' would be 4096 bytes"):
+        parse_memory_size(" 4096 ")
 
 
 @pytest.mark.parametrize("bad", ["12 parsecs", "GiB", "-1GiB", "0", 0, -5])
@@ -580,3 +589,23 @@ def test_optimize_config_says_why_a_cheaper_plan_that_fits_was_passed_over(size)
     assert unfit and gib(unfit.group(1)) > limit, why
     assert below and gib(below.group(2)) <= limit, why
     assert new.data.batch_size >= 3 and new.training.optimizer_offload is True, why
+
+
+def test_a_config_file_that_is_no_config_is_named_with_what_is_wrong(tmp_path):
+    folder = tmp_path / "cfgdir"
+    folder.mkdir()
+    with pytest.raises(IsADirectoryError, match="is a folder, not a YAML config file"):
+        XTTSConfig.load(folder)
+    binary = tmp_path / "b.yaml"
+    binary.write_bytes(b"model:\n  n_layers: \xff\n")
+    with pytest.raises(ValueError, match=r"b\.yaml' is not UTF-8 text \(byte 19\)"):
+        XTTSConfig.load(binary)
+    empty = tmp_path / "e.yaml"
+    empty.write_text("# nothing but a comment\n")
+    with pytest.raises(ValueError, match=r"e\.yaml' is empty"):
+        XTTSConfig.load(empty)
+    broken = tmp_path / "x.yaml"
+    broken.write_text("training:\n  precision: bf16\n model: [\n")
+    with pytest.raises(ValueError, match=r"x\.yaml' is not valid YAML at line 3, column 2: ") as exc:
+        XTTSConfig.load(broken)
+    assert "<unicode string>" not in str(exc.value)

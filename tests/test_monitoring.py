@@ -418,3 +418,15 @@ def test_a_log_that_cannot_be_written_is_refused_before_any_step(tmp_path, capsy
     assert rc == 2
     assert "log_path (pyxtts train --log): cannot write" in capsys.readouterr().err
     assert not any((tmp_path / "run").glob("step_*.safetensors"))  # nothing trained
+
+
+def test_a_checkpoint_dir_that_cannot_be_written_is_named_as_such(tmp_path, capsys):
+    # the log's default place is the checkpoint folder: the error names --checkpoint-dir, not --log
+    import pyxtts.cli
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    rc = pyxtts.cli.main(["train", "--synthetic", "8", "--max-steps", "2", "--checkpoint-dir", str(blocker / "run"),
+                          "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "training.checkpoint_dir (pyxtts train --checkpoint-dir)" in err and "--log)" not in err, err

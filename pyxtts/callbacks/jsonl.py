@@ -46,8 +46,11 @@ class JSONLLog(Callback):
             else:
                 self.file = open(path, "w", encoding="utf-8")
         except OSError as exc:  # before the first step: the log's path named, nothing trained
-            raise type(exc)(exc.errno, f"log_path (pyxtts train --log): cannot write {str(path)!r}: "
-                                       f"{exc.strerror or exc}") from exc
+            # the default path is the checkpoint folder's: then that folder is what to fix
+            default = path == Path(run.config.training.checkpoint_dir) / "train_log.jsonl"
+            what = ("training.checkpoint_dir (pyxtts train --checkpoint-dir), where the log goes by default"
+                    if default else "log_path (pyxtts train --log)")
+            raise type(exc)(exc.errno, f"{what}: cannot write {str(path)!r}: {exc.strerror or exc}") from exc
 
     def _write(self, record: dict) -> None:
         if self.file is not None:
