@@ -197,12 +197,15 @@ def _init_from_xtts(config: Any, source: str, vocab: Path | None = None, keep_ru
     out = Path(config.training.checkpoint_dir) / "init_xtts.safetensors"
     if keep_run:
         _check_run_vocab(out, vocab)
+    made = not out.parent.exists()
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         meta = _import_once(source, out, vocab, strategy)
-    except CheckpointError as exc:
-        raise CheckpointError(f"--init {source}: {exc}") from exc
-    except OSError as exc:
+    except (CheckpointError, OSError) as exc:
+        if made and out.parent.is_dir() and not any(out.parent.iterdir()):
+            out.parent.rmdir()  # a refused --init leaves no empty run folder behind
+        if isinstance(exc, CheckpointError):
+            raise CheckpointError(f"--init {source}: {exc}") from exc
         raise type(exc)(f"--init {source}: {exc.strerror or exc}") from exc
     config = config.with_model(ModelConfig(**meta["config"]))
     config.training.init_checkpoint = str(out)

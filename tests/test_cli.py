@@ -300,3 +300,10 @@ def test_train_says_when_the_optimizer_state_is_in_host_memory(tmp_path, capsys)
                             "--checkpoint-dir", str(tmp_path / "run")]) == 0
     err = capsys.readouterr().err
     assert "checkpointing" in err and ", optimizer state in host memory): " in err, err
+
+
+def test_a_refused_init_leaves_no_run_folder(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert pyxtts.cli.main(["train", "--init", str(tmp_path / "missing"), "--checkpoint-dir", str(run),
+                            "--synthetic", "8"]) == 2
+    assert "--init" in capsys.readouterr().err and not run.exists()
