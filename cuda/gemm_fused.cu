@@ -13,9 +13,18 @@
  * into the workspace and are then added to dbias: a bias gradient rounded to
  * 16 bits is never accepted (the composition's double sums are used instead).
  *
- * PYXTTS_CUDA_GEMM_FUSED: auto (default) takes cuBLASLt where it has a kernel;
- * lt requires it (an error where it has none: for tests and benchmarks);
- * composed never uses it.
+ * PYXTTS_CUDA_GEMM_FUSED: auto (default) takes cuBLASLt where it has a kernel,
+ * for the epilogues PYXTTS_CUDA_LT_EPILOGUES names; lt requires it for every
+ * epilogue (an error where it has none: for tests and benchmarks); composed
+ * never uses it.
+ *
+ * PYXTTS_CUDA_LT_EPILOGUES (auto's, comma-separated _op_gemm_fused names; default
+ * bias,bias_gelu,dgelu_bgrad): bgrad_b is left out. For it cuBLASLt runs three
+ * kernels besides the product (a memset, its BgradAB reduction, and the add of its
+ * fp32 result into the accumulating gradient): 90 calls and 1.43 ms of an H200's
+ * step in run 3's profile, where the composition's two column-sum kernels read dy
+ * once and add into the gradient directly, with the CPU's bits. gpu_check.sh times
+ * the step both ways.
  *
  * Workspace: [gemm's (cuBLAS / cuBLASLt scratch, staging) | dbias (N) fp32 |
  * the composition's column-sum partials]. */
@@ -55,6 +64,18 @@ static int read_mode(void) {
         return MODE_COMPOSED;
     }
     return MODE_BAD;
+}
+
+/* The epilogues `auto` gives to cuBLASLt (lt_map.h's mask), PYXTTS_CUDA_LT_EPILOGUES
+ * read once (racing readers agree). */
+static int lt_epilogues(void) {
+    static std::atomic<int> cached{-2};
+    int m = cached.load(std::memory_order_relaxed);
+    if (m == -2) {
+        m = pxt_lt_epilogue_mask(getenv("PYXTTS_CUDA_LT_EPILOGUES"));
+        cached.store(m, std::memory_order_relaxed);
+    }
+    return m;
 }
 
 /* dbias (n) += tmp (n): cuBLASLt's bias gradient into the accumulating one */
@@ -294,10 +315,16 @@ static int lt_run(int index, const pxt_gemm_args *g, void *lt_ws, float *dbias_t
 
 int pxt_cuda_gemm_fused(int index, const pxt_gemm_args *g, void *workspace) {
     PXT_TRY(pxt_gemm_args_check(g));
-    const int mode = read_mode();
+    const int mode = read_mode(), allowed = lt_epilogues();
     if (mode == MODE_BAD) {
         return pxt_error(PXT_ERR_VALUE, "PYXTTS_CUDA_GEMM_FUSED=%s: expected auto, lt or composed",
                          getenv("PYXTTS_CUDA_GEMM_FUSED"));
+    }
+    if (allowed < 0) {
+        return pxt_error(PXT_ERR_VALUE,
+                         "PYXTTS_CUDA_LT_EPILOGUES=%s: expected names among bias, bias_gelu, "
+                         "dgelu_bgrad, bgrad_b, separated by commas",
+                         getenv("PYXTTS_CUDA_LT_EPILOGUES"));
     }
     if (!workspace) {
         return pxt_error(PXT_ERR_VALUE, "gemm_fused: no workspace (gemm_fused_workspace() bytes), "
@@ -313,7 +340,7 @@ int pxt_cuda_gemm_fused(int index, const pxt_gemm_args *g, void *workspace) {
     float *dbias_tmp = (float *)(gemm_ws + gemm_bytes); /* (N) */
     void *sums_ws = (char *)dbias_tmp + align256((size_t)g->N * sizeof(float));
     int taken = 0;
-    if (mode != MODE_COMPOSED) {
+    if (mode == MODE_LT || (mode == MODE_AUTO && allowed >> g->epilogue & 1)) {
         PXT_TRY(lt_run(index, g, gemm_ws, dbias_tmp, &taken));
     }
     last_path.store(taken, std::memory_order_relaxed);

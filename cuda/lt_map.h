@@ -15,6 +15,8 @@
 #ifndef PXT_CUDA_LT_MAP_H
 #define PXT_CUDA_LT_MAP_H
 
+#include <string.h>
+
 #include "engine/backend.h"
 
 typedef enum {
@@ -61,6 +63,33 @@ static inline void pxt_lt_map_of(const pxt_gemm_args *g, pxt_lt_map *m) {
     case PXT_EPI_BGRAD_B: m->epi = PXT_LT_BGRADA; break;
     default: m->epi = PXT_LT_DEFAULT; break;
     }
+}
+
+/* The epilogues gemm_fused's `auto` gives to cuBLASLt, from PYXTTS_CUDA_LT_EPILOGUES
+ * (s: comma-separated _op_gemm_fused names, NULL: unset): bit e for pxt_epilogue e, a
+ * plain product's (none) always; -1 for a name that is no epilogue's. Unset: all but
+ * bgrad_b (gemm_fused.cu says why). */
+static inline int pxt_lt_epilogue_mask(const char *s) {
+    static const char *const names[] = {"none", "bias", "bias_gelu", "dgelu_bgrad", "bgrad_b"};
+    int m = 1 << PXT_EPI_NONE;
+    if (!s) {
+        return m | 1 << PXT_EPI_BIAS | 1 << PXT_EPI_BIAS_GELU | 1 << PXT_EPI_DGELU_BGRAD;
+    }
+    while (*s) {
+        size_t n = strcspn(s, ",");
+        int found = -1;
+        for (int e = 0; e < 5; e++) {
+            if (n == strlen(names[e]) && !strncmp(s, names[e], n)) {
+                found = e;
+            }
+        }
+        if (n && found < 0) {
+            return -1;
+        }
+        m |= n ? 1 << found : 0;
+        s += n + (s[n] == ',');
+    }
+    return m;
 }
 
 #endif /* PXT_CUDA_LT_MAP_H */

@@ -25,7 +25,7 @@ STEPS = {"A": BUILD + ["kernel-tests", "memcheck", "device-tests"],
          "B": ["versions", "wheels", "extension", "ops", "xtts-torch_eager", "xtts-torch_compile",
                "xtts-pyxtts_none", "xtts-pyxtts_full", "attention"],
          "ONE": ["build", "kernel-tests", "device-tests", "xtts-torch_eager", "xtts-pyxtts_full", "xtts-pyxtts_none",
-                 "xtts-pyxtts_none-one-pass", "graphs", "graphs-recipe", "offload", "ddp", "run-vs-step", "xtts-torch_compile", "ops-cold", "attention", "attention-dropout",
+                 "xtts-pyxtts_none-one-pass", "xtts-pyxtts_none-lt-bgrad", "graphs", "graphs-recipe", "offload", "ddp", "run-vs-step", "xtts-torch_compile", "ops-cold", "attention", "attention-dropout",
                  "memcheck", "memcheck-alone", "profile-core", "profile-recipe"]}
 
 

@@ -194,8 +194,8 @@ run_b() {
 # size 1 over NCCL, the whole run against the step, torch.compile (these four first ran in
 # the H200's runs 3 and 4), the memory-bound ops with a cold cache, attention against SDPA,
 # memcheck, then where the step's GPU time goes. Run 3 took 465 s for all of it; the steps
-# added since (the one-pass backward's step, graphs, graphs-recipe, a third attention path)
-# should add 60-80 s.
+# added since (the one-pass backward's step, the step with cuBLASLt's bias gradients,
+# graphs, graphs-recipe, a third attention path) should add 70-95 s.
 # PYXTTS_GPU_CHECK_BUDGET (s, default 585) is the whole run's: each step's limit is cut to
 # what is left, and a step with under 10 s left is reported as not run, so the summary is
 # written before the device tool's own limit (600 s a command) stops everything.
@@ -223,6 +223,11 @@ run_one() {
     step xtts-pyxtts_none-one-pass 30 env PYXTTS_CUDA_ATTENTION_BWD=one-pass "$PY" \
         tests/bench/bench_xtts_gpu.py --batch 8 --steps 5 --no-search --only pyxtts_none \
         --json $R/xtts_gpu_one_pass.json
+    # the same step with the weight gradients' bias gradients in cuBLASLt's epilogue, as
+    # before the default left bgrad_b to the column sums (gemm_fused.cu says why): which is faster
+    step xtts-pyxtts_none-lt-bgrad 30 env PYXTTS_CUDA_LT_EPILOGUES=bias,bias_gelu,dgelu_bgrad,bgrad_b "$PY" \
+        tests/bench/bench_xtts_gpu.py --batch 8 --steps 5 --no-search --only pyxtts_none \
+        --json $R/xtts_gpu_lt_bgrad.json
     # the step's forward and backward replayed as CUDA graphs against the step as it comes,
     # at batch 8, 3 and 1, then Coqui's recipe (dropout, 517-frame mels) at its micro-batch
     # of 3: speed, the losses' bits (new masks each replay), the graphs' own device memory

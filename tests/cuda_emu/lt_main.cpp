@@ -106,6 +106,31 @@ static int close(const std::vector<double> &x, const std::vector<double> &y) {
 }
 
 int main(int argc, char **argv) {
+    /* PYXTTS_CUDA_LT_EPILOGUES' parser */
+    {
+        const int none = 1 << PXT_EPI_NONE, bias = 1 << PXT_EPI_BIAS, gelu = 1 << PXT_EPI_BIAS_GELU,
+                  dgelu = 1 << PXT_EPI_DGELU_BGRAD, bgrad = 1 << PXT_EPI_BGRAD_B;
+        const struct {
+            const char *s;
+            int want;
+        } masks[] = {{NULL, none | bias | gelu | dgelu},
+                     {"", none},
+                     {"bgrad_b", none | bgrad},
+                     {"bias,bias_gelu,dgelu_bgrad,bgrad_b", none | bias | gelu | dgelu | bgrad},
+                     {"bias,,bgrad_b,", none | bias | bgrad},
+                     {"none", none},
+                     {"bias,gelu", -1},
+                     {"bgrad", -1},
+                     {"bias_gelux", -1}};
+        for (auto &c : masks) {
+            int got = pxt_lt_epilogue_mask(c.s);
+            if (got != c.want) {
+                printf("FAIL PYXTTS_CUDA_LT_EPILOGUES=%s: mask %d, want %d\n", c.s ? c.s : "(unset)",
+                       got, c.want);
+                return 1;
+            }
+        }
+    }
     std::mt19937_64 rng(argc > 1 ? strtoull(argv[1], NULL, 10) : 1);
     std::normal_distribution<double> nd(0.0, 1.0);
     const int sizes[][3] = {{1, 1, 1}, {3, 5, 7}, {16, 8, 4}, {7, 16, 33}, {33, 2, 9}};
