@@ -162,6 +162,7 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
         saved = _C.memory_stats(dev)["limit_bytes"]
         # the allocator's share: the collectives' reserve lies outside it, in the same budget
         _C.set_memory_limit(budget - plan.communication, dev)
+        cleanup_gpu_memory(dev)  # earlier work's garbage (a notebook's last run) is not the step's peak
         _C.reset_peak_memory_stats(dev)
         oom = None
         try:
