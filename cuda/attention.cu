@@ -105,11 +105,6 @@ static int check_args(const pxt_attn_args *a) {
     return PXT_OK;
 }
 
-/* Di (B, H, Tq) fp32 at the workspace's start, 256-byte aligned (sizes.c sizes it) */
-static size_t di_bytes(const pxt_attn_args *a) {
-    return ((size_t)a->B * a->H * a->Tq * sizeof(float) + 255) / 256 * 256;
-}
-
 int pxt_cuda_attention_forward(int index, const pxt_attn_args *a, void *out, float *lse,
                                const void *q, const void *k, const void *v, void *workspace) {
     (void)workspace; /* the forward needs none */
@@ -191,7 +186,7 @@ int pxt_cuda_attention_backward(int index, const pxt_attn_args *a, void *dq, voi
     PXT_TRY(pxt_cuda_attention_tc_select(index, a, ptrs, 7, &use_tc));
     if (use_tc) {
         return pxt_cuda_attention_tc_backward(index, a, dq, dk, dv, dout, q, k, v, lse, Di,
-                                              (char *)Di + di_bytes(a));
+                                              (char *)Di + pxt_cuda_attention_di_bytes(a));
     }
     PXT_TRY(pxt_cuda_dispatch(a->dt, "attention_backward", [&](auto tag) {
         using T = decltype(tag);

@@ -96,12 +96,12 @@ size_t pxt_cuda_attention_workspace(const pxt_attn_args *a, int backward) {
     if (!a || !backward || a->B < 0 || a->H < 0 || a->Tq < 0) {
         return 0;
     }
-    const size_t di = align256((size_t)a->B * a->H * a->Tq * sizeof(float));
     const size_t extra = tc_bwd_bytes(a);
     if (extra == SIZE_MAX) {
         return SIZE_MAX; /* too large to plan: the allocation fails and says so */
     }
-    return extra ? di + extra + 256 : (size_t)a->B * a->H * a->Tq * sizeof(float) + 256;
+    return extra ? pxt_cuda_attention_di_bytes(a) + extra + 256
+                 : (size_t)a->B * a->H * a->Tq * sizeof(float) + 256;
 }
 
 /* The CUDA backend as far as a plan goes: its name and workspace entries, no devices

@@ -30,6 +30,11 @@ size_t pxt_cuda_colsum_workspace(int rows, int cols);
 size_t pxt_cuda_embedding_workspace(int N, int C, int V);
 size_t pxt_cuda_attention_workspace(const struct pxt_attn_args *a, int backward);
 
+/* Di (B, H, Tq) fp32 at the start of attention's backward workspace, 256-byte aligned */
+static inline size_t pxt_cuda_attention_di_bytes(const struct pxt_attn_args *a) {
+    return ((size_t)a->B * a->H * a->Tq * sizeof(float) + 255) / 256 * 256;
+}
+
 /* PYXTTS_CUDA_ATTENTION (auto | simple | tc) and PYXTTS_CUDA_ATTENTION_BWD (two-kernel
  * | one-pass), each read once per process: the kernels' choice and the plan's agree. */
 enum { PXT_TC_MODE_BAD = -1, PXT_TC_MODE_AUTO = 0, PXT_TC_MODE_SIMPLE = 1, PXT_TC_MODE_TC = 2 };

@@ -26,7 +26,6 @@ size_t pxt_plan_align(size_t bytes);
 /* Reserves bytes at *cursor; returns their offset. */
 size_t pxt_plan_take(size_t *cursor, size_t bytes);
 
-/* Offsets (bytes from the arena start) of a block's activations, PXT_ACT_*. */
 /* The elements between two rows of a head's logits (and of their 16-bit copy):
  * V rounded up to a multiple of 8, so every row starts 16-byte aligned (32 for
  * the fp32 logits). cuBLAS picks its fast kernels only for aligned rows: with
@@ -34,6 +33,7 @@ size_t pxt_plan_take(size_t *cursor, size_t bytes);
  * kernels at a tenth of the speed of the blocks' (an H200's profile). */
 static inline int pxt_head_ld(int V) { return (V + 7) / 8 * 8; }
 
+/* Offsets (bytes from the arena start) of a block's activations, PXT_ACT_*. */
 typedef struct {
     size_t at[PXT_ACT_COUNT];
 } pxt_block_offsets;
