@@ -279,16 +279,17 @@ def signal_worker(proc: subprocess.Popen, rank: int, signum: int, timeout: float
 
 def test_ctrl_c_on_one_worker_stops_every_process_at_the_same_step(tmp_path):
     """SIGINT to rank 1 alone (kill -INT of its pid): the processes agree on it at the next
-    step boundary, and rank 0 saves and names SIGINT. Rank 1 exits 130; then torchrun ends
-    the others with SIGTERM, which rank 0 notes while in fit (130) or dies of after it (its
-    checkpoint written)."""
+    step boundary, and rank 0 saves and names SIGINT. Both stop with 130 where they can; the
+    first to exit makes torchrun end the other with SIGTERM, which that one notes while in fit
+    (130) or dies of after it (rank 0's checkpoint written either way). Which exits first is
+    the machine's timing: under load rank 0 can (seen once in a full suite run)."""
     statuses = tmp_path / "statuses"
     run, proc = long_run(tmp_path, checkpoint_interval=1000, statuses=statuses)
     took = signal_worker(proc, 1, signal.SIGINT, 120)
     err = (tmp_path / "stderr.txt").read_text()
     assert took < GRACE_S, took
     codes = exit_statuses(statuses)
-    assert codes[1] == 130 and codes[0] in (130, -signal.SIGTERM), (codes, err[-4000:])
+    assert 130 in codes.values() and set(codes.values()) <= {130, -signal.SIGTERM}, (codes, err[-4000:])
     the_stop_checkpoint(run, err)
 
 
