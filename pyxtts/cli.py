@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
 from pathlib import Path
@@ -462,11 +463,31 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose "unrecognized arguments" names the closest flag of the command
+    (Python 3.11's argparse suggests none): `--confg` gets "did you mean --config?"."""
+
+    commands: dict[str, argparse.ArgumentParser] | None = None  # the subcommands' parsers, by name
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        known, extra = self.parse_known_args(args, namespace)
+        if extra:
+            parser = (self.commands or {}).get(getattr(known, "command", None) or "", self)
+            flags = [f for a in parser._actions for f in a.option_strings if f.startswith("--")]
+            hints = []
+            for word in extra:
+                near = difflib.get_close_matches(word.split("=")[0], flags, n=1) if word.startswith("--") else []
+                if near:
+                    hints.append(f"{word.split('=')[0]}: did you mean {near[0]}?")
+            self.error(f"unrecognized arguments: {' '.join(extra)}" + (f" ({'; '.join(hints)})" if hints else ""))
+        return known
+
+
 def main(argv: list[str] | None = None) -> int:
     from pyxtts.config import shipped_configs
 
     shipped = ", ".join(shipped_configs())
-    parser = argparse.ArgumentParser(prog="pyxtts", description=pyxtts.__doc__)
+    parser = _Parser(prog="pyxtts", description=pyxtts.__doc__)
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command")
     tr = sub.add_parser("train", help="train a config (the default command; no --config: the CPU demo)")
@@ -563,11 +584,10 @@ def main(argv: list[str] | None = None) -> int:
     oc.add_argument("--vocab", default=None, help=VOCAB_HELP)
     _world_arguments(oc)
     oc.set_defaults(func=_optimize_config)
+    parser.commands = dict(sub.choices)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and not argv[0].startswith("-") and argv[0] not in sub.choices:
         # a word first is a command (train takes none): a misspelt one is named, not trained on
-        import difflib
-
         near = difflib.get_close_matches(argv[0], list(sub.choices), n=1)
         print(f"pyxtts: unknown command {argv[0]!r}" + (f"; did you mean {near[0]!r}?" if near else "")
               + f" (commands: {', '.join(sub.choices)})", file=sys.stderr)

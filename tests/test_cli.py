@@ -307,3 +307,12 @@ def test_a_refused_init_leaves_no_run_folder(tmp_path, capsys):
     assert pyxtts.cli.main(["train", "--init", str(tmp_path / "missing"), "--checkpoint-dir", str(run),
                             "--synthetic", "8"]) == 2
     assert "--init" in capsys.readouterr().err and not run.exists()
+
+
+@pytest.mark.parametrize("argv, hint", [(["--confg", "gpu_8gb"], "--confg: did you mean --config?"),
+                                        (["memtest", "--config", "gpu_8gb", "--memroy=8GiB"],
+                                         "--memroy: did you mean --memory?")])
+def test_a_misspelt_flag_gets_the_closest_one(argv, hint, capsys):
+    with pytest.raises(SystemExit) as exc:
+        pyxtts.cli.main(argv)
+    assert exc.value.code == 2 and hint in capsys.readouterr().err
