@@ -54,6 +54,8 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 POLICIES = ("none", "selective", "full", "auto")
 SCHEDULES = ("constant", "warmup_cosine", "multistep")
 DECAY_SETS = ("weights", "matrices")
+# A device's name as the C layer takes it (training.device adds "auto")
+DEVICE_NAME = re.compile(r"cpu|cuda(:\d+)?")
 
 
 # ---- field checks ---------------------------------------------------------------
@@ -279,7 +281,7 @@ class TrainingConfig:
         _rule(self.checkpoint_dir != "", w + "checkpoint_dir", self.checkpoint_dir, "a non-empty path")
         _rule(self.init_checkpoint != "", w + "init_checkpoint", self.init_checkpoint, "null or a path")
         _rule(self.seed >= 0, w + "seed", self.seed, ">= 0")
-        _rule(self.device == "auto" or self.device == "cpu" or re.fullmatch(r"cuda(:\d+)?", self.device) is not None,
+        _rule(self.device == "auto" or DEVICE_NAME.fullmatch(self.device) is not None,
               w + "device", self.device, "'auto', 'cpu', 'cuda' or 'cuda:N'")
 
     def _check_test_sentences(self) -> None:
@@ -671,7 +673,7 @@ def device_present(device: str) -> bool:
     from pyxtts import _C
 
     if not (isinstance(device, int) and not isinstance(device, bool)) and \
-            re.fullmatch(r"cpu|cuda(:\d+)?", str(device)) is None:
+            DEVICE_NAME.fullmatch(str(device)) is None:
         raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}")
     try:
         _C.device_info(device)
