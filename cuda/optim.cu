@@ -9,6 +9,7 @@
 
 #include "elem.cuh"
 #include "cuda_common.h"
+#include "adamw.cuh"
 #include "reduce.cuh"
 
 int pxt_cuda_grad_sumsq(int index, double *sumsq, int *nonfinite, const float *g, size_t n,
@@ -36,47 +37,11 @@ int pxt_cuda_grad_sumsq(int index, double *sumsq, int *nonfinite, const float *g
     return PXT_OK;
 }
 
-/* ---- AdamW ---------------------------------------------------------------------------
- * Grid (ADAMW_BLOCKS_X, segments): blockIdx.y picks a segment (its descriptor
- * is in device memory: the host does not know the sizes without a copy), the
- * x blocks stride through it. Small segments (biases) finish at once. */
-#define ADAMW_BLOCK 256
+/* ---- AdamW: the kernel in adamw.cuh ----------------------------------------------
+ * Grid (ADAMW_BLOCKS_X, segments, capped): the y blocks pick segments, the x
+ * blocks stride through each. */
 #define ADAMW_BLOCKS_X 64
 #define ADAMW_MAX_GRID_Y 65535
-
-template <typename T, bool HAS_EMA>
-__global__ static void __launch_bounds__(ADAMW_BLOCK)
-    adamw_kernel(pxt_adamw_args a, float *master, float *m, float *v, float *ema, T *params,
-                 const float *grads, int write_params) {
-    const float gs = a.grad_scale, w1 = a.one_minus_beta1, b2 = a.beta2;
-    const float w2 = a.one_minus_beta2, nss = a.neg_step_size;
-    const float bc2 = a.bias_correction2_sqrt, eps = a.eps;
-    const float ed = a.ema_decay, w3 = a.one_minus_ema_decay;
-    for (int s = blockIdx.y; s < a.n_segments; s += gridDim.y) {
-        const pxt_adamw_segment seg = a.segments[s];
-        /* 1 (exact) outside decay segments, as torch's wd = 0 */
-        const float df = seg.decay ? a.decay_factor : 1.0f;
-        const size_t end = seg.offset + seg.numel, stride = (size_t)gridDim.x * blockDim.x;
-        for (size_t i = seg.offset + (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < end;
-             i += stride) {
-            float g = grads[i] * gs;
-            float p = master[i] * df;
-            float mi = m[i] + w1 * (g - m[i]); /* torch's lerp, weight < 0.5 */
-            float vi = v[i] * b2 + w2 * g * g;
-            float denom = sqrtf(vi) / bc2 + eps;
-            p = p + nss * (mi / denom);
-            m[i] = mi;
-            v[i] = vi;
-            master[i] = p;
-            if (HAS_EMA) {
-                ema[i] = ed * ema[i] + w3 * p;
-            }
-            if (write_params) { /* the compute-precision copy */
-                params[i] = stf<T>(p);
-            }
-        }
-    }
-}
 
 int pxt_cuda_adamw(int index, const pxt_adamw_args *a, float *master, float *m, float *v,
                    float *ema, void *params, const float *grads) {
@@ -95,10 +60,10 @@ int pxt_cuda_adamw(int index, const pxt_adamw_args *a, float *master, float *m, 
             return;
         }
         if (ema) {
-            adamw_kernel<T, true><<<grid, ADAMW_BLOCK, 0, pxt_cuda_stream(index)>>>(
+            pxt_adamw_kernel<T, true><<<grid, PXT_ADAMW_BLOCK, 0, pxt_cuda_stream(index)>>>(
                 *a, master, m, v, ema, (T *)params, grads, write_params);
         } else {
-            adamw_kernel<T, false><<<grid, ADAMW_BLOCK, 0, pxt_cuda_stream(index)>>>(
+            pxt_adamw_kernel<T, false><<<grid, PXT_ADAMW_BLOCK, 0, pxt_cuda_stream(index)>>>(
                 *a, master, m, v, NULL, (T *)params, grads, write_params);
         }
     }));
@@ -138,6 +103,5 @@ int pxt_cuda_swap(int index, void *a, void *b, size_t n, pxt_dtype dt) {
     return PXT_OK;
 }
 
-#undef ADAMW_BLOCK
 #undef ADAMW_BLOCKS_X
 #undef ADAMW_MAX_GRID_Y

@@ -7,6 +7,9 @@ device buffers), and check:
 
 - the deterministic reductions (cuda/colsum.cuh, cuda/embedding.cuh): bit for bit the CPU
   backend's results (csrc/cpu/ is linked in), tiny to XTTS v2 sizes, every dtype;
+- the loss's and the optimizer's kernels (cuda/xent.cuh, cuda/adamw.cuh): AdamW bit for bit
+  the CPU backend's (csrc/cpu/optim.c, linked in), the softmax cross-entropy within its
+  bound of float64, its pad columns, ignored and stray targets and bias exactly;
 - the index math of the fused GEMM (cuda/lt_map.h): through a float64 model of cuBLASLt's
   documented column-major semantics, against backend.h's row-major definition;
 - the attention kernels (cuda/attention_tc.cuh's tensor-core path, cuda/attention_simple.cuh's
@@ -48,7 +51,7 @@ pytestmark = [pytest.mark.slow,
 
 # the CPU backend files the reductions are compared with, and what they need
 C_SOURCES = ["csrc/engine/common.c", "csrc/engine/half.c", "csrc/cpu/bias.c",
-             "csrc/cpu/layernorm.c", "csrc/cpu/embedding.c", "csrc/cpu/gelu.c",
+             "csrc/cpu/layernorm.c", "csrc/cpu/embedding.c", "csrc/cpu/gelu.c", "csrc/cpu/optim.c",
              "csrc/cpu/attention.c"]  # attention last: attn_emu links objs[0], [1] and [-1]
 CXXFLAGS = ["-O2", "-std=c++17", "-U_FORTIFY_SOURCE", "-Wall", "-Wextra", "-Wno-unknown-pragmas",
             "-Werror", "-Icsrc", "-Icuda"]
@@ -142,10 +145,13 @@ def build(out: Path, generated: dict[str, str]) -> None:
     for name, text in generated.items():
         (out / name).write_text(text)
     objs, emu_o = compile_objects(out, C_SOURCES)
-    reduce_objs = [o for o in objs if "attention" not in o]
+    reduce_objs = [o for o in objs if "attention" not in o and "optim" not in o]
+    step_objs = [o for o in objs if "engine" in o or "optim" in o]
     run_all([
         [CXX, *CXXFLAGS, f"-I{out}", str(EMU / "reduce_main.cpp"), emu_o, *reduce_objs, "-fopenmp",
          "-o", str(out / "reduce_emu")],
+        [CXX, *CXXFLAGS, str(EMU / "step_main.cpp"), emu_o, *step_objs, "-fopenmp",
+         "-o", str(out / "step_emu")],
         [CXX, *CXXFLAGS, str(EMU / "lt_main.cpp"), "-o", str(out / "lt_emu")],
         [CXX, *CXXFLAGS, "-Wno-unused-parameter", "-Wno-unused-variable", f"-I{out}",
          str(EMU / "attn_main.cpp"), emu_o, objs[0], objs[1], objs[-1], "-fopenmp", "-o",
@@ -169,6 +175,14 @@ def check(cmd: list[str], timeout: float) -> str:
 def test_reductions_give_the_cpus_bits(emu):
     out = check([str(emu / "reduce_emu"), str(SEED)], timeout=600)
     assert out.count(" OK") >= 20, out
+
+
+def test_loss_and_optimizer_kernels(emu):
+    """cuda/adamw.cuh bit for bit the CPU's AdamW; cuda/xent.cuh within its bound of
+    float64, with the pads, ignored and stray targets and the bias exactly as stated
+    (tests/cuda_emu/step_main.cpp)."""
+    out = check([str(emu / "step_emu"), str(SEED)], timeout=300)
+    assert out.count(" OK") >= 25 and "V=6681 ld=6688" in out, out
 
 
 def test_fused_gemm_index_math(emu):
