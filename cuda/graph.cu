@@ -91,11 +91,16 @@ extern "C" int pxt_cuda_graph_end(int index, void **graph) {
     return PXT_OK;
 }
 
-/* Ends a record the caller abandons because an entry failed while recording; the
- * thread's error message stays that entry's. */
+/* Ends a record the caller abandons because an entry (graph_end's own included) failed
+ * while recording; the thread's error message stays that entry's. Nothing to do when no
+ * record is open. */
 extern "C" void pxt_cuda_graph_abort(int index) {
+    if (index < 0 || index >= PXT_MAX_DEVICES || !pxt_cuda_capture[index]) {
+        return;
+    }
     pxt_cuda_scope scope(index);
-    if (scope.rc != PXT_OK || !pxt_cuda_capture[index]) {
+    if (scope.rc != PXT_OK) { /* whatever else fails, this thread's work runs again */
+        pxt_cuda_capture[index] = NULL;
         return;
     }
     cudaGraph_t g;

@@ -67,12 +67,13 @@ static inline void pxt_lt_map_of(const pxt_gemm_args *g, pxt_lt_map *m) {
 
 /* The epilogues gemm_fused's `auto` gives to cuBLASLt, from PYXTTS_CUDA_LT_EPILOGUES
  * (s: comma-separated _op_gemm_fused names, NULL: unset): bit e for pxt_epilogue e, a
- * plain product's (none) always; -1 for a name that is no epilogue's. Unset: all but
- * bgrad_b (gemm_fused.cu says why). */
+ * plain product's (none) always; -1 for a name that is no epilogue's. Unset or empty (as
+ * the other PYXTTS_CUDA_* switches read it): all but bgrad_b (gemm_fused.cu says why);
+ * "none" gives cuBLASLt no epilogue. */
 static inline int pxt_lt_epilogue_mask(const char *s) {
     static const char *const names[] = {"none", "bias", "bias_gelu", "dgelu_bgrad", "bgrad_b"};
     int m = 1 << PXT_EPI_NONE;
-    if (!s) {
+    if (!s || !*s) {
         return m | 1 << PXT_EPI_BIAS | 1 << PXT_EPI_BIAS_GELU | 1 << PXT_EPI_DGELU_BGRAD;
     }
     while (*s) {

@@ -249,9 +249,11 @@ typedef struct pxt_backend {
      * graph_begin: this thread's calls on device `index` are recorded from now on,
      * not run, until graph_end makes *graph an executable graph of them (or says
      * why recording failed: nothing recorded ran). graph_abort ends a record after
-     * a failed call and keeps that call's error message. A record holds queued
-     * device work only: no copy from or into host memory, no wait. graph_launch
-     * queues the graph's work in order with the device's other work. */
+     * a failed call (graph_end included, which may fail before it closes the record)
+     * and keeps that call's error message; with no record open it does nothing. A
+     * record holds queued device work only: no copy from or into host memory, no
+     * wait. graph_launch queues the graph's work in order with the device's other
+     * work. */
     int (*graph_begin)(int index);
     int (*graph_end)(int index, void **graph);
     void (*graph_abort)(int index);

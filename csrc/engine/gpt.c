@@ -788,7 +788,8 @@ static int run_phase(pxt_gpt *m, const step_args *s, int phase, int (*fn)(const 
             rc = fn(s);
             if (rc == PXT_OK) {
                 rc = be->graph_end(d, &graph);
-            } else {
+            }
+            if (rc != PXT_OK) { /* a record graph_end could not close is closed here */
                 be->graph_abort(d);
             }
         }

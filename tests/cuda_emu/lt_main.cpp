@@ -114,7 +114,7 @@ int main(int argc, char **argv) {
             const char *s;
             int want;
         } masks[] = {{NULL, none | bias | gelu | dgelu},
-                     {"", none},
+                     {"", none | bias | gelu | dgelu}, /* empty: unset, as the other switches */
                      {"bgrad_b", none | bgrad},
                      {"bias,bias_gelu,dgelu_bgrad,bgrad_b", none | bias | gelu | dgelu | bgrad},
                      {"bias,,bgrad_b,", none | bias | bgrad},
