@@ -430,3 +430,64 @@ def test_a_checkpoint_dir_that_cannot_be_written_is_named_as_such(tmp_path, caps
                           "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and "training.checkpoint_dir (pyxtts train --checkpoint-dir)" in err and "--log)" not in err, err
+
+
+# ---- progress lines -------------------------------------------------------------------
+
+@pytest.mark.parametrize("seconds, shown", [(0, "0s"), (0.4, "0s"), (44.6, "45s"), (59.4, "59s"),
+                                            (60, "1m00s"), (725, "12m05s"), (3599, "59m59s"),
+                                            (3600, "1h00m"), (11220, "3h07m"), (86399, "23h59m"),
+                                            (86400, "1d00h"), (187200, "2d04h"), (-3, "0s")])
+def test_durations_read_in_their_two_largest_units(seconds, shown):
+    from pyxtts.callbacks.progress import format_duration
+
+    assert format_duration(seconds) == shown
+
+
+def test_progress_lines_say_the_time_taken_and_left(tmp_path, capsys):
+    """A run in the background (a log file, no terminal) had only its step count: each line
+    now says how long the run has taken and, from this process's wall time per step so far,
+    how long it has left; the last step's line has nothing left to say. Resumed, the rate
+    counts this process's steps only."""
+    from pyxtts.callbacks.progress import Progress
+
+    class Clock:  # 7 s a step, whatever the step does
+        def __init__(self) -> None:
+            self.now = 1000.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    class Ticking(Callback):
+        def __init__(self, clock: Clock) -> None:
+            self.clock = clock
+
+        def on_step_end(self, run, record):
+            self.clock.now += 7.0
+
+    def lines(err: str) -> list[str]:
+        return [ln for ln in err.splitlines() if ln.startswith("step ") and "tok/s" in ln]
+
+    cfg = make_config(tmp_path / "a", max_steps=12, log_interval=4, eval_interval=1000)
+    train, held = datasets(cfg)
+    clock = Clock()
+    t = Trainer(cfg, progress=True, callbacks=[Ticking(clock)])
+    t.callbacks.callbacks = [Progress(True, clock) if isinstance(c, Progress) else c for c in t.callbacks.callbacks]
+    # the ticking callback runs after Progress's line: step k's line sees k - 1 steps of 7 s
+    capsys.readouterr()
+    with pytest.raises(KeyboardInterrupt):
+        t.fit(Interrupting(train, after=2 * (16 + 16) + 16 + 2), held)  # in the 9th step
+    shown = lines(capsys.readouterr().err)
+    assert [ln.split(":")[0] for ln in shown] == ["step 4/12", "step 8/12"], shown
+    assert shown[0].endswith(", 21s elapsed, ~42s left"), shown[0]  # 3 steps of 7 s; 8 left at 21/4
+    assert shown[1].endswith(", 49s elapsed, ~24s left"), shown[1]  # 49 s for 8 steps, 4 left
+    clock2 = Clock()
+    cfg.training.log_interval = 2
+    t2 = Trainer(cfg, progress=True, callbacks=[Ticking(clock2)])
+    t2.callbacks.callbacks = [Progress(True, clock2) if isinstance(c, Progress) else c
+                              for c in t2.callbacks.callbacks]
+    t2.fit(train, held, resume=True)
+    shown = lines(capsys.readouterr().err)
+    assert [ln.split(":")[0] for ln in shown] == ["step 10/12", "step 12/12"], shown
+    assert shown[0].endswith(", 7s elapsed, ~7s left"), shown[0]  # step 9 ticked: 3.5 s for each of 2
+    assert shown[1].endswith(", 21s elapsed"), shown[1]  # steps 9-11 ticked; nothing left

@@ -1,15 +1,33 @@
 """What a person watching the run reads: a tqdm bar (on a terminal or in a notebook) and
 a line every ``training.log_interval`` steps and at each evaluation (readable in a log
-file too). ``progress=False`` silences both; ``Reporter.warn`` lines are shown anyway."""
+file too, with the time the run has taken and what it has left, for runs nobody watches
+on a terminal). ``progress=False`` silences both; ``Reporter.warn`` lines are shown
+anyway."""
 from __future__ import annotations
 
 import sys
-from typing import Any
+import time
+from typing import Any, Callable
 
 from pyxtts.callbacks.base import Callback, Run
 from pyxtts.memory import format_bytes
 
-__all__ = ["Progress", "Reporter"]
+__all__ = ["Progress", "Reporter", "format_duration"]
+
+
+def format_duration(seconds: float) -> str:
+    """A duration in its two largest units: 45s, 12m05s, 3h07m, 2d04h."""
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s}s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h}h{m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d{h:02d}h"
 
 
 class Reporter:
@@ -34,13 +52,19 @@ class Reporter:
 
 
 class Progress(Callback):
-    """The bar (loss, tokens/s over the last steps, the step's peak memory) and the lines."""
+    """The bar (loss, tokens/s over the last steps, the step's peak memory) and the lines.
+    A line's time left is this process's wall time per step so far (evaluations and
+    checkpoints included, as they recur) times the steps left."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, clock: Callable[[], float] = time.monotonic) -> None:
         self.enabled = enabled
         self.bar: Any = None
+        self.clock = clock
+        self.t0 = 0.0
+        self.step0 = 0
 
     def on_fit_start(self, run: Run) -> None:
+        self.t0, self.step0 = self.clock(), run.state.step
         if not self.enabled:
             return
         from tqdm import tqdm
@@ -57,7 +81,14 @@ class Progress(Callback):
         if record["step"] % run.config.training.log_interval == 0:
             run.say(f"step {record['step']}/{run.total_steps}: loss {record['loss']:.4f} (text "
                     f"{record['text_loss']:.4f}, audio {record['audio_loss']:.4f}), grad norm "
-                    f"{record['grad_norm']:.3g}, lr {record['lr']:.3g}, {rate:,.0f} tok/s, peak {peak}")
+                    f"{record['grad_norm']:.3g}, lr {record['lr']:.3g}, {rate:,.0f} tok/s, peak {peak}"
+                    f"{self.timing(record['step'], run.total_steps)}")
+
+    def timing(self, step: int, total: int) -> str:
+        """", 4m10s elapsed, ~1h02m left" at ``step`` of ``total``."""
+        elapsed, done = self.clock() - self.t0, step - self.step0
+        left = f", ~{format_duration(elapsed / done * (total - step))} left" if 0 < done and step < total else ""
+        return f", {format_duration(elapsed)} elapsed{left}"
 
     def on_evaluation(self, run: Run, record: dict) -> None:
         run.say(f"step {record['step']}: eval loss {record['loss']:.4f} (text {record['text_loss']:.4f}, "
