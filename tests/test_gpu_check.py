@@ -134,3 +134,28 @@ def test_pack_puts_every_json_into_one_tar(tmp_path):
     subprocess.run([BASH, "-c", code], check=True, timeout=30)
     with tarfile.open(out / "results.tar") as t:
         assert t.getnames() == ["./d.json"]
+
+
+def test_profile_diff_compares_kernel_families_across_runs(tmp_path):
+    """tests/bench/profile_diff.py, the next GPU session's first reading of a new profile:
+    on the committed H200 profiles it shows run 3's LayerNorm dinp kernel replacing run 2's,
+    and a kernel renamed into the pxt_ prefix (adamw_kernel, xent) stays one family."""
+    results = SCRIPT.parent / "results"
+    script = SCRIPT.parent / "profile_diff.py"
+    old, new = results / "profile_xtts_gpu_h200_run2.json", results / "profile_xtts_gpu_h200_run3.json"
+    out = subprocess.run([sys.executable, str(script), str(old), str(new), "--top", "80"], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    assert re.search(r"-4\.995 +4\.995 +0\.000 +62->0  layernorm_dinp_kernel<pxt_bf16>", out), out
+    assert re.search(r"\+0\.720 +0\.000 +0\.720 +0->62  ln_dinp_kernel<pxt_bf16, 8>", out), out
+    data = json.loads(new.read_text())
+    for k in data["recipe"]["kernels"]:  # the names this tree's kernels have now
+        k["name"] = k["name"].replace("void adamw_kernel<", "void pxt_adamw_kernel<")
+    renamed = tmp_path / "renamed.json"
+    renamed.write_text(json.dumps(data))
+    out = subprocess.run([sys.executable, str(script), str(new), str(renamed), "--top", "200"], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    assert re.search(r"\+0\.000 +3\.679 +3\.679 +1  adamw_kernel<pxt_bf16, false>", out), out
+    assert "pxt_adamw" not in out, out
+    bad = subprocess.run([sys.executable, str(script), str(new), str(results / "xtts_gpu_h200_run3.json")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "no 'recipe' profile in it" in bad.stderr, bad.stderr
