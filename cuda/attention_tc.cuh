@@ -242,6 +242,21 @@ template <int WR, int NK> __device__ static inline uint64_t tc_keep_gather(uint6
     return bits;
 }
 
+/* Every one of the N key flags at kv is set (N a multiple of 16): one vote of the warp.
+ * A tile whose keys are all attendable then skips the per-element mask (a shared-memory
+ * flag, compares and a select per score) unless the causal diagonal crosses it: with a
+ * key mask, which XTTS's padded batches always have, most tiles have no masked key, and
+ * the mask's work ran on every element of every tile. */
+template <int N>
+__device__ static __forceinline__ bool tc_keys_all_ok(const unsigned char *kv, int lane) {
+    bool ok = true;
+#pragma unroll
+    for (int c = lane; c < N; c += 32) {
+        ok = ok && kv[c];
+    }
+    return __ballot_sync(0xffffffffu, ok) == 0xffffffffu;
+}
+
 #define TC_LOG2E 1.4426950408889634f
 #define TC_LN2 0.6931471805599453f
 
@@ -333,6 +348,11 @@ __global__ static void __launch_bounds__(TC_THREADS)
         const bool skip = !warp_live || (a.causal && j0 > iw + WR - 1);
         if (!skip) {
             const uint16_t *Kt = Ks + buf * TC_BK * SD, *Vt = Vs + buf * TC_BK * SD;
+            /* the per-element mask only where a key is masked or past k_length (kval
+             * 0), or after some row of the warp (the diagonal); voted before the
+             * products, whose scores then leave no room for the flags' registers */
+            const bool need_mask = !tc_keys_all_ok<TC_BK>(kval + buf * TC_BK, lane) ||
+                                   (a.causal && j0 + TC_BK - 1 > iw);
             float s[MT][NT][4]; /* S (16, BK) per m-tile: n-tile nt holds keys nt*8 + 2t, +1 */
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
@@ -353,10 +373,6 @@ __global__ static void __launch_bounds__(TC_THREADS)
                     }
                 }
             }
-            /* the per-element mask only where a key is masked, past k_length or
-             * after some row of the warp (the diagonal) */
-            const bool need_mask =
-                a.key_mask || j0 + TC_BK > kl || (a.causal && j0 + TC_BK - 1 > iw);
             if (!need_mask) {
                 saw = (1u << 2 * MT) - 1u; /* every row sees every key of the tile */
             }
@@ -582,7 +598,8 @@ bwd_kv_tile(const pxt_attn_args &a, [[maybe_unused]] const pxt_dropout &drop, in
             s[nt][e] = dp[nt][e] = 0.0f;
         }
     tc_two_products<T, SD, KC, NT>(s, dp, Ks, Vs, 16 * warp, Qt, dOt, lane);
-    const bool need_mask = a.key_mask || jw + 16 > kl || (a.causal && i0 < jw + 15);
+    const bool need_mask =
+        !tc_keys_all_ok<16>(kval + 16 * warp, lane) || (a.causal && i0 < jw + 15);
     /* dropout: lane l draws the warp's 16 keys of queries l, l + 32 (as BQ has),
      * 16 bits each; qkeep[nt][e] the bits of query nt*8 + 2t + e */
     [[maybe_unused]] uint32_t qkeep[NT][2];
@@ -801,7 +818,8 @@ __global__ static void __launch_bounds__(TC_THREADS)
                     s[nt][e] = dp[nt][e] = 0.0f;
                 }
             tc_two_products<T, SD, KC, NT>(s, dp, Qs, dOs, 16 * warp, Kt, Vt, lane);
-            const bool need_mask = a.key_mask || j0 + BK > kl || (a.causal && j0 + BK - 1 > iw);
+            const bool need_mask =
+                !tc_keys_all_ok<BK>(kval + buf * BK, lane) || (a.causal && j0 + BK - 1 > iw);
             [[maybe_unused]] uint64_t keep[2]; /* dropout: the keep bits of rows g, g + 8 */
             if constexpr (DROP) {
                 const uint64_t mine = tc_keep_draw<16, BK>(drop, b, h, iw, j0, lane);
