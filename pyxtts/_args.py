@@ -68,3 +68,16 @@ def flag(name: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
     return bool(value)
+
+
+# each CLI command's flags by the name of the API argument they set (filled by
+# pyxtts.cli.main): an error that names an argument ("out: ...") is shown with its flag
+CLI_FLAGS: dict[str, dict[str, str]] = {}
+
+
+def as_flags(command: str, message: str) -> str:
+    """``message`` with a leading API argument name (``eval_fraction: ...``) spelt as the
+    command's flag (``--eval-fraction: ...``), as the person at the command line typed it."""
+    head, sep, rest = message.partition(":")
+    flag = CLI_FLAGS.get(command.split(" ")[0], {}).get(head)
+    return f"{flag}{sep}{rest}" if sep and flag is not None else message

@@ -69,6 +69,11 @@ class CheckpointError(ValueError):
     before anything is written: the model and optimizer are unchanged."""
 
 
+class ArchitectureError(CheckpointError):
+    """A checkpoint of another model than the one it is loaded into (sizes, vocabularies,
+    the conditioning path): every checkpoint of the same run is, so an older one is no help."""
+
+
 class CheckpointWarning(UserWarning):
     """A checkpoint that loads but cannot be fully verified (format version 1: written
     before checksums; save it again to add them)."""
@@ -450,21 +455,28 @@ def _verify_checksums(path: Path, meta: dict, tensors: Mapping[str, np.ndarray])
                                   "corrupt")
 
 
+def architecture_diffs(saved: Mapping[str, Any], config: Any, absent: Mapping[str, Any] | None = None) -> list[str]:
+    """The fields (training-only ones aside) in which a checkpoint's model config
+    ``saved`` differs from ``config`` (a ModelConfig), as "name: checkpoint X, model Y";
+    a field the file predates counts as ``absent``'s value for it, else its default."""
+    absent = absent or {}
+    got = {**{f.name: absent.get(f.name, f.default) for f in fields(config) if f.name not in saved}, **saved}
+    got = {k: v for k, v in got.items() if k not in _TRAINING_FIELDS}
+    want = {k: v for k, v in asdict(config).items() if k not in _TRAINING_FIELDS}
+    return [f"{k}: checkpoint {got.get(k, '<absent>')!r}, model {want.get(k, '<absent>')!r}"
+            for k in list(want) + [k for k in got if k not in want] if got.get(k, "<absent>") != want.get(k, "<absent>")]
+
+
 def _validate_model(path: Path, meta: dict, tensors: Mapping[str, np.ndarray], model: Any,
                     has_optimizer: bool) -> tuple[dict[str, np.ndarray], list[str]]:
     """(the model's tensors, the carried names it does not take)."""
     names = {k.split(".", 1)[1] for k in tensors if k.startswith((MODEL_PREFIX, CARRIED_PREFIX))}
     # fields added after a file was written: what their absence meant, else their defaults
     absent = {"conditioning": "conditioning_perceiver.latents" in names}
-    got = {**{f.name: absent.get(f.name, f.default) for f in fields(model.config) if f.name not in meta["config"]},
-           **meta["config"]}
-    got = {k: v for k, v in got.items() if k not in _TRAINING_FIELDS}
-    want = {k: v for k, v in asdict(model.config).items() if k not in _TRAINING_FIELDS}
-    diffs = [f"{k}: checkpoint {got.get(k, '<absent>')!r}, model {want.get(k, '<absent>')!r}"
-             for k in list(want) + [k for k in got if k not in want] if got.get(k, "<absent>") != want.get(k, "<absent>")]
+    diffs = architecture_diffs(meta["config"], model.config, absent)
     if diffs:
-        raise CheckpointError(f"{path}: another architecture; the config differs in "
-                              f"{len(diffs)} field(s): " + "; ".join(diffs))
+        raise ArchitectureError(f"{path}: another architecture; the config differs in "
+                                f"{len(diffs)} field(s): " + "; ".join(diffs))
     if has_optimizer and meta.get("precision") != getattr(model, "precision", None):
         raise CheckpointError(f"{path}: precision differs (checkpoint {meta.get('precision')!r}, model "
                               f"{getattr(model, 'precision', None)!r}); the optimizer state would not fit")

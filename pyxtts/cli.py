@@ -4,11 +4,13 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 import pyxtts
+from pyxtts._args import CLI_FLAGS, as_flags
 from pyxtts.memory import format_bytes
 from pyxtts.memtest import memtest as _memtest
 
@@ -67,7 +69,7 @@ def _optimize_config(args: argparse.Namespace) -> int:
         world_size, nodes = world_flags(args)
         new, explanation = optimize_config(config, args.memory, device=device, world_size=world_size, nodes=nodes)
     except (OSError, TypeError, ValueError) as exc:
-        print(f"pyxtts optimize-config: {exc}", file=sys.stderr)
+        print(f"pyxtts optimize-config: {as_flags('optimize-config', str(exc))}", file=sys.stderr)
         return 2
     try:
         new.save(args.output)
@@ -81,12 +83,13 @@ def _optimize_config(args: argparse.Namespace) -> int:
 
 
 DEMO_SAMPLES, DEMO_EVAL = 1024, 64
+RECIPE = "xtts_v2_finetune"  # the config `train --init` takes without --config: Coqui's whole recipe
 VOCAB_HELP = ("plan with the text rows of this vocab.json (a new language's, from prepare --new-language) "
               "instead of the config's")
 
 
 def _fail(command: str, exc: BaseException) -> int:
-    print(f"pyxtts {command}: {exc}", file=sys.stderr)
+    print(f"pyxtts {command}: {as_flags(command, str(exc))}", file=sys.stderr)
     return 2
 
 
@@ -273,21 +276,33 @@ def _replanned(before: Any, after: Any, device: str | None) -> str | None:
             f"{verdict}")
 
 
+def _resume_command() -> str:
+    """This command line as it continues the run: --overwrite out, --resume in."""
+    words = [w for w in sys.argv[1:] if w != "--overwrite"]
+    if not any(w == "--resume" or w.startswith("--resume=") for w in words):
+        words.append("--resume")
+    return shlex.join(["pyxtts", *words])
+
+
 def _train(args: argparse.Namespace) -> int:
     from pyxtts.checkpoint import CheckpointError
     from pyxtts.config import XTTSConfig
     from pyxtts.data import DataError, SyntheticDataset, prepared_vocab
-    from pyxtts.trainer import RunExistsError, Terminated, Trainer
+    from pyxtts.trainer import RunExistsError, Terminated, Trainer, check_resumable
 
-    demo = args.config is None
+    demo = args.config is None and args.init is None
     strategy = None
     try:
         if args.synthetic is not None and args.synthetic < 1:
             raise ValueError(f"--synthetic: expected a number of samples, an int >= 1, got {args.synthetic}")
         if args.synthetic is not None and args.data is not None:
             raise ValueError("--synthetic: train on --data or on a synthetic set, not both")
-        config = XTTSConfig.load(args.config or "cpu_demo")
+        # without --config: the CPU demo, or with --init (XTTS v2 itself) Coqui's recipe
+        config = XTTSConfig.load(args.config or ("cpu_demo" if args.init is None else RECIPE))
         strategy = _launched_strategy(config, args.device)
+        if args.config is None and args.init is not None:
+            _train_note(f"no --config: Coqui's recipe ({RECIPE}.yaml; `pyxtts optimize-config --config {RECIPE} "
+                        "--output my.yaml` fits it to a GPU)", strategy)
         if args.max_steps is not None:
             note = config.training.set_max_steps(args.max_steps)
             if note is not None:
@@ -324,9 +339,12 @@ def _train(args: argparse.Namespace) -> int:
             evals = _dataset(args.eval_data, "--eval-data")
         elif config.data.eval_metadata is not None and held is None:
             evals = _dataset(config.data.eval_metadata, "data.eval_metadata")
+        resume = False if args.resume is None else (True if args.resume == "latest" else args.resume)
+        if not args.overwrite:
+            check_resumable(config, resume)
         trainer = Trainer(config, device=None if strategy is not None else args.device, log_path=args.log,
                           progress=not args.no_progress, strategy=strategy)
-        resume = False if args.resume is None else (True if args.resume == "latest" else args.resume)
+        trainer.resume_hint = _resume_command()
         result = trainer.fit(train, evals, resume=resume, overwrite=args.overwrite)
     except pyxtts.OutOfMemoryError as exc:
         print(f"pyxtts train: {exc}\n  `pyxtts memtest --config ...` shows the plan against the device; "
@@ -441,7 +459,12 @@ def _export(args: argparse.Namespace) -> int:
 
     try:
         source = _export_source(args)
-        report = export_xtts_checkpoint(source, args.base, args.out, vocab=args.vocab)
+        if args.checkpoint in ("best", "latest"):  # which run's: --checkpoint-dir or --config say another
+            from pyxtts.fingerprint import saved_meta
+
+            print(f"--checkpoint {args.checkpoint}: {source}, step {saved_meta(Path(source)).get('step')} of the run "
+                  f"in {Path(source).parent} (--checkpoint-dir or --config name another run's folder)")
+        report = export_xtts_checkpoint(source, args.base, args.out, vocab=args.vocab, overwrite=args.overwrite)
     except (CheckpointError, OSError, TypeError, ValueError) as exc:
         return _fail("export", exc)
     print(f"written: {report['model_pth']}")
@@ -460,6 +483,8 @@ def _export(args: argparse.Namespace) -> int:
     print(f"  copied beside it: {', '.join(report['copied']) or 'nothing'}")
     if report["not_in_base"]:
         print(f"  not in the base, so not copied: {', '.join(report['not_in_base'])}")
+    if report["removed"]:
+        print(f"  removed, an earlier export's that the base lacks: {', '.join(report['removed'])}")
     return 0
 
 
@@ -567,6 +592,7 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--base", required=True,
                     help="the Coqui XTTS folder (model.pth, config.json, vocab.json) the model was fine-tuned from")
     ex.add_argument("--out", required=True, help="folder to write model.pth, config.json and vocab.json into")
+    ex.add_argument("--overwrite", action="store_true", help="replace an export already in --out")
     ex.add_argument("--vocab", default=None,
                     help="the extended vocab.json a new language was trained with (prepare --new-language's "
                          "OUT/vocab.json)")
@@ -585,6 +611,10 @@ def main(argv: list[str] | None = None) -> int:
     _world_arguments(oc)
     oc.set_defaults(func=_optimize_config)
     parser.commands = dict(sub.choices)
+    for name, command in sub.choices.items():
+        CLI_FLAGS[name] = {a.dest: a.option_strings[-1] for a in command._actions
+                           if a.option_strings and a.option_strings[-1].startswith("--")}
+    CLI_FLAGS["export"]["model_or_checkpoint"] = "--checkpoint"
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and not argv[0].startswith("-") and argv[0] not in sub.choices:
         # a word first is a command (train takes none): a misspelt one is named, not trained on
@@ -597,7 +627,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "gpus", None) is not None:
         return _run_on_gpus(args.gpus, argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:  # a command without its own handling (train saves, prepare keeps its work)
+        print(f"pyxtts {args.command or 'train'}: interrupted", file=sys.stderr)
+        return 130
 
 
 def torchrun_command(gpus: str, argv: list[str]) -> tuple[list[str], dict[str, str]]:

@@ -310,10 +310,14 @@ def _vocab_growth(config: Any, base_cfg: Any, base_dir: Path, vocab: str | os.Pa
             raise CheckpointError(f"vocab: the model has the base's {base_cfg.text_vocab_size} text rows, so it was "
                                   f"not grown to {vocab}; export without vocab (--vocab)")
         return None
+    if config.text_vocab_size < base_cfg.text_vocab_size:
+        raise CheckpointError(f"base: the model has {config.text_vocab_size} text rows, fewer than the base's "
+                              f"{base_cfg.text_vocab_size}, so the base is not the XTTS folder it started from")
     if vocab is None:
         raise CheckpointError(f"the model has {config.text_vocab_size} text rows and the base "
                               f"{base_cfg.text_vocab_size}: it was trained with an extended vocabulary (prepare "
-                              "--new-language); pass it: vocab= (--vocab), e.g. the vocab.json of prepare's output")
+                              "--new-language); pass it: vocab= (--vocab), e.g. the vocab.json of prepare's output "
+                              "(or the base is not the XTTS folder it started from)")
     try:
         doc = read_vocab_doc(vocab)
         ext = vocab_extension(read_vocab_doc(base_dir / "vocab.json"), doc, f"vocab {vocab}")
@@ -343,7 +347,7 @@ def _coqui_config_json(base_dir: Path, ext: Any) -> bytes:
 
 
 def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, out: str | os.PathLike,
-                           vocab: str | os.PathLike | None = None) -> dict:
+                           vocab: str | os.PathLike | None = None, overwrite: bool = False) -> dict:
     """Writes a Coqui XTTS checkpoint folder ``out`` that ``Xtts.load_checkpoint(config,
     checkpoint_dir=out, strict=True)`` loads: the base's ``model.pth`` (``base``: a
     Coqui XTTS folder or its ``model.pth``) with every GPT tensor of the model (an
@@ -358,7 +362,12 @@ def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, ou
     A model grown to an extended vocabulary (``prepare --new-language``) needs ``vocab``,
     that vocabulary: its text rows replace the base's at their new size, ``vocab.json`` is
     that file, ``config.json`` the base's with the new language in ``languages`` and the
-    new ``gpt_number_text_tokens``; the report gains ``language``."""
+    new ``gpt_number_text_tokens``; the report gains ``language``.
+
+    A folder that holds an export already (``model.pth`` or one of the files copied beside
+    it) is refused (FileExistsError) unless ``overwrite``; then its export files are
+    replaced and those the base lacks removed (a stale ``speakers_xtts.pth`` fails Coqui's
+    load), listed as the report's ``removed``; other files in it are left alone."""
     config, state, source = _source(model_or_checkpoint)
     base = Path(base)
     base_dir = base if base.is_dir() else base.parent
@@ -367,7 +376,12 @@ def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, ou
         raise ValueError(f"out: {str(out)!r} exists and is not a folder")
     if out.resolve() == base_dir.resolve():
         raise ValueError(f"out: {str(out)!r} is the base's own folder; export into another folder")
-    ck = read_xtts_checkpoint(base)
+    try:
+        ck = read_xtts_checkpoint(base)
+    except (OSError, CheckpointError) as exc:  # named by the argument, as the others are
+        raise (CheckpointError(f"base: {exc}") if isinstance(exc, CheckpointError) else
+               type(exc)(f"base: {exc.strerror or exc}" if exc.filename is None else
+                         f"base: {exc.filename}: {exc.strerror or exc}")) from exc
     try:
         if ck.n_heads_guessed:
             raise CheckpointError(f"{ck.file.path}: the base has no config (config.json beside it or pickled "
@@ -389,6 +403,10 @@ def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, ou
             pickle_data = resized_pickle(ck.file, {ref: v.shape for ref, v in resized.items()}) if resized else None
         except TorchFileError as exc:
             raise CheckpointError(f"{ck.file.path}: {exc}") from exc
+        held = [n for n in ("model.pth", *COQUI_LOADER_FILES) if (out / n).exists()]
+        if held and not overwrite:
+            raise FileExistsError(f"out: {str(out)!r} holds an export already ({', '.join(held)}); pass --overwrite "
+                                  "(overwrite=True) to replace it, or export into another folder")
         out.mkdir(parents=True, exist_ok=True)
         target = out / "model.pth"
         write_atomic(target, lambda tmp: rewrite_storages(ck.file, tmp, storages, pickle_data))
@@ -412,5 +430,8 @@ def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, ou
             copied.append(name)
         else:
             absent.append(name)
-    report.update(copied=copied, not_in_base=absent)
+    removed = [n for n in absent if (out / n).is_file()]  # an earlier export's, which the base lacks
+    for name in removed:
+        (out / name).unlink()
+    report.update(copied=copied, not_in_base=absent, removed=removed)
     return report

@@ -35,7 +35,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -176,7 +176,7 @@ def _prepared_hint(folder: Path) -> str:
     """For a folder without shards: where its shards are when it is a prepare output folder."""
     splits = prepared_splits(folder)
     if splits is None:
-        return ""
+        return "; `pyxtts prepare` makes them from recordings and transcripts"
     train, held = splits
     also = f" and {str(held)!r} (the held-out samples)" if held is not None else ""
     return f", but it is an output folder of pyxtts prepare: load {str(train)!r} (the training samples){also}"
@@ -277,12 +277,14 @@ class TTSDataset(Sequence):
         """(n, 2) text and audio lengths."""
         return np.array([(len(s.text), len(s.audio)) for s in self.samples], dtype=np.int64).reshape(-1, 2)
 
-    def validate(self, config) -> None:
+    def validate(self, config, cap_names: Mapping[str, str] | None = None) -> None:
         """Every id within the vocabularies, lengths within the maxima (with a framing
         config, the framed lengths: ``len(text) + 1`` and ``len(audio) + 4``), conditioning
         latents of shape (n_cond_latents, d_model), all or none of the samples conditioned
         (latents, and reference recordings, each all or none);
-        raises DataError naming the sample's file (and line)."""
+        raises DataError naming the sample's file (and line). ``cap_names``: "text" and/or
+        "audio" to the setting a maximum comes from when it is not the model's (e.g.
+        ``data.max_audio_tokens``), which the refusal then names."""
         c = config
         framed = bool(getattr(c, "frames_data", False))
         extra_t, extra_a = (TEXT_OVERHEAD, AUDIO_OVERHEAD) if framed else (0, 0)
@@ -296,9 +298,13 @@ class TTSDataset(Sequence):
                     pos = int(np.argmax(bad))
                     raise DataError(f"{where}: {what}[{pos}] = {int(ids[pos])} is out of range [0, {vocab})")
                 if len(ids) > cap:
-                    raise DataError(f"{where}: {len(ids)} {what} tokens exceed the model's maximum of {cap} "
+                    named = (cap_names or {}).get(what)
+                    limit = (f"the model's maximum of {cap}" if named is None
+                             else f"the maximum of {cap} that {named} sets")
+                    raise DataError(f"{where}: {len(ids)} {what} tokens exceed {limit} "
                                     + ("(its positions less the start/stop tokens the framing adds) " if framed
-                                       else "") + "(pyxtts never truncates)")
+                                       else "") + "(pyxtts never truncates)"
+                                    + (f"; raise {named} (the memory plan assumes it)" if named else ""))
             if has_cond is None:
                 has_cond, has_ref = s.cond is not None, s.ref_audio is not None
             elif has_cond != (s.cond is not None):

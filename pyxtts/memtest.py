@@ -19,9 +19,10 @@ import shlex
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from pyxtts import _C
-from pyxtts._args import integer
+from pyxtts._args import as_flags, integer
 from pyxtts.comm_memory import device_communication, world_of
 from pyxtts.config import (XTTSConfig, device_present, offload_for, optimize_config, parse_memory_size, plan_for,
                            SIZE_TIERS, shipped_configs)
@@ -90,7 +91,7 @@ def _synthetic_step(config: XTTSConfig, device: str, batch_size: int, offload: b
 def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str | None = None,
                 memory: int | str | None = None, step: bool = True, verbose: bool = False, *,
                 world_size: int | None = None, nodes: int | None = None,
-                config_args: str | None = None) -> MemtestReport:
+                config_args: str | None = None, before_step: Callable[[str], None] | None = None) -> MemtestReport:
     """Plans a training step of ``config`` (micro-batch ``batch_size`` or
     ``data.batch_size``) for ``device`` with ``memory`` bytes (default: the device's total)
     times ``training.max_memory_fraction``, the optimizer's state where
@@ -103,7 +104,9 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
     collectives' memory is a line of the plan and counts against the budget, and the real
     step's allocator peak is compared with the rest of the plan. ``config_args``: how the
     command line named the config (``--config X [--vocab V]``), for the command the advice
-    gives; default a placeholder."""
+    gives; default a placeholder. ``before_step``: called with the report's text so far
+    (the plan) just before the real step runs, which takes minutes on a CPU at XTTS v2's
+    size, so that a command can show the plan first."""
     if not isinstance(config, XTTSConfig):
         raise TypeError(f"config: expected an XTTSConfig, got {type(config).__name__}")
     config = XTTSConfig.from_dict(config.to_dict())  # the caller's config stays as it is
@@ -159,6 +162,8 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
     if step and not here:
         lines.append(f"real step: not run ({dev} is not in this machine: planned for {fb(total)})")
     elif step and fits_plan:
+        if before_step is not None:
+            before_step("\n".join(lines))
         saved = _C.memory_stats(dev)["limit_bytes"]
         # the allocator's share: the collectives' reserve lies outside it, in the same budget
         _C.set_memory_limit(budget - plan.communication, dev)
@@ -359,12 +364,29 @@ def memtest(args: argparse.Namespace) -> int:
             return _memtest_every_rank(config, args)
         again = f"--config {shlex.quote(args.config)}" + (
             f" --vocab {shlex.quote(str(args.vocab))}" if getattr(args, "vocab", None) is not None else "")
+        shown: list[str] = []
+
+        def plan_first(text: str) -> None:  # the plan while the step runs (minutes on a CPU)
+            print(text, flush=True)
+            print(f"real step: running one step of micro-batch {config.data.batch_size} on "
+                  f"{args.device or config.training.resolved_device()} (Ctrl-C stops it; --no-step plans only)",
+                  file=sys.stderr, flush=True)
+            shown.append(text)
+
         report = run_memtest(config, args.batch_size, args.device, args.memory, step=not args.no_step,
-                             verbose=args.verbose, world_size=world_size, nodes=nodes, config_args=again)
+                             verbose=args.verbose, world_size=world_size, nodes=nodes, config_args=again,
+                             before_step=plan_first)
     except (OSError, TypeError, ValueError) as exc:
-        print(f"pyxtts memtest: {exc}", file=sys.stderr)
+        print(f"pyxtts memtest: {as_flags('memtest', str(exc))}", file=sys.stderr)
         return 2
-    print(report.text)
+    except KeyboardInterrupt:
+        print("pyxtts memtest: interrupted during the real step; the plan above stands (--no-step plans only)",
+              file=sys.stderr)
+        return 130
+    text = report.text
+    if shown and text.startswith(shown[0]):
+        text = text[len(shown[0]):].lstrip("\n")
+    print(text)
     return 1 if report.verdict == "does not fit" else 0
 
 

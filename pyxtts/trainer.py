@@ -58,13 +58,15 @@ from pyxtts.callbacks import (BEST_NAME, MAX_SKIPPED, BestCheckpoint, Callback, 
                               JSONLLog, Progress, Reporter, Run, RunState, SpokenSamples, StepCheckpoints,
                               StopOnDivergence, TensorBoardLog, samples_dir)
 from pyxtts.callbacks.checkpoints import CHECKPOINT_RE, step_checkpoint_name
-from pyxtts.checkpoint import CheckpointError, load_checkpoint, load_checkpoint_checked, save_checkpoint
+from pyxtts.checkpoint import (ArchitectureError, CheckpointError, load_checkpoint, load_checkpoint_checked,
+                               save_checkpoint)
 from pyxtts.config import XTTSConfig, offload_for
 from pyxtts.coqui_config import coqui_decay
 from pyxtts.data import DataError, Sample, TTSDataset, batch_groups, collate, collate_references
 from pyxtts.fingerprint import check_fingerprint as _check_fingerprint
 from pyxtts.fingerprint import data_fingerprint as _data_fingerprint
 from pyxtts.fingerprint import saved_extra as _saved_extra
+from pyxtts.fingerprint import saved_meta as _saved_meta
 from pyxtts.memory import cleanup_gpu_memory, format_bytes
 from pyxtts.model import XTTSGPT
 from pyxtts.monitor import _rss_bytes
@@ -216,6 +218,8 @@ class Trainer:
         self.config = config
         t = config.training
         self.progress = bool(progress)
+        # how an interrupted run's message says to continue it (the CLI puts its command here)
+        self.resume_hint = "fit(..., resume=True)"
         self.strategy, device = _strategy(strategy, device, t)
         self.state = RunState(rank=self.strategy.rank, world_size=self.strategy.world_size)
         self._reporter = Reporter(self.progress, rank=self.state.rank)
@@ -416,6 +420,8 @@ class Trainer:
             try:
                 _check_fingerprint(path, _saved_extra(path).get("data"), fingerprint)
                 self.load(path)
+            except ArchitectureError as exc:  # the run's older checkpoints hold that model too
+                raise ArchitectureError(f"resume: {exc}; {_restart_hint(self.config)}") from exc
             except CheckpointError as exc:
                 if resume is not True:
                     raise
@@ -510,13 +516,19 @@ class Trainer:
         run = Run(state=self.state, config=c, total_steps=total, continuing=continuing, log_path=self.log_path,
                   checkpoint_dir=self.checkpoint_dir, eval_dataset=held, say=self._reporter.say,
                   warn=self._reporter.warn, evaluate_with=self._evaluation, save_with=self._checkpoint,
-                  audio_with=self.callbacks.audio, optimizer=self.optimizer, model=self.model)
+                  audio_with=self.callbacks.audio, optimizer=self.optimizer, model=self.model,
+                  resume_hint=self.resume_hint)
         offloaded = getattr(self.optimizer, "state_device", None) == "cpu"
         self._say(f"training {self.model.num_parameters:,} parameters on {self.device} ({t.precision}, "
                   f"checkpointing {t.checkpointing}"
                   f"{', optimizer state in host memory' if offloaded else ''}): {len(train)} samples, batch {effective} = "
-                  f"{c.data.batch_size} x {t.gradient_accumulation_steps} accumulation, {per_epoch} steps an epoch, "
-                  f"{total} steps in all")
+                  f"{c.data.batch_size} x {t.gradient_accumulation_steps} accumulation, "
+                  f"{_count(per_epoch, 'step')} an epoch, {_count(total, 'step')} in all")
+        if effective > len(train):  # said even without progress: the recipe's batch on a small set
+            self._reporter.warn(f"the effective batch ({effective} samples an optimizer step) is larger than the "
+                                f"{len(train)} training samples: each step takes the whole set, so a run takes "
+                                f"{_count(total, 'optimizer step')}; lower gradient_accumulation_steps for more, "
+                                "smaller steps on a small set")
         t_start = time.perf_counter()
         error: BaseException | None = None
         with _stop_on(_stop_signals(self.strategy.world_size)) as signals:  # around the Ctrl-C save too
@@ -552,7 +564,7 @@ class Trainer:
             if not isinstance(ds, Sequence) or len(ds) == 0:
                 raise ValueError(f"{name}: expected a non-empty sequence of samples (a TTSDataset)")
             checked.append(ds if isinstance(ds, TTSDataset) else TTSDataset(list(ds)))
-            checked[-1].validate(_data_limits(self.config))
+            checked[-1].validate(_data_limits(self.config), _tighter_caps(self.config))
         train, held = checked
         if train is None:
             raise ValueError("dataset: expected a non-empty sequence of samples (a TTSDataset), got None")
@@ -777,6 +789,46 @@ def _steps_per_epoch(path: Any, step: int, epoch: int, batch: int, data: Any) ->
     return per
 
 
+def _restart_hint(config: XTTSConfig) -> str:
+    """What to do when a run's checkpoints hold another model than the config's."""
+    init = Path(config.training.checkpoint_dir) / "init_xtts.safetensors"
+    if config.training.init_checkpoint is None and init.is_file():
+        return (f"the run started from XTTS v2 (--init; {init} is its import): continue it with the --config "
+                "and --init XTTS_DIR it started with")
+    return "continue a run with the --config (and --init) it started with, or start a new one (--checkpoint-dir)"
+
+
+def check_resumable(config: XTTSConfig, resume: bool | str | os.PathLike) -> None:
+    """Before a Trainer builds the model (a minute and gigabytes at XTTS v2's size): the
+    checkpoint ``resume`` names (True: the newest in the run's folder) holds the config's
+    model, else ArchitectureError saying how to continue the run. Its tensors are not read:
+    ``fit`` still checks everything."""
+    from pyxtts.checkpoint import architecture_diffs
+
+    if resume is False:
+        return
+    if resume is True:
+        folder = Path(config.training.checkpoint_dir)
+        found = sorted((int(m.group(1)), p) for p in folder.iterdir()
+                       if (m := CHECKPOINT_RE.fullmatch(p.name))) if folder.is_dir() else []
+        if not found:
+            return
+        path = found[-1][1]
+    else:
+        path = Path(resume)
+        if not path.is_file():
+            return  # fit says so
+    try:
+        saved = _saved_meta(path).get("config")
+    except CheckpointError:
+        return  # unreadable: fit falls back to an older one, or says why
+    if isinstance(saved, dict):
+        diffs = architecture_diffs(saved, config.model)
+        if diffs:
+            raise ArchitectureError(f"resume: {path}: another architecture; the config differs in {len(diffs)} "
+                                    f"field(s): {'; '.join(diffs)}; {_restart_hint(config)}")
+
+
 def run_checkpoint(checkpoint_dir: str | os.PathLike, which: str) -> Path:
     """The checkpoint ``which`` names in a run's ``checkpoint_dir``: "best" (the lowest
     evaluation loss) or "latest" (the newest step checkpoint). FileNotFoundError when the
@@ -795,6 +847,19 @@ def run_checkpoint(checkpoint_dir: str | os.PathLike, which: str) -> Path:
     if not found:
         raise FileNotFoundError(f"no step checkpoint (step_<N>.safetensors) in {folder}")
     return found[-1][1]
+
+
+def _count(n: int, noun: str) -> str:
+    """'1 step', '2 steps'."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _tighter_caps(config: XTTSConfig) -> dict[str, str]:
+    """"text"/"audio" to the data setting whose maximum is below the model's."""
+    d, m = config.data, config.model
+    return {what: f"data.max_{what}_tokens" for what in ("text", "audio")
+            if getattr(d, f"max_{what}_tokens") is not None
+            and getattr(d, f"max_{what}_tokens") < getattr(m, f"max_{what}_tokens")}
 
 
 def _data_limits(config: XTTSConfig):

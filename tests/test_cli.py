@@ -128,7 +128,7 @@ def test_memtest_cli_verdicts(capsys):
     assert pyxtts.cli.main(["memtest", "--config", "nonexistent-tier"]) == 2
     assert "nonexistent-tier" in capsys.readouterr().err
     assert pyxtts.cli.main(["memtest", "--config", "cpu_demo", "--batch-size", "0"]) == 2
-    assert "batch_size" in capsys.readouterr().err
+    assert "--batch-size: " in capsys.readouterr().err  # the flag, as typed
 
 
 # ---- planning for a card, the host's memory, the advice -----------------------------------
@@ -306,7 +306,29 @@ def test_a_refused_init_leaves_no_run_folder(tmp_path, capsys):
     run = tmp_path / "run"
     assert pyxtts.cli.main(["train", "--init", str(tmp_path / "missing"), "--checkpoint-dir", str(run),
                             "--synthetic", "8"]) == 2
-    assert "--init" in capsys.readouterr().err and not run.exists()
+    err = capsys.readouterr().err
+    assert "--init" in err and not run.exists()
+    # without --config, --init trains Coqui's recipe (the CPU demo's data caps refused XTTS v2's clips)
+    assert "no --config: Coqui's recipe (xtts_v2_finetune.yaml" in err, err
+
+
+def test_resume_of_another_model_is_refused_at_once_with_how_to_continue(tmp_path, capsys):
+    """A run resumed without the --init it started with was refused after building XTTS v2's
+    model (30 s on a CPU, gigabytes) and once per checkpoint, without saying what was missing."""
+    run = tmp_path / "run"
+    assert pyxtts.cli.main(["train", "--synthetic", "8", "--max-steps", "4", "--checkpoint-dir", str(run),
+                            "--no-progress"]) == 0
+    (tmp_path / "wide.yaml").write_text("base: cpu_demo\nmodel:\n  n_layers: 3\n")
+    capsys.readouterr()
+    assert pyxtts.cli.main(["train", "--config", str(tmp_path / "wide.yaml"), "--synthetic", "8", "--resume",
+                            "--checkpoint-dir", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("another architecture") == 1 and "n_layers: checkpoint 2, model 3" in err, err
+    assert "continue a run with the --config (and --init) it started with" in err, err
+    (run / "init_xtts.safetensors").write_bytes(b"")  # the mark of a run that started from --init
+    assert pyxtts.cli.main(["train", "--config", str(tmp_path / "wide.yaml"), "--synthetic", "8", "--resume",
+                            "--checkpoint-dir", str(run), "--no-progress"]) == 2
+    assert "continue it with the --config and --init XTTS_DIR it started with" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, hint", [(["--confg", "gpu_8gb"], "--confg: did you mean --config?"),
@@ -316,3 +338,25 @@ def test_a_misspelt_flag_gets_the_closest_one(argv, hint, capsys):
     with pytest.raises(SystemExit) as exc:
         pyxtts.cli.main(argv)
     assert exc.value.code == 2 and hint in capsys.readouterr().err
+
+
+def test_memtest_shows_the_plan_before_the_real_step_and_stops_cleanly(monkeypatch, capsys):
+    """On a CPU the real step of a large config takes minutes: memtest printed nothing until
+    it ended, and Ctrl-C during it printed a traceback. The plan comes first now, a line says
+    the step is running, and Ctrl-C ends with 130 and one line."""
+    import pyxtts.memtest
+
+    assert pyxtts.cli.main(["memtest", "--config", "cpu_demo", "--device", "cpu"]) == 0
+    out, err = capsys.readouterr()
+    assert "real step: running one step of micro-batch" in err and "--no-step plans only" in err, err
+    assert out.count("memtest: ") == 1 and out.index("total") < out.index("real step: peak allocated"), out
+    assert out.rstrip().splitlines()[-1].startswith(("advice:", "verdict:")), out
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pyxtts.memtest, "_synthetic_step", interrupted)
+    assert pyxtts.cli.main(["memtest", "--config", "cpu_demo", "--device", "cpu"]) == 130
+    out, err = capsys.readouterr()
+    assert "memtest: " in out and "Traceback" not in err, (out, err)
+    assert "pyxtts memtest: interrupted during the real step; the plan above stands" in err, err

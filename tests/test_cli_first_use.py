@@ -122,7 +122,7 @@ def test_a_misspelled_config_name_gets_the_shipped_one_suggested(tmp_path, comma
     extra = ["--output", "x.yaml"] if command == "optimize-config" else []
     r = pyxtts_cli(tmp_path, command, "--config", "extreme_memory_optimised", *extra)
     assert r.returncode == 2, r.stderr[-2000:]
-    assert r.stderr.strip() == (f"pyxtts {command}: config: 'extreme_memory_optimised' is neither a file nor a "
+    assert r.stderr.strip() == (f"pyxtts {command}: --config: 'extreme_memory_optimised' is neither a file nor a "
                                 "shipped config's name; did you mean 'extreme_memory_optimized'?")
     r = pyxtts_cli(tmp_path, command, "--help")
     assert r.returncode == 0, r.stderr[-2000:]
@@ -217,6 +217,8 @@ def test_sigterm_saves_and_exits_like_ctrl_c(tmp_path):
     last = steps[-1]
     assert steps == list(range(1, last + 1)) and last < 100_000
     assert f"interrupted by SIGTERM at step {last}: saved {tmp_path}/ckpt/step_{last:08d}.safetensors" in err
+    # the command that continues it: this one with --resume (a bare `pyxtts train --resume` trained the demo)
+    assert f"; continue with pyxtts train --config {cfg} --synthetic 8 --no-progress --resume\n" in err, err[-2000:]
     assert [p.name for p in (tmp_path / "ckpt").glob("step_*.safetensors")] == [f"step_{last:08d}.safetensors"]
     r = pyxtts_cli(tmp_path, "train", "--config", str(cfg), "--synthetic", "8", "--no-progress", "--resume",
                    "--max-steps", str(last + 2))

@@ -207,7 +207,7 @@ def test_export_is_atomic(base, tmp_path, monkeypatch):
 
     monkeypatch.setattr(pyxtts.coqui_checkpoint, "rewrite_storages", dies_half_way)
     with pytest.raises(KeyboardInterrupt):
-        pyxtts.export_xtts_checkpoint(pyxtts.XTTSGPT(cfg, seed=2), base, out)
+        pyxtts.export_xtts_checkpoint(pyxtts.XTTSGPT(cfg, seed=2), base, out, overwrite=True)
     assert file_hash(out / "model.pth") == done and sorted(p.name for p in out.iterdir()) == \
         ["config.json", "model.pth", "vocab.json"], "the old file stays, no temporary is left"
 
@@ -241,7 +241,10 @@ def test_cli_export_best_and_latest_of_a_run(base, tmp_path, capsys):
     rc = pyxtts.cli.main(["export", "--checkpoint", "best", "--checkpoint-dir", str(run), "--base", str(base),
                           "--out", str(tmp_path / "b")])
     assert rc == 0, capsys.readouterr().err
-    assert f"90 GPT tensors from {run / 'best.safetensors'}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"90 GPT tensors from {run / 'best.safetensors'}" in out
+    # which run's best it took, with its step: another folder's best passed unseen
+    assert f"--checkpoint best: {run / 'best.safetensors'}, step 4 of the run in {run}" in out, out
     assert coqui_load(tmp_path / "b")["gpt.mel_head.weight"].tobytes() == \
         best.state_dict()["mel_head.weight"].tobytes()
     yaml = tmp_path / "run.yaml"
@@ -257,6 +260,32 @@ def test_cli_export_best_and_latest_of_a_run(base, tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and f"pyxtts export: --checkpoint best: no best checkpoint in {run}" in err
     assert not (tmp_path / "n").exists()
+
+
+def test_export_into_an_earlier_export_needs_overwrite(base, tmp_path, capsys):
+    """A second export into the same folder overwrote it silently and left files the base
+    lacks (a speakers_xtts.pth there then failed Coqui's strict load): it is refused, and
+    --overwrite replaces the export and removes those files, leaving others alone."""
+    cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
+    ckpt = tmp_path / "run" / "step_00000010.safetensors"
+    pyxtts.save_checkpoint(ckpt, pyxtts.XTTSGPT(cfg, seed=9), step=10)
+    argv = ["export", "--checkpoint", str(ckpt), "--base", str(base), "--out", str(tmp_path / "o")]
+    assert pyxtts.cli.main(argv) == 0
+    (tmp_path / "o" / "speakers_xtts.pth").write_bytes(b"not the base's")
+    (tmp_path / "o" / "notes.txt").write_text("mine")
+    before = {p.name: file_hash(p) for p in (tmp_path / "o").iterdir()}
+    capsys.readouterr()
+    assert pyxtts.cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"pyxtts export: --out: '{tmp_path / 'o'}' holds an export already (model.pth, config.json, " in err, err
+    assert {p.name: file_hash(p) for p in (tmp_path / "o").iterdir()} == before
+    assert pyxtts.cli.main([*argv, "--overwrite"]) == 0
+    assert "removed, an earlier export's that the base lacks: speakers_xtts.pth" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["config.json", "model.pth", "notes.txt", "vocab.json"]
+    coqui_load(tmp_path / "o")
+    assert pyxtts.cli.main(["export", "--checkpoint", str(ckpt), "--base", str(tmp_path / "run"), "--out",
+                            str(tmp_path / "p")]) == 2
+    assert f"pyxtts export: --base: {tmp_path / 'run' / 'model.pth'}: " in capsys.readouterr().err
 
 
 def test_config_json_of_the_export_is_the_bases(base, tmp_path):

@@ -92,7 +92,9 @@ def test_the_output_folder_of_prepare_is_refused_naming_its_splits(tmp_path, rng
         TTSDataset.load(out)
     assert len(TTSDataset.load(out / "train")) == 4 and len(TTSDataset.load(out / "eval")) == 2
     (tmp_path / "empty").mkdir()
-    with pytest.raises(DataError, match=r"empty: no \.npz shards found$"):  # any other folder: as before
+    # any other folder: where shards come from
+    with pytest.raises(DataError, match=r"empty: no \.npz shards found; `pyxtts prepare` makes them from recordings "
+                                        r"and transcripts$"):
         TTSDataset.load(tmp_path / "empty")
 
 

@@ -491,3 +491,49 @@ def test_progress_lines_say_the_time_taken_and_left(tmp_path, capsys):
     assert [ln.split(":")[0] for ln in shown] == ["step 10/12", "step 12/12"], shown
     assert shown[0].endswith(", 7s elapsed, ~7s left"), shown[0]  # step 9 ticked: 3.5 s for each of 2
     assert shown[1].endswith(", 21s elapsed"), shown[1]  # steps 9-11 ticked; nothing left
+
+
+def test_resume_into_another_model_stops_at_the_newest_checkpoint(tmp_path, capsys):
+    """The run's older checkpoints hold the same model: an architecture refusal is raised at
+    once, naming how to continue, not once per checkpoint after trying each."""
+    from pyxtts.checkpoint import ArchitectureError
+
+    cfg = make_config(tmp_path, max_steps=10)
+    train, held = datasets(cfg)
+    Trainer(cfg, progress=False).fit(train, held)
+    assert len(Trainer(cfg, progress=False).checkpoints()) >= 2
+    wider = XTTSConfig.from_dict({**cfg.to_dict(), "model": {**MODEL, "n_layers": 3}})
+    capsys.readouterr()
+    with pytest.raises(ArchitectureError, match=r"^resume: .*step_00000010\.safetensors: another architecture.*"
+                                                r"n_layers: checkpoint 2, model 3.*started with"):
+        Trainer(wider, progress=False).fit(train, held, resume=True)
+    assert "cannot be used" not in capsys.readouterr().err
+
+
+def test_a_sample_over_the_datas_maximum_names_that_setting(tmp_path):
+    """A data maximum below the model's (the CPU demo's 96 audio positions against XTTS v2's
+    605, say) refused clips prepare had accepted as "the model's maximum"; the refusal
+    names data.max_audio_tokens and says to raise it."""
+    from pyxtts.data import DataError
+
+    cfg = make_config(tmp_path)
+    cfg.data.max_audio_tokens = 20
+    train, held = datasets(cfg)
+    long = max(len(s.audio) for s in train)
+    assert long > 20 - 4
+    with pytest.raises(DataError, match=r"32 audio tokens exceed the maximum of 20 that data\.max_audio_tokens sets .*"
+                                        r"raise data\.max_audio_tokens \(the memory plan assumes it\)"):
+        Trainer(cfg, progress=False).fit(train, held)
+
+
+def test_a_batch_larger_than_the_training_set_is_said(tmp_path, capsys):
+    """Coqui's recipe (252 samples an optimizer step) on a few dozen clips trained a handful
+    of whole-set steps without a word: it is said, with the fix, even without progress."""
+    cfg = make_config(tmp_path, max_steps=2, gradient_accumulation_steps=8)  # 32 samples a step
+    train, held = datasets(cfg)
+    Trainer(cfg, progress=False).fit(train, held)
+    err = capsys.readouterr().err
+    assert ("the effective batch (32 samples an optimizer step) is larger than the 16 training samples: each step "
+            "takes the whole set, so a run takes 2 optimizer steps; lower gradient_accumulation_steps") in err, err
+    Trainer(make_config(tmp_path / "b", max_steps=2), progress=False).fit(train, held)
+    assert "effective batch" not in capsys.readouterr().err

@@ -354,13 +354,13 @@ def test_prepare_new_language_writes_the_vocabulary_and_its_ids(corpus, capsys):
     # the same command again resumes: nothing is redone
     assert prepare_cli("--xtts-dir", str(root / "xtts"), "--metadata", str(meta), "--language", "vi",
                        "--new-language", "--new-tokens", "150", "--eval-fraction", "0.2", "--out", str(out)) == 0
-    assert "2 shard(s) kept from an earlier run" in capsys.readouterr().out
+    assert "2 shards kept from an earlier run" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, match", [
     (["--language", "en", "--new-language"], "already speaks 'en'; drop --new-language"),
     (["--language", "Vietnamese", "--new-language"], "2 or 3 lowercase letters"),
-    (["--language", "vi", "--new-language", "--new-tokens", "0"], "new_tokens: expected an int in [1, 20000], got 0"),
+    (["--language", "vi", "--new-language", "--new-tokens", "0"], "--new-tokens: expected an int in [1, 20000], got 0"),
     (["--language", "vi", "--new-tokens", "50"], "only means something with --new-language"),
     (["--language", "vi"], "--new-language"),
 ])

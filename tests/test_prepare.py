@@ -176,8 +176,13 @@ def test_resume_keeps_finished_shards(small, prepared, tmp_path, monkeypatch):
 
 def test_other_settings_are_refused(small, prepared, tmp_path):
     out, _ = prepared
-    with pytest.raises(FileExistsError, match="prepared from other inputs or settings.*--overwrite"):
+    # the refusal names what changed (the folder records its settings)
+    with pytest.raises(FileExistsError, match=r"prepared from other inputs or settings \(eval_fraction: was 0\.25, "
+                                              r"now 0\.5\);.*--overwrite"):
         prepare(small["xtts"], small["meta"], out, eval_fraction=0.5, samples_per_shard=4, seed=SEED, progress=False)
+    with pytest.raises(NotADirectoryError, match=r"^out: '.*notes\.txt' is a file; the output is a folder"):
+        (tmp_path / "notes.txt").write_text("a file")
+        prepare(small["xtts"], small["meta"], tmp_path / "notes.txt", progress=False)
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
     with pytest.raises(FileExistsError, match="is not an output folder of pyxtts prepare"):
@@ -283,12 +288,13 @@ def test_cli(small, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "prepared 12 of 12 samples" in out and "text tokens and" in out and "s of audio per second" in out
     assert pyxtts.cli.main(argv) == 0  # again: everything resumed
-    assert "2 shard(s) kept from an earlier run" in capsys.readouterr().out
-    bad = [(["--workers", "0"], "workers: expected an int >= 1, got 0"),
-           (["--eval-fraction", "1"], "eval_fraction: expected a finite number in [0, 1)"),
-           (["--language", "xx"], "language: expected one of"),
-           (["--max-text-tokens", "0"], "max_text_tokens: expected an int >= 1, got 0"),
-           (["--min-seconds", "-1"], "min_seconds: expected a finite number > 0, got -1.0"),
+    assert "2 shards kept from an earlier run" in capsys.readouterr().out
+    # each refusal names the flag as typed (the API's errors name the argument)
+    bad = [(["--workers", "0"], "pyxtts prepare: --workers: expected an int >= 1, got 0"),
+           (["--eval-fraction", "1"], "pyxtts prepare: --eval-fraction: expected a finite number in [0, 1)"),
+           (["--language", "xx"], "pyxtts prepare: --language: expected one of"),
+           (["--max-text-tokens", "0"], "pyxtts prepare: --max-text-tokens: expected an int >= 1, got 0"),
+           (["--min-seconds", "-1"], "pyxtts prepare: --min-seconds: expected a finite number > 0, got -1.0"),
            (["--eval-fraction", "0.5"], "--overwrite")]
     for extra, msg in bad:
         assert pyxtts.cli.main(argv + extra) == 2
@@ -363,3 +369,25 @@ def test_full_size_codes_equal_coqui(tmp_path_factory):
     assert_codes_are_coquis(root / "xtts", wavs, codes, float64=False)  # float64: the tiny DVAE's test
     total = sum(len(c) for c in codes)
     assert total > 1200 and len(np.unique(np.concatenate(codes))) > 150, (total, SEED)
+
+
+def test_two_column_ljspeech_lines_are_read_as_id_and_text(tmp_path):
+    """Many corpora write LJSpeech's metadata.csv as id|text; prepare stopped at the first
+    such line (as Coqui's formatter does). It reads the second column as the text; a line
+    of one column is still refused, naming the line and both forms."""
+    from pyxtts.prepare.sources import MetadataError, read_metadata
+
+    three = tmp_path / "three" / "metadata.csv"
+    two = tmp_path / "two" / "metadata.csv"
+    for p in (three, two):
+        p.parent.mkdir()
+    three.write_text("a|Dr. Smith|Doctor Smith\nb|x|Hello there.\n")
+    two.write_text("a|Doctor Smith\nb|Hello there.\n")
+    got3, got2 = read_metadata(three, None, "en"), read_metadata(two, None, "en")
+    assert [(i.key, i.text) for i in got2] == [(i.key, i.text) for i in got3] == [("a", "Doctor Smith"),
+                                                                                ("b", "Hello there.")]
+    assert [i.audio for i in got2] == [tmp_path / "two" / "wavs" / f"{k}.wav" for k in "ab"]
+    two.write_text("a|Doctor Smith\nlonely\n")
+    with pytest.raises(MetadataError, match=r"metadata\.csv:2: LJSpeech lines are id\|text\|normalized text "
+                                            r"\(or id\|text\), got 1 column: 'lonely'"):
+        read_metadata(two, None, "en")

@@ -77,6 +77,7 @@ class Run:
     audio_with: Callable[["Run", int, list], None]
     optimizer: Any = None
     model: Any = None
+    resume_hint: str = "fit(..., resume=True)"  # how to continue an interrupted run (Trainer.resume_hint)
     history: list[dict] = field(default_factory=list)  # this call's step records
     evals: list[dict] = field(default_factory=list)  # this call's evaluation records
 

@@ -41,8 +41,7 @@ class StepCheckpoints(Callback):
             path = run.save()
             signum = getattr(error, "signum", None)
             why = f" by {signal.Signals(signum).name}" if signum is not None else ""
-            run.warn(f"\ninterrupted{why} at step {run.state.step}: saved {path}; continue with resume=True "
-                     "(pyxtts train --resume)")
+            run.warn(f"\ninterrupted{why} at step {run.state.step}: saved {path}; continue with {run.resume_hint}")
 
     def on_train_end(self, run: Run) -> None:
         if checkpoint_step(run.state.last_checkpoint) != run.state.step:  # the end is saved once

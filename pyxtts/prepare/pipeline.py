@@ -112,7 +112,8 @@ class PrepareResult:
         for split in ("train", "eval"):
             if s["splits"].get(split):
                 sp = s["splits"][split]
-                lines.append(f"  {split}: {sp['kept']} samples in {sp['shards']} shards ({sp['hours']:.3f} h)")
+                lines.append(f"  {split}: {_n(sp['kept'], 'sample')} in {_n(sp['shards'], 'shard')} "
+                             f"({sp['hours']:.3f} h)")
         if s["dropped"]:
             lines.append("  dropped: " + ", ".join(f"{n} {r}" for r, n in sorted(s["dropped"].items()))
                          + f" (each listed in {self.report.name})")
@@ -133,8 +134,8 @@ class PrepareResult:
             lines.append(f"  {s['text_tokens_per_second']:.2f} text tokens and {s['audio_codes_per_second']:.2f} "
                          "audio codes per second of speech")
         lines.append(f"  {s['wall_seconds']:.1f} s wall time for {s['processed_seconds']:.1f} s of audio "
-                     f"({s['audio_seconds_per_second']:.1f} s of audio per second; {s['workers']} worker(s), "
-                     f"{s['shards_resumed']} shard(s) kept from an earlier run)")
+                     f"({s['audio_seconds_per_second']:.1f} s of audio per second; {_n(s['workers'], 'worker')}, "
+                     f"{_n(s['shards_resumed'], 'shard')} kept from an earlier run)")
         return "\n".join(lines)
 
 
@@ -360,6 +361,29 @@ def _progress(enabled: bool, total: int, initial: int):
                 file=sys.stderr, disable=not live)
 
 
+def _n(count: int, noun: str) -> str:
+    """'1 shard', '3 shards'."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _changed_settings(previous: dict, settings: dict) -> list[str]:
+    """What differs between an output folder's recorded settings and this call's, as
+    "name: was X, now Y" (the XTTS folder's files by name, not their digests)."""
+    out = []
+    for key in sorted(set(previous) | set(settings)):
+        a, b = previous.get(key), settings.get(key)
+        if a == b:
+            continue
+        if key == "xtts_files":
+            out.append("the XTTS folder's files differ")
+        elif isinstance(a, dict) and isinstance(b, dict):
+            out += [f"{key}.{k}: was {a.get(k)!r}, now {b.get(k)!r}" for k in sorted(set(a) | set(b))
+                    if a.get(k) != b.get(k)]
+        else:
+            out.append(f"{key}: was {a!r}, now {b!r}")
+    return out
+
+
 def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str | os.PathLike,
             language: str = "en", audio_dir: str | os.PathLike | None = None, eval_fraction: float = 0.0,
             workers: int = 1, samples_per_shard: int = 256, seed: int = 0, overwrite: bool = False,
@@ -426,6 +450,9 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
 
     out = Path(out)
     manifest = out / "prepare.json"
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"out: {str(out)!r} is a file; the output is a folder (new, or an earlier "
+                                 "prepare's)")
     if out.exists() and any(out.iterdir()):
         previous = None
         if manifest.is_file():
@@ -437,6 +464,9 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
             if not overwrite:
                 what = "was prepared from other inputs or settings" if manifest.is_file() else \
                     "is not an output folder of pyxtts prepare"
+                changed = _changed_settings(previous, settings) if isinstance(previous, dict) else []
+                if changed:
+                    what += f" ({'; '.join(changed)})"
                 raise FileExistsError(f"out: {str(out)!r} {what}; choose a new folder, or pass --overwrite "
                                       "(overwrite=True) to replace its shards")
             for name in ("train", "eval", "prepare.json", "report.tsv", "summary.json"):

@@ -61,10 +61,13 @@ def _ljspeech(path: Path, audio_dir: Path, language: str) -> list[Item]:
                 continue
             cols = line.rstrip("\r\n").split("|")
             where = f"{path}:{lineno}"
-            if len(cols) < 3:
-                raise MetadataError(f"{where}: LJSpeech lines are id|text|normalized text, got "
-                                    f"{len(cols)} column(s): {line.strip()[:80]!r}")
-            items.append(Item(cols[0], audio_dir / f"{cols[0]}.wav", cols[2], language, None, where))
+            if len(cols) < 2:
+                raise MetadataError(f"{where}: LJSpeech lines are id|text|normalized text (or id|text), got "
+                                    f"{len(cols)} column: {line.strip()[:80]!r}")
+            # the normalized text as Coqui's formatter reads it; id|text, which many corpora
+            # write (and Coqui's formatter refuses), is read as its text
+            text = cols[2] if len(cols) >= 3 else cols[1]
+            items.append(Item(cols[0], audio_dir / f"{cols[0]}.wav", text, language, None, where))
     return items
 
 
