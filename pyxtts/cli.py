@@ -71,6 +71,7 @@ def _optimize_config(args: argparse.Namespace) -> int:
     except (OSError, TypeError, ValueError) as exc:
         print(f"pyxtts optimize-config: {as_flags('optimize-config', str(exc))}", file=sys.stderr)
         return 2
+    replaced = Path(args.output).is_file()
     try:
         new.save(args.output)
     except OSError as exc:
@@ -78,7 +79,7 @@ def _optimize_config(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     print(explanation)
-    print(f"written: {args.output}")
+    print(f"written: {args.output}" + (" (it replaced the file there)" if replaced else ""))
     return 0
 
 

@@ -513,6 +513,11 @@ class XTTSConfig:
         return dataclasses.replace(self, model=model, data=data)
 
 
+def _yaml_word(value: Any) -> str:
+    """A setting as the YAML file spells it: true, false, auto."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 # YAML 1.2 floats: PyYAML follows YAML 1.1, where a float needs a dot, so "2e-3" and
 # "1e-8" (how learning rates are written) would be strings.
 _FLOAT_12 = re.compile(r"""^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$""")
@@ -659,6 +664,9 @@ def _device_total(device: str, memory: int | str | None) -> int:
         return parse_memory_size(memory)
     from pyxtts import _C
 
+    if not device_present(device):
+        raise ValueError(f"device: {device} is not in this machine; to plan for it elsewhere give its memory "
+                         "(--memory 8GiB, say)")
     return int(_C.device_info(device)["total_memory"])
 
 
@@ -951,7 +959,8 @@ def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, 
         f"effective batch:    {effective} (kept)",
         f"chosen:             precision {prec}, checkpointing {policy}, micro-batch {micro} x "
         f"{accum} accumulation step(s), optimizer state "
-        + ("in host memory (optimizer_offload: true)" if off else "on the device (optimizer_offload: false)"),
+        + ("in host memory" if off else "on the device")
+        + f" (optimizer_offload: {_yaml_word(new.training.optimizer_offload)} in the output)",
         f"plan total:         {fb(used.total)} on the device ({used.total / limit:.0%} of the limit)"
         + (f", {fb(used.host_total)} of host memory ({'page-locked' if used.host_pinned else 'pageable'})"
            if used.host_total else ""),

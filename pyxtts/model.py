@@ -241,10 +241,11 @@ class MemoryPlan:
         ]
         if self.communication:  # one process has none: its table stays as it was
             rows.append((self.communication_label, self.communication))
-        cond = (f", conditioning path {self.conditioning_policy} over {self.cond_frames} mel frames"
+        cond = (f", the conditioning path's {self.conditioning_policy} over {self.cond_frames} mel frames"
                 if self.cond_frames else "")
         lines = [f"memory plan ({self.precision}): batch {self.batch_size} x {self.sequence_length} tokens, "
-                 + ", ".join(f"{n} blocks {p}" for p, n in pol.items()) + cond, "-" * 52]
+                 + "checkpointing " + ", ".join(f"{p} in {n} block{'' if n == 1 else 's'}" for p, n in pol.items())
+                 + cond, "-" * 52]
         lines += [f"{name:34}{fb(v):>18}" for name, v in rows]
         lines += ["-" * 52, f"{'total':34}{fb(self.total):>18}"]
         if self.host_total:

@@ -432,6 +432,11 @@ class Trainer:
             if unusable:
                 self._reporter.warn(f"resume: resuming from {path.name}, the newest usable checkpoint "
                                     f"({len(unusable)} newer one(s) could not be used)")
+            changed = _config_changes(_saved_extra(path).get("config"), self.config.to_dict())
+            if changed:  # allowed (a lower learning rate, say), but never unseen
+                self._reporter.warn(f"resume: the config differs from the one {path.name} was saved with: "
+                                    + "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6
+                                                                 else ""))
             self.state.last_checkpoint = path
             self._say(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
             return path
@@ -847,6 +852,21 @@ def run_checkpoint(checkpoint_dir: str | os.PathLike, which: str) -> Path:
     if not found:
         raise FileNotFoundError(f"no step checkpoint (step_<N>.safetensors) in {folder}")
     return found[-1][1]
+
+
+def _config_changes(saved: Any, now: dict) -> list[str]:
+    """The settings of ``now`` (``XTTSConfig.to_dict()``) that differ from ``saved`` (a
+    checkpoint's), as "section.name: old -> new"."""
+    if not isinstance(saved, dict):
+        return []
+    out = []
+    for section, fields_now in now.items():
+        before = saved.get(section)
+        if not isinstance(fields_now, dict) or not isinstance(before, dict):
+            continue
+        out += [f"{section}.{k}: {before.get(k)!r} -> {fields_now.get(k)!r}"
+                for k in fields_now if k in before and before[k] != fields_now[k]]
+    return out
 
 
 def _count(n: int, noun: str) -> str:

@@ -360,3 +360,25 @@ def test_memtest_shows_the_plan_before_the_real_step_and_stops_cleanly(monkeypat
     out, err = capsys.readouterr()
     assert "memtest: " in out and "Traceback" not in err, (out, err)
     assert "pyxtts memtest: interrupted during the real step; the plan above stands" in err, err
+
+
+def test_optimize_config_says_what_it_writes_and_how_to_plan_for_a_card_elsewhere(tmp_path, capsys):
+    """Its summary said "optimizer_offload: false" where the file it wrote said auto; a second
+    run replaced the output without a word; --device cuda on a machine without that card
+    said to reinstall with the CUDA toolkit, not that --memory plans for a card elsewhere."""
+    from pyxtts.config import device_present
+
+    out = tmp_path / "o.yaml"
+    argv = ["optimize-config", "--config", "cpu_demo", "--device", "cpu", "--output", str(out)]
+    assert pyxtts.cli.main(argv) == 0
+    text = capsys.readouterr().out
+    written = pyxtts.XTTSConfig.load(out).training.optimizer_offload
+    assert written == "auto" and "optimizer state on the device (optimizer_offload: auto in the output)" in text
+    assert text.rstrip().endswith(f"written: {out}"), text
+    assert pyxtts.cli.main(argv) == 0
+    assert capsys.readouterr().out.rstrip().endswith(f"written: {out} (it replaced the file there)")
+    if not device_present("cuda:3"):
+        assert pyxtts.cli.main(["optimize-config", "--config", "gpu_8gb", "--device", "cuda:3", "--output",
+                                str(tmp_path / "x.yaml")]) == 2
+        assert ("pyxtts optimize-config: --device: cuda:3 is not in this machine; to plan for it elsewhere give its "
+                "memory (--memory 8GiB, say)") in capsys.readouterr().err

@@ -537,3 +537,19 @@ def test_a_batch_larger_than_the_training_set_is_said(tmp_path, capsys):
             "takes the whole set, so a run takes 2 optimizer steps; lower gradient_accumulation_steps") in err, err
     Trainer(make_config(tmp_path / "b", max_steps=2), progress=False).fit(train, held)
     assert "effective batch" not in capsys.readouterr().err
+
+
+def test_a_resume_with_other_settings_says_which(tmp_path, capsys):
+    """A resume with a lower learning rate is allowed (the data and batch settings are what
+    the fingerprint refuses), but it was silent: the changed settings are said."""
+    cfg = make_config(tmp_path, max_steps=4)
+    train, held = datasets(cfg)
+    Trainer(cfg, progress=False).fit(train, held)
+    later = make_config(tmp_path, max_steps=6, learning_rate=1e-2)
+    capsys.readouterr()
+    Trainer(later, progress=False).fit(train, held, resume=True)
+    err = capsys.readouterr().err
+    assert ("resume: the config differs from the one step_00000004.safetensors was saved with: "
+            "training.learning_rate: 0.03 -> 0.01; training.max_steps: 4 -> 6") in err, err
+    Trainer(later, progress=False).fit(train, held, resume=True)  # nothing changed: nothing said
+    assert "differs" not in capsys.readouterr().err
