@@ -85,6 +85,7 @@ def _optimize_config(args: argparse.Namespace) -> int:
 
 DEMO_SAMPLES, DEMO_EVAL = 1024, 64
 RECIPE = "xtts_v2_finetune"  # the config `train --init` takes without --config: Coqui's whole recipe
+COMMAND_ENV = "PYXTTS_COMMAND"  # --gpus tells its torchrun workers the command line that started them
 VOCAB_HELP = ("plan with the text rows of this vocab.json (a new language's, from prepare --new-language) "
               "instead of the config's")
 
@@ -277,9 +278,14 @@ def _replanned(before: Any, after: Any, device: str | None) -> str | None:
             f"{verdict}")
 
 
-def _resume_command() -> str:
-    """This command line as it continues the run: --overwrite out, --resume in."""
-    words = [w for w in sys.argv[1:] if w != "--overwrite"]
+def _resume_command(argv: list[str]) -> str:
+    """This command line (``argv``, or the ``--gpus`` one that started this process under
+    torchrun) as it continues the run: --overwrite out, --resume in."""
+    import os
+
+    launcher = os.environ.get(COMMAND_ENV)
+    words = shlex.split(launcher)[1:] if launcher else argv
+    words = [w for w in words if w != "--overwrite"]
     if not any(w == "--resume" or w.startswith("--resume=") for w in words):
         words.append("--resume")
     return shlex.join(["pyxtts", *words])
@@ -345,7 +351,7 @@ def _train(args: argparse.Namespace) -> int:
             check_resumable(config, resume)
         trainer = Trainer(config, device=None if strategy is not None else args.device, log_path=args.log,
                           progress=not args.no_progress, strategy=strategy)
-        trainer.resume_hint = _resume_command()
+        trainer.resume_hint = _resume_command(args.argv)
         result = trainer.fit(train, evals, resume=resume, overwrite=args.overwrite)
     except pyxtts.OutOfMemoryError as exc:
         print(f"pyxtts train: {exc}\n  `pyxtts memtest --config ...` shows the plan against the device; "
@@ -626,6 +632,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in (*sub.choices, "-h", "--help", "--version"):
         argv = ["train", *argv]  # train is the default command: `pyxtts --config c.yaml` trains
     args = parser.parse_args(argv)
+    args.argv = argv  # the command line as the command read it (the hint that continues a run)
     if getattr(args, "gpus", None) is not None:
         return _run_on_gpus(args.gpus, argv)
     try:
@@ -653,7 +660,7 @@ def torchrun_command(gpus: str, argv: list[str]) -> tuple[list[str], dict[str, s
             rest.append(a)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={len(ids)}",
                "-m", "pyxtts", *rest]
-    return command, {"CUDA_VISIBLE_DEVICES": ",".join(ids)}
+    return command, {"CUDA_VISIBLE_DEVICES": ",".join(ids), COMMAND_ENV: shlex.join(["pyxtts", *argv])}
 
 
 def _run_on_gpus(gpus: str, argv: list[str]) -> int:

@@ -382,3 +382,17 @@ def test_optimize_config_says_what_it_writes_and_how_to_plan_for_a_card_elsewher
                                 str(tmp_path / "x.yaml")]) == 2
         assert ("pyxtts optimize-config: --device: cuda:3 is not in this machine; to plan for it elsewhere give its "
                 "memory (--memory 8GiB, say)") in capsys.readouterr().err
+
+
+def test_the_resume_hint_is_this_command_line(monkeypatch):
+    """The line Ctrl-C prints: the command as main read it (not the process's own argv, which
+    is pytest's here), --overwrite dropped, --resume added once; under --gpus's torchrun the
+    launching command, --gpus included."""
+    from pyxtts.cli import _resume_command
+
+    monkeypatch.delenv("PYXTTS_COMMAND", raising=False)
+    assert _resume_command(["train", "--config", "my run.yaml", "--overwrite"]) == \
+        "pyxtts train --config 'my run.yaml' --resume"
+    assert _resume_command(["train", "--resume", "a.safetensors"]) == "pyxtts train --resume a.safetensors"
+    monkeypatch.setenv("PYXTTS_COMMAND", "pyxtts train --gpus 0,1 --config c.yaml")
+    assert _resume_command(["train", "--config", "c.yaml"]) == "pyxtts train --gpus 0,1 --config c.yaml --resume"

@@ -316,7 +316,9 @@ def test_gpus_runs_torchrun_with_the_same_arguments(tmp_path, capsys):
                                                        "shards"])
     assert command[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "pyxtts",
                            "train", "--config", "gpu_8gb", "--data", "shards"]
-    assert env == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    # the workers' Ctrl-C hint is the command that started them, --gpus included
+    assert env == {"CUDA_VISIBLE_DEVICES": "0,1",
+                   "PYXTTS_COMMAND": "pyxtts train --gpus 0,1 --config gpu_8gb --data shards"}
     assert pyxtts.cli.torchrun_command("3", ["train", "--gpus=3"])[0][-1] == "train"
     for bad in ("0,x", "0,0", "", "-1"):
         assert pyxtts.cli.main(["train", "--gpus", bad, "--synthetic", "8", "--checkpoint-dir", str(tmp_path)]) == 2
