@@ -30,7 +30,7 @@ C_SOURCES = ["csrc/engine/common.c", "csrc/engine/half.c", "csrc/cpu/bias.c", "c
 
 def inputs_hash() -> str:
     h = hashlib.sha256()
-    files = [EMU / "emu.h", EMU / "emu.cpp", EMU / "cond_main.cpp"]
+    files = [EMU / "emu.h", EMU / "emu_check.h", EMU / "emu.cpp", EMU / "cond_main.cpp"]
     files += sorted((ROOT / "cuda").glob("*.cuh")) + [ROOT / p for p in C_SOURCES]
     files += sorted((ROOT / "csrc" / "engine").glob("*.h")) + sorted((ROOT / "csrc" / "cpu").glob("*.h"))
     for f in files:

@@ -24,6 +24,7 @@
  *
  * Usage: cond_emu SEED [quick]. Prints one line per case and "failures: N". */
 #include "emu.h"
+#include "emu_check.h"
 
 #include "engine/backend.h"
 #include "colsum.cuh"
@@ -42,37 +43,14 @@ extern "C" {
 #include <string>
 
 static std::mt19937_64 rng;
-static int failures;
 static const double U = 1.0 / (1 << 24); /* float32 unit roundoff */
 
-template <typename T> static pxt_dtype dtype_of() {
-    return std::is_same_v<T, float> ? PXT_FLOAT32 : std::is_same_v<T, pxt_bf16> ? PXT_BFLOAT16 : PXT_FLOAT16;
-}
-template <typename T> static const char *name_of() {
-    return std::is_same_v<T, float> ? "f32" : std::is_same_v<T, pxt_bf16> ? "bf16" : "f16";
-}
-
-/* a device buffer of n values of T, filled from f(i) (poisoned 0xFF when f is NULL) */
-template <typename T, typename F> static T *device(size_t n, F f) {
-    T *p = (T *)emu_alloc(n * sizeof(T) + (n == 0));
-    for (size_t i = 0; i < n; i++)
-        p[i] = f(i);
-    return p;
-}
 template <typename T> static T *poisoned(size_t n) { return (T *)emu_alloc(n * sizeof(T) + (n == 0)); }
 
 template <typename T> static T normal(double scale, double offset = 0.0) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     return stf<T>((float)(offset + scale * nd(rng)));
 }
-
-static void report(const std::string &what, bool ok) {
-    printf("%-72s %s\n", what.c_str(), ok ? "OK" : "FAIL");
-    fflush(stdout);
-    failures += !ok;
-}
-
-static bool same_bits(const void *a, const void *b, size_t n) { return memcmp(a, b, n) == 0; }
 
 /* 16-bit values one step of their grid apart (or equal): neighbours in bits, one sign */
 static bool adjacent(uint16_t a, uint16_t b) {

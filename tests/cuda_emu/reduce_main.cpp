@@ -9,6 +9,7 @@
  *
  * Usage: reduce_emu SEED [quick]. Prints one line per case and "failures: N". */
 #include "emu.h"
+#include "emu_check.h"
 
 #include "engine/backend.h"
 #include "colsum.cuh"
@@ -25,34 +26,10 @@ extern "C" {
 #include <vector>
 
 static std::mt19937_64 rng;
-static int failures;
-
-template <typename T> static pxt_dtype dtype_of() {
-    return std::is_same_v<T, float> ? PXT_FLOAT32 : std::is_same_v<T, pxt_bf16> ? PXT_BFLOAT16 : PXT_FLOAT16;
-}
-template <typename T> static const char *name_of() {
-    return std::is_same_v<T, float> ? "f32" : std::is_same_v<T, pxt_bf16> ? "bf16" : "f16";
-}
-
-/* a device buffer of n values of T, filled from f(i) */
-template <typename T, typename F> static T *device(size_t n, F f) {
-    T *p = (T *)emu_alloc(n * sizeof(T) + (n == 0));
-    for (size_t i = 0; i < n; i++)
-        p[i] = f(i);
-    return p;
-}
 
 template <typename T> static T normal(double scale) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     return stf<T>((float)(scale * nd(rng)));
-}
-
-static int same_bits(const void *a, const void *b, size_t n) { return memcmp(a, b, n) == 0; }
-
-static void report(const std::string &what, bool ok) {
-    printf("%-60s %s\n", what.c_str(), ok ? "OK" : "FAIL");
-    fflush(stdout);
-    failures += !ok;
 }
 
 /* Both stages of colsum.cu's launch, grid.y capped at max_y (the host's cap,
