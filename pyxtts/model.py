@@ -10,6 +10,7 @@ import numpy as np
 
 from pyxtts import _C
 from pyxtts._args import flag, integer, real
+from pyxtts._words import counted
 
 BATCH_KEYS = ("text_inputs", "text_targets", "audio_inputs", "audio_targets", "text_lengths",
               "audio_lengths")
@@ -244,7 +245,7 @@ class MemoryPlan:
         cond = (f", the conditioning path's {self.conditioning_policy} over {self.cond_frames} mel frames"
                 if self.cond_frames else "")
         lines = [f"memory plan ({self.precision}): batch {self.batch_size} x {self.sequence_length} tokens, "
-                 + "checkpointing " + ", ".join(f"{p} in {n} block{'' if n == 1 else 's'}" for p, n in pol.items())
+                 + "checkpointing " + ", ".join(f"{p} in {counted(n, 'block')}" for p, n in pol.items())
                  + cond, "-" * 52]
         lines += [f"{name:34}{fb(v):>18}" for name, v in rows]
         lines += ["-" * 52, f"{'total':34}{fb(self.total):>18}"]

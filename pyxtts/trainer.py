@@ -67,6 +67,7 @@ from pyxtts.fingerprint import check_fingerprint as _check_fingerprint
 from pyxtts.fingerprint import data_fingerprint as _data_fingerprint
 from pyxtts.fingerprint import saved_extra as _saved_extra
 from pyxtts.fingerprint import saved_meta as _saved_meta
+from pyxtts._words import counted, setting_changes
 from pyxtts.memory import cleanup_gpu_memory, format_bytes
 from pyxtts.model import XTTSGPT
 from pyxtts.monitor import _rss_bytes
@@ -432,7 +433,7 @@ class Trainer:
             if unusable:
                 self._reporter.warn(f"resume: resuming from {path.name}, the newest usable checkpoint "
                                     f"({len(unusable)} newer one(s) could not be used)")
-            changed = _config_changes(_saved_extra(path).get("config"), self.config.to_dict())
+            changed = setting_changes(_saved_extra(path).get("config"), self.config.to_dict())
             if changed:  # allowed (a lower learning rate, say), but never unseen
                 self._reporter.warn(f"resume: the config differs from the one {path.name} was saved with: "
                                     + "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6
@@ -528,12 +529,12 @@ class Trainer:
                   f"checkpointing {t.checkpointing}"
                   f"{', optimizer state in host memory' if offloaded else ''}): {len(train)} samples, batch {effective} = "
                   f"{c.data.batch_size} x {t.gradient_accumulation_steps} accumulation, "
-                  f"{_count(per_epoch, 'step')} an epoch, {_count(total, 'step')} in all")
+                  f"{counted(per_epoch, 'step')} an epoch, {counted(total, 'step')} in all")
         if effective > len(train):  # said even without progress: the recipe's batch on a small set
             self._reporter.warn(f"the effective batch ({effective} samples an optimizer step) is larger than the "
                                 f"{len(train)} training samples: each step takes the whole set, so a run takes "
-                                f"{_count(total, 'optimizer step')}; lower gradient_accumulation_steps for more, "
-                                "smaller steps on a small set")
+                                f"{counted(total, 'optimizer step')}; lower gradient_accumulation_steps for "
+                                "more, smaller steps on a small set")
         t_start = time.perf_counter()
         error: BaseException | None = None
         with _stop_on(_stop_signals(self.strategy.world_size)) as signals:  # around the Ctrl-C save too
@@ -813,12 +814,10 @@ def check_resumable(config: XTTSConfig, resume: bool | str | os.PathLike) -> Non
     if resume is False:
         return
     if resume is True:
-        folder = Path(config.training.checkpoint_dir)
-        found = sorted((int(m.group(1)), p) for p in folder.iterdir()
-                       if (m := CHECKPOINT_RE.fullmatch(p.name))) if folder.is_dir() else []
-        if not found:
-            return
-        path = found[-1][1]
+        try:
+            path = run_checkpoint(config.training.checkpoint_dir, "latest")
+        except FileNotFoundError:
+            return  # nothing to resume: fit says so
     else:
         path = Path(resume)
         if not path.is_file():
@@ -852,26 +851,6 @@ def run_checkpoint(checkpoint_dir: str | os.PathLike, which: str) -> Path:
     if not found:
         raise FileNotFoundError(f"no step checkpoint (step_<N>.safetensors) in {folder}")
     return found[-1][1]
-
-
-def _config_changes(saved: Any, now: dict) -> list[str]:
-    """The settings of ``now`` (``XTTSConfig.to_dict()``) that differ from ``saved`` (a
-    checkpoint's), as "section.name: old -> new"."""
-    if not isinstance(saved, dict):
-        return []
-    out = []
-    for section, fields_now in now.items():
-        before = saved.get(section)
-        if not isinstance(fields_now, dict) or not isinstance(before, dict):
-            continue
-        out += [f"{section}.{k}: {before.get(k)!r} -> {fields_now.get(k)!r}"
-                for k in fields_now if k in before and before[k] != fields_now[k]]
-    return out
-
-
-def _count(n: int, noun: str) -> str:
-    """'1 step', '2 steps'."""
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _tighter_caps(config: XTTSConfig) -> dict[str, str]:

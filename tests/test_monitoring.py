@@ -553,3 +553,16 @@ def test_a_resume_with_other_settings_says_which(tmp_path, capsys):
             "training.learning_rate: 0.03 -> 0.01; training.max_steps: 4 -> 6") in err, err
     Trainer(later, progress=False).fit(train, held, resume=True)  # nothing changed: nothing said
     assert "differs" not in capsys.readouterr().err
+
+
+def test_setting_changes_name_nested_settings_and_skip_what_a_file_predates():
+    from pyxtts._words import counted, setting_changes
+
+    before = {"training": {"lr": 0.1, "old_only": 1}, "seed": 0}
+    after = {"training": {"lr": 0.2, "new_only": 2}, "seed": 0, "extra": {"a": 1}}
+    assert setting_changes(before, after) == ["training.lr: 0.1 -> 0.2"]
+    assert setting_changes(before, after, absent_too=True) == [
+        "training.lr: 0.1 -> 0.2", "training.new_only: None -> 2", "training.old_only: 1 -> None",
+        "extra: None -> {'a': 1}"]
+    assert setting_changes(None, after) == [] and setting_changes(before, before) == []
+    assert [counted(n, "shard") for n in (0, 1, 2)] == ["0 shards", "1 shard", "2 shards"]

@@ -177,8 +177,8 @@ def test_resume_keeps_finished_shards(small, prepared, tmp_path, monkeypatch):
 def test_other_settings_are_refused(small, prepared, tmp_path):
     out, _ = prepared
     # the refusal names what changed (the folder records its settings)
-    with pytest.raises(FileExistsError, match=r"prepared from other inputs or settings \(eval_fraction: was 0\.25, "
-                                              r"now 0\.5\);.*--overwrite"):
+    with pytest.raises(FileExistsError, match=r"prepared from other inputs or settings \(eval_fraction: 0\.25 -> "
+                                              r"0\.5\);.*--overwrite"):
         prepare(small["xtts"], small["meta"], out, eval_fraction=0.5, samples_per_shard=4, seed=SEED, progress=False)
     with pytest.raises(NotADirectoryError, match=r"^out: '.*notes\.txt' is a file; the output is a folder"):
         (tmp_path / "notes.txt").write_text("a file")

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from pyxtts._args import flag, integer, real
+from pyxtts._words import counted, setting_changes
 from pyxtts.data import shard_arrays
 from pyxtts.prepare.assets import XTTSAssets
 from pyxtts.prepare.audio import DVAE_MEL, SAMPLE_RATE, SILENCE_PEAK, AudioError, load_audio, mel_spectrogram
@@ -112,8 +113,8 @@ class PrepareResult:
         for split in ("train", "eval"):
             if s["splits"].get(split):
                 sp = s["splits"][split]
-                lines.append(f"  {split}: {_n(sp['kept'], 'sample')} in {_n(sp['shards'], 'shard')} "
-                             f"({sp['hours']:.3f} h)")
+                lines.append(f"  {split}: {counted(sp['kept'], 'sample')} in "
+                             f"{counted(sp['shards'], 'shard')} ({sp['hours']:.3f} h)")
         if s["dropped"]:
             lines.append("  dropped: " + ", ".join(f"{n} {r}" for r, n in sorted(s["dropped"].items()))
                          + f" (each listed in {self.report.name})")
@@ -134,8 +135,9 @@ class PrepareResult:
             lines.append(f"  {s['text_tokens_per_second']:.2f} text tokens and {s['audio_codes_per_second']:.2f} "
                          "audio codes per second of speech")
         lines.append(f"  {s['wall_seconds']:.1f} s wall time for {s['processed_seconds']:.1f} s of audio "
-                     f"({s['audio_seconds_per_second']:.1f} s of audio per second; {_n(s['workers'], 'worker')}, "
-                     f"{_n(s['shards_resumed'], 'shard')} kept from an earlier run)")
+                     f"({s['audio_seconds_per_second']:.1f} s of audio per second; "
+                     f"{counted(s['workers'], 'worker')}, "
+                     f"{counted(s['shards_resumed'], 'shard')} kept from an earlier run)")
         return "\n".join(lines)
 
 
@@ -361,29 +363,6 @@ def _progress(enabled: bool, total: int, initial: int):
                 file=sys.stderr, disable=not live)
 
 
-def _n(count: int, noun: str) -> str:
-    """'1 shard', '3 shards'."""
-    return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
-def _changed_settings(previous: dict, settings: dict) -> list[str]:
-    """What differs between an output folder's recorded settings and this call's, as
-    "name: was X, now Y" (the XTTS folder's files by name, not their digests)."""
-    out = []
-    for key in sorted(set(previous) | set(settings)):
-        a, b = previous.get(key), settings.get(key)
-        if a == b:
-            continue
-        if key == "xtts_files":
-            out.append("the XTTS folder's files differ")
-        elif isinstance(a, dict) and isinstance(b, dict):
-            out += [f"{key}.{k}: was {a.get(k)!r}, now {b.get(k)!r}" for k in sorted(set(a) | set(b))
-                    if a.get(k) != b.get(k)]
-        else:
-            out.append(f"{key}: was {a!r}, now {b!r}")
-    return out
-
-
 def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str | os.PathLike,
             language: str = "en", audio_dir: str | os.PathLike | None = None, eval_fraction: float = 0.0,
             workers: int = 1, samples_per_shard: int = 256, seed: int = 0, overwrite: bool = False,
@@ -464,7 +443,12 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
             if not overwrite:
                 what = "was prepared from other inputs or settings" if manifest.is_file() else \
                     "is not an output folder of pyxtts prepare"
-                changed = _changed_settings(previous, settings) if isinstance(previous, dict) else []
+                changed = []
+                if isinstance(previous, dict):  # the XTTS folder's files in words, not digests
+                    files = previous.get("xtts_files") != settings["xtts_files"]
+                    changed = (["the XTTS folder's files differ"] if files else []) + setting_changes(
+                        {k: v for k, v in previous.items() if k != "xtts_files"},
+                        {k: v for k, v in settings.items() if k != "xtts_files"}, absent_too=True)
                 if changed:
                     what += f" ({'; '.join(changed)})"
                 raise FileExistsError(f"out: {str(out)!r} {what}; choose a new folder, or pass --overwrite "
