@@ -46,7 +46,8 @@ class SpokenSamples(Callback):
         out = samples_dir(run.checkpoint_dir) / f"step_{step:08d}"
         export = samples_dir(run.checkpoint_dir) / f".export_step_{step:08d}"
         try:  # the export is the child's input only: gone once it has spoken
-            export_xtts_checkpoint(run.model, t.xtts_dir, export, vocab=t.vocab)
+            # a leftover of a crashed run at this step is this run's scratch too
+            export_xtts_checkpoint(run.model, t.xtts_dir, export, vocab=t.vocab, overwrite=True)
             files = speak(export, list(t.test_sentences), out, seed=t.seed)
         except (OSError, RuntimeError, ValueError) as exc:
             # samples are for watching: a failure to make them is said, and training goes on
