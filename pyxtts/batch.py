@@ -153,20 +153,29 @@ def _find_here(model, optimizer, text_len: int | None, audio_len: int | None, st
     cond_len, frames = c.n_cond_latents, c.planned_cond_frames
     device = model.device
     model.release_memory()  # a cached step arena is not part of the budget's "else"
+    cleanup_gpu_memory(device)  # nor are the cache's free segments
     budget = _budget(device, safety_margin)
     base = model.estimate_memory(1, text_len, audio_len, cond_len, optimizer=True, cond_frames=frames,
                                  offload=offload)
-    # bytes allocated on the device that are neither the model's nor the optimizer's
+    # What the step cannot have: the device's reserved segments less the model's and the
+    # optimizer's planned bytes. Reserved, not allocated: the free space inside the
+    # segments that hold the parameters (the allocator rounds a 3 MB tensor up to a 20 MiB
+    # segment) cannot take the step's large buffers, and on a small budget it is more than
+    # the safety margin (a 64 MiB limit once found batch 1 where 13 fits)
     resident = base.parameters + base.gradients + base.optimizer
-    foreign = max(0, _C.memory_stats(device)["allocated_bytes"] - resident)
+    foreign = max(0, _C.memory_stats(device)["reserved_bytes"] - resident)
 
-    def fits(b: int, avail: int) -> bool:
+    def plan_total(b: int, avail: int) -> int | None:
         try:
             plan = model.estimate_memory(b, text_len, audio_len, cond_len, budget=avail, optimizer=True,
                                          cond_frames=frames, offload=offload)
         except ValueError:  # past the engine's limit on the rows of one step: does not fit
-            return False
-        return plan.total + foreign <= avail
+            return None
+        return plan.total + foreign
+
+    def fits(b: int, avail: int) -> bool:
+        total = plan_total(b, avail)
+        return total is not None and total <= avail
 
     def solve(avail: int, hi_cap: int | None) -> int | None:
         return largest_fitting(lambda b: fits(b, avail), start, hi_cap)
@@ -203,7 +212,11 @@ def _find_here(model, optimizer, text_len: int | None, audio_len: int | None, st
             cleanup_gpu_memory(device)
             if size == start:
                 break
-            smaller = solve(budget - deficit, size - 1)
+            # the failed size's planned total was short by the deficit: plan below that, not
+            # below the budget less the deficit (which would keep the failed size's slack)
+            failed = plan_total(size, budget)
+            avail = budget - deficit if failed is None else min(budget, failed) - deficit
+            smaller = solve(avail, size - 1)
             size = start if smaller is None else min(smaller, size - 1)
             if attempt == _MAX_VERIFY_STEPS - 2:
                 # the last try is start_batch_size itself, so that the error below is

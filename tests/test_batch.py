@@ -66,6 +66,31 @@ def test_found_batch_fits_and_is_close_to_the_true_largest(limit_mib, rng):
     assert_same(full_state(m, opt), before, "the model and optimizer")
 
 
+@pytest.mark.slow
+def test_the_parameters_segments_free_space_is_not_counted_as_room_for_the_step():
+    """The CPU demo's model: its 3 MB flat buffers sit in 20 MiB segments, so 11 MB of
+    reserved memory is free space no step buffer can use. The search once counted it as
+    room: at a 64 MiB limit its first two real steps ran out of memory and it answered 1,
+    where 13 fits, and a larger limit gave a smaller answer."""
+    cfg = pyxtts.XTTSConfig.load("cpu_demo").model
+    m = pyxtts.XTTSGPT(cfg, seed=4)
+    opt = pyxtts.AdamW(m)
+    before = full_state(m, opt)
+    found = []
+    for limit_mib in (48, 64, 96):
+        pyxtts.set_memory_limit(limit_mib << 20, "cpu")
+        n0 = pyxtts.memory_stats("cpu")["num_ooms"]
+        size = pyxtts.find_optimal_batch_size(m, opt, max_batch_size=64)
+        assert pyxtts.memory_stats("cpu")["num_ooms"] == n0, f"{limit_mib} MiB: a verification step ran out"
+        true = size
+        while fits_real_step(m, opt, true + 1):
+            true += 1
+        assert size >= 0.85 * true, (limit_mib, size, true)
+        found.append(size)
+    assert found == sorted(found) and found[0] < found[-1], found
+    assert_same(full_state(m, opt), before, "the model and optimizer")
+
+
 def test_search_respects_bounds_and_needs_no_optimizer():
     m = pyxtts.XTTSGPT(CFG, seed=2)
     pyxtts.set_memory_limit(40 << 20, "cpu")
@@ -97,10 +122,9 @@ def test_verification_falls_back_after_an_oom():
 
 
 def test_small_budget_whose_segments_outgrow_the_plan_still_finds_a_size():
-    """A few MiB over a tiny model: the plan picks a batch whose large blocks the allocator
-    rounds to segments past the limit, so the first two verification steps fail. The last
-    try is start_batch_size, which fits: it is returned, where the search once raised
-    'no batch size >= 1 fits' (found by the fuzz)."""
+    """A few MiB over a tiny model, whose large blocks the allocator rounds to segments:
+    the search once picked a batch past the limit there, and raised 'no batch size >= 1
+    fits' (found by the fuzz). It now counts the segments: its first step fits."""
     cfg = pyxtts.ModelConfig(n_layers=1, d_model=8, n_heads=2, text_vocab_size=7, audio_vocab_size=5,
                              max_text_tokens=6, max_audio_tokens=8, n_cond_latents=2, dropout=0.0,
                              max_cond_frames=12)
@@ -110,8 +134,31 @@ def test_small_budget_whose_segments_outgrow_the_plan_still_finds_a_size():
     pyxtts.set_memory_limit(pyxtts.memory_allocated("cpu") + (8 << 20), "cpu")
     n0 = pyxtts.memory_stats("cpu")["num_ooms"]
     size = pyxtts.find_optimal_batch_size(m, opt)
-    assert pyxtts.memory_stats("cpu")["num_ooms"] > n0, "the case: a verification step ran out of memory"
+    assert pyxtts.memory_stats("cpu")["num_ooms"] == n0
     assert size >= 1 and fits_real_step(m, opt, size)
+    assert_same(full_state(m, opt), before, "the model and optimizer")
+
+
+def test_after_two_failed_steps_the_last_try_is_start_batch_size():
+    """Two verification steps that run out of memory (injected): the third and last is
+    start_batch_size, so that the error it would raise says what did not fit."""
+    m = pyxtts.XTTSGPT(CFG, seed=5)
+    opt = pyxtts.AdamW(m)
+    pyxtts.set_memory_limit(40 << 20, "cpu")
+    plain = pyxtts.find_optimal_batch_size(m, opt)
+    before = full_state(m, opt)
+    sizes = []
+    run = m.forward_backward
+
+    def failing_twice(batch, *args, **kwargs):
+        sizes.append(len(batch["text_inputs"]))
+        if len(sizes) <= 2:
+            pyxtts.testing.inject_oom(0, "cpu")
+        return run(batch, *args, **kwargs)
+
+    m.forward_backward = failing_twice
+    assert pyxtts.find_optimal_batch_size(m, opt, start_batch_size=2) == 2
+    assert sizes[0] == plain and sizes[0] > sizes[1] > 2 and sizes[2] == 2, sizes
     assert_same(full_state(m, opt), before, "the model and optimizer")
 
 
