@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, cast
 
 import numpy as np
 
 from pyxtts import _C
 from pyxtts._args import flag, integer, real
 from pyxtts.memory import cleanup_gpu_memory
+from pyxtts.model import XTTSGPT
 from pyxtts.strategy import SingleProcess, Strategy
 
 _MAX_SEARCH = 1 << 20  # upper end of the exponential search when max_batch_size is None
@@ -70,6 +71,39 @@ def _positive_int(name: str, value: Any, allow_none: bool = False) -> int | None
     return integer(name, value, minimum=1)
 
 
+def _model(model: Any) -> XTTSGPT:
+    if not isinstance(model, XTTSGPT):
+        raise TypeError(f"model: expected a pyxtts.XTTSGPT, got {type(model).__name__}")
+    return model
+
+
+def _optimizer(where: str, optimizer: Any, model: XTTSGPT, optional: bool = False) -> Any:
+    """An AdamW built on ``model``: another model's would step that one, silently."""
+    if optimizer is None and optional:
+        return None
+    if not isinstance(optimizer, _C.AdamW):
+        expected = "a pyxtts.AdamW or None" if optional else "a pyxtts.AdamW"
+        raise TypeError(f"optimizer: expected {expected}, got {type(optimizer).__name__}")
+    if not optimizer.steps(model):
+        raise ValueError(f"optimizer: this AdamW was built on another model, not the one {where} was given; "
+                         "build one on this model (pyxtts.AdamW(model, ...))")
+    return optimizer
+
+
+_STRATEGY_METHODS = ("shard", "reduce_counts", "failed_rank", "agree", "gradient_hook", "all_reduce_grads",
+                     "reduce_losses", "sum_floats", "barrier")
+
+
+def _strategy(strategy: Any) -> Strategy:
+    if strategy is None:
+        return SingleProcess()
+    missing = [m for m in _STRATEGY_METHODS if not callable(getattr(strategy, m, None))]
+    if missing or not isinstance(getattr(strategy, "world_size", None), int):
+        raise TypeError(f"strategy: expected None or a pyxtts.distributed.DataParallel, got "
+                        f"{strategy!r}")
+    return cast(Strategy, strategy)
+
+
 def largest_fitting(fits, start: int = 1, cap: int | None = None) -> int | None:
     """Largest b in [start, cap] with fits(b) for a fits that is monotone (true up to
     some size, false above it): doubling from start (up to 2**20 without a cap), then
@@ -105,8 +139,19 @@ def find_optimal_batch_size(model, optimizer=None, text_len: int | None = None,
     With a ``strategy`` of several processes each process searches its own device, and all
     return the smallest answer; when one of them finds none, every process raises (that
     process its own error, the others one that names it)."""
+    where = "find_optimal_batch_size"
+    model = _model(model)
+    optimizer = _optimizer(where, optimizer, model, optional=True)
+    strategy = _strategy(strategy)
+    offload = flag("offload", offload)
+    if optimizer is not None:  # its state is counted where it lives
+        if offload and optimizer.state_device != "cpu":
+            raise ValueError("offload: True plans the optimizer's state in host memory, but the given "
+                             "optimizer keeps it on the device (state_device=None); pass an AdamW built with "
+                             "state_device='cpu', or offload=False")
+        offload = optimizer.state_device == "cpu"
     args = (model, optimizer, text_len, audio_len, start_batch_size, max_batch_size, safety_margin, verify, offload)
-    if strategy is None or strategy.world_size == 1:
+    if strategy.world_size == 1:
         return _find_here(*args)
     size = error = None
     try:
@@ -301,8 +346,11 @@ def train_step_with_accumulation(model, optimizer, batch: Mapping[str, Any],
     runs; its backward then starts the gradients' all-reduce group by group
     (``strategy.gradient_hook``), overlapping the rest of the backward. The default,
     ``SingleProcess``, is the step above."""
+    where = "train_step_with_accumulation"
+    model = _model(model)
+    optimizer = _optimizer(where, optimizer, model)
     steps = _positive_int("accumulation_steps", accumulation_steps)
-    strategy = SingleProcess() if strategy is None else strategy
+    strategy = _strategy(strategy)
     first_row = integer("first_row", first_row, minimum=0)
     _, counts = model._prepare(batch)  # validates the whole batch before any work
     n_text, n_audio = strategy.reduce_counts((int(counts[0]), int(counts[1])))

@@ -66,7 +66,7 @@ def _ids(value: Any, where: str, what: str) -> np.ndarray:
         raise DataError(f"{where}: {what} must be a 1-d integer array, got dtype {a.dtype} shape {a.shape}")
     if a.size == 0:
         raise DataError(f"{where}: {what} is empty")
-    return a.astype(np.int64)
+    return a.astype(np.int64, copy=False)
 
 
 def _cond(value: Any, where: str) -> np.ndarray:
@@ -74,7 +74,7 @@ def _cond(value: Any, where: str) -> np.ndarray:
     if a.ndim != 2 or a.dtype.kind != "f":
         raise DataError(f"{where}: cond must be a 2-d float array (n_cond, d_model), got dtype "
                         f"{a.dtype} shape {a.shape}")
-    return a.astype(np.float32)
+    return a.astype(np.float32, copy=False)
 
 
 def _ref_audio(value: Any, where: str) -> np.ndarray:
@@ -191,7 +191,12 @@ class TTSDataset(Sequence):
     ``train/`` (and ``eval/``); given the folder, the ``DataError`` says so."""
 
     def __init__(self, samples: Sequence[Sample], config=None, mel_stats: np.ndarray | None = None) -> None:
-        self.samples = list(samples)
+        try:
+            samples = list(samples)
+        except TypeError:
+            raise TypeError(f"TTSDataset: samples: expected a sequence of pyxtts.Sample, got "
+                            f"{type(samples).__name__}") from None
+        self.samples = [_checked(s, i, "TTSDataset") for i, s in enumerate(samples)]
         self.mel_stats = None if mel_stats is None else np.asarray(mel_stats, dtype=np.float64)
         if config is not None:
             self.validate(config)
@@ -351,14 +356,16 @@ def _shift(ids: np.ndarray, stop: int | None) -> np.ndarray:
     return t
 
 
-def _checked(s: Any, i: int) -> Sample:
-    """A Sample as the loaders make it (non-empty 1-d int64 ids, float32 latents), or DataError:
-    a hand-made Sample with empty, 2-d, float, uint8 or str ids is refused, never half-collated."""
+def _checked(s: Any, i: int, caller: str = "collate") -> Sample:
+    """A Sample as the loaders make it (non-empty 1-d int64 ids, float32 latents and
+    reference), or DataError: a hand-made Sample's lists (or CPU tensors) become arrays, and
+    empty, 2-d, float, uint8 or str ids are refused, never half-collated."""
     if not isinstance(s, Sample):
-        raise TypeError(f"collate: sample {i}: expected a pyxtts.Sample, got {type(s).__name__}")
-    where = f"collate: sample {i}" + (f" ({s.source})" if s.source else "")
+        raise TypeError(f"{caller}: sample {i}: expected a pyxtts.Sample, got {type(s).__name__}")
+    where = f"{caller}: sample {i}" + (f" ({s.source})" if s.source else "")
     return dataclasses.replace(s, text=_ids(s.text, where, "text"), audio=_ids(s.audio, where, "audio"),
-                               cond=None if s.cond is None else _cond(s.cond, where))
+                               cond=None if s.cond is None else _cond(s.cond, where),
+                               ref_audio=None if s.ref_audio is None else _ref_audio(s.ref_audio, where))
 
 
 def collate(samples: Sequence[Sample], text_stop_token: int | None = None,

@@ -63,6 +63,7 @@ from pyxtts.checkpoint import (ArchitectureError, CheckpointError, load_checkpoi
 from pyxtts.config import XTTSConfig, offload_for
 from pyxtts.coqui_config import coqui_decay
 from pyxtts.data import DataError, Sample, TTSDataset, batch_groups, collate, collate_references
+from pyxtts.data import _checked as _checked_sample
 from pyxtts.fingerprint import check_fingerprint as _check_fingerprint
 from pyxtts.fingerprint import data_fingerprint as _data_fingerprint
 from pyxtts.fingerprint import saved_extra as _saved_extra
@@ -567,9 +568,13 @@ class Trainer:
             if ds is None:
                 checked.append(None)
                 continue
-            if not isinstance(ds, Sequence) or len(ds) == 0:
-                raise ValueError(f"{name}: expected a non-empty sequence of samples (a TTSDataset)")
-            checked.append(ds if isinstance(ds, TTSDataset) else TTSDataset(list(ds)))
+            if not isinstance(ds, Sequence) or isinstance(ds, (str, bytes)):
+                raise TypeError(f"{name}: expected a sequence of samples (a TTSDataset), got {type(ds).__name__}")
+            if len(ds) == 0:
+                raise ValueError(f"{name}: expected a non-empty sequence of samples (a TTSDataset), got an empty "
+                                 f"{type(ds).__name__}")
+            checked.append(ds if isinstance(ds, TTSDataset)
+                           else TTSDataset([_checked_sample(s, i, name) for i, s in enumerate(ds)]))
             checked[-1].validate(_data_limits(self.config), _tighter_caps(self.config))
         train, held = checked
         if train is None:

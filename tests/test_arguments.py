@@ -240,12 +240,13 @@ def test_python_integers_take_integers_only(model, tmp_path, rng):
 
     ids = np.arange(3, dtype=np.int64)
     data = TTSDataset([Sample(ids, ids) for _ in range(4)])
+    opt = pyxtts.AdamW(model)
     stats = np.ones(80)
     wav = np.ones(1000, np.float32)
     cases = [
         ("text_len", lambda v: pyxtts.find_optimal_batch_size(model, text_len=v)),
         ("max_batch_size", lambda v: pyxtts.find_optimal_batch_size(model, max_batch_size=v)),
-        ("accumulation_steps", lambda v: pyxtts.train_step_with_accumulation(model, None, {}, v)),
+        ("accumulation_steps", lambda v: pyxtts.train_step_with_accumulation(model, opt, {}, v)),
         ("samples_per_shard", lambda v: write_shards([], tmp_path / "s", samples_per_shard=v)),
         ("n_eval", lambda v: data.split(v)),
         ("batch_size", lambda v: batch_groups(data, v)),

@@ -276,3 +276,53 @@ def test_raises_when_one_sample_does_not_fit_and_validates_first():
         pyxtts.train_step_with_accumulation(m, opt, bad, 2)
     with pytest.raises(ValueError, match="accumulation_steps"):
         pyxtts.train_step_with_accumulation(m, opt, BATCH, 0)
+
+
+# ---- what the two calls are given -------------------------------------------------------
+
+def test_an_optimizer_built_on_another_model_is_refused_with_nothing_changed(rng):
+    """A step of model A with model B's AdamW once updated B (weight decay on zero
+    gradients) and left A as it was, reporting a normal step."""
+    a, opt_a = fresh(seed=6)
+    b, opt_b = fresh(seed=7)
+    before = full_state(a, opt_a), full_state(b, opt_b)
+    with pytest.raises(ValueError, match=r"^optimizer: this AdamW was built on another model"):
+        pyxtts.train_step_with_accumulation(a, opt_b, BATCH, 2)
+    with pytest.raises(ValueError, match=r"^optimizer: this AdamW was built on another model"):
+        pyxtts.find_optimal_batch_size(a, opt_b)
+    assert_same(full_state(a, opt_a), before[0], "model A")
+    assert_same(full_state(b, opt_b), before[1], "model B")
+    assert opt_a.steps(a) and not opt_a.steps(b) and opt_b.steps(b)
+
+
+@pytest.mark.parametrize("call, name, shown", [
+    (lambda m, o: pyxtts.train_step_with_accumulation(None, o, BATCH, 1), "model", "NoneType"),
+    (lambda m, o: pyxtts.train_step_with_accumulation(o, m, BATCH, 1), "model", "AdamW"),
+    (lambda m, o: pyxtts.train_step_with_accumulation(m, None, BATCH, 1), "optimizer", "NoneType"),
+    (lambda m, o: pyxtts.train_step_with_accumulation(m, "adamw", BATCH, 1), "optimizer", "str"),
+    (lambda m, o: pyxtts.train_step_with_accumulation(m, o, BATCH, 1, strategy="ddp"), "strategy", "'ddp'"),
+    (lambda m, o: pyxtts.find_optimal_batch_size(m.config), "model", "ModelConfig"),
+    (lambda m, o: pyxtts.find_optimal_batch_size(m, "adamw"), "optimizer", "str"),
+    (lambda m, o: pyxtts.find_optimal_batch_size(m, o, strategy=1), "strategy", "1"),
+])
+def test_wrong_objects_are_type_errors_naming_the_argument(call, name, shown):
+    m, opt = fresh(seed=8)
+    before = full_state(m, opt)
+    with pytest.raises(TypeError, match=rf"^{name}: expected .*{shown}"):
+        call(m, opt)
+    assert_same(full_state(m, opt), before, "the model and optimizer")
+
+
+def test_offload_true_with_an_optimizer_whose_state_is_on_the_device_is_refused():
+    """offload=True plans a temporary optimizer's state in host memory; a given optimizer's
+    state is where it is, so the flag with one on the device was silently ignored."""
+    m = pyxtts.XTTSGPT(CFG, seed=9)
+    on_device = pyxtts.AdamW(m)
+    before = full_state(m, on_device)
+    with pytest.raises(ValueError, match=r"^offload: True plans .*state_device=None"):
+        pyxtts.find_optimal_batch_size(m, on_device, offload=True)
+    assert_same(full_state(m, on_device), before, "the model and optimizer")
+    del on_device
+    pyxtts.set_memory_limit(40 << 20, "cpu")
+    offloaded = pyxtts.AdamW(m, state_device="cpu")
+    assert pyxtts.find_optimal_batch_size(m, offloaded) == pyxtts.find_optimal_batch_size(m, offloaded, offload=True)

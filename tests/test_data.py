@@ -218,3 +218,18 @@ def test_small_model_learns_the_synthetic_task():
     print(f"synthetic: audio loss {start:.3f} -> {end:.3f} in 150 steps, {elapsed:.1f} s")
     assert end < 0.7 * start
     assert elapsed < 40
+
+
+def test_samples_made_by_hand_from_lists_are_arrays_and_wrong_objects_are_named():
+    """Trainer.fit on Samples holding lists once failed inside validation ('<' between a
+    list and an int); a batch dict among the samples failed on a missing attribute."""
+    ds = TTSDataset([Sample([1, 2, 3], (4, 5, 6, 7)) for _ in range(3)])
+    s = ds[0]
+    assert s.text.dtype == np.int64 and s.audio.dtype == np.int64
+    assert s.text.tolist() == [1, 2, 3] and s.audio.tolist() == [4, 5, 6, 7]
+    with pytest.raises(TypeError, match=r"^TTSDataset: sample 1: expected a pyxtts.Sample, got dict"):
+        TTSDataset([Sample([1], [2]), {"text": [1], "audio": [2]}])
+    with pytest.raises(DataError, match=r"^TTSDataset: sample 0: text must be a 1-d integer array"):
+        TTSDataset([Sample([1.5], [2])])
+    with pytest.raises(TypeError, match=r"^TTSDataset: samples: expected a sequence of pyxtts.Sample, got int"):
+        TTSDataset(3)

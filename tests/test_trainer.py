@@ -307,3 +307,21 @@ def test_bad_arguments(tmp_path):
         make_config(tmp_path, warmup_steps=5)  # a constant schedule does not warm up
     with pytest.raises(ValueError, match="keep_checkpoints"):
         make_config(tmp_path, keep_checkpoints=0)
+
+
+def test_fit_takes_samples_of_lists_and_names_what_is_not_a_sample(tmp_path):
+    """Samples holding lists train as arrays would (they failed inside validation); a list
+    of batch dicts, a string or an empty set is refused by the argument's name."""
+    cfg = make_config(tmp_path, max_steps=2, eval_interval=100)
+    train, held = datasets(cfg, 8)
+    as_lists = [Sample(s.text.tolist(), s.audio.tolist()) for s in train]
+    r = Trainer(cfg, progress=False).fit(as_lists)
+    r_arrays = Trainer(make_config(tmp_path / "b", max_steps=2, eval_interval=100), progress=False).fit(train)
+    assert r.history[-1]["loss"] == r_arrays.history[-1]["loss"]
+    tr = Trainer(cfg, progress=False)
+    with pytest.raises(TypeError, match=r"^dataset: sample 0: expected a pyxtts.Sample, got dict"):
+        tr.fit([collate(train.samples[:2])])
+    with pytest.raises(TypeError, match=r"^eval_dataset: expected a sequence of samples .*got str"):
+        tr.fit(train, "shards/eval")
+    with pytest.raises(ValueError, match=r"^eval_dataset: expected a non-empty .*got an empty TTSDataset"):
+        tr.fit(train, TTSDataset([]))

@@ -748,10 +748,30 @@ static PyGetSetDef adamw_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
+/* whether this optimizer updates `model`'s parameters: a step of one model with another's
+ * optimizer would update the other and leave this one as it was, without an error */
+static PyObject *adamw_steps(PyObject *op, PyObject *model) {
+    pxt_py_adamw *o = (pxt_py_adamw *)op;
+    if (check_init(o) < 0) {
+        return NULL;
+    }
+    pxt_flat *flat = NULL;
+    PyObject *core = pxt_py_flat_handle_of(model, &flat);
+    if (!core) {
+        PyErr_Format(PyExc_TypeError, "model: expected a pyxtts.XTTSGPT, got %.100s",
+                     Py_TYPE(model)->tp_name);
+        return NULL;
+    }
+    int same = flat == o->opt.flat;
+    Py_DECREF(core);
+    return PyBool_FromLong(same);
+}
+
 static PyMethodDef adamw_methods[] = {
     {"step", adamw_step, METH_NOARGS,
      "step() -> dict(skipped, grad_norm, loss_scale, lr, step): one update from the gradients"},
     {"zero_grad", adamw_zero_grad, METH_NOARGS, "set the model's gradients to 0"},
+    {"steps", adamw_steps, METH_O, "steps(model) -> bool: whether this optimizer updates model"},
     {"swap_ema", adamw_swap_ema, METH_NOARGS,
      "exchange the model's parameters and the EMA (again to swap back); returns ema_swapped"},
     {"state_dict", adamw_state_dict, METH_NOARGS,
