@@ -10,6 +10,7 @@ import numpy as np
 
 from pyxtts import _C
 from pyxtts._args import flag, integer, real
+from pyxtts._interrupts import begin_commit
 from pyxtts.memory import cleanup_gpu_memory
 from pyxtts.model import XTTSGPT
 from pyxtts.strategy import SingleProcess, Strategy
@@ -405,6 +406,7 @@ def train_step_with_accumulation(model, optimizer, batch: Mapping[str, Any],
         splits += 1
     strategy.all_reduce_grads(model)
     text, audio = strategy.reduce_losses(out)
+    begin_commit()  # a Trainer holds Ctrl-C from here until it has counted the step (pyxtts._interrupts)
     step = optimizer.step()  # allocates nothing: AdamW reserves its state when it is built
     model.dropout_step = dropout_step + 1
     elapsed = time.perf_counter() - t0

@@ -578,7 +578,7 @@ def _rebase_references(d: dict, folder: Path) -> dict:
     for e in entries:
         ref = e.get("reference") if isinstance(e, Mapping) else None
         if isinstance(ref, str) and ref and not os.path.isabs(ref):
-            e = {**e, "reference": os.path.normpath(os.path.join(folder, ref))}
+            e = {**e, "reference": os.path.abspath(os.path.join(folder, ref))}
         out.append(e)
     return {**d, "training": {**sec, "test_sentences": out}}
 

@@ -98,6 +98,9 @@ def speak(export_dir: Path, sentences: list[dict], out_dir: Path, seed: int) -> 
     last output when it fails."""
     out_dir.mkdir(parents=True, exist_ok=True)
     spec = out_dir / "sentences.json"
+    # the child runs in out_dir: a reference relative to this process's working directory
+    # (a config loaded from a relative path gives those) is made absolute here
+    sentences = [{**s, "reference": os.path.abspath(s["reference"])} for s in sentences]
     spec.write_text(json.dumps({"seed": seed, "sentences": sentences}, ensure_ascii=False), encoding="utf-8")
     try:
         # run in out_dir: "-m" puts the working directory first on the child's path, and a

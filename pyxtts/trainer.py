@@ -53,6 +53,7 @@ import numpy as np
 
 from pyxtts import _C
 from pyxtts._args import flag
+from pyxtts._interrupts import end_commit, holding_sigint
 from pyxtts.batch import find_optimal_batch_size, train_step_with_accumulation
 from pyxtts.callbacks import (BEST_NAME, MAX_SKIPPED, BestCheckpoint, Callback, CallbackList, Evaluation,
                               JSONLLog, Progress, Reporter, Run, RunState, SpokenSamples, StepCheckpoints,
@@ -538,7 +539,9 @@ class Trainer:
                                 "more, smaller steps on a small set")
         t_start = time.perf_counter()
         error: BaseException | None = None
-        with _stop_on(_stop_signals(self.strategy.world_size)) as signals:  # around the Ctrl-C save too
+        # SIGTERM (and, with several processes, SIGINT) noted; a single process's Ctrl-C held
+        # while a step's update is counted (pyxtts._interrupts); around the Ctrl-C save too
+        with _stop_on(_stop_signals(self.strategy.world_size)) as signals, holding_sigint():
             try:
                 self.callbacks.fit_start(run)
                 if resumed is not None:
@@ -644,7 +647,9 @@ class Trainer:
                     if t.enable_memory_cleanup and state.step % t.cleanup_interval == 0:
                         rec["cleanup_released_bytes"] = cleanup_gpu_memory(self.device)
                     run.history.append(rec)
-                    self.callbacks.step_end(run, rec)
+                    self.callbacks.step_end(run, rec, acting=False)  # the step's record written
+                    end_commit()  # a Ctrl-C since the update is raised now: the step is counted
+                    self.callbacks.step_end(run, rec, acting=True)
                     signum = self._agree_after_step(signals) if dp.world_size > 1 else min(signals, default=None)
                     if signum is not None:
                         raise Terminated(signum)

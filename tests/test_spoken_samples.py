@@ -191,6 +191,32 @@ def test_reference_clips_in_a_yaml_are_relative_to_its_folder(tmp_path):
     assert t.test_sentences == [{"text": "hi", "language": "en", "reference": str(tmp_path / "cfg" / "voices/a.wav")}]
 
 
+def test_relative_references_reach_the_child_as_absolute_paths(tmp_path, monkeypatch):
+    """`pyxtts train --config run.yaml` (a relative path) left the references relative to
+    the working directory, and the child, which runs in the samples folder, could not
+    read them: every evaluation said the file was unreadable."""
+    import json
+    import subprocess
+
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "run.yaml").write_text("training:\n  xtts_dir: XTTS-v2\n  test_sentences:\n"
+                                               "    - {text: hi, language: en, reference: voices/a.wav}\n")
+    monkeypatch.chdir(tmp_path)
+    t = XTTSConfig.load("cfg/run.yaml").training
+    assert t.test_sentences[0]["reference"] == str(tmp_path / "cfg" / "voices" / "a.wav")
+
+    seen = []
+
+    def child(cmd, **kwargs):  # what the child would read
+        seen.append(json.loads(Path(cmd[-2]).read_text(encoding="utf-8")))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", child)
+    pyxtts.speak.speak(tmp_path / "export", [{"text": "hi", "language": "en", "reference": "voices/b.wav"}],
+                       tmp_path / "samples" / "step_1", seed=0)
+    assert seen[0]["sentences"][0]["reference"] == str(tmp_path / "voices" / "b.wav")
+
+
 def test_the_trainers_memory_stays_flat_over_20_evaluations_with_samples(tmp_path, rng, monkeypatch):
     """Each evaluation exports the weights and hands the sentences to a child; the trainer
     keeps nothing of it. The child is replaced here by one that writes a short wave (its

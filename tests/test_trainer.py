@@ -325,3 +325,76 @@ def test_fit_takes_samples_of_lists_and_names_what_is_not_a_sample(tmp_path):
         tr.fit(train, "shards/eval")
     with pytest.raises(ValueError, match=r"^eval_dataset: expected a non-empty .*got an empty TTSDataset"):
         tr.fit(train, TTSDataset([]))
+
+
+def _same_run(a: Trainer, b: Trainer, ra, rb) -> None:
+    for k, v in params(a).items():
+        assert np.array_equal(v, params(b)[k]), k
+    sa, sb = a.optimizer.state_dict(), b.optimizer.state_dict()
+    for k, v in sa.items():
+        assert np.array_equal(v, sb[k]) if isinstance(v, np.ndarray) else v == sb[k], k
+
+
+def test_ctrl_c_right_after_the_update_is_held_until_the_step_is_counted(tmp_path, monkeypatch):
+    """A real SIGINT just after the optimizer's update, before the trainer counted the step:
+    it once raised there, and the Ctrl-C checkpoint held step 6's weights as step 5, so the
+    resumed run trained that batch twice. It is now raised once the step is counted."""
+    import os
+    import signal
+
+    import pyxtts.batch
+
+    cfg_a = make_config(tmp_path / "a", max_steps=10)
+    train, held = datasets(cfg_a, 24)
+    a = Trainer(cfg_a, progress=False)
+    ra = a.fit(train, held)
+
+    real = pyxtts.batch.StepResult
+    calls = []
+
+    def interrupted_after_update(*args, **kwargs):  # built right after optimizer.step()
+        calls.append(1)
+        if len(calls) == 6:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+
+    cfg_b = make_config(tmp_path / "b", max_steps=10)
+    b = Trainer(cfg_b, progress=False)
+    monkeypatch.setattr(pyxtts.batch, "StepResult", interrupted_after_update)
+    with pytest.raises(KeyboardInterrupt):
+        b.fit(train, held)
+    monkeypatch.setattr(pyxtts.batch, "StepResult", real)
+    assert b.step == 6 and b.optimizer.step_count == 6
+    assert [p.name for p in b.checkpoints()][-1] == "step_00000006.safetensors"
+    assert [x["step"] for x in read_log(b.log_path)
+            if x["type"] == "train"][-1] == 6, "the step's record is written before the stop"
+    b2 = Trainer(cfg_b, progress=False)
+    rb = b2.fit(train, held, resume=True)
+    assert rb.step == 10
+    _same_run(a, b2, ra, rb)
+    assert [x["step"] for x in read_log(rb.log_path) if x["type"] == "train"] == list(range(1, 11))
+
+
+def test_an_evaluation_interrupted_by_ctrl_c_is_made_when_the_run_resumes(tmp_path):
+    """Ctrl-C during step 8's evaluation saved step 8, and the resumed run never evaluated
+    it: the evaluation, its best checkpoint (and spoken samples) were lost for good."""
+    from pyxtts.callbacks import Callback
+
+    class CtrlCInEvaluation(Callback):
+        def on_evaluation(self, run, record) -> None:
+            if record["step"] == 8:
+                raise KeyboardInterrupt
+
+    cfg = make_config(tmp_path, max_steps=12, eval_interval=4, checkpoint_interval=100)
+    train, held = datasets(cfg, 24)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(cfg, progress=False, callbacks=[CtrlCInEvaluation()]).fit(train, held)
+    r = Trainer(cfg, progress=False).fit(train, held, resume=True)
+    evals = [x["step"] for x in read_log(r.log_path) if x["type"] == "eval"]
+    # step 8's record was written before the interruption, and again by the resumed run
+    assert evals == [0, 4, 8, 8, 12], evals
+    assert [x["step"] for x in r.evals] == [8, 12]
+    # a run resumed from a checkpoint whose evaluation finished does not evaluate again
+    cfg.training.max_steps = 16
+    r2 = Trainer(cfg, progress=False).fit(train, held, resume=True)
+    assert [x["step"] for x in r2.evals] == [16]

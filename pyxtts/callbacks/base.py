@@ -180,9 +180,11 @@ class CallbackList:
         for cb in self._active(run):
             cb.on_train_start(run)
 
-    def step_end(self, run: Run, record: dict) -> None:
+    def step_end(self, run: Run, record: dict, acting: bool | None = None) -> None:
+        """``acting``: only the callbacks that act (True) or only the others (False)."""
         for cb in self._active(run):
-            cb.on_step_end(run, record)
+            if acting is None or cb.acts == acting:
+                cb.on_step_end(run, record)
 
     def evaluation(self, run: Run, record: dict) -> None:
         for cb in self._active(run):

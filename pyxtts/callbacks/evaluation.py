@@ -1,6 +1,10 @@
 """When the run is evaluated: before the first step of a fresh run, every
 ``training.eval_interval`` steps, and at the end (unless the last step was just
-evaluated). How is ``Trainer.evaluate``'s; the records go to every callback."""
+evaluated). How is ``Trainer.evaluate``'s; the records go to every callback.
+
+The step of the last evaluation that finished (every callback saw it: the best
+checkpoint written, the samples spoken) is kept in the checkpoints, so that a run
+interrupted during an evaluation makes it first when it resumes, instead of losing it."""
 from __future__ import annotations
 
 from pyxtts.callbacks.base import Callback, Run
@@ -11,16 +15,38 @@ __all__ = ["Evaluation"]
 class Evaluation(Callback):
     acts = True
     rank_zero_only = False  # with several processes each evaluates its share
+    state_key = "evaluation"
+
+    def __init__(self) -> None:
+        self.finished: int | None = None  # the step of the last evaluation that finished
+
+    def _evaluate(self, run: Run) -> None:
+        run.evaluate()
+        self.finished = run.state.step
 
     def on_train_start(self, run: Run) -> None:
-        if run.eval_dataset is not None and not run.continuing:
-            run.evaluate()
+        if run.eval_dataset is None:
+            return
+        step = run.state.step
+        if not run.continuing:
+            self._evaluate(run)
+        elif (self.finished is not None and self.finished < step
+              and step % run.config.training.eval_interval == 0):
+            self._evaluate(run)  # its evaluation was interrupted (a checkpoint saved on Ctrl-C)
 
     def on_step_end(self, run: Run, record: dict) -> None:
         if run.eval_dataset is not None and record["step"] % run.config.training.eval_interval == 0:
-            run.evaluate()
+            self._evaluate(run)
 
     def on_train_end(self, run: Run) -> None:
         if (run.eval_dataset is not None and run.history
                 and run.state.step % run.config.training.eval_interval != 0):
-            run.evaluate()
+            self._evaluate(run)
+
+    def state_dict(self) -> dict | None:
+        return None if self.finished is None else {"step": self.finished}
+
+    def load_state_dict(self, state: dict) -> None:
+        step = state.get("step")
+        # a checkpoint from before this was kept: nothing known, nothing redone
+        self.finished = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
