@@ -39,6 +39,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
+import shutil
 import signal
 import threading
 import time
@@ -58,7 +60,7 @@ from pyxtts.batch import find_optimal_batch_size, train_step_with_accumulation
 from pyxtts.callbacks import (BEST_NAME, MAX_SKIPPED, BestCheckpoint, Callback, CallbackList, Evaluation,
                               JSONLLog, Progress, Reporter, Run, RunState, SpokenSamples, StepCheckpoints,
                               StopOnDivergence, TensorBoardLog, samples_dir)
-from pyxtts.callbacks.checkpoints import CHECKPOINT_RE, step_checkpoint_name
+from pyxtts.callbacks.checkpoints import CHECKPOINT_RE, checkpoint_step, step_checkpoint_name
 from pyxtts.checkpoint import (ArchitectureError, CheckpointError, load_checkpoint, load_checkpoint_checked,
                                save_checkpoint)
 from pyxtts.config import XTTSConfig, offload_for
@@ -161,6 +163,14 @@ def _stop_on(signums: tuple[signal.Signals, ...]) -> Iterator[list[int]]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _sample_folders(checkpoint_dir: Path) -> list[Path]:
+    """The spoken samples' ``samples/step_<N>`` folders of the run in ``checkpoint_dir``."""
+    folder = samples_dir(checkpoint_dir)
+    if not folder.is_dir():
+        return []
+    return sorted(f for f in folder.iterdir() if f.is_dir() and re.fullmatch(r"step_\d+", f.name))
 
 
 class RunExistsError(FileExistsError):
@@ -442,9 +452,46 @@ class Trainer:
                                                                  else ""))
             self.state.last_checkpoint = path
             self._say(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
+            if self.strategy.is_main:
+                self._set_aside_newer(path)
             return path
         raise CheckpointError(f"resume: none of the {len(unusable)} checkpoints in {self.checkpoint_dir} can be "
                               "used: " + "; ".join(unusable))
+
+    def _set_aside_newer(self, resumed: Path) -> None:
+        """A resume from a checkpoint older than the folder's newest starts a branch: the
+        newer step checkpoints and a best checkpoint saved after it are the abandoned
+        branch's. Left in place, pruning would delete the checkpoint resumed from, the
+        branch's evaluations would overwrite a better best, and the next ``resume=True``
+        would jump back to the old branch. They move to ``superseded_from_step_<N>/``,
+        with a copy of the log as it was (the resumed run trims it to step N)."""
+        step = self.step
+        newer = [p for p in self.checkpoints() if (checkpoint_step(p) or 0) > step]
+        best = self.checkpoint_dir / BEST_NAME
+        if best.is_file():
+            try:
+                best_step = _saved_meta(best).get("step")
+            except CheckpointError:
+                best_step = None
+            if isinstance(best_step, int) and best_step > step:
+                newer.append(best)
+        if not newer:
+            return
+        aside = self.checkpoint_dir / f"superseded_from_step_{step:08d}"
+        aside.mkdir(exist_ok=True)
+        for p in newer:
+            p.replace(aside / p.name)
+        spoken = [f for f in _sample_folders(self.checkpoint_dir) if int(f.name[len("step_"):]) > step]
+        if spoken:
+            (aside / "samples").mkdir(exist_ok=True)
+            for f in spoken:
+                f.replace(aside / "samples" / f.name)
+        log = self.log_path
+        if log.is_file():
+            shutil.copy2(log, aside / log.name)
+        self._reporter.warn(f"resume: {resumed.name} is older than the run's newest checkpoint; "
+                            f"{counted(len(newer), 'newer checkpoint')} ({', '.join(p.name for p in newer)}) "
+                            f"moved to {aside}, with a copy of the log: this run continues from step {step}")
 
     def _step_record(self, r, samples: int, lr: float, seconds: float, data_wait: float = 0.0) -> dict:
         """The JSONL record of the optimizer step just taken (``self.step``) over a batch of
@@ -602,8 +649,11 @@ class Trainer:
             if self.strategy.is_main:
                 for p in self.checkpoints():
                     p.unlink()
-        if resumed is None and self.step == 0 and self.best_checkpoint.exists() and self.strategy.is_main:
-            self.best_checkpoint.unlink()
+        if resumed is None and self.step == 0 and self.strategy.is_main:
+            if self.best_checkpoint.exists():
+                self.best_checkpoint.unlink()
+            for folder in _sample_folders(self.checkpoint_dir):  # an earlier run's spoken samples
+                shutil.rmtree(folder)
         if self.strategy.world_size > 1:  # every process saw the folder before rank 0 changed it
             self.strategy.barrier()
         return resumed

@@ -398,3 +398,43 @@ def test_an_evaluation_interrupted_by_ctrl_c_is_made_when_the_run_resumes(tmp_pa
     cfg.training.max_steps = 16
     r2 = Trainer(cfg, progress=False).fit(train, held, resume=True)
     assert [x["step"] for x in r2.evals] == [16]
+
+
+def test_a_resume_from_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path):
+    """Resuming from step 4 of a run that reached 12: steps 8 and 12 and the best (at 12)
+    were the abandoned branch's. Left in place, pruning deleted step 4, the branch's worse
+    evaluations overwrote the best, and the next resume jumped back to step 12."""
+    cfg = make_config(tmp_path, max_steps=12, eval_interval=4, checkpoint_interval=4, keep_checkpoints=3)
+    train, held = datasets(cfg, 24)
+    Trainer(cfg, progress=False).fit(train, held)
+    folder = Path(cfg.training.checkpoint_dir)
+    assert pyxtts.trainer._saved_meta(folder / "best.safetensors")["step"] == 12
+    old = folder / "step_00000004.safetensors"
+    for step in (4, 8):  # spoken samples, as the SpokenSamples callback writes them
+        (folder / "samples" / f"step_{step:08d}").mkdir(parents=True)
+    cfg.training.max_steps = 6
+    t = Trainer(cfg, progress=False)
+    t.fit(train, held, resume=old)
+    aside = folder / "superseded_from_step_00000004"
+    assert sorted(p.name for p in aside.iterdir()) == ["best.safetensors", "samples", "step_00000008.safetensors",
+                                                       "step_00000012.safetensors", "train_log.jsonl"]
+    assert [p.name for p in (aside / "samples").iterdir()] == ["step_00000008"]
+    assert [p.name for p in (folder / "samples").iterdir()] == ["step_00000004"]
+    assert [p.name for p in t.checkpoints()] == ["step_00000004.safetensors", "step_00000006.safetensors"]
+    steps = [x["step"] for x in read_log(aside / "train_log.jsonl") if x["type"] == "train"]
+    assert steps == list(range(1, 13))  # the branch's log as it was
+    cfg.training.max_steps = 7
+    r = Trainer(cfg, progress=False).fit(train, held, resume=True)
+    assert [x["step"] for x in r.history] == [7]
+
+
+def test_a_fresh_run_removes_an_earlier_runs_spoken_samples(tmp_path):
+    """overwrite=True deleted the checkpoints and the log, and left the earlier run's
+    samples/step_* folders beside the new run's."""
+    cfg = make_config(tmp_path, max_steps=2, eval_interval=100)
+    train, _ = datasets(cfg, 8)
+    Trainer(cfg, progress=False).fit(train)
+    old = Path(cfg.training.checkpoint_dir) / "samples" / "step_00000006"
+    old.mkdir(parents=True)
+    Trainer(cfg, progress=False).fit(train, overwrite=True)
+    assert not old.exists()
