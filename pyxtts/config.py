@@ -29,6 +29,7 @@ import dataclasses
 import difflib
 import functools
 import math
+import numbers
 import os
 import re
 import typing
@@ -36,6 +37,8 @@ from dataclasses import dataclass, field, fields
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Mapping
+
+import numpy as np
 
 from pyxtts._args import flag, integer, real
 from pyxtts.comm_memory import device_communication, world_of
@@ -83,16 +86,18 @@ def _coerce(where: str, value: Any, hint: Any) -> Any:
         rest = [a for a in args if a is not type(None)]
         return _coerce(where, value, rest[0]) if len(rest) == 1 else value
     bad = TypeError(f"{where}: expected {_type_name(hint)}, got {value!r} ({type(value).__name__})")
+    # NumPy's scalars (np.int64, np.float32, np.bool_) count as what they are, and are
+    # stored as Python's, so that a saved file holds plain YAML
     if hint is bool:
-        if not isinstance(value, bool):
+        if not isinstance(value, (bool, np.bool_)):
             raise bad
-        return value
+        return bool(value)
     if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
             raise bad
         return int(value)
     if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
             raise bad
         return float(value)
     if hint is str:
@@ -283,6 +288,25 @@ class TrainingConfig:
         _rule(self.seed >= 0, w + "seed", self.seed, ">= 0")
         _rule(self.device == "auto" or DEVICE_NAME.fullmatch(self.device) is not None,
               w + "device", self.device, "'auto', 'cpu', 'cuda' or 'cuda:N'")
+        object.__setattr__(self, "_built", True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # precision/mixed_precision and checkpointing/enable_gradient_checkpointing say one
+        # thing twice: once built, setting one sets its partner, so that a config changed by
+        # attribute saves a file that loads back (the stale partner once contradicted it)
+        object.__setattr__(self, name, value)
+        if not self.__dict__.get("_built"):
+            return
+        if name == "precision" and isinstance(value, str):
+            object.__setattr__(self, "mixed_precision", value != "fp32")
+        elif name == "mixed_precision" and isinstance(value, bool):
+            if value != (self.precision != "fp32"):
+                object.__setattr__(self, "precision", "bf16" if value else "fp32")
+        elif name == "checkpointing" and isinstance(value, str):
+            object.__setattr__(self, "enable_gradient_checkpointing", value != "none")
+        elif name == "enable_gradient_checkpointing" and isinstance(value, bool):
+            if value != (self.checkpointing != "none"):
+                object.__setattr__(self, "checkpointing", "full" if value else "none")
 
     def _check_test_sentences(self) -> None:
         """Each entry a mapping of exactly text, language and reference (non-empty strings);
@@ -313,6 +337,8 @@ class TrainingConfig:
         the share of the run it had (rounded up, at most ``max_steps - 1``) instead of
         being refused; the returned note says so (None when nothing else changed)."""
         old_max, old_warmup = self.max_steps, self.warmup_steps
+        if isinstance(max_steps, numbers.Integral) and not isinstance(max_steps, (bool, np.bool_)):
+            max_steps = int(max_steps)  # np.int64 too
         ok = isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps >= 1
         note = None
         if ok and self.lr_schedule == "warmup_cosine" and old_warmup >= max_steps:
@@ -395,6 +421,18 @@ class XTTSConfig:
         _rule(seq <= m.max_attention_sequence_length, "model.max_attention_sequence_length",
               m.max_attention_sequence_length,
               f">= n_cond_latents + data.max_text_tokens + data.max_audio_tokens = {seq}")
+
+    def validate(self) -> "XTTSConfig":
+        """Every check of loading, again, on the config as it is now: one changed by
+        attribute (``config.data.batch_size = "8"``) is refused as that file would be.
+        ``Trainer`` calls it; returns the config."""
+        for name, cls in (("model", ModelConfig), ("training", TrainingConfig), ("data", DataConfig)):
+            section = getattr(self, name)
+            if not isinstance(section, cls):
+                raise TypeError(f"{name}: expected a {cls.__name__}, got {type(section).__name__}")
+            section.__post_init__()
+        self.__post_init__()
+        return self
 
     # ---- derived --------------------------------------------------------------
     @property
@@ -758,12 +796,10 @@ _UNITS = {"": 1, "b": 1,
 
 def parse_memory_size(value: int | str, name: str = "memory") -> int:
     """Bytes from 12884901888, "12GiB", "12 GiB", "12G" (binary) or "12GB" (SI)."""
-    if isinstance(value, bool):
+    if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name}: expected bytes (int) or a size like '12GiB', got {value!r}")
-    if isinstance(value, int):
-        n = value
-    elif isinstance(value, float) and value.is_integer():
-        n = int(value)
+    if isinstance(value, (numbers.Integral, float)) and not (isinstance(value, float) and not value.is_integer()):
+        n = int(value)  # bytes, however few (a string without a unit is refused below 1 MiB)
     elif isinstance(value, str):
         if re.fullmatch(r"\s*-\s*\d+(?:\.\d+)?\s*[a-zA-Z]*\s*", value):
             raise ValueError(f"{name}: must be > 0 bytes, got {value!r}")

@@ -55,6 +55,9 @@ class _NVML:
                 "nvml_total_bytes": int(mem.total)}
 
 
+MIN_INTERVAL_S = 0.01
+
+
 class GPUMonitor:
     """Samples, every `interval` seconds on a daemon thread: per device the allocator's
     allocated / reserved / peak bytes (and, on NVIDIA with nvidia-ml-py, utilisation and
@@ -65,10 +68,17 @@ class GPUMonitor:
         mon.stop_monitoring(); print(mon.get_summary_report()); mon.plot("memory.png")
     """
 
-    def __init__(self, interval: float = 1.0, devices: list[str] | None = None) -> None:
-        self.interval = real("interval", interval, minimum=0.0, above=True)  # seconds
-        self.devices = devices if devices is not None else (
-            ["cpu"] + [f"cuda:{i}" for i in range(_C.device_count())])
+    def __init__(self, interval: float = 1.0, devices: str | list[str] | None = None) -> None:
+        # seconds; a sample reads every device's statistics, so a shorter interval would
+        # be a busy loop whose samples outgrow memory
+        self.interval = real("interval", interval, minimum=MIN_INTERVAL_S)
+        if devices is None:
+            devices = ["cpu"] + [f"cuda:{i}" for i in range(_C.device_count())]
+        elif isinstance(devices, str):  # one device ("cpu" was once walked letter by letter)
+            devices = [devices]
+        elif not isinstance(devices, (list, tuple)) or not all(isinstance(d, str) for d in devices):
+            raise TypeError(f"devices: expected None, a device name or a list of them, got {devices!r}")
+        self.devices = list(devices)
         for d in self.devices:
             _C.memory_stats(d)  # a bad device name fails here, not in the thread
         self.samples: list[dict[str, Any]] = []

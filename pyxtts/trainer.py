@@ -228,9 +228,10 @@ class Trainer:
         for i, cb in enumerate(callbacks):
             if not isinstance(cb, Callback):
                 raise TypeError(f"callbacks[{i}]: expected a pyxtts.callbacks.Callback, got {type(cb).__name__}")
+        config.validate()  # a config changed by attribute since it was built or loaded
         self.config = config
         t = config.training
-        self.progress = bool(progress)
+        self.progress = flag("progress", progress)
         # how an interrupted run's message says to continue it (the CLI puts its command here)
         self.resume_hint = "fit(..., resume=True)"
         self.strategy, device = _strategy(strategy, device, t)
@@ -243,20 +244,26 @@ class Trainer:
                                        StopOnDivergence(), Evaluation(), BestCheckpoint(t.early_stopping_patience),
                                        StepCheckpoints()])
         self.device = device if device is not None else t.resolved_device()
-        self._apply_memory_fraction(t.max_memory_fraction)
-        self.model = model_from_config(config, self.device)
-        if t.init_checkpoint is not None:  # before the optimizer takes its master copy
-            try:
-                load_checkpoint(t.init_checkpoint, self.model)
-            except (OSError, CheckpointError) as exc:  # named by the field it came from
-                raise type(exc)(f"training.init_checkpoint: {exc}") from exc
-        # the optimizer's state in host memory when the config says so, or says "auto" and
-        # the plan does not fit the device without (pyxtts.config.offload_for; its plan
-        # counts the collectives of several processes, so it gets the budget before they are
-        # held back below)
-        budget = _C.memory_stats(self.device)["limit_bytes"]
-        self.optimizer = optimizer_from_config(self.model, t, offload=offload_for(config, self.device, budget=budget))
-        self._hold_back_communication()
+        limit = _C.memory_stats(self.device)["limit_bytes"]
+        try:
+            self._apply_memory_fraction(t.max_memory_fraction)
+            self.model = model_from_config(config, self.device)
+            if t.init_checkpoint is not None:  # before the optimizer takes its master copy
+                try:
+                    load_checkpoint(t.init_checkpoint, self.model)
+                except (OSError, CheckpointError) as exc:  # named by the field it came from
+                    raise type(exc)(f"training.init_checkpoint: {exc}") from exc
+            # the optimizer's state in host memory when the config says so, or says "auto"
+            # and the plan does not fit the device without (pyxtts.config.offload_for; its
+            # plan counts the collectives of several processes, so it gets the budget before
+            # they are held back below)
+            budget = _C.memory_stats(self.device)["limit_bytes"]
+            self.optimizer = optimizer_from_config(self.model, t,
+                                                   offload=offload_for(config, self.device, budget=budget))
+            self._hold_back_communication()
+        except BaseException:  # a trainer that was not built changes no process-wide setting
+            _C.set_memory_limit(limit, self.device)
+            raise
         self.schedule = schedule_from_config(t)
         self.checkpoint_dir = Path(t.checkpoint_dir)
         self.log_path = Path(log_path) if log_path is not None else self.checkpoint_dir / "train_log.jsonl"
@@ -545,7 +552,7 @@ class Trainer:
         same step boundary.
         The collating threads end with the call, whichever way it ends."""
         overwrite = flag("overwrite", overwrite)
-        c = self.config
+        c = self.config.validate()  # changed by attribute since (a notebook's "train more")
         train, held = self._checked_data(dataset, eval_dataset)
         if c.training.test_sentences:  # before anything is written: what the child would fail on
             from pyxtts.speak import check_test_sentences

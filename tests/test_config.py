@@ -609,3 +609,75 @@ def test_a_config_file_that_is_no_config_is_named_with_what_is_wrong(tmp_path):
     with pytest.raises(ValueError, match=r"x\.yaml' is not valid YAML at line 3, column 2: ") as exc:
         XTTSConfig.load(broken)
     assert "<unicode string>" not in str(exc.value)
+
+
+def test_a_config_changed_by_attribute_saves_a_file_that_loads_back(tmp_path):
+    """precision and mixed_precision (checkpointing and enable_gradient_checkpointing) say
+    one thing twice: setting one by attribute left the other stale, and the saved file
+    was refused on load ('mixed_precision: False contradicts precision=bf16')."""
+    c = XTTSConfig.load("cpu_demo")
+    c.training.precision = "bf16"
+    c.training.checkpointing = "full"
+    c.save(tmp_path / "a.yaml")
+    t = XTTSConfig.load(tmp_path / "a.yaml").training
+    assert (t.precision, t.mixed_precision, t.checkpointing, t.enable_gradient_checkpointing) == \
+        ("bf16", True, "full", True)
+    c.training.mixed_precision = False
+    c.training.enable_gradient_checkpointing = False
+    assert (c.training.precision, c.training.checkpointing) == ("fp32", "none")
+    c.training.mixed_precision = True  # the partner only moves when it disagrees
+    c.training.precision = "fp16"
+    c.training.mixed_precision = True
+    assert c.training.precision == "fp16"
+    c.validate()
+    assert XTTSConfig.load(tmp_path / "a.yaml").validate() == XTTSConfig.load(tmp_path / "a.yaml")
+
+
+def test_validate_refuses_what_an_attribute_changed_and_trainer_calls_it():
+    import pyxtts
+
+    c = XTTSConfig.load("cpu_demo")
+    c.data.batch_size = "8"
+    with pytest.raises(TypeError, match=r"^data\.batch_size: expected int, got '8'"):
+        c.validate()
+    with pytest.raises(TypeError, match=r"^data\.batch_size"):
+        pyxtts.Trainer(c, progress=False)
+    c.data.batch_size = 4
+    c.training.precision = "bfloat16"
+    with pytest.raises(ValueError, match=r"^training\.precision: must be one of"):
+        pyxtts.Trainer(c, progress=False)
+
+
+def test_a_trainer_that_fails_to_build_leaves_the_memory_limit_as_it_was(tmp_path):
+    """Trainer applies max_memory_fraction before it builds the model: a failure after
+    that (an init_checkpoint that is not there) left the limit set for the process."""
+    import pyxtts
+
+    c = XTTSConfig.load("cpu_demo")
+    c.training.max_memory_fraction = 0.5
+    c.training.init_checkpoint = str(tmp_path / "missing.safetensors")
+    before = pyxtts.memory_stats("cpu")["limit_bytes"]
+    with pytest.raises(FileNotFoundError, match="training.init_checkpoint"):
+        pyxtts.Trainer(c, progress=False)
+    assert pyxtts.memory_stats("cpu")["limit_bytes"] == before
+
+
+def test_numpy_numbers_are_taken_as_the_numbers_they_are(tmp_path):
+    """api.md says integers take NumPy integers and rates np.float32; the config's fields
+    refused both ('expected int, got 4 (int64)'). They are stored as Python's numbers, so
+    the saved YAML is plain."""
+    import numpy as np
+
+    d = DataConfig(batch_size=np.int64(4), shuffle=np.bool_(False))
+    assert type(d.batch_size) is int and d.batch_size == 4 and d.shuffle is False
+    t = TrainingConfig(learning_rate=np.float32(1e-4), max_steps=np.int32(10))
+    assert type(t.learning_rate) is float and t.learning_rate == float(np.float32(1e-4))
+    t.set_max_steps(np.int64(300))
+    assert type(t.max_steps) is int and t.max_steps == 300
+    assert parse_memory_size(np.int64(12 << 30)) == 12 << 30
+    c = XTTSConfig(data=d, training=t)
+    c.save(tmp_path / "c.yaml")
+    assert "!!" not in (tmp_path / "c.yaml").read_text()  # no NumPy tags
+    for bad in (np.float64(4.0), np.bool_(True)):
+        with pytest.raises(TypeError, match=r"^data\.batch_size: expected int"):
+            DataConfig(batch_size=bad)

@@ -66,3 +66,17 @@ def test_plot_needs_matplotlib_or_draws(tmp_path):
     out = tmp_path / "memory.png"
     mon.plot(str(out))
     assert out.stat().st_size > 0
+
+
+def test_devices_take_one_name_or_a_list_and_the_interval_has_a_floor():
+    """devices='cpu' was walked letter by letter ('c' is no device), devices=5 failed on
+    iteration, and interval=1e-9 made a busy loop whose samples outgrew memory."""
+    assert GPUMonitor(devices="cpu").devices == ["cpu"]
+    assert GPUMonitor(devices=("cpu",)).devices == ["cpu"]
+    with pytest.raises(TypeError, match=r"^devices: expected None, a device name or a list of them, got 5"):
+        GPUMonitor(devices=5)
+    with pytest.raises(TypeError, match=r"^devices: .*\['cpu', 0\]"):
+        GPUMonitor(devices=["cpu", 0])
+    with pytest.raises(ValueError, match=r"^interval"):
+        GPUMonitor(interval=1e-9)
+    assert GPUMonitor(interval=0.01).interval == 0.01
