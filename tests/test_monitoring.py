@@ -566,3 +566,22 @@ def test_setting_changes_name_nested_settings_and_skip_what_a_file_predates():
         "extra: None -> {'a': 1}"]
     assert setting_changes(None, after) == [] and setting_changes(before, before) == []
     assert [counted(n, "shard") for n in (0, 1, 2)] == ["0 shards", "1 shard", "2 shards"]
+
+
+def test_the_config_event_is_written_once_per_step_over_repeated_resumes(tmp_path):
+    """Each resume at the same step (a second Ctrl-C before any step, a resume with
+    nothing left to train) copied the config event of that step and wrote one more."""
+    pytest.importorskip("tensorboard", reason="the tensorboard extra (pip install 'pyxtts[tensorboard]') "
+                                              "is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = make_config(tmp_path, max_steps=4, eval_interval=100, checkpoint_interval=4)
+    train, held = datasets(cfg)
+    r = Trainer(cfg, progress=False).fit(train, held)
+    for _ in range(2):
+        r = Trainer(cfg, progress=False).fit(train, held, resume=True)
+    cfg.training.max_steps = 6
+    r = Trainer(cfg, progress=False).fit(train, held, resume=True)
+    acc = EventAccumulator(str(tensorboard_dir(r.log_path)), size_guidance={"tensors": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Tensors("config")] == [0, 4]

@@ -97,12 +97,17 @@ class _Writer:
         self.file.add_event(event)
 
     def copy(self, path: Path, until: int) -> None:
-        """The summary events of the event file ``path`` up to step ``until``, in order."""
+        """The summary events of the event file ``path`` up to step ``until``, in order, but
+        the config at ``until``, which the resumed run writes again (each resume at the same
+        step once added one more)."""
         from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
         for event in EventFileLoader(str(path)).Load():
-            if event.HasField("summary") and event.step <= until:
-                self.file.add_event(event)
+            if not event.HasField("summary") or event.step > until:
+                continue
+            if event.step == until and all(v.tag == "config" for v in event.summary.value):
+                continue
+            self.file.add_event(event)
 
     def close(self) -> None:
         self.file.close()
