@@ -40,10 +40,13 @@ def _restore(model, optimizer, snap: tuple) -> None:
     model.dropout_step = dropout_step
 
 
-def _budget(device: str, safety_margin: float) -> int:
+def _limit(device: str) -> int:
     s = _C.memory_stats(device)
-    limit = s["limit_bytes"] if s["limit_bytes"] is not None else s["device_total_bytes"]
-    return int(limit * (1.0 - safety_margin))
+    return s["limit_bytes"] if s["limit_bytes"] is not None else s["device_total_bytes"]
+
+
+def _budget(device: str, safety_margin: float) -> int:
+    return int(_limit(device) * (1.0 - safety_margin))
 
 
 def _synthetic_batch(config, batch_size: int, text_len: int, audio_len: int, cond_len: int,
@@ -199,17 +202,15 @@ def _find_here(model, optimizer, text_len: int | None, audio_len: int | None, st
     cond_len, frames = c.n_cond_latents, c.planned_cond_frames
     device = model.device
     model.release_memory()  # a cached step arena is not part of the budget's "else"
-    cleanup_gpu_memory(device)  # nor are the cache's free segments
     budget = _budget(device, safety_margin)
+    limit = _limit(device)
     base = model.estimate_memory(1, text_len, audio_len, cond_len, optimizer=True, cond_frames=frames,
                                  offload=offload)
-    # What the step cannot have: the device's reserved segments less the model's and the
-    # optimizer's planned bytes. Reserved, not allocated: the free space inside the
-    # segments that hold the parameters (the allocator rounds a 3 MB tensor up to a 20 MiB
-    # segment) cannot take the step's large buffers, and on a small budget it is more than
-    # the safety margin (a 64 MiB limit once found batch 1 where 13 fits)
+    # bytes allocated on the device that are neither the model's nor the optimizer's. The
+    # free space inside their segments is counted as free: the step's blocks below 10 MiB
+    # can be carved from it, larger ones cannot (a verification step that finds so re-plans)
     resident = base.parameters + base.gradients + base.optimizer
-    foreign = max(0, _C.memory_stats(device)["reserved_bytes"] - resident)
+    foreign = max(0, _C.memory_stats(device)["allocated_bytes"] - resident)
 
     def plan_total(b: int, avail: int) -> int | None:
         try:
@@ -258,10 +259,11 @@ def _find_here(model, optimizer, text_len: int | None, audio_len: int | None, st
             cleanup_gpu_memory(device)
             if size == start:
                 break
-            # the failed size's planned total was short by the deficit: plan below that, not
-            # below the budget less the deficit (which would keep the failed size's slack)
+            # the failed size's planned total was short by the deficit: plan below that less
+            # the margin, not below the budget less the deficit (which kept the failed size's
+            # slack, so the second try failed too: a 64 MiB limit once found 1 where 13 fits)
             failed = plan_total(size, budget)
-            avail = budget - deficit if failed is None else min(budget, failed) - deficit
+            avail = (min(budget, failed) if failed is not None else budget) - deficit - (limit - budget)
             smaller = solve(avail, size - 1)
             size = start if smaller is None else min(smaller, size - 1)
             if attempt == _MAX_VERIFY_STEPS - 2:

@@ -286,9 +286,10 @@ class Trainer:
         return self.state.batch_in_epoch
 
     @property
-    def best_checkpoint(self) -> Path:
-        """Where the checkpoint of the lowest evaluation loss is kept."""
-        return self.checkpoint_dir / BEST_NAME
+    def best_checkpoint(self) -> Path | None:
+        """The checkpoint of the lowest evaluation loss so far, or None while there is none."""
+        path = self.checkpoint_dir / BEST_NAME
+        return path if path.is_file() else None
 
     def _hold_back_communication(self) -> None:
         """Several processes: the allocator's limit leaves room for what the collectives take
@@ -657,8 +658,7 @@ class Trainer:
                 for p in self.checkpoints():
                     p.unlink()
         if resumed is None and self.step == 0 and self.strategy.is_main:
-            if self.best_checkpoint.exists():
-                self.best_checkpoint.unlink()
+            (self.checkpoint_dir / BEST_NAME).unlink(missing_ok=True)
             for folder in _sample_folders(self.checkpoint_dir):  # an earlier run's spoken samples
                 shutil.rmtree(folder)
         if self.strategy.world_size > 1:  # every process saw the folder before rank 0 changed it
@@ -757,7 +757,7 @@ class Trainer:
                       + f", {tok / train_s:,.0f} tok/s, peak "
                       + format_bytes(max(h["peak_allocated_bytes"] for h in history))
                       + f", {elapsed:.1f} s; checkpoint {ckpt}")
-        best = self.best_checkpoint if self.best_checkpoint.exists() else None
+        best = self.best_checkpoint
         return FitResult(step=self.step, epoch=self.epoch, stopped=self.state.stop_reason or "epochs",
                          final_loss=final, eval_loss=last_eval, checkpoint=ckpt, log_path=self.log_path,
                          elapsed_s=elapsed, history=history, evals=run.evals, best_checkpoint=best)

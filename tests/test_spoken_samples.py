@@ -99,7 +99,7 @@ def test_without_coqui_one_line_says_so_and_training_goes_on(tmp_path, rng, monk
     cfg = make_config(tmp_path, fake_xtts_dir(tmp_path / "xtts"),
                       [{"text": "hello", "language": "en", "reference": str(ref)}])
     train, held = SyntheticDataset(cfg.model, 6, seed=0).split(2)
-    t = Trainer(cfg, progress=True)
+    t = Trainer(cfg, progress=False)  # said without progress too
     r = t.fit(train, held)
     cfg.training.max_steps = 3
     t.fit(train, held)  # said once per trainer

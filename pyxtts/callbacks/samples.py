@@ -32,7 +32,7 @@ class SpokenSamples(Callback):
 
         self.active = bool(run.config.training.test_sentences) and coqui_installed()
         if run.config.training.test_sentences and not self.active and not self.told:
-            run.say(INSTALL_HINT)
+            run.warn(INSTALL_HINT)  # seen with --no-progress too
             self.told = True
 
     def on_evaluation(self, run: Run, record: dict) -> None:

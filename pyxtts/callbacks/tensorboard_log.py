@@ -123,7 +123,7 @@ class TensorBoardLog(Callback):
             import tensorboard  # noqa: F401 - only whether it is there
         except ImportError:
             if not self.told:
-                run.say(INSTALL_HINT)
+                run.warn(INSTALL_HINT)  # seen with --no-progress too
                 self.told = True
             return
         folder = tensorboard_dir(run.log_path)
