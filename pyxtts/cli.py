@@ -125,8 +125,11 @@ def _train_data(data: str, want_eval: bool, strategy: Any = None) -> tuple[Any, 
         return _dataset(data, "--data"), None
     train, held = splits
     held = held if want_eval else None
+    empty = want_eval and held is None and (Path(data) / "eval").is_dir()  # prepare dropped every held-out clip
     _train_note(f"--data {data} is an output folder of pyxtts prepare: training on {train}"
-                + (f", evaluating on {held}" if held is not None else ""), strategy)
+                + (f", evaluating on {held}" if held is not None else "")
+                + (f"; its eval/ holds no sample (every held-out clip was dropped: {Path(data) / 'report.tsv'} "
+                   "says why), so there is no evaluation; --eval-data gives one" if empty else ""), strategy)
     return _dataset(str(train), "--data"), None if held is None else _dataset(str(held), "--data")
 
 
@@ -581,8 +584,9 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--overwrite", action="store_true", help="replace an output folder prepared from other inputs")
     pr.add_argument("--no-progress", action="store_true", help="no progress bar")
     pr.add_argument("--new-language", action="store_true",
-                    help="--language is one XTTS v2 does not speak (e.g. vi): learn its BPE tokens from the training "
-                         "transcripts and write the extended vocabulary to OUT/vocab.json")
+                    help="--language is one XTTS v2 does not speak (e.g. vi): add its characters (of every transcript) "
+                         "and BPE merges (learnt from the training split's) to the vocabulary, written to "
+                         "OUT/vocab.json")
     pr.add_argument("--new-tokens", type=int, default=None,
                     help="with --new-language: tokens to add, its characters included (default 2000; "
                          "docs/new-language.md says how to choose)")

@@ -105,6 +105,30 @@ def test_new_tokens_counts_characters_and_stops_at_n(base):
     assert vocab_sha256(extend_vocab(base, TRAIN, "vi", 60)[0]) == vocab_sha256(doc)
 
 
+def rare_letters(base: dict, n: int) -> list[str]:
+    """n Vietnamese letters that neither the base vocabulary nor the test sentences hold."""
+    have = set(library_ids(base)) | {c for t in CLEAN_VI for c in t}
+    letters = [c for c in "ỹỷỵẵẳẫẩỗổỡởựửữỳẽẻẹ" if c not in have]
+    assert len(letters) >= n, letters
+    return letters[:n]
+
+
+def test_held_out_characters_join_the_vocabulary_but_teach_no_merge(base):
+    """A held-out transcript with a letter training lacks used to be dropped as [UNK]: its
+    letters are tokens now, and the merges are still training's alone."""
+    letters = rare_letters(base, 2)
+    held = [f"chữ {letters[0]}{letters[0]}a và {letters[1]}{letters[1]}a", f"lại {letters[0]}{letters[0]}a"]
+    doc, ext = extend_vocab(base, TRAIN, "vi", DEFAULT_NEW_TOKENS, held_out=held)
+    plain_doc, plain = extend_vocab(base, TRAIN, "vi", DEFAULT_NEW_TOKENS)
+    assert doc["model"]["merges"] == plain_doc["model"]["merges"]  # a held-out pair seen twice is never merged
+    assert list(ext.added) == (list(plain.added)[:1 + plain.characters] + sorted(letters)  # after training's letters
+                               + list(plain.added)[1 + plain.characters:])
+    assert ext.characters == plain.characters + 2
+    tok = tokenizers.Tokenizer.from_str(json.dumps(doc))
+    for t in held:
+        assert tok.token_to_id("[UNK]") not in tok.encode(t.replace(" ", "[SPACE]")).ids, t
+
+
 def test_old_language_text_mostly_keeps_its_ids(base, extended):
     """The new merges rank after the old ones: a text of the old languages changes only where
     a pair no old merge joins is joined by a new one. Measured here, not assumed zero."""
@@ -349,12 +373,42 @@ def test_prepare_new_language_writes_the_vocabulary_and_its_ids(corpus, capsys):
     keys = {r.split("\t")[2] for r in (out / "report.tsv").read_text().splitlines()[1:] if r.startswith("eval")}
     held = [clean_new_language(s, "vi") for i, s in enumerate(SENTENCES_VI) if f"vi-{i + 1:04d}" in keys]
     trained = [clean_new_language(s, "vi") for i, s in enumerate(SENTENCES_VI) if f"vi-{i + 1:04d}" not in keys]
-    again, _ = extend_vocab(read_vocab_doc(root / "xtts" / "vocab.json"), trained, "vi", 150)
+    again, _ = extend_vocab(read_vocab_doc(root / "xtts" / "vocab.json"), trained, "vi", 150, held_out=held)
     assert vocab_sha256(again) == vocab_sha256(doc) and held
     # the same command again resumes: nothing is redone
     assert prepare_cli("--xtts-dir", str(root / "xtts"), "--metadata", str(meta), "--language", "vi",
                        "--new-language", "--new-tokens", "150", "--eval-fraction", "0.2", "--out", str(out)) == 0
     assert "2 shards kept from an earlier run" in capsys.readouterr().out
+
+
+def test_prepare_keeps_held_out_clips_whose_letters_training_lacks(corpus, tmp_path, capsys):
+    """`prepare --new-language --eval-fraction` learnt the characters from the training split
+    only: a held-out clip with a letter seen nowhere in training was dropped as [UNK], and
+    the eval split could end up empty (with a shard of 0 samples) while prepare said nothing."""
+    root, meta = corpus
+    base = read_vocab_doc(root / "xtts" / "vocab.json")
+    letters = rare_letters(base, 8)  # one of its own in each line: whichever two are held out lack theirs
+    wavs = root / "corpus" / "wavs"
+    lines = [f"vi-{i + 1:04d}|{SENTENCES_VI[i]} {c}a|{SENTENCES_VI[i]} {c}a" for i, c in enumerate(letters)]
+    (tmp_path / "meta.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    assert prepare_cli("--xtts-dir", str(root / "xtts"), "--metadata", str(tmp_path / "meta.csv"), "--audio-dir",
+                       str(wavs), "--language", "vi", "--new-language", "--new-tokens", "150", "--eval-fraction",
+                       "0.25", "--out", str(out)) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["kept"] == 8 and summary["splits"]["eval"]["kept"] == 2, summary
+    assert summary["warnings"] == [] and "warning" not in printed
+    assert summary["new_language"]["held_out_unk"] == 0
+    doc = read_vocab_doc(out / "vocab.json")
+    assert set(letters) <= set(library_ids(doc))
+    # the merges are the training transcripts' alone
+    report = [r.split("\t") for r in (out / "report.tsv").read_text().splitlines()[1:]]
+    by_key = {f"vi-{i + 1:04d}": clean_new_language(f"{SENTENCES_VI[i]} {c}a", "vi") for i, c in enumerate(letters)}
+    trained = [by_key[r[2]] for r in report if r[0] == "train"]
+    held = [by_key[r[2]] for r in report if r[0] == "eval"]
+    again, _ = extend_vocab(base, trained, "vi", 150, held_out=held)
+    assert vocab_sha256(again) == vocab_sha256(doc)
 
 
 @pytest.mark.parametrize("argv, match", [

@@ -252,6 +252,48 @@ def test_every_unusable_sample_is_reported(small, tmp_path):
     assert "1 too_long" in r.format_summary() and "report.tsv" in r.format_summary()
 
 
+def _eval_keys_missing(small, prepared, tmp_path: Path, n: int) -> Path:
+    """A manifest of the same clips in the same order (so the same split) whose first ``n``
+    held-out clips' audio files are missing."""
+    out, _ = prepared
+    held = [r.split("\t")[2] for r in (out / "report.tsv").read_text().splitlines()[1:] if r.startswith("eval")]
+    wavs = small["root"] / "corpus" / "wavs"
+    lines = [ln.split("|") for ln in small["meta"].read_text().splitlines()]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"audio": str(wavs / f"{k}.wav") if k not in held[:n] else f"gone/{k}.wav",
+                                            "text": t}) + "\n" for k, _, t in lines), encoding="utf-8")
+    return manifest
+
+
+def test_an_eval_split_left_empty_is_said_and_has_no_shard(small, prepared, tmp_path, capsys):
+    """Every held-out clip dropped used to leave eval/shard-00000.npz of 0 samples, which train
+    then loaded as the eval set, and prepare said nothing of it."""
+    from pyxtts.data import prepared_splits
+
+    manifest = _eval_keys_missing(small, prepared, tmp_path, 3)
+    out = tmp_path / "out"
+    argv = ["prepare", "--xtts-dir", str(small["xtts"]), "--metadata", str(manifest), "--out", str(out),
+            "--eval-fraction", "0.25", "--seed", str(SEED), "--samples-per-shard", "4", "--no-progress"]
+    assert pyxtts.cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    warning = ("the eval split is empty: all 3 samples were dropped (3 missing); no eval shard was written, so "
+               "train has no evaluation from this folder (--eval-data gives it one) (each reason in report.tsv)")
+    assert f"  warning: {warning}\n" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["warnings"] == [warning] and summary["splits"]["eval"]["dropped"] == {"missing": 3}
+    assert not list((out / "eval").glob("*.npz")) and prepared_splits(out) == (out / "train", None)
+    assert pyxtts.cli.main(argv) == 0  # the shard without samples is finished too: nothing is redone
+    assert "1 worker, 4 shards kept from an earlier run)" in capsys.readouterr().out
+
+
+def test_an_eval_split_that_loses_clips_says_how_many_and_why(small, prepared, tmp_path):
+    r = prepare(small["xtts"], _eval_keys_missing(small, prepared, tmp_path, 1), tmp_path / "out",
+                eval_fraction=0.25, samples_per_shard=4, seed=SEED, progress=False)
+    warning = "the eval split lost 1 of its 3 samples (1 missing); it holds 2 (each reason in report.tsv)"
+    assert r.summary["warnings"] == [warning] and f"  warning: {warning}" in r.format_summary()
+    assert r.eval == tmp_path / "out" / "eval" and len(pyxtts.TTSDataset.load(r.eval)) == 2
+
+
 def test_codes_over_the_models_audio_positions(small, tmp_path):
     xtts = tmp_path / "xtts"
     shutil.copytree(small["xtts"], xtts)
