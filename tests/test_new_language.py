@@ -228,6 +228,24 @@ def test_cleaning_of_a_new_language():
         clean_new_language(None, "vi")
 
 
+@pytest.mark.parametrize("lang, text, spoken", [
+    # Vietnamese groups thousands with dots and writes decimals with a comma: "10.000 đồng"
+    # was "mười đồng" (ten), "1.500.000" one and a half
+    ("vi", "10.000 đồng", [10000, " đồng"]), ("vi", "1.500.000 người", [1500000, " người"]),
+    ("vi", "123.456.789", [123456789]), ("vi", "giá 25.000.", ["giá ", 25000, "."]),
+    ("vi", "1.500.000,5", [1500000.5]), ("vi", "3,5 mét", [3.5, " mét"]),
+    ("vi", "3.14", [3.14]), ("vi", "năm 2024", ["năm ", 2024]),  # not three digits after the dot: a decimal
+    ("id", "Rp 2.000", ["rp ", 2000]),
+    # a language that groups with commas (Welsh) keeps the dot as its decimal mark
+    ("cy", "1,000", [1000]), ("cy", "10.000", [10.0]), ("cy", "2.5", [2.5]),
+])
+def test_thousands_and_decimals_of_a_new_language(lang, text, spoken):
+    from num2words import num2words
+
+    want = "".join(p if isinstance(p, str) else num2words(p, lang=lang) for p in spoken)
+    assert clean_new_language(text, lang) == want
+
+
 def test_an_unknown_language_names_the_flag(base_file, extended):
     with pytest.raises(ValueError, match="--new-language"):
         normalize_language("vi")
