@@ -141,14 +141,19 @@ def json_lines(path: Path, error: type[ValueError] = DataError) -> Iterator[tupl
     """``(where, record)`` for each non-blank line of a JSON-lines file, ``where`` being
     ``path:line``; a line that is not JSON raises ``error`` naming it."""
     with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                yield where, json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise error(f"{where}: not valid JSON: {exc}") from exc
+        yield from json_records(path, fh, error)
+
+
+def json_records(path: Path, lines: Iterable[str], error: type[ValueError] = DataError) -> Iterator[tuple[str, Any]]:
+    """``json_lines`` over the already read ``lines`` of ``path``."""
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            yield where, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise error(f"{where}: not valid JSON: {exc}") from exc
 
 
 def prepared_splits(folder: str | os.PathLike) -> tuple[Path, Path | None] | None:

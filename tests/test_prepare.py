@@ -433,3 +433,39 @@ def test_two_column_ljspeech_lines_are_read_as_id_and_text(tmp_path):
     with pytest.raises(MetadataError, match=r"metadata\.csv:2: LJSpeech lines are id\|text\|normalized text "
                                             r"\(or id\|text\), got 1 column: 'lonely'"):
         read_metadata(two, None, "en")
+
+
+@pytest.mark.parametrize("fmt, body", [
+    ("metadata.csv", "a|Xin chào|Xin chào\nb|Tạm biệt|Tạm biệt\n"),
+    ("train.csv", "audio_file|text|speaker_name\nwavs/a.wav|Xin chào|s\nwavs/b.wav|Tạm biệt|s\n"),
+    ("m.jsonl", '{"audio": "wavs/a.wav", "text": "Xin chào"}\n{"audio": "wavs/b.wav", "text": "Tạm biệt"}\n'),
+])
+def test_a_byte_order_mark_is_skipped(tmp_path, fmt, body):
+    """A BOM before metadata.csv's first line made its clip `missing  wavs/\\ufeffa.wav`."""
+    from pyxtts.prepare.sources import read_metadata
+
+    path = tmp_path / fmt
+    path.write_bytes(b"\xef\xbb\xbf" + body.encode("utf-8"))
+    items = read_metadata(path, None, "en")
+    assert [i.text for i in items] == ["Xin chào", "Tạm biệt"]
+    assert [i.audio.name for i in items] == ["a.wav", "b.wav"]
+
+
+def test_a_transcript_that_is_not_utf8_names_the_file_and_line(small, tmp_path, capsys):
+    """A Latin-1 file stopped prepare with "'utf-8' codec can't decode byte 0xf4 in position
+    10", naming neither the file nor the line."""
+    from pyxtts.prepare.sources import MetadataError, read_metadata
+
+    for name, body in (("metadata.csv", "a|Hello|Hello\nb|Allez|Allez\nc|C'est bientôt|C'est bientôt\n"),
+                       ("train.csv", "audio_file|text|speaker_name\na.wav|Hello|s\nc.wav|C'est bientôt|s\n"),
+                       ("m.jsonl", '{"audio": "a.wav", "text": "Hello"}\n{"audio": "c.wav", "text": "bientôt"}\n')):
+        path = tmp_path / name
+        path.write_bytes(body.encode("latin-1"))
+        line = next(i for i, ln in enumerate(body.splitlines(), 1) if "ô" in ln)
+        column = body.splitlines()[line - 1].index("ô") + 1
+        with pytest.raises(MetadataError, match=rf"^{path}:{line}: not UTF-8 text \(byte 0xf4 at column {column}\); "
+                                                "save the file as UTF-8"):
+            read_metadata(path, None, "fr")
+    assert pyxtts.cli.main(["prepare", "--xtts-dir", str(small["xtts"]), "--metadata", str(tmp_path / "metadata.csv"),
+                            "--out", str(tmp_path / "out")]) == 2
+    assert "metadata.csv:3: not UTF-8 text" in capsys.readouterr().err
