@@ -59,9 +59,10 @@ def _optimize_config(args: argparse.Namespace) -> int:
     try:
         config = XTTSConfig.load(args.config)
         if args.vocab is not None:
-            from pyxtts.text_vocab import with_vocab
+            from pyxtts.text_vocab import vocab_rows_line, with_vocab
 
-            config = with_vocab(config, args.vocab)
+            before, config = config, with_vocab(config, args.vocab)
+            print(vocab_rows_line(before, config, args.vocab))
         device = args.device if args.device is not None else config.training.resolved_device()
         if device == "cpu" and args.device is None and config.training.device == "auto":
             print("pyxtts optimize-config: no GPU here, so training.device 'auto' plans for this machine's "

@@ -567,14 +567,34 @@ def test_memtest_and_optimize_config_plan_the_vocabulary(extended, tmp_path, cap
     _, ext, path = extended
     assert pyxtts.cli.main(["memtest", "--config", "cpu_demo", "--no-step", "--vocab", str(path)]) in (0, 1)
     grown = capsys.readouterr().out
+    assert grown.startswith(f"text rows: 256 -> {ext.size} ({path})\n")  # the rows used, said
     assert pyxtts.cli.main(["memtest", "--config", "cpu_demo", "--no-step"]) in (0, 1)
     plain = capsys.readouterr().out
-    assert grown != plain
+    assert grown.split("\n", 1)[1] != plain
     out = tmp_path / "opt.yaml"
     assert pyxtts.cli.main(["optimize-config", "--config", "cpu_demo", "--output", str(out), "--vocab",
                             str(path)]) == 0
+    assert capsys.readouterr().out.startswith(f"text rows: 256 -> {ext.size} ({path})\n")
     from pyxtts.config import XTTSConfig
 
-    assert XTTSConfig.load(str(out)).model.text_vocab_size == ext.size
+    saved = XTTSConfig.load(str(out))
+    # the rows and the file they are for: training.vocab was left null
+    assert saved.model.text_vocab_size == ext.size and saved.training.vocab == str(path)
     assert pyxtts.cli.main(["memtest", "--config", "cpu_demo", "--no-step", "--vocab", str(tmp_path / "no.json")]) == 2
     assert "vocab: cannot read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["memtest", "optimize-config"])
+def test_a_vocabulary_smaller_than_the_models_rows_is_refused(command, tmp_path, capsys):
+    """XTTS's own 600-token test vocabulary against a 6,681-row config used to shrink the plan
+    silently."""
+    small = tmp_path / "vocab.json"
+    small.write_text(json.dumps({"added_tokens": [], "model": {"type": "BPE", "vocab": {f"t{i}": i for i in
+                                                                                      range(200)}, "merges": []}}))
+    argv = {"memtest": ["memtest", "--config", "cpu_demo", "--no-step"],
+            "optimize-config": ["optimize-config", "--config", "cpu_demo", "--output", str(tmp_path / "o.yaml")]}
+    assert pyxtts.cli.main([*argv[command], "--vocab", str(small)]) == 2
+    err = capsys.readouterr().err
+    assert f"pyxtts {command}: --vocab: '{small}' has 200 text tokens, fewer than the 256 text rows of the config's " \
+           "model" in err
+    assert not (tmp_path / "o.yaml").exists()
