@@ -707,7 +707,7 @@ def offload_for(config: XTTSConfig, device: str | None = None, memory: int | str
     if budget is None:
         if memory is None and not device_present(dev):
             raise ValueError(f"training.optimizer_offload: 'auto' decides by the memory of {dev}, which is not in "
-                             "this machine: give its memory (memory='8GiB', --memory 8GiB) or set "
+                             "this machine: give its memory (memory='8GiB') or set "
                              "optimizer_offload true or false")
         budget = int(_device_total(dev, memory) * t.max_memory_fraction)
     return plan_for(config, dev, offload=False, world_size=world_size, nodes=nodes).total > budget

@@ -405,8 +405,8 @@ def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, ou
             raise CheckpointError(f"{ck.file.path}: {exc}") from exc
         held = [n for n in ("model.pth", *COQUI_LOADER_FILES) if (out / n).exists()]
         if held and not overwrite:
-            raise FileExistsError(f"out: {str(out)!r} holds an export already ({', '.join(held)}); pass --overwrite "
-                                  "(overwrite=True) to replace it, or export into another folder")
+            raise FileExistsError(f"out: {str(out)!r} holds an export already ({', '.join(held)}); pass overwrite=True "
+                                  "to replace it, or export into another folder")
         out.mkdir(parents=True, exist_ok=True)
         target = out / "model.pth"
         write_atomic(target, lambda tmp: rewrite_storages(ck.file, tmp, storages, pickle_data))

@@ -185,7 +185,7 @@ def test_vocab_extension_refuses_moved_ids_and_reordered_merges(base, extended):
     ("VI", ValueError, "2 or 3 lowercase letters"), ("v", ValueError, "2 or 3 lowercase"),
     ("vietnamese", ValueError, "got 'vietnamese'"), ("vi_VN", ValueError, "got 'vi_VN'"),
     ("", ValueError, "got ''"), (3, TypeError, "expected a str"),
-    ("en", ValueError, "already speaks 'en'; drop --new-language"), ("zh-cn", ValueError, "already speaks"),
+    ("en", ValueError, "already speaks 'en'; drop new_language=True"), ("zh-cn", ValueError, "already speaks"),
 ])
 def test_language_code_of_the_wrong_form_or_known(base, code, error, match):
     with pytest.raises(error, match=match):
@@ -440,7 +440,8 @@ def test_prepare_refusals_write_nothing(corpus, tmp_path, capsys, argv, match):
     root, meta = corpus
     out = tmp_path / "out"
     assert prepare_cli("--xtts-dir", str(root / "xtts"), "--metadata", str(meta), "--out", str(out), *argv) == 2
-    assert match in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert match in err and "new_language=True" not in err  # the flag, not the Python argument
     assert not out.exists()
 
 
@@ -451,7 +452,9 @@ def test_prepare_refuses_one_clip(corpus, tmp_path, capsys):
     out = tmp_path / "out"
     assert prepare_cli("--xtts-dir", str(root / "xtts"), "--metadata", str(one), "--audio-dir",
                        str(root / "corpus" / "wavs"), "--language", "vi", "--new-language", "--out", str(out)) == 2
-    assert "at least 2 are needed" in capsys.readouterr().err and not out.exists()
+    err = capsys.readouterr().err
+    assert "pyxtts prepare: --metadata: a new language's tokens are learnt from its transcripts" in err  # was "texts:"
+    assert "at least 2 are needed" in err and not out.exists()
 
 
 def test_digits_num2words_cannot_spell_are_kept_and_reported(corpus, tmp_path, capsys):

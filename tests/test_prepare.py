@@ -178,7 +178,7 @@ def test_other_settings_are_refused(small, prepared, tmp_path):
     out, _ = prepared
     # the refusal names what changed (the folder records its settings)
     with pytest.raises(FileExistsError, match=r"prepared from other inputs or settings \(eval_fraction: 0\.25 -> "
-                                              r"0\.5\);.*--overwrite"):
+                                              r"0\.5\);.*pass overwrite=True"):
         prepare(small["xtts"], small["meta"], out, eval_fraction=0.5, samples_per_shard=4, seed=SEED, progress=False)
     with pytest.raises(NotADirectoryError, match=r"^out: '.*notes\.txt' is a file; the output is a folder"):
         (tmp_path / "notes.txt").write_text("a file")
@@ -239,6 +239,8 @@ def test_every_unusable_sample_is_reported(small, tmp_path):
     assert all(x[7] for x in report if x[3] not in ("kept", "text_empty")), "every drop says why"
     details = {x[3]: x[7] for x in report}
     assert details["missing"] == f"{d / 'missing.wav'} does not exist"  # was libsndfile's "System error"
+    # it read "[UNK] in '...'", leaving the reader to find the character
+    assert details["unknown_token"] == "[UNK]: the vocabulary lacks '☃' (in 'a snowman ☃ here.')"
     assert details["reference_missing"] == f"{d / 'nowhere.wav'} does not exist"
     assert r.summary["dropped"] == {k: sum(1 for *_, w in rows if w == k) for k in {w for *_, w in rows} - {"kept"}}
     kept = list(pyxtts.TTSDataset.load(tmp_path / "out" / "train"))
@@ -340,7 +342,8 @@ def test_cli(small, tmp_path, capsys):
            (["--eval-fraction", "0.5"], "--overwrite")]
     for extra, msg in bad:
         assert pyxtts.cli.main(argv + extra) == 2
-        assert msg in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert msg in err and "=True" not in err  # it read "pass --overwrite (overwrite=True)"
     limited = ["prepare", "--xtts-dir", str(small["xtts"]), "--metadata", str(small["meta"]), "--out",
                str(tmp_path / "lim"), "--max-wav-samples", "80000", "--max-text-tokens", "30", "--no-progress"]
     assert pyxtts.cli.main(limited) == 0

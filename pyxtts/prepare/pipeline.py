@@ -198,8 +198,7 @@ def _process(item: Item) -> _Record:
     if wav is not None:
         rec.seconds = wav.shape[0] / SAMPLE_RATE
     if bad:
-        cleaned = tok.clean(item.text, item.language)
-        rec.status, rec.detail = "unknown_token", f"{' and '.join(sorted(bad))} in {cleaned!r}"
+        rec.status, rec.detail = "unknown_token", _unknown_detail(tok, tok.clean(item.text, item.language), bad)
         return rec
     if len(ids) > limits.max_text_tokens:
         rec.status, rec.detail = "text_too_long", f"{len(ids)} ids > {limits.max_text_tokens}"
@@ -232,6 +231,18 @@ def _process(item: Item) -> _Record:
     if rec.digits:
         rec.detail = f"kept with digits num2words cannot spell in {item.language!r}: {tok.clean(item.text, item.language)!r}"
     return rec
+
+
+def _unknown_detail(tok: XTTSTokenizer, cleaned: str, bad: set[str]) -> str:
+    """What makes a transcript's [UNK] (the characters the vocabulary lacks) or [STOP]."""
+    parts = []
+    if "[UNK]" in bad:
+        missing = sorted({c for c in cleaned if c != " " and tok.token_id(c) is None})
+        parts.append("[UNK]: the vocabulary lacks " + (" ".join(repr(c) for c in missing) if missing else
+                                                      "a piece of it"))
+    if "[STOP]" in bad:
+        parts.append("[STOP]: the text holds the stop token")
+    return f"{'; '.join(parts)} (in {cleaned!r})"
 
 
 # ---- shards --------------------------------------------------------------------------
@@ -473,8 +484,8 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
                         {k: v for k, v in settings.items() if k != "xtts_files"}, absent_too=True)
                 if changed:
                     what += f" ({'; '.join(changed)})"
-                raise FileExistsError(f"out: {str(out)!r} {what}; choose a new folder, or pass --overwrite "
-                                      "(overwrite=True) to replace its shards")
+                raise FileExistsError(f"out: {str(out)!r} {what}; choose a new folder, or pass overwrite=True to "
+                                      "replace its shards")
             for name in ("train", "eval", "prepare.json", "report.tsv", "summary.json"):
                 p = out / name
                 if p.is_dir():

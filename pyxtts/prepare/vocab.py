@@ -50,8 +50,8 @@ def check_new_language(language: str) -> str:
     """The code of a language to add: well formed and not one XTTS v2 already speaks."""
     code = check_language_code(language, "language")
     if code in LANGUAGES or code == "zh-cn":
-        raise ValueError(f"language: XTTS v2 already speaks {code!r}; drop --new-language (new_language=True) to "
-                         "fine-tune it with the released vocabulary")
+        raise ValueError(f"language: XTTS v2 already speaks {code!r}; drop new_language=True to fine-tune it with "
+                         "the released vocabulary")
     return code
 
 
