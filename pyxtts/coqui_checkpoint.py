@@ -248,8 +248,8 @@ def _grown(ck: XTTSCheckpoint, state: dict, cfg: Any, vocab: Path) -> tuple[dict
     try:
         base_doc, doc = read_vocab_doc(base_vocab), read_vocab_doc(vocab)
         state, cfg, report = resize_text_rows(state, cfg, base_doc, doc)
-    except ValueError as exc:
-        raise CheckpointError(f"vocab {vocab}: {exc}") from exc
+    except ValueError as exc:  # its own "vocab: " prefix names no file
+        raise CheckpointError(f"vocab {vocab}: {str(exc).removeprefix('vocab: ')}") from exc
     return state, cfg, {**report, "file": str(vocab), "sha256": vocab_sha256(doc),
                         "base_sha256": vocab_sha256(base_doc)}
 

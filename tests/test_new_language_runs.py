@@ -3,8 +3,9 @@ XTTS v2 folder written by Coqui's classes (``fixtures_speech``), two Vietnamese
 vocabularies of the same size but other tokens (prepare --new-language with the same
 ``--new-tokens`` on two splits), and a two-step ``train --init`` run on the first.
 
-What a new user met (each test says what was): an export with the other vocabulary
-accepted, messages that named the wrong thing."""
+What a new user met (each test says what was): an export or an eval set with the other
+vocabulary accepted, a config's test sentences refused under ``--init``, messages that
+named the wrong thing."""
 from __future__ import annotations
 
 import hashlib
@@ -18,6 +19,7 @@ import pytest
 sf = pytest.importorskip("soundfile", reason="the prepare extra (soundfile) is not installed")
 
 import pyxtts.cli  # noqa: E402
+from pyxtts.fingerprint import saved_extra  # noqa: E402
 from pyxtts.prepare.vocab import read_vocab_doc, vocab_sha256  # noqa: E402
 
 fx = pytest.importorskip("fixtures_prepare")
@@ -117,3 +119,76 @@ def test_export_refuses_a_base_whose_vocabulary_is_not_the_runs(walk, tmp_path, 
     err = capsys.readouterr().err  # it read "pass it: vocab= (--vocab)"
     assert "pyxtts export: --vocab: missing: the model has" in err and "vocab=" not in err
     assert f"pass --vocab {walk.shards / 'vocab.json'}, the one {walk.run / 'init_xtts.safetensors'} records" in err
+
+
+def test_eval_data_of_another_vocabulary_is_refused(walk, tmp_path, capsys):
+    """`train --data shards-vi --eval-data shards-vi2/eval` with another vocabulary's eval
+    shards was accepted: the ids of its text mean other text to the model."""
+    run = tmp_path / "run"
+    capsys.readouterr()
+    assert cli("train", "--config", walk.cfg, "--init", walk.xtts, "--data", walk.shards, "--eval-data",
+               walk.other / "eval", "--checkpoint-dir", run, "--no-progress") == 2
+    err = capsys.readouterr().err
+    assert (f"pyxtts train: --eval-data {walk.other / 'eval'}: its text ids come from {walk.other / 'vocab.json'} "
+            f"(sha256 {digest(walk.other / 'vocab.json')[:12]}..., a new language's), and --data's from "
+            f"{walk.shards / 'vocab.json'}") in err
+    assert not run.exists()  # refused before the import
+    assert cli("train", "--config", walk.cfg, "--init", walk.xtts, "--data", walk.shards, "--eval-data",
+               walk.shards / "eval", "--checkpoint-dir", run, "--max-steps", "1", "--no-progress") == 0
+
+
+def test_init_sets_xtts_dir_before_the_test_sentences_are_checked(walk, tmp_path, capsys):
+    """A config with training.test_sentences and no xtts_dir, run with `train --init
+    XTTS-v2`, stopped at "training.xtts_dir: must be the Coqui XTTS folder ... got None",
+    though --init sets it (docs/monitoring.md)."""
+    cfg = tmp_path / "ts.yaml"
+    sentence = f"  test_sentences:\n    - {{text: 'Xin chào.', language: vi, reference: '{walk.wavs[0]}'}}\n"
+    cfg.write_text(finetune_yaml(1, 1).replace("training:\n", "training:\n" + sentence, 1), encoding="utf-8")
+    run = tmp_path / "run"
+    # train/ alone: no evaluation, so nothing is spoken; the sentences are checked at the start
+    assert cli("train", "--config", cfg, "--init", walk.xtts, "--data", walk.shards / "train", "--checkpoint-dir",
+               run, "--no-progress") == 0, capsys.readouterr().err
+    training = saved_extra(run / "step_00000001.safetensors")["config"]["training"]
+    assert training["xtts_dir"] == str(walk.xtts) and training["test_sentences"][0]["text"] == "Xin chào."
+
+
+def test_init_from_a_base_that_has_the_rows_says_so(walk, tmp_path, capsys):
+    """`train --init voice-vi --data shards-vi` (a base exported with the new rows) printed
+    "the text rows grow from 643 to 643 ... ([None]) ... 0 new ones"."""
+    run = tmp_path / "run"
+    capsys.readouterr()
+    assert cli("train", "--config", walk.cfg, "--init", walk.voice, "--data", walk.shards / "train",
+               "--checkpoint-dir", run, "--max-steps", "1", "--no-progress") == 0
+    err = capsys.readouterr().err
+    assert (f"pyxtts train: --init: {walk.voice} already has the {walk.size} text rows of the vocabulary "
+            f"{walk.shards / 'vocab.json'} (its vocab.json has those tokens): nothing to grow") in err
+    assert "grow from" not in err and "[None]" not in err
+    # the run still records its vocabulary: exported into the released folder, it needs that one
+    assert cli("export", "--checkpoint", run / "step_00000001.safetensors", "--base", walk.xtts, "--out",
+               tmp_path / "o", "--vocab", walk.other / "vocab.json") == 2
+    assert "is not the vocabulary the model was trained with" in capsys.readouterr().err
+    assert cli("export", "--checkpoint", run / "step_00000001.safetensors", "--base", walk.xtts, "--out",
+               tmp_path / "o", "--vocab", walk.shards / "vocab.json") == 0
+
+
+def test_an_init_vocabulary_that_does_not_extend_the_base_is_named_once(walk, tmp_path, capsys):
+    """It read "vocab shards-vi/vocab.json: vocab: does not extend ..."."""
+    capsys.readouterr()
+    assert cli("train", "--config", walk.cfg, "--init", walk.voice, "--data", walk.other, "--checkpoint-dir",
+               tmp_path / "run", "--no-progress") == 2
+    err = capsys.readouterr().err
+    assert (f"pyxtts train: --init {walk.voice}: vocab {walk.other / 'vocab.json'}: does not extend the base "
+            "vocabulary: ") in err and "vocab: does not extend" not in err
+
+
+def test_resume_without_init_names_the_folder_the_run_started_from(walk, capsys):
+    """A --resume without --init said "start from XTTS v2 with --init XTTS_DIR"."""
+    before = files(walk.run)
+    capsys.readouterr()
+    assert cli("train", "--config", walk.cfg, "--data", walk.shards, "--checkpoint-dir", walk.run, "--resume",
+               "--no-progress") == 2
+    err = capsys.readouterr().err
+    assert (f"pyxtts train: --data {walk.shards}: its text ids come from {walk.shards / 'vocab.json'} ({walk.size} "
+            f"tokens, a new language's), but the model has 6681 text rows; the run in {walk.run} started from "
+            f"{walk.xtts}: add --init {walk.xtts} to continue it\n") in err
+    assert files(walk.run) == before
