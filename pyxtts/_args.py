@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import re
 from typing import Any
 
 import numpy as np
@@ -75,9 +76,27 @@ def flag(name: str, value: Any) -> bool:
 CLI_FLAGS: dict[str, dict[str, str]] = {}
 
 
+# an argument a message tells to pass: overwrite=True, vocab='shards-vi/vocab.json'
+_PASSED_RE = re.compile(r"(?<![\w.])([a-z][a-z_]*)=(?:True\b|'([^']*)')")
+
+
 def as_flags(command: str, message: str) -> str:
     """``message`` with a leading API argument name (``eval_fraction: ...``) spelt as the
-    command's flag (``--eval-fraction: ...``), as the person at the command line typed it."""
+    command's flag (``--eval-fraction: ...``), and the arguments it tells to pass, written
+    ``overwrite=True`` or ``vocab='v.json'``, spelt ``--overwrite`` and ``--vocab v.json``:
+    as the person at the command line types them."""
+    import shlex
+
+    flags = CLI_FLAGS.get(command.split(" ")[0], {})
     head, sep, rest = message.partition(":")
-    flag = CLI_FLAGS.get(command.split(" ")[0], {}).get(head)
-    return f"{flag}{sep}{rest}" if sep and flag is not None else message
+    flag = flags.get(head)
+    if sep and flag is not None:
+        message = f"{flag}{sep}{rest}"
+
+    def spelt(m: re.Match) -> str:
+        flag = flags.get(m.group(1))
+        if flag is None:
+            return m.group(0)
+        return flag if m.group(2) is None else f"{flag} {shlex.quote(m.group(2))}"
+
+    return _PASSED_RE.sub(spelt, message)

@@ -59,9 +59,10 @@ def _optimize_config(args: argparse.Namespace) -> int:
     try:
         config = XTTSConfig.load(args.config)
         if args.vocab is not None:
-            from pyxtts.text_vocab import with_vocab
+            from pyxtts.text_vocab import vocab_rows_line, with_vocab
 
-            config = with_vocab(config, args.vocab)
+            before, config = config, with_vocab(config, args.vocab)
+            print(vocab_rows_line(before, config, args.vocab))
         device = args.device if args.device is not None else config.training.resolved_device()
         if device == "cpu" and args.device is None and config.training.device == "auto":
             print("pyxtts optimize-config: no GPU here, so training.device 'auto' plans for this machine's "
@@ -125,8 +126,11 @@ def _train_data(data: str, want_eval: bool, strategy: Any = None) -> tuple[Any, 
         return _dataset(data, "--data"), None
     train, held = splits
     held = held if want_eval else None
+    empty = want_eval and held is None and (Path(data) / "eval").is_dir()  # prepare dropped every held-out clip
     _train_note(f"--data {data} is an output folder of pyxtts prepare: training on {train}"
-                + (f", evaluating on {held}" if held is not None else ""), strategy)
+                + (f", evaluating on {held}" if held is not None else "")
+                + (f"; its eval/ holds no sample (every held-out clip was dropped: {Path(data) / 'report.tsv'} "
+                   "says why), so there is no evaluation; --eval-data gives one" if empty else ""), strategy)
     return _dataset(str(train), "--data"), None if held is None else _dataset(str(held), "--data")
 
 
@@ -216,16 +220,30 @@ def _init_from_xtts(config: Any, source: str, vocab: Path | None = None, keep_ru
     config = config.with_model(ModelConfig(**meta["config"]))
     config.training.init_checkpoint = str(out)
     grown = meta["extra"].get("vocab")
-    config.training.vocab = None if grown is None else str(vocab)
+    added = grown is not None and grown["size"] > grown["base_size"]
+    # the base's own vocab.json goes with rows it has already (an earlier export's)
+    config.training.vocab = str(vocab) if added else None
     if grown is not None and (strategy is None or strategy.is_main):
-        print(f"pyxtts train: --init: the text rows grow from {grown['base_size']} to {grown['size']} for the "
-              f"vocabulary {vocab} ([{grown['language']}]); the old rows keep their values, {grown['from_pieces']} new "
-              f"ones start from the mean of their pieces' rows, {grown['from_mean']} from a mean over rows",
-              file=sys.stderr)
-    folder = Path(source) if Path(source).is_dir() else Path(source).parent
-    if config.training.xtts_dir is None and (folder / "model.pth").is_file():
-        config.training.xtts_dir = str(folder)  # what test_sentences are spoken through
+        if added:
+            print(f"pyxtts train: --init: the text rows grow from {grown['base_size']} to {grown['size']} for the "
+                  f"vocabulary {vocab} ([{grown['language']}]); the old rows keep their values, {grown['from_pieces']} "
+                  f"new ones start from the mean of their pieces' rows, {grown['from_mean']} from a mean over rows",
+                  file=sys.stderr)
+        else:
+            print(f"pyxtts train: --init: {source} already has the {grown['size']} text rows of the vocabulary "
+                  f"{vocab} (its vocab.json has those tokens): nothing to grow, the rows go on from its values",
+                  file=sys.stderr)
+    folder = _init_folder(source)
+    if config.training.xtts_dir is None and folder is not None:
+        config.training.xtts_dir = folder  # what test_sentences are spoken through
     return config
+
+
+def _init_folder(source: str) -> str | None:
+    """The Coqui XTTS folder ``--init`` names (it or its ``model.pth``), when it holds a
+    ``model.pth``: the run's ``training.xtts_dir`` unless the config sets one."""
+    folder = Path(source) if Path(source).is_dir() else Path(source).parent
+    return str(folder) if (folder / "model.pth").is_file() else None
 
 
 def _launched_strategy(config: Any, device: str | None) -> Any:
@@ -243,14 +261,67 @@ def _launched_strategy(config: Any, device: str | None) -> Any:
 
 def _check_vocab_size(config: Any, vocab: Path, data: str) -> None:
     """Without ``--init``, a model whose text rows do not match the data's extended
-    vocabulary cannot train on it: say how to start from XTTS v2 with the rows grown."""
+    vocabulary cannot train on it: say how to start from XTTS v2 with the rows grown, or,
+    for a run that started so, the ``--init`` that continues it."""
     from pyxtts.coqui_config import read_vocab
 
     size = read_vocab(vocab)["number_text_tokens"]
     if config.model.text_vocab_size != size:
+        started = _run_init_source(Path(config.training.checkpoint_dir))
+        how = (f"the run in {config.training.checkpoint_dir} started from {started}: add --init {started} to continue "
+               "it" if started is not None else "start from XTTS v2 with --init XTTS_DIR, which grows the rows to that "
+               "vocabulary")
         raise ValueError(f"--data {data}: its text ids come from {vocab} ({size} tokens, a new language's), but the "
-                         f"model has {config.model.text_vocab_size} text rows; start from XTTS v2 with --init XTTS_DIR, "
-                         "which grows the rows to that vocabulary")
+                         f"model has {config.model.text_vocab_size} text rows; {how}")
+
+
+def _run_init_source(checkpoint_dir: Path) -> str | None:
+    """The XTTS folder (or checkpoint) a run in ``checkpoint_dir`` was started from with
+    ``--init``, as its import records it; None without one."""
+    from pyxtts.fingerprint import saved_extra
+
+    init = checkpoint_dir / "init_xtts.safetensors"
+    if not init.is_file():
+        return None
+    try:
+        source = saved_extra(init).get("imported_from")
+    except Exception:  # noqa: BLE001 - an unreadable import: no hint rather than a second error
+        return None
+    if not isinstance(source, str):
+        return None
+    return str(Path(source).parent) if Path(source).name == "model.pth" else source
+
+
+def _data_vocab(data: str) -> tuple[str, str] | None:
+    """(identity, name) of the vocabulary a ``pyxtts prepare`` output's text ids come from
+    (``data``: the output folder or one of its splits): its extended vocab.json (a new
+    language's), else the XTTS folder's own vocab.json as prepare.json records it. None for
+    data of another origin, which cannot be checked."""
+    from pyxtts.prepare.vocab import read_vocab_doc, vocab_sha256
+
+    for folder in (Path(data), Path(data).parent):
+        manifest = folder / "prepare.json"
+        if not manifest.is_file():
+            continue
+        if (folder / "vocab.json").is_file():
+            digest = vocab_sha256(read_vocab_doc(folder / "vocab.json"))
+            return digest, f"{folder / 'vocab.json'} (sha256 {digest[:12]}..., a new language's)"
+        try:
+            digest = json.loads(manifest.read_text(encoding="utf-8"))["settings"]["xtts_files"]["vocab.json"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return f"file:{digest}", f"the XTTS folder's own vocab.json (file sha256 {str(digest)[:12]}...)"
+    return None
+
+
+def _check_eval_vocab(data: str, eval_data: str) -> None:
+    """``--eval-data`` prepared with another vocabulary than ``--data``: its ids would mean
+    other text to the model, so its loss would measure nothing."""
+    ours, theirs = _data_vocab(data), _data_vocab(eval_data)
+    if ours is not None and theirs is not None and ours[0] != theirs[0]:
+        raise ValueError(f"--eval-data {eval_data}: its text ids come from {theirs[1]}, and --data's from {ours[1]}: "
+                         "the same text has other ids under another vocabulary; evaluate on clips prepared with the "
+                         "training data (prepare --eval-fraction holds them out)")
 
 
 def _replanned(before: Any, after: Any, device: str | None) -> str | None:
@@ -304,8 +375,11 @@ def _train(args: argparse.Namespace) -> int:
             raise ValueError(f"--synthetic: expected a number of samples, an int >= 1, got {args.synthetic}")
         if args.synthetic is not None and args.data is not None:
             raise ValueError("--synthetic: train on --data or on a synthetic set, not both")
-        # without --config: the CPU demo, or with --init (XTTS v2 itself) Coqui's recipe
-        config = XTTSConfig.load(args.config or ("cpu_demo" if args.init is None else RECIPE))
+        # without --config: the CPU demo, or with --init (XTTS v2 itself) Coqui's recipe; --init's
+        # folder is the xtts_dir before the config's checks (test_sentences need one)
+        folder = None if args.init is None else _init_folder(args.init)
+        config = XTTSConfig.load(args.config or ("cpu_demo" if args.init is None else RECIPE),
+                                 defaults=None if folder is None else {"training": {"xtts_dir": folder}})
         strategy = _launched_strategy(config, args.device)
         if args.config is None and args.init is not None:
             _train_note(f"no --config: Coqui's recipe ({RECIPE}.yaml; `pyxtts optimize-config --config {RECIPE} "
@@ -320,6 +394,8 @@ def _train(args: argparse.Namespace) -> int:
         if args.checkpoint_dir is not None:
             config.training.checkpoint_dir = args.checkpoint_dir
         vocab = prepared_vocab(args.data) if args.data is not None else None
+        if args.data is not None and args.eval_data is not None:
+            _check_eval_vocab(args.data, args.eval_data)
         if args.init is not None:
             before = config
             config = _init_from_xtts(config, args.init, vocab, keep_run=not args.overwrite, strategy=strategy)
@@ -581,8 +657,9 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--overwrite", action="store_true", help="replace an output folder prepared from other inputs")
     pr.add_argument("--no-progress", action="store_true", help="no progress bar")
     pr.add_argument("--new-language", action="store_true",
-                    help="--language is one XTTS v2 does not speak (e.g. vi): learn its BPE tokens from the training "
-                         "transcripts and write the extended vocabulary to OUT/vocab.json")
+                    help="--language is one XTTS v2 does not speak (e.g. vi): add its characters (of every transcript) "
+                         "and BPE merges (learnt from the training split's) to the vocabulary, written to "
+                         "OUT/vocab.json")
     pr.add_argument("--new-tokens", type=int, default=None,
                     help="with --new-language: tokens to add, its characters included (default 2000; "
                          "docs/new-language.md says how to choose)")

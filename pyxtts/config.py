@@ -523,7 +523,7 @@ class XTTSConfig:
         Path(path).write_text(_yaml_text(d), encoding="utf-8")
 
     @classmethod
-    def load(cls, path: str | Path) -> "XTTSConfig":
+    def load(cls, path: str | Path, defaults: Mapping[str, Mapping[str, Any]] | None = None) -> "XTTSConfig":
         """Reads a YAML file; a shipped config may be named by its stem ("standard").
         A relative path in the file (``PATH_FIELDS``) is relative to the file's folder and
         becomes one relative to the working directory (or absolute); the shipped configs'
@@ -533,8 +533,16 @@ class XTTSConfig:
         may start from another: ``base: NAME_OR_PATH`` (a shipped config's name, or a path
         relative to the file's folder) takes that file's sections, and this file's keys
         replace theirs one by one (the shipped tiers are ``base: xtts_v2_finetune`` plus their
-        batch, precision and checkpointing)."""
-        return cls.from_dict(_load_raw(Path(path), ()))
+        batch, precision and checkpointing). ``defaults``: values by section
+        (``{"training": {"xtts_dir": "XTTS-v2"}}``, paths relative to the working directory)
+        for the fields the file leaves unset or null, in place before the fields are checked
+        (``train --init`` gives its folder as the ``xtts_dir`` test sentences need)."""
+        d = _load_raw(Path(path), ())
+        for section, values in (defaults or {}).items():
+            if d.get(section) is None or isinstance(d[section], Mapping):  # else from_dict says what it is
+                own = dict(d.get(section) or {})
+                d[section] = {**own, **{k: v for k, v in values.items() if own.get(k) is None}}
+        return cls.from_dict(d)
 
     def replace(self, **sections: Any) -> "XTTSConfig":
         """A copy with whole sections replaced (``cfg.replace(data=...)``)."""
@@ -745,7 +753,7 @@ def offload_for(config: XTTSConfig, device: str | None = None, memory: int | str
     if budget is None:
         if memory is None and not device_present(dev):
             raise ValueError(f"training.optimizer_offload: 'auto' decides by the memory of {dev}, which is not in "
-                             "this machine: give its memory (memory='8GiB', --memory 8GiB) or set "
+                             "this machine: give its memory (memory='8GiB') or set "
                              "optimizer_offload true or false")
         budget = int(_device_total(dev, memory) * t.max_memory_fraction)
     return plan_for(config, dev, offload=False, world_size=world_size, nodes=nodes).total > budget

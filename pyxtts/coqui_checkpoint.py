@@ -248,8 +248,8 @@ def _grown(ck: XTTSCheckpoint, state: dict, cfg: Any, vocab: Path) -> tuple[dict
     try:
         base_doc, doc = read_vocab_doc(base_vocab), read_vocab_doc(vocab)
         state, cfg, report = resize_text_rows(state, cfg, base_doc, doc)
-    except ValueError as exc:
-        raise CheckpointError(f"vocab {vocab}: {exc}") from exc
+    except ValueError as exc:  # its own "vocab: " prefix names no file
+        raise CheckpointError(f"vocab {vocab}: {str(exc).removeprefix('vocab: ')}") from exc
     return state, cfg, {**report, "file": str(vocab), "sha256": vocab_sha256(doc),
                         "base_sha256": vocab_sha256(base_doc)}
 
@@ -299,34 +299,105 @@ def _compare(config: Any, base: Any, base_source: str, source: str) -> None:
         raise CheckpointError(f"the model and the base ({base_source}) describe different GPTs: " + "; ".join(diffs))
 
 
-def _vocab_growth(config: Any, base_cfg: Any, base_dir: Path, vocab: str | os.PathLike | None) -> tuple | None:
+@dataclasses.dataclass(frozen=True)
+class _TrainedVocab:
+    """The extended vocabulary a run's ``train --init`` grew the text rows to, as its import
+    (``init_xtts.safetensors``) records it: ``sha256`` (``vocab_sha256``), the ``file`` it
+    was given as, the XTTS checkpoint ``imported_from``, and ``where`` the record was read."""
+    sha256: str
+    file: str
+    imported_from: str
+    where: str
+
+    def names(self) -> str:
+        return f"{self.file} (sha256 {self.sha256[:12]}...), which {self.where} records"
+
+
+def _trained_vocab(model_or_checkpoint: Any) -> _TrainedVocab | None:
+    """The extended vocabulary the checkpoint's run trained with: from the checkpoint itself
+    when it is an import, else from the import its config's ``training.init_checkpoint``
+    names (looked for beside the checkpoint first: the run's folder may have moved). None
+    when nothing records one (XTTS v2's own vocabulary, a model object, a missing import)."""
+    from pyxtts.fingerprint import saved_extra
+
+    if not isinstance(model_or_checkpoint, (str, os.PathLike)):
+        return None
+    path = Path(model_or_checkpoint)
+    extra, where = saved_extra(path), path
+    if not isinstance(extra.get("vocab"), dict):
+        training = ((extra.get("config") or {}).get("training") or {}) if isinstance(extra.get("config"), dict) else {}
+        init = training.get("init_checkpoint") if isinstance(training, dict) else None
+        if not isinstance(init, str) or not init:
+            return None
+        found = [p for p in ([Path(init)] if Path(init).is_absolute() else [path.parent / Path(init).name, Path(init)])
+                 if p.is_file()]
+        if not found:
+            return None
+        extra, where = saved_extra(found[0]), found[0]
+    grown = extra.get("vocab")
+    if not isinstance(grown, dict) or not isinstance(grown.get("sha256"), str):
+        return None
+    return _TrainedVocab(grown["sha256"], str(grown.get("file")), str(extra.get("imported_from")), str(where))
+
+
+def _vocab_growth(config: Any, base_cfg: Any, base_dir: Path, vocab: str | os.PathLike | None,
+                  trained: _TrainedVocab | None = None) -> tuple | None:
     """(extended vocabulary document, its VocabExtension) when the model's text rows outgrow
     the base's; None when they are the same size. CheckpointError for a vocabulary missing,
-    not extending the base's, or of another size than the model's rows."""
-    from pyxtts.prepare.vocab import read_vocab_doc, vocab_extension
+    not extending the base's, of another size than the model's rows, or not the one the run
+    ``trained`` with; for a base whose rows are the model's but whose vocab.json is not."""
+    from pyxtts.prepare.vocab import read_vocab_doc, vocab_extension, vocab_sha256
 
     if config.text_vocab_size == base_cfg.text_vocab_size:
         if vocab is not None:
-            raise CheckpointError(f"vocab: the model has the base's {base_cfg.text_vocab_size} text rows, so it was "
-                                  f"not grown to {vocab}; export without vocab (--vocab)")
+            raise CheckpointError(f"vocab: not needed: the model has the base's {base_cfg.text_vocab_size} text rows, "
+                                  f"so the base's own vocab.json goes with them; export without {vocab}")
+        if trained is not None:  # a base that has the grown rows already (an earlier export)
+            base_sha = _vocab_digest(base_dir / "vocab.json", "base")
+            if base_sha != trained.sha256:
+                raise CheckpointError(f"base: {base_dir / 'vocab.json'} (sha256 {base_sha[:12]}...) is not the "
+                                      f"vocabulary the model was trained with, {trained.names()}; export into the "
+                                      "XTTS folder the run started from: pass "
+                                      f"base='{_checkpoint_folder(trained.imported_from)}' and vocab='{trained.file}'")
         return None
     if config.text_vocab_size < base_cfg.text_vocab_size:
         raise CheckpointError(f"base: the model has {config.text_vocab_size} text rows, fewer than the base's "
                               f"{base_cfg.text_vocab_size}, so the base is not the XTTS folder it started from")
     if vocab is None:
-        raise CheckpointError(f"the model has {config.text_vocab_size} text rows and the base "
-                              f"{base_cfg.text_vocab_size}: it was trained with an extended vocabulary (prepare "
-                              "--new-language); pass it: vocab= (--vocab), e.g. the vocab.json of prepare's output "
-                              "(or the base is not the XTTS folder it started from)")
+        which = (f"pass vocab='{trained.file}', the one {trained.where} records" if trained is not None
+                 else "pass it (the vocab.json of prepare's output)")
+        raise CheckpointError(f"vocab: missing: the model has {config.text_vocab_size} text rows and the base "
+                              f"{base_cfg.text_vocab_size}, so it was trained with an extended vocabulary (prepare "
+                              f"--new-language); {which} (or the base is not the XTTS folder it started from)")
     try:
         doc = read_vocab_doc(vocab)
-        ext = vocab_extension(read_vocab_doc(base_dir / "vocab.json"), doc, f"vocab {vocab}")
+        ext = vocab_extension(read_vocab_doc(base_dir / "vocab.json"), doc, f"vocab: {vocab}")
     except (OSError, ValueError) as exc:
         raise CheckpointError(str(exc)) from exc
+    if trained is not None and vocab_sha256(doc) != trained.sha256:
+        # a vocabulary of the same size can hold other tokens: the digest tells them apart
+        raise CheckpointError(f"vocab: {vocab} (sha256 {vocab_sha256(doc)[:12]}...) is not the vocabulary the model "
+                              f"was trained with, {trained.names()}: the same ids mean other text under it; "
+                              f"pass vocab='{trained.file}'")
     if ext.size != config.text_vocab_size:
-        raise CheckpointError(f"vocab {vocab}: {ext.size} tokens, but the model has {config.text_vocab_size} text rows "
-                              "(another vocabulary than the one it was trained with)")
+        raise CheckpointError(f"vocab: {vocab} has {ext.size} tokens, but the model has {config.text_vocab_size} "
+                              "text rows (another vocabulary than the one it was trained with)")
     return doc, ext
+
+
+def _vocab_digest(path: Path, argument: str) -> str:
+    from pyxtts.prepare.vocab import read_vocab_doc, vocab_sha256
+
+    try:
+        return vocab_sha256(read_vocab_doc(path))
+    except ValueError as exc:
+        raise CheckpointError(f"{argument}: {str(exc).removeprefix('vocab: ')}") from exc
+
+
+def _checkpoint_folder(path: str) -> str:
+    """The folder of an XTTS ``model.pth`` (as ``--init`` and ``--base`` take it), else the path."""
+    p = Path(path)
+    return str(p.parent) if p.name == "model.pth" else str(p)
 
 
 def _coqui_config_json(base_dir: Path, ext: Any) -> bytes:
@@ -386,7 +457,7 @@ def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, ou
         if ck.n_heads_guessed:
             raise CheckpointError(f"{ck.file.path}: the base has no config (config.json beside it or pickled "
                                   "in it), so its GPT cannot be checked against the model")
-        growth = _vocab_growth(config, ck.config, base_dir, vocab)
+        growth = _vocab_growth(config, ck.config, base_dir, vocab, _trained_vocab(model_or_checkpoint))
         base_cfg = ck.config if growth is None else dataclasses.replace(ck.config, text_vocab_size=growth[1].size)
         _compare(config, base_cfg, ck.config_source, source)
         unknown = [k for k in state if k not in ck.tensors]
@@ -405,8 +476,8 @@ def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, ou
             raise CheckpointError(f"{ck.file.path}: {exc}") from exc
         held = [n for n in ("model.pth", *COQUI_LOADER_FILES) if (out / n).exists()]
         if held and not overwrite:
-            raise FileExistsError(f"out: {str(out)!r} holds an export already ({', '.join(held)}); pass --overwrite "
-                                  "(overwrite=True) to replace it, or export into another folder")
+            raise FileExistsError(f"out: {str(out)!r} holds an export already ({', '.join(held)}); pass overwrite=True "
+                                  "to replace it, or export into another folder")
         out.mkdir(parents=True, exist_ok=True)
         target = out / "model.pth"
         write_atomic(target, lambda tmp: rewrite_storages(ck.file, tmp, storages, pickle_data))

@@ -141,25 +141,44 @@ def json_lines(path: Path, error: type[ValueError] = DataError) -> Iterator[tupl
     """``(where, record)`` for each non-blank line of a JSON-lines file, ``where`` being
     ``path:line``; a line that is not JSON raises ``error`` naming it."""
     with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                yield where, json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise error(f"{where}: not valid JSON: {exc}") from exc
+        yield from json_records(path, fh, error)
+
+
+def json_records(path: Path, lines: Iterable[str], error: type[ValueError] = DataError) -> Iterator[tuple[str, Any]]:
+    """``json_lines`` over the already read ``lines`` of ``path``."""
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            yield where, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise error(f"{where}: not valid JSON: {exc}") from exc
 
 
 def prepared_splits(folder: str | os.PathLike) -> tuple[Path, Path | None] | None:
     """``(folder/train, folder/eval or None)`` when ``folder`` is an output folder of
     ``pyxtts prepare``: no ``.npz`` shards of its own, a ``train/`` subfolder that has
-    some. None for any other path (a folder of shards, a manifest, a missing path)."""
+    some. None for any other path (a folder of shards, a manifest, a missing path). The
+    eval split is None when its shards hold no sample (every held-out clip dropped)."""
     folder = Path(folder)
     train, held = folder / "train", folder / "eval"
     if not folder.is_dir() or any(folder.glob("*.npz")) or not any(train.glob("*.npz")):
         return None
-    return train, (held if any(held.glob("*.npz")) else None)
+    return train, (held if any(_holds_samples(f) for f in held.glob("*.npz")) else None)
+
+
+def _holds_samples(shard: Path) -> bool:
+    """Whether a shard has a sample, read from its zip directory (an earlier prepare wrote
+    a shard of 0 samples for a split whose every clip was dropped); an unreadable one
+    counts as holding some, for the loader to name."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(shard) as zf:
+            return any(n.startswith("text_") for n in zf.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return True
 
 
 def prepared_vocab(data: str | os.PathLike) -> Path | None:

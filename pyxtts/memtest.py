@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import shlex
 import sys
 import time
@@ -354,9 +355,11 @@ def memtest(args: argparse.Namespace) -> int:
     try:
         config = XTTSConfig.load(args.config)
         if getattr(args, "vocab", None) is not None:
-            from pyxtts.text_vocab import with_vocab
+            from pyxtts.text_vocab import vocab_rows_line, with_vocab
 
-            config = with_vocab(config, args.vocab)
+            before, config = config, with_vocab(config, args.vocab)
+            if int(os.environ.get("RANK", "0")) == 0:  # under torchrun: once, as the report
+                print(vocab_rows_line(before, config, args.vocab), flush=True)
         from pyxtts.distributed import launched
 
         world_size, nodes = world_flags(args)

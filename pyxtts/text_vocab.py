@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["TEXT_ROWS", "resize_text_rows", "with_vocab"]
+__all__ = ["TEXT_ROWS", "resize_text_rows", "with_vocab", "vocab_rows_line"]
 
 TEXT_ROWS = ("text_embedding.weight", "text_head.weight", "text_head.bias")
 _OLD_LANGUAGE_RE = re.compile(r"\[([a-z]{2}|zh-cn)\]")
@@ -86,11 +86,27 @@ def resize_text_rows(state: Mapping[str, np.ndarray], config: Any, base_doc: Map
 
 def with_vocab(config: Any, vocab: str | os.PathLike) -> Any:
     """An ``XTTSConfig`` whose model has the text rows of ``vocab`` (an extended
-    ``vocab.json``): what ``memtest --vocab`` and ``optimize-config --vocab`` plan for."""
+    ``vocab.json``) and whose ``training.vocab`` is that file: what ``memtest --vocab`` and
+    ``optimize-config --vocab`` plan for. A vocabulary with fewer tokens than the model's
+    text rows is refused: an extended one only adds rows, so it is the wrong file (XTTS v2's
+    rows are 6,681)."""
     from pyxtts.coqui_config import read_vocab
 
     try:
         size = read_vocab(vocab)["number_text_tokens"]
     except OSError as exc:
         raise FileNotFoundError(f"vocab: cannot read {str(vocab)!r}: {exc.strerror or exc}") from exc
-    return config.with_model(dataclasses.replace(config.model, text_vocab_size=size))
+    rows = config.model.text_vocab_size
+    if size < rows:
+        raise ValueError(f"vocab: {str(vocab)!r} has {size} text tokens, fewer than the {rows} text rows of the "
+                         "config's model; expected the vocabulary a new language extends the model's with "
+                         "(prepare --new-language's OUT/vocab.json), which has at least as many")
+    grown = config.with_model(dataclasses.replace(config.model, text_vocab_size=size))
+    return dataclasses.replace(grown, training=dataclasses.replace(config.training, vocab=str(vocab)))
+
+
+def vocab_rows_line(before: Any, after: Any, vocab: str | os.PathLike) -> str:
+    """The line ``memtest --vocab`` and ``optimize-config --vocab`` print: the text rows the
+    plan uses, and from which file."""
+    old, new = before.model.text_vocab_size, after.model.text_vocab_size
+    return f"text rows: {old} -> {new} ({vocab})" if new != old else f"text rows: {new} ({vocab}, as the config has)"

@@ -308,3 +308,19 @@ def test_a_value_is_not_a_dtype():
         raises(TypeError, "dtype", t.to, None, value)
     assert t.to(np.float16).dtype is pyxtts.float16 and t.to(np.dtype("<f4")).dtype is pyxtts.float32
     assert pyxtts.tensor([1.0], dtype=np.uint8).dtype is pyxtts.uint8
+
+
+def test_cli_messages_spell_the_arguments_they_name_as_flags():
+    """The API's messages name its arguments; at the command line they read as the flags:
+    "pass --overwrite (overwrite=True)" and "pass it: vocab= (--vocab)" showed both."""
+    import pyxtts.cli
+    from pyxtts._args import as_flags
+
+    with pytest.raises(SystemExit):
+        pyxtts.cli.main(["--version"])  # fills each command's flags
+    assert as_flags("export", "vocab: missing: pass vocab='my vocab.json', or overwrite=True") == \
+        "--vocab: missing: pass --vocab 'my vocab.json', or --overwrite"
+    assert as_flags("memtest", "x: give its memory (memory='8GiB') or") == "x: give its memory (--memory 8GiB) or"
+    # not the command's arguments, nor a config field's dotted name: left as they are
+    assert as_flags("export", "strict=True and training.vocab='v.json'") == "strict=True and training.vocab='v.json'"
+    assert as_flags("train", "vocab: x") == "vocab: x"

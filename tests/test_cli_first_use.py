@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import run_python
@@ -283,6 +284,15 @@ def test_train_takes_the_output_folder_of_prepare(tmp_path):
     r = pyxtts_cli(tmp_path, *run, "--overwrite", "--eval-data", "missing")
     assert r.returncode == 2
     assert "training on shards/train\n" in r.stderr and "pyxtts train: --eval-data: cannot read 'missing'" in r.stderr
+    # an eval/ whose every clip prepare dropped (an earlier prepare left a shard of 0 samples)
+    for f in (tmp_path / "shards" / "eval").glob("*.npz"):
+        f.unlink()
+    np.savez(tmp_path / "shards" / "eval" / "shard-00000.npz")
+    r = pyxtts_cli(tmp_path, *run, "--overwrite")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert ("training on shards/train; its eval/ holds no sample (every held-out clip was dropped: "
+            "shards/report.tsv says why), so there is no evaluation; --eval-data gives one\n") in r.stderr
+    assert "eval loss" not in r.stdout
 
 
 def test_resume_refuses_other_data_or_batch_settings(tmp_path):

@@ -78,6 +78,20 @@ def test_validation_names_file_sample_and_position(tmp_path, rng):
         write_shards([(np.zeros(3), np.zeros(3, int))], tmp_path / "x")
 
 
+def test_an_eval_split_of_no_sample_is_none(tmp_path, rng):
+    """An earlier prepare wrote eval/shard-00000.npz of 0 samples when it dropped every
+    held-out clip; train then took that empty set as its evaluation."""
+    from pyxtts.data import prepared_splits
+
+    out = tmp_path / "shards"
+    write_shards(samples(4, rng), out / "train")
+    (out / "eval").mkdir()
+    np.savez(out / "eval" / "shard-00000.npz")
+    assert prepared_splits(out) == (out / "train", None)
+    np.savez(out / "eval" / "shard-00001.npz", text_0=np.array([1, 2]), audio_0=np.array([3]))
+    assert prepared_splits(out) == (out / "train", out / "eval")
+
+
 def test_the_output_folder_of_prepare_is_refused_naming_its_splits(tmp_path, rng):
     """TTSDataset.load("shards/") on prepare's --out folder used to say only "no .npz shards found"."""
     out = tmp_path / "shards"

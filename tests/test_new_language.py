@@ -105,6 +105,30 @@ def test_new_tokens_counts_characters_and_stops_at_n(base):
     assert vocab_sha256(extend_vocab(base, TRAIN, "vi", 60)[0]) == vocab_sha256(doc)
 
 
+def rare_letters(base: dict, n: int) -> list[str]:
+    """n Vietnamese letters that neither the base vocabulary nor the test sentences hold."""
+    have = set(library_ids(base)) | {c for t in CLEAN_VI for c in t}
+    letters = [c for c in "ỹỷỵẵẳẫẩỗổỡởựửữỳẽẻẹ" if c not in have]
+    assert len(letters) >= n, letters
+    return letters[:n]
+
+
+def test_held_out_characters_join_the_vocabulary_but_teach_no_merge(base):
+    """A held-out transcript with a letter training lacks used to be dropped as [UNK]: its
+    letters are tokens now, and the merges are still training's alone."""
+    letters = rare_letters(base, 2)
+    held = [f"chữ {letters[0]}{letters[0]}a và {letters[1]}{letters[1]}a", f"lại {letters[0]}{letters[0]}a"]
+    doc, ext = extend_vocab(base, TRAIN, "vi", DEFAULT_NEW_TOKENS, held_out=held)
+    plain_doc, plain = extend_vocab(base, TRAIN, "vi", DEFAULT_NEW_TOKENS)
+    assert doc["model"]["merges"] == plain_doc["model"]["merges"]  # a held-out pair seen twice is never merged
+    assert list(ext.added) == (list(plain.added)[:1 + plain.characters] + sorted(letters)  # after training's letters
+                               + list(plain.added)[1 + plain.characters:])
+    assert ext.characters == plain.characters + 2
+    tok = tokenizers.Tokenizer.from_str(json.dumps(doc))
+    for t in held:
+        assert tok.token_to_id("[UNK]") not in tok.encode(t.replace(" ", "[SPACE]")).ids, t
+
+
 def test_old_language_text_mostly_keeps_its_ids(base, extended):
     """The new merges rank after the old ones: a text of the old languages changes only where
     a pair no old merge joins is joined by a new one. Measured here, not assumed zero."""
@@ -161,7 +185,7 @@ def test_vocab_extension_refuses_moved_ids_and_reordered_merges(base, extended):
     ("VI", ValueError, "2 or 3 lowercase letters"), ("v", ValueError, "2 or 3 lowercase"),
     ("vietnamese", ValueError, "got 'vietnamese'"), ("vi_VN", ValueError, "got 'vi_VN'"),
     ("", ValueError, "got ''"), (3, TypeError, "expected a str"),
-    ("en", ValueError, "already speaks 'en'; drop --new-language"), ("zh-cn", ValueError, "already speaks"),
+    ("en", ValueError, "already speaks 'en'; drop new_language=True"), ("zh-cn", ValueError, "already speaks"),
 ])
 def test_language_code_of_the_wrong_form_or_known(base, code, error, match):
     with pytest.raises(error, match=match):
@@ -202,6 +226,24 @@ def test_cleaning_of_a_new_language():
     assert clean_new_language("ΑΒΓ", "el") == "αβγ" and clean_new_language("አማርኛ", "am") == "አማርኛ"  # no case
     with pytest.raises(TypeError, match="text: expected a str"):
         clean_new_language(None, "vi")
+
+
+@pytest.mark.parametrize("lang, text, spoken", [
+    # Vietnamese groups thousands with dots and writes decimals with a comma: "10.000 đồng"
+    # was "mười đồng" (ten), "1.500.000" one and a half
+    ("vi", "10.000 đồng", [10000, " đồng"]), ("vi", "1.500.000 người", [1500000, " người"]),
+    ("vi", "123.456.789", [123456789]), ("vi", "giá 25.000.", ["giá ", 25000, "."]),
+    ("vi", "1.500.000,5", [1500000.5]), ("vi", "3,5 mét", [3.5, " mét"]),
+    ("vi", "3.14", [3.14]), ("vi", "năm 2024", ["năm ", 2024]),  # not three digits after the dot: a decimal
+    ("id", "Rp 2.000", ["rp ", 2000]),
+    # a language that groups with commas (Welsh) keeps the dot as its decimal mark
+    ("cy", "1,000", [1000]), ("cy", "10.000", [10.0]), ("cy", "2.5", [2.5]),
+])
+def test_thousands_and_decimals_of_a_new_language(lang, text, spoken):
+    from num2words import num2words
+
+    want = "".join(p if isinstance(p, str) else num2words(p, lang=lang) for p in spoken)
+    assert clean_new_language(text, lang) == want
 
 
 def test_an_unknown_language_names_the_flag(base_file, extended):
@@ -349,12 +391,42 @@ def test_prepare_new_language_writes_the_vocabulary_and_its_ids(corpus, capsys):
     keys = {r.split("\t")[2] for r in (out / "report.tsv").read_text().splitlines()[1:] if r.startswith("eval")}
     held = [clean_new_language(s, "vi") for i, s in enumerate(SENTENCES_VI) if f"vi-{i + 1:04d}" in keys]
     trained = [clean_new_language(s, "vi") for i, s in enumerate(SENTENCES_VI) if f"vi-{i + 1:04d}" not in keys]
-    again, _ = extend_vocab(read_vocab_doc(root / "xtts" / "vocab.json"), trained, "vi", 150)
+    again, _ = extend_vocab(read_vocab_doc(root / "xtts" / "vocab.json"), trained, "vi", 150, held_out=held)
     assert vocab_sha256(again) == vocab_sha256(doc) and held
     # the same command again resumes: nothing is redone
     assert prepare_cli("--xtts-dir", str(root / "xtts"), "--metadata", str(meta), "--language", "vi",
                        "--new-language", "--new-tokens", "150", "--eval-fraction", "0.2", "--out", str(out)) == 0
     assert "2 shards kept from an earlier run" in capsys.readouterr().out
+
+
+def test_prepare_keeps_held_out_clips_whose_letters_training_lacks(corpus, tmp_path, capsys):
+    """`prepare --new-language --eval-fraction` learnt the characters from the training split
+    only: a held-out clip with a letter seen nowhere in training was dropped as [UNK], and
+    the eval split could end up empty (with a shard of 0 samples) while prepare said nothing."""
+    root, meta = corpus
+    base = read_vocab_doc(root / "xtts" / "vocab.json")
+    letters = rare_letters(base, 8)  # one of its own in each line: whichever two are held out lack theirs
+    wavs = root / "corpus" / "wavs"
+    lines = [f"vi-{i + 1:04d}|{SENTENCES_VI[i]} {c}a|{SENTENCES_VI[i]} {c}a" for i, c in enumerate(letters)]
+    (tmp_path / "meta.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    assert prepare_cli("--xtts-dir", str(root / "xtts"), "--metadata", str(tmp_path / "meta.csv"), "--audio-dir",
+                       str(wavs), "--language", "vi", "--new-language", "--new-tokens", "150", "--eval-fraction",
+                       "0.25", "--out", str(out)) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["kept"] == 8 and summary["splits"]["eval"]["kept"] == 2, summary
+    assert summary["warnings"] == [] and "warning" not in printed
+    assert summary["new_language"]["held_out_unk"] == 0
+    doc = read_vocab_doc(out / "vocab.json")
+    assert set(letters) <= set(library_ids(doc))
+    # the merges are the training transcripts' alone
+    report = [r.split("\t") for r in (out / "report.tsv").read_text().splitlines()[1:]]
+    by_key = {f"vi-{i + 1:04d}": clean_new_language(f"{SENTENCES_VI[i]} {c}a", "vi") for i, c in enumerate(letters)}
+    trained = [by_key[r[2]] for r in report if r[0] == "train"]
+    held = [by_key[r[2]] for r in report if r[0] == "eval"]
+    again, _ = extend_vocab(base, trained, "vi", 150, held_out=held)
+    assert vocab_sha256(again) == vocab_sha256(doc)
 
 
 @pytest.mark.parametrize("argv, match", [
@@ -368,7 +440,8 @@ def test_prepare_refusals_write_nothing(corpus, tmp_path, capsys, argv, match):
     root, meta = corpus
     out = tmp_path / "out"
     assert prepare_cli("--xtts-dir", str(root / "xtts"), "--metadata", str(meta), "--out", str(out), *argv) == 2
-    assert match in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert match in err and "new_language=True" not in err  # the flag, not the Python argument
     assert not out.exists()
 
 
@@ -379,7 +452,9 @@ def test_prepare_refuses_one_clip(corpus, tmp_path, capsys):
     out = tmp_path / "out"
     assert prepare_cli("--xtts-dir", str(root / "xtts"), "--metadata", str(one), "--audio-dir",
                        str(root / "corpus" / "wavs"), "--language", "vi", "--new-language", "--out", str(out)) == 2
-    assert "at least 2 are needed" in capsys.readouterr().err and not out.exists()
+    err = capsys.readouterr().err
+    assert "pyxtts prepare: --metadata: a new language's tokens are learnt from its transcripts" in err  # was "texts:"
+    assert "at least 2 are needed" in err and not out.exists()
 
 
 def test_digits_num2words_cannot_spell_are_kept_and_reported(corpus, tmp_path, capsys):
@@ -495,14 +570,34 @@ def test_memtest_and_optimize_config_plan_the_vocabulary(extended, tmp_path, cap
     _, ext, path = extended
     assert pyxtts.cli.main(["memtest", "--config", "cpu_demo", "--no-step", "--vocab", str(path)]) in (0, 1)
     grown = capsys.readouterr().out
+    assert grown.startswith(f"text rows: 256 -> {ext.size} ({path})\n")  # the rows used, said
     assert pyxtts.cli.main(["memtest", "--config", "cpu_demo", "--no-step"]) in (0, 1)
     plain = capsys.readouterr().out
-    assert grown != plain
+    assert grown.split("\n", 1)[1] != plain
     out = tmp_path / "opt.yaml"
     assert pyxtts.cli.main(["optimize-config", "--config", "cpu_demo", "--output", str(out), "--vocab",
                             str(path)]) == 0
+    assert capsys.readouterr().out.startswith(f"text rows: 256 -> {ext.size} ({path})\n")
     from pyxtts.config import XTTSConfig
 
-    assert XTTSConfig.load(str(out)).model.text_vocab_size == ext.size
+    saved = XTTSConfig.load(str(out))
+    # the rows and the file they are for: training.vocab was left null
+    assert saved.model.text_vocab_size == ext.size and saved.training.vocab == str(path)
     assert pyxtts.cli.main(["memtest", "--config", "cpu_demo", "--no-step", "--vocab", str(tmp_path / "no.json")]) == 2
     assert "vocab: cannot read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["memtest", "optimize-config"])
+def test_a_vocabulary_smaller_than_the_models_rows_is_refused(command, tmp_path, capsys):
+    """XTTS's own 600-token test vocabulary against a 6,681-row config used to shrink the plan
+    silently."""
+    small = tmp_path / "vocab.json"
+    small.write_text(json.dumps({"added_tokens": [], "model": {"type": "BPE", "vocab": {f"t{i}": i for i in
+                                                                                      range(200)}, "merges": []}}))
+    argv = {"memtest": ["memtest", "--config", "cpu_demo", "--no-step"],
+            "optimize-config": ["optimize-config", "--config", "cpu_demo", "--output", str(tmp_path / "o.yaml")]}
+    assert pyxtts.cli.main([*argv[command], "--vocab", str(small)]) == 2
+    err = capsys.readouterr().err
+    assert f"pyxtts {command}: --vocab: '{small}' has 200 text tokens, fewer than the 256 text rows of the config's " \
+           "model" in err
+    assert not (tmp_path / "o.yaml").exists()

@@ -178,7 +178,7 @@ def test_other_settings_are_refused(small, prepared, tmp_path):
     out, _ = prepared
     # the refusal names what changed (the folder records its settings)
     with pytest.raises(FileExistsError, match=r"prepared from other inputs or settings \(eval_fraction: 0\.25 -> "
-                                              r"0\.5\);.*--overwrite"):
+                                              r"0\.5\);.*pass overwrite=True"):
         prepare(small["xtts"], small["meta"], out, eval_fraction=0.5, samples_per_shard=4, seed=SEED, progress=False)
     with pytest.raises(NotADirectoryError, match=r"^out: '.*notes\.txt' is a file; the output is a folder"):
         (tmp_path / "notes.txt").write_text("a file")
@@ -239,6 +239,8 @@ def test_every_unusable_sample_is_reported(small, tmp_path):
     assert all(x[7] for x in report if x[3] not in ("kept", "text_empty")), "every drop says why"
     details = {x[3]: x[7] for x in report}
     assert details["missing"] == f"{d / 'missing.wav'} does not exist"  # was libsndfile's "System error"
+    # it read "[UNK] in '...'", leaving the reader to find the character
+    assert details["unknown_token"] == "[UNK]: the vocabulary lacks '☃' (in 'a snowman ☃ here.')"
     assert details["reference_missing"] == f"{d / 'nowhere.wav'} does not exist"
     assert r.summary["dropped"] == {k: sum(1 for *_, w in rows if w == k) for k in {w for *_, w in rows} - {"kept"}}
     kept = list(pyxtts.TTSDataset.load(tmp_path / "out" / "train"))
@@ -250,6 +252,48 @@ def test_every_unusable_sample_is_reported(small, tmp_path):
     assert not kept[4].ref_is_clip and kept[0].ref_is_clip
     np.testing.assert_array_equal(kept[4].ref_audio, load_audio(d / "ref.wav"))
     assert "1 too_long" in r.format_summary() and "report.tsv" in r.format_summary()
+
+
+def _eval_keys_missing(small, prepared, tmp_path: Path, n: int) -> Path:
+    """A manifest of the same clips in the same order (so the same split) whose first ``n``
+    held-out clips' audio files are missing."""
+    out, _ = prepared
+    held = [r.split("\t")[2] for r in (out / "report.tsv").read_text().splitlines()[1:] if r.startswith("eval")]
+    wavs = small["root"] / "corpus" / "wavs"
+    lines = [ln.split("|") for ln in small["meta"].read_text().splitlines()]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"audio": str(wavs / f"{k}.wav") if k not in held[:n] else f"gone/{k}.wav",
+                                            "text": t}) + "\n" for k, _, t in lines), encoding="utf-8")
+    return manifest
+
+
+def test_an_eval_split_left_empty_is_said_and_has_no_shard(small, prepared, tmp_path, capsys):
+    """Every held-out clip dropped used to leave eval/shard-00000.npz of 0 samples, which train
+    then loaded as the eval set, and prepare said nothing of it."""
+    from pyxtts.data import prepared_splits
+
+    manifest = _eval_keys_missing(small, prepared, tmp_path, 3)
+    out = tmp_path / "out"
+    argv = ["prepare", "--xtts-dir", str(small["xtts"]), "--metadata", str(manifest), "--out", str(out),
+            "--eval-fraction", "0.25", "--seed", str(SEED), "--samples-per-shard", "4", "--no-progress"]
+    assert pyxtts.cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    warning = ("the eval split is empty: all 3 samples were dropped (3 missing); no eval shard was written, so "
+               "train has no evaluation from this folder (--eval-data gives it one) (each reason in report.tsv)")
+    assert f"  warning: {warning}\n" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["warnings"] == [warning] and summary["splits"]["eval"]["dropped"] == {"missing": 3}
+    assert not list((out / "eval").glob("*.npz")) and prepared_splits(out) == (out / "train", None)
+    assert pyxtts.cli.main(argv) == 0  # the shard without samples is finished too: nothing is redone
+    assert "1 worker, 4 shards kept from an earlier run)" in capsys.readouterr().out
+
+
+def test_an_eval_split_that_loses_clips_says_how_many_and_why(small, prepared, tmp_path):
+    r = prepare(small["xtts"], _eval_keys_missing(small, prepared, tmp_path, 1), tmp_path / "out",
+                eval_fraction=0.25, samples_per_shard=4, seed=SEED, progress=False)
+    warning = "the eval split lost 1 of its 3 samples (1 missing); it holds 2 (each reason in report.tsv)"
+    assert r.summary["warnings"] == [warning] and f"  warning: {warning}" in r.format_summary()
+    assert r.eval == tmp_path / "out" / "eval" and len(pyxtts.TTSDataset.load(r.eval)) == 2
 
 
 def test_codes_over_the_models_audio_positions(small, tmp_path):
@@ -298,7 +342,8 @@ def test_cli(small, tmp_path, capsys):
            (["--eval-fraction", "0.5"], "--overwrite")]
     for extra, msg in bad:
         assert pyxtts.cli.main(argv + extra) == 2
-        assert msg in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert msg in err and "=True" not in err  # it read "pass --overwrite (overwrite=True)"
     limited = ["prepare", "--xtts-dir", str(small["xtts"]), "--metadata", str(small["meta"]), "--out",
                str(tmp_path / "lim"), "--max-wav-samples", "80000", "--max-text-tokens", "30", "--no-progress"]
     assert pyxtts.cli.main(limited) == 0
@@ -391,3 +436,39 @@ def test_two_column_ljspeech_lines_are_read_as_id_and_text(tmp_path):
     with pytest.raises(MetadataError, match=r"metadata\.csv:2: LJSpeech lines are id\|text\|normalized text "
                                             r"\(or id\|text\), got 1 column: 'lonely'"):
         read_metadata(two, None, "en")
+
+
+@pytest.mark.parametrize("fmt, body", [
+    ("metadata.csv", "a|Xin chào|Xin chào\nb|Tạm biệt|Tạm biệt\n"),
+    ("train.csv", "audio_file|text|speaker_name\nwavs/a.wav|Xin chào|s\nwavs/b.wav|Tạm biệt|s\n"),
+    ("m.jsonl", '{"audio": "wavs/a.wav", "text": "Xin chào"}\n{"audio": "wavs/b.wav", "text": "Tạm biệt"}\n'),
+])
+def test_a_byte_order_mark_is_skipped(tmp_path, fmt, body):
+    """A BOM before metadata.csv's first line made its clip `missing  wavs/\\ufeffa.wav`."""
+    from pyxtts.prepare.sources import read_metadata
+
+    path = tmp_path / fmt
+    path.write_bytes(b"\xef\xbb\xbf" + body.encode("utf-8"))
+    items = read_metadata(path, None, "en")
+    assert [i.text for i in items] == ["Xin chào", "Tạm biệt"]
+    assert [i.audio.name for i in items] == ["a.wav", "b.wav"]
+
+
+def test_a_transcript_that_is_not_utf8_names_the_file_and_line(small, tmp_path, capsys):
+    """A Latin-1 file stopped prepare with "'utf-8' codec can't decode byte 0xf4 in position
+    10", naming neither the file nor the line."""
+    from pyxtts.prepare.sources import MetadataError, read_metadata
+
+    for name, body in (("metadata.csv", "a|Hello|Hello\nb|Allez|Allez\nc|C'est bientôt|C'est bientôt\n"),
+                       ("train.csv", "audio_file|text|speaker_name\na.wav|Hello|s\nc.wav|C'est bientôt|s\n"),
+                       ("m.jsonl", '{"audio": "a.wav", "text": "Hello"}\n{"audio": "c.wav", "text": "bientôt"}\n')):
+        path = tmp_path / name
+        path.write_bytes(body.encode("latin-1"))
+        line = next(i for i, ln in enumerate(body.splitlines(), 1) if "ô" in ln)
+        column = body.splitlines()[line - 1].index("ô") + 1
+        with pytest.raises(MetadataError, match=rf"^{path}:{line}: not UTF-8 text \(byte 0xf4 at column {column}\); "
+                                                "save the file as UTF-8"):
+            read_metadata(path, None, "fr")
+    assert pyxtts.cli.main(["prepare", "--xtts-dir", str(small["xtts"]), "--metadata", str(tmp_path / "metadata.csv"),
+                            "--out", str(tmp_path / "out")]) == 2
+    assert "metadata.csv:3: not UTF-8 text" in capsys.readouterr().err

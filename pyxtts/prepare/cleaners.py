@@ -214,6 +214,11 @@ _PUNCTUATION = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u20
                               "\u2026": "...", "\u3002": ".", "\uff0c": ",", "\uff01": "!", "\uff1f": "?"})
 _DIGIT_RE = re.compile(r"\d")
 _LANGUAGE_CODE_RE = re.compile(r"[a-z]{2,3}")
+# languages num2words spells, XTTS v2 does not speak, that group thousands with a dot and
+# write decimals with a comma (CLDR): 10.000 is ten thousand there, 3,5 three and a half
+DOT_THOUSANDS = frozenset({"az", "ca", "da", "id", "is", "ro", "sl", "sr", "vi"})
+# dot-grouped thousands: 1-3 digits, then groups of exactly three (a decimal comma may follow)
+_DOT_GROUPS_RE = re.compile(r"(?<![\d.,])\d{1,3}(?:\.\d{3})+(?!\d|\.\d)")
 
 
 def check_language_code(language: str, argument: str = "language") -> str:
@@ -243,8 +248,11 @@ def clean_new_language(text: str, lang: str) -> str:
     at training and at inference (``pyxtts.coqui.enable_language``): Unicode NFC; typographic
     quotes, dashes and ellipses to ASCII (double quotes dropped, as XTTS v2 drops them);
     lowercase (a no-op for scripts without case); decimals, ordinals-free integers and
-    thousands (``1,000``/``1.000``) spelled by num2words when it knows ``lang``, digits left
-    as they are otherwise (``has_digits`` finds them); whitespace collapsed."""
+    thousands spelled by num2words when it knows ``lang``, digits left as they are otherwise
+    (``has_digits`` finds them); whitespace collapsed. Thousands: in the languages of
+    ``DOT_THOUSANDS`` (Vietnamese among them) a dot followed by exactly three digits groups
+    them and the comma is the decimal mark (``1.500.000,5``); elsewhere the comma groups
+    them and the dot is the decimal mark (``1,500,000.5``)."""
     import unicodedata
 
     if not isinstance(text, str):
@@ -252,7 +260,10 @@ def clean_new_language(text: str, lang: str) -> str:
     text = unicodedata.normalize("NFC", text).translate(_PUNCTUATION).lower()
     if num2words_knows(lang) and _DIGIT_RE.search(text):
         n2w = _num2words()
-        text = _THOUSANDS_COMMA_RE.sub(_strip_separator(","), text)
+        if lang in DOT_THOUSANDS:
+            text = _DOT_GROUPS_RE.sub(_strip_separator("."), text)
+        else:
+            text = _THOUSANDS_COMMA_RE.sub(_strip_separator(","), text)
         text = _DECIMAL_RE.sub(lambda m: " " + n2w(float(m.group(1).replace(",", ".")), lang=lang) + " ", text)
         text = _INTEGER_RE.sub(lambda m: " " + n2w(int(m.group(0)), lang=lang) + " ", text)
     text = _WHITESPACE_RE.sub(" ", text).strip()

@@ -10,10 +10,14 @@ Output folder::
     OUT/train/shard-NNNNN.npz the training samples; shard-NNNNN.json lists its samples
     OUT/train/mel_stats.npy   the checkpoint's mel normalisation, for the reference slices' mels
     OUT/eval/shard-NNNNN.npz  the held-out samples (eval_fraction > 0)
+                              (a shard that keeps no sample has its .json and no .npz)
     OUT/report.tsv            every sample: kept, or the reason it was dropped
     OUT/summary.json          counts, hours, tokens per second of speech, throughput
     OUT/vocab.json            with --new-language: XTTS v2's vocabulary extended by the
                               language's tokens (``pyxtts.prepare.vocab``); the ids are its
+
+A split that loses samples is said in the summary (``summary["warnings"]``): an evaluation
+split that lost any, and a split left empty.
 
 Shard j of a split holds the kept samples among that split's items j*S .. (j+1)*S - 1 (S =
 samples_per_shard) in transcript order, so the output depends only on the inputs and the
@@ -131,6 +135,7 @@ class PrepareResult:
                 lines.append(f"  {len(new['digits'])} kept sample(s) still hold digits, which num2words cannot spell in "
                              f"{new['language']!r} (listed in {self.report.name}; write them out as words): "
                              + ", ".join(new["digits"][:5]) + (", ..." if len(new["digits"]) > 5 else ""))
+        lines += [f"  warning: {w}" for w in s.get("warnings", [])]
         if s["kept"]:
             lines.append(f"  {s['text_tokens_per_second']:.2f} text tokens and {s['audio_codes_per_second']:.2f} "
                          "audio codes per second of speech")
@@ -193,8 +198,7 @@ def _process(item: Item) -> _Record:
     if wav is not None:
         rec.seconds = wav.shape[0] / SAMPLE_RATE
     if bad:
-        cleaned = tok.clean(item.text, item.language)
-        rec.status, rec.detail = "unknown_token", f"{' and '.join(sorted(bad))} in {cleaned!r}"
+        rec.status, rec.detail = "unknown_token", _unknown_detail(tok, tok.clean(item.text, item.language), bad)
         return rec
     if len(ids) > limits.max_text_tokens:
         rec.status, rec.detail = "text_too_long", f"{len(ids)} ids > {limits.max_text_tokens}"
@@ -227,6 +231,18 @@ def _process(item: Item) -> _Record:
     if rec.digits:
         rec.detail = f"kept with digits num2words cannot spell in {item.language!r}: {tok.clean(item.text, item.language)!r}"
     return rec
+
+
+def _unknown_detail(tok: XTTSTokenizer, cleaned: str, bad: set[str]) -> str:
+    """What makes a transcript's [UNK] (the characters the vocabulary lacks) or [STOP]."""
+    parts = []
+    if "[UNK]" in bad:
+        missing = sorted({c for c in cleaned if c != " " and tok.token_id(c) is None})
+        parts.append("[UNK]: the vocabulary lacks " + (" ".join(repr(c) for c in missing) if missing else
+                                                      "a piece of it"))
+    if "[STOP]" in bad:
+        parts.append("[STOP]: the text holds the stop token")
+    return f"{'; '.join(parts)} (in {cleaned!r})"
 
 
 # ---- shards --------------------------------------------------------------------------
@@ -284,7 +300,7 @@ class _Shard:
 
     def finished(self) -> list[dict] | None:
         """The records of an earlier run of this very shard, or None."""
-        if not (self.npz.is_file() and self.listing.is_file()):
+        if not self.listing.is_file():
             return None
         try:
             listing = json.loads(self.listing.read_text(encoding="utf-8"))
@@ -292,11 +308,15 @@ class _Shard:
             return None
         if listing.get("items") != self.fingerprint():
             return None
-        return listing["samples"]
+        kept = any(r.get("status") == "kept" for r in listing["samples"])
+        return listing["samples"] if kept == self.npz.is_file() else None
 
     def write(self, records: list[_Record]) -> list[dict]:
         kept = [r.arrays for r in records if r.status == "kept"]
-        _write_npz(self.npz, shard_arrays(kept, f"{self.npz}: sample"))
+        if kept:
+            _write_npz(self.npz, shard_arrays(kept, f"{self.npz}: sample"))
+        else:  # no file of 0 samples: a split whose every clip was dropped reads as having none
+            self.npz.unlink(missing_ok=True)
         rows = [{k: v for k, v in asdict(r).items() if k != "arrays"} for r in records]
         _write_json(self.listing, {"format": FORMAT, "items": self.fingerprint(), "samples": rows})
         return rows
@@ -321,6 +341,15 @@ def _held_out_figures(base: XTTSTokenizer, extended: XTTSTokenizer, texts: list[
         chars += len(t)
     return {"held_out_characters": chars, "held_out_unk": n_unk, "tokens_per_char": n_ext / chars if chars else 0.0,
             "base_tokens_per_char": n_base / chars if chars else 0.0}
+
+
+def _check_enough_texts(texts: list[str], code: str) -> None:
+    """A new language's tokens need at least two training transcripts (named by the
+    metadata: ``extend_vocab`` would name its own argument)."""
+    n = sum(1 for t in texts if t.strip())
+    if n < 2:
+        raise ValueError(f"metadata: a new language's tokens are learnt from its transcripts, and the training split "
+                         f"has {n} non-empty one(s) in {code!r}; at least 2 are needed (thousands make good tokens)")
 
 
 def _split(items: list[Item], eval_fraction: float, seed: int) -> tuple[list[Item], list[Item]]:
@@ -383,8 +412,9 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
     ``max_wav_samples`` at 22,050 Hz, ``min_seconds``, ``max_text_tokens`` (default: the
     model's ``gpt_max_text_tokens``); audio codes must fit the model's audio positions.
     ``new_language``: ``language`` is one XTTS v2 does not speak; ``new_tokens`` BPE tokens
-    learnt from the training split's transcripts extend the vocabulary (``OUT/vocab.json``,
-    ``pyxtts.prepare.vocab``), and the ids are that vocabulary's.
+    extend the vocabulary (``OUT/vocab.json``, ``pyxtts.prepare.vocab``): the characters of
+    both splits' transcripts, then merges learnt from the training split's alone. The ids
+    are that vocabulary's.
     """
     # as plain ints and floats: they go into the output's settings file (JSON)
     eval_fraction = real("eval_fraction", eval_fraction, minimum=0.0, maximum=1.0, below=True)
@@ -423,7 +453,10 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
     vocab_doc = None
     if new_code is not None:  # before anything is written: a refusal leaves the folder as it was
         base_doc = read_vocab_doc(folder / "vocab.json")
-        vocab_doc, ext = extend_vocab(base_doc, _new_language_texts(train_items, new_code), new_code, new_tokens)
+        texts = _new_language_texts(train_items, new_code)
+        _check_enough_texts(texts, new_code)
+        vocab_doc, ext = extend_vocab(base_doc, texts, new_code, new_tokens,
+                                      held_out=_new_language_texts(eval_items, new_code))
         settings["new_language"] = {"language": new_code, "new_tokens": new_tokens,
                                     "vocab_sha256": vocab_sha256(vocab_doc)}
 
@@ -451,8 +484,8 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
                         {k: v for k, v in settings.items() if k != "xtts_files"}, absent_too=True)
                 if changed:
                     what += f" ({'; '.join(changed)})"
-                raise FileExistsError(f"out: {str(out)!r} {what}; choose a new folder, or pass --overwrite "
-                                      "(overwrite=True) to replace its shards")
+                raise FileExistsError(f"out: {str(out)!r} {what}; choose a new folder, or pass overwrite=True to "
+                                      "replace its shards")
             for name in ("train", "eval", "prepare.json", "report.tsv", "summary.json"):
                 p = out / name
                 if p.is_dir():
@@ -546,8 +579,9 @@ def _finish(out: Path, shards: list[_Shard], rows: dict[tuple[str, int], list[di
     sec_read = sec_kept = processed = 0.0
     text_tok = codes = 0
     for sh in shards:
-        sp = splits.setdefault(sh.split, {"kept": 0, "shards": 0, "hours": 0.0})
-        sp["shards"] += 1
+        sp = splits.setdefault(sh.split, {"samples": 0, "kept": 0, "shards": 0, "hours": 0.0, "dropped": {}})
+        sp["samples"] += len(rows[(sh.split, sh.index)])
+        sp["shards"] += any(r["status"] == "kept" for r in rows[(sh.split, sh.index)])  # the .npz files
         for r in rows[(sh.split, sh.index)]:
             clean = [str(r[k]).replace("\t", " ").replace("\n", " ") for k in ("key", "detail", "where")]
             lines.append(f"{sh.split}\t{sh.index}\t{clean[0]}\t{r['status']}\t{r['seconds']:.3f}\t"
@@ -564,6 +598,7 @@ def _finish(out: Path, shards: list[_Shard], rows: dict[tuple[str, int], list[di
                 codes += r["audio_codes"]
             else:
                 dropped[r["status"]] += 1
+                sp["dropped"][r["status"]] = sp["dropped"].get(r["status"], 0) + 1
     report.write_text("\n".join(lines) + "\n", encoding="utf-8")
     summary = {
         "samples": n_items, "kept": kept, "dropped": dict(sorted(dropped.items())),
@@ -573,7 +608,28 @@ def _finish(out: Path, shards: list[_Shard], rows: dict[tuple[str, int], list[di
         "wall_seconds": wall, "workers": workers, "shards": len(shards),
         "shards_resumed": len(shards) - len(now),
         "processed_seconds": processed, "audio_seconds_per_second": processed / wall if wall else 0.0,
+        "warnings": _split_warnings(splits, report.name),
     }
     _write_json(out / "summary.json", summary)
-    return PrepareResult(out, out / "train", out / "eval" if "eval" in splits else None, report, summary,
-                         audio_dir)
+    held = out / "eval" if splits.get("eval", {}).get("kept") else None
+    return PrepareResult(out, out / "train", held, report, summary, audio_dir)
+
+
+def _split_warnings(splits: dict[str, dict[str, Any]], report: str) -> list[str]:
+    """A line for an evaluation split that lost samples and for a split left empty: the
+    eval loss is then measured on fewer clips than asked for, or on none."""
+    out = []
+    for name, sp in splits.items():
+        lost = sp["samples"] - sp["kept"]
+        if lost == 0 or (name == "train" and sp["kept"]):
+            continue
+        why = ", ".join(f"{n} {r}" for r, n in sorted(sp["dropped"].items()))
+        if sp["kept"] == 0:
+            use = ("train has no evaluation from this folder (--eval-data gives it one)" if name == "eval"
+                   else "there is nothing to train on")
+            out.append(f"the {name} split is empty: all {counted(sp['samples'], 'sample')} were dropped ({why}); "
+                       f"no {name} shard was written, so {use} (each reason in {report})")
+        else:
+            out.append(f"the eval split lost {lost} of its {counted(sp['samples'], 'sample')} ({why}); it holds "
+                       f"{sp['kept']} (each reason in {report})")
+    return out

@@ -10,16 +10,20 @@
   "reference": ...}``, the last two optional; paths relative to ``audio_dir`` (default: the
   manifest's folder). ``reference`` is a separate recording of the same voice to draw the
   conditioning slices from, instead of the clip itself.
+
+Each is UTF-8 text; a byte-order mark at its start (as some editors write) is skipped. A
+file in another encoding is a ``MetadataError`` naming its first line that is not UTF-8.
 """
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyxtts.data import json_lines
+from pyxtts.data import json_records
 from pyxtts.prepare.text import normalize_language
 
 __all__ = ["Item", "MetadataError", "audio_folder", "read_metadata", "detect_format"]
@@ -43,9 +47,24 @@ def detect_format(path: Path) -> str:
     """"jsonl", "coqui" (a header line starting with audio_file) or "ljspeech"."""
     if path.suffix.lower() in (".jsonl", ".json"):
         return "jsonl"
-    with open(path, encoding="utf-8") as fh:
+    # only the header matters here: a byte that is not UTF-8 is reported by the reader, with its line
+    with open(path, encoding="utf-8-sig", errors="replace") as fh:
         first = fh.readline()
-    return "coqui" if first.split("|")[0].strip().lstrip("\ufeff") == "audio_file" else "ljspeech"
+    return "coqui" if first.split("|")[0].strip() == "audio_file" else "ljspeech"
+
+
+def read_utf8(path: Path) -> str:
+    """The text of a transcript file (a byte-order mark skipped); a MetadataError naming the
+    file and the first line that is not UTF-8, with how to fix it."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise MetadataError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {column}); save "
+                            "the file as UTF-8 (e.g. iconv -f LATIN1 -t UTF-8, or your editor's encoding setting)"
+                            ) from exc
 
 
 def _resolve(base: Path, value: str) -> Path:
@@ -55,7 +74,7 @@ def _resolve(base: Path, value: str) -> Path:
 
 def _ljspeech(path: Path, audio_dir: Path, language: str) -> list[Item]:
     items = []
-    with open(path, encoding="utf-8") as fh:
+    with io.StringIO(read_utf8(path)) as fh:  # universal newlines, as open() reads them
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
@@ -73,7 +92,7 @@ def _ljspeech(path: Path, audio_dir: Path, language: str) -> list[Item]:
 
 def _coqui(path: Path, audio_dir: Path, language: str) -> list[Item]:
     items = []
-    with open(path, newline="", encoding="utf-8") as fh:
+    with io.StringIO(read_utf8(path), newline="") as fh:
         reader = csv.DictReader(fh, delimiter="|")
         if not reader.fieldnames or "audio_file" not in reader.fieldnames or "text" not in reader.fieldnames:
             raise MetadataError(f"{path}:1: expected the header audio_file|text|speaker_name, got "
@@ -89,7 +108,7 @@ def _coqui(path: Path, audio_dir: Path, language: str) -> list[Item]:
 
 def _jsonl(path: Path, audio_dir: Path, language: str, added: tuple[str, ...] = ()) -> list[Item]:
     items = []
-    for where, rec in json_lines(path, MetadataError):
+    for where, rec in json_records(path, io.StringIO(read_utf8(path)), MetadataError):
         if not isinstance(rec, dict) or not isinstance(rec.get("audio"), str) \
                 or not isinstance(rec.get("text"), str):
             raise MetadataError(f"{where}: expected an object with string 'audio' and 'text' (and optional "
@@ -130,10 +149,7 @@ def read_metadata(metadata: str | os.PathLike, audio_dir: str | os.PathLike | No
     if audio_dir is not None and not base.is_dir():
         raise FileNotFoundError(f"audio_dir: {str(base)!r} is not a folder")
     reader = {"ljspeech": _ljspeech, "coqui": _coqui, "jsonl": _jsonl}[fmt]
-    try:
-        items = reader(path, base, lang, added) if fmt == "jsonl" else reader(path, base, lang)
-    except UnicodeDecodeError as exc:
-        raise MetadataError(f"{path}: not UTF-8 text ({exc})") from exc
+    items = reader(path, base, lang, added) if fmt == "jsonl" else reader(path, base, lang)
     if not items:
         raise MetadataError(f"{path}: no samples in it")
     return items

@@ -1,12 +1,15 @@
 """A new language in XTTS v2's text vocabulary (``pyxtts prepare --new-language``).
 
-``extend_vocab(base, texts, "vi", 2000)`` trains a BPE model (the ``tokenizers`` library) on
-the cleaned transcripts and appends what the base lacks to the base ``vocab.json``:
+``extend_vocab(base, texts, "vi", 2000, held_out)`` trains a BPE model (the ``tokenizers``
+library) on the cleaned training transcripts and appends what the base lacks to the base
+``vocab.json``:
 
 - the ``[vi]`` language token, at the first free id (the base's ``number_text_tokens``);
-- every character of the transcripts the base lacks (so the new text has no ``[UNK]``);
+- every character of the transcripts the base lacks, those of the ``held_out`` (evaluation)
+  transcripts included (so no transcript of the language has ``[UNK]``);
 - then the new model's merges in the order it learnt them, each with the token it makes
-  when that token is new, until ``new_tokens`` tokens are added (characters included).
+  when that token is new, until ``new_tokens`` tokens are added (characters included). The
+  merges are learnt from ``texts`` only: the held-out text stays unseen by them.
 
 Every base token keeps its id and every base merge its rank: the new merges rank after the
 old ones. Text of XTTS v2's own languages therefore encodes as before wherever an old merge
@@ -47,8 +50,8 @@ def check_new_language(language: str) -> str:
     """The code of a language to add: well formed and not one XTTS v2 already speaks."""
     code = check_language_code(language, "language")
     if code in LANGUAGES or code == "zh-cn":
-        raise ValueError(f"language: XTTS v2 already speaks {code!r}; drop --new-language (new_language=True) to "
-                         "fine-tune it with the released vocabulary")
+        raise ValueError(f"language: XTTS v2 already speaks {code!r}; drop new_language=True to fine-tune it with "
+                         "the released vocabulary")
     return code
 
 
@@ -133,9 +136,11 @@ def vocab_extension(base_doc: Mapping, doc: Mapping, where: str = "vocab") -> Vo
 
 
 def extend_vocab(base_doc: Mapping, texts: Sequence[str], language: str,
-                 new_tokens: int = DEFAULT_NEW_TOKENS) -> tuple[dict, VocabExtension]:
+                 new_tokens: int = DEFAULT_NEW_TOKENS, held_out: Sequence[str] = ()) -> tuple[dict, VocabExtension]:
     """(the extended vocabulary as a tokenizers JSON document, what it adds): see the module
-    docstring. ``texts``: the training split's transcripts, already cleaned."""
+    docstring. ``texts``: the training split's transcripts, already cleaned; ``held_out``: the
+    evaluation split's, cleaned, whose characters are added too but whose pairs are never
+    merged."""
     tokenizers = require("tokenizers", "training the new language's BPE tokens")
     code = check_new_language(language)
     if isinstance(new_tokens, bool) or not isinstance(new_tokens, int):
@@ -179,6 +184,10 @@ def extend_vocab(base_doc: Mapping, texts: Sequence[str], language: str,
         {"id": next_id, "content": f"[{code}]", "single_word": False, "lstrip": False, "rstrip": False,
          "normalized": False, "special": True}]
     next_id += 1
+    # a held-out clip with a character training lacks would be dropped as [UNK]: its
+    # characters join (after training's, in code point order), its pairs stay unlearnt
+    seen = set(alphabet)
+    alphabet += sorted({c for t in held_out for c in t if not c.isspace() and c not in seen})
     new_chars = [c for c in alphabet if c not in base]
     if len(new_chars) > new_tokens:
         raise ValueError(f"new_tokens: the transcripts have {len(new_chars)} characters the base vocabulary lacks "
