@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -100,3 +102,13 @@ def as_flags(command: str, message: str) -> str:
         return flag if m.group(2) is None else f"{flag} {shlex.quote(m.group(2))}"
 
     return _PASSED_RE.sub(spelt, message)
+
+
+def path_arg(name: str, value: Any) -> Path:
+    """``value`` as a ``Path``: a non-empty str or os.PathLike (None, an int or ``""`` once
+    failed inside pathlib without naming the argument)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name}: expected a path (str or os.PathLike), got {type(value).__name__} {value!r}")
+    if isinstance(value, str) and not value.strip():
+        raise ValueError(f"{name}: expected a path, got {value!r}")
+    return Path(value)

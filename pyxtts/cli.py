@@ -11,6 +11,7 @@ from typing import Any
 
 import pyxtts
 from pyxtts._args import CLI_FLAGS, as_flags
+from pyxtts._words import counted
 from pyxtts.memory import format_bytes
 from pyxtts.memtest import memtest as _memtest
 
@@ -462,10 +463,16 @@ def _train(args: argparse.Namespace) -> int:
     if strategy is not None and not strategy.is_main:
         return 0
     if not result.history:  # a resumed run that had already reached its end
-        print(f"nothing to train: the run is at step {result.step}, its end ({result.stopped}); raise "
-              f"--max-steps (or training.epochs) to train longer; checkpoint {result.checkpoint}")
+        longer = ("raise training.early_stopping_patience (or set it to null) to train on"
+                  if result.stopped == "early_stopping" else
+                  "raise --max-steps (or training.epochs) to train longer")
+        print(f"nothing to train: the run is at step {result.step}, its end ({result.stopped}); {longer}; "
+              f"checkpoint {result.checkpoint}")
         return 0
-    print(f"trained {result.step} steps ({result.stopped}): final loss {result.final_loss:.4f}"
+    first = result.history[0]["step"]  # a resumed run took the steps from there
+    taken = f"trained {counted(len(result.history), 'step')}" + (
+        "" if first == 1 else f", {first}-{result.step}, after resuming at step {first - 1}")
+    print(f"{taken} ({result.stopped}): final loss {result.final_loss:.4f}"
           + (f", eval loss {result.eval_loss:.4f}" if result.eval_loss is not None else "")
           + f"; checkpoint {result.checkpoint}; log {result.log_path}")
     return 0
@@ -761,7 +768,8 @@ def _run_on_gpus(gpus: str, argv: list[str]) -> int:
     visible = pyxtts.device_count()
     wanted = [int(g) for g in env["CUDA_VISIBLE_DEVICES"].split(",")]
     if max(wanted) >= visible:
-        where = "this build has no CUDA backend" if not pyxtts.build_info()["cuda"] else f"it sees {visible}"
+        where = ("this build has no CUDA backend" if not pyxtts.build_info()["cuda"]
+                 else f"it sees {counted(visible, 'GPU')}")
         return _fail("train", ValueError(f"--gpus {gpus}: GPU {max(wanted)} is not in this machine ({where}); "
                                          "`pyxtts gpu-info` lists the GPUs pyxtts can use"))
     return run_torchrun(command, {**os.environ, **env})

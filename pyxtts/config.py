@@ -40,7 +40,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from pyxtts._args import flag, integer, real
+from pyxtts._args import flag, integer, path_arg, real
 from pyxtts.comm_memory import device_communication, world_of
 from pyxtts.model import ModelConfig, estimate_memory, precision_problem
 
@@ -422,6 +422,21 @@ class XTTSConfig:
               m.max_attention_sequence_length,
               f">= n_cond_latents + data.max_text_tokens + data.max_audio_tokens = {seq}")
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # cfg.model = other: the data's longest sequences followed the old model's maxima
+        # (filled in when built), so they follow the new one's; one set lower stays, capped
+        # at the new model's (as with_model does)
+        old = self.__dict__.get("model")
+        object.__setattr__(self, name, value)
+        data = self.__dict__.get("data")
+        if name != "model" or not isinstance(old, ModelConfig) or not isinstance(value, ModelConfig) \
+                or not isinstance(data, DataConfig):
+            return
+        for cap in ("max_text_tokens", "max_audio_tokens"):
+            mine = getattr(data, cap)
+            if mine is not None and (mine == getattr(old, cap) or mine > getattr(value, cap)):
+                setattr(data, cap, getattr(value, cap))
+
     def validate(self) -> "XTTSConfig":
         """Every check of loading, again, on the config as it is now: one changed by
         attribute (``config.data.batch_size = "8"``) is refused as that file would be.
@@ -537,7 +552,7 @@ class XTTSConfig:
         (``{"training": {"xtts_dir": "XTTS-v2"}}``, paths relative to the working directory)
         for the fields the file leaves unset or null, in place before the fields are checked
         (``train --init`` gives its folder as the ``xtts_dir`` test sentences need)."""
-        d = _load_raw(Path(path), ())
+        d = _load_raw(path_arg("path", path), ())
         for section, values in (defaults or {}).items():
             if d.get(section) is None or isinstance(d[section], Mapping):  # else from_dict says what it is
                 own = dict(d.get(section) or {})

@@ -407,6 +407,9 @@ def collate(samples: Sequence[Sample], text_stop_token: int | None = None,
             raise TypeError(f"collate: {name}: expected an int id or None, got {tok!r}")
         if tok is not None and not -1 <= tok < 2**31:  # ids are int32 in the engine; -1 is "ignored"
             raise ValueError(f"collate: {name}: expected an id in [0, 2**31) or -1, got {tok}")
+    if config is not None and not hasattr(config, "frames_data"):  # an XTTSConfig is an easy slip
+        hint = " (an XTTSConfig's .model)" if hasattr(config, "model") else ""
+        raise TypeError(f"collate: config: expected a pyxtts.ModelConfig{hint} or None, got {type(config).__name__}")
     framed = config is not None and config.frames_data
     if framed and (text_stop_token is not None or audio_stop_token is not None):
         raise ValueError("collate: the config's start/stop ids frame the samples; pass no text_stop_token "
@@ -494,6 +497,18 @@ class SyntheticDataset(TTSDataset):
 
     def __init__(self, config, n_samples: int, seed: int = 0, repeat: int = 2, alphabet: int = 16,
                  min_text: int = 2, max_text: int | None = None, cond: bool = False) -> None:
+        from pyxtts.model import ModelConfig
+
+        if not isinstance(config, ModelConfig):
+            hint = " (an XTTSConfig's .model)" if hasattr(config, "model") else ""
+            raise TypeError(f"config: expected a pyxtts.ModelConfig{hint}, got {type(config).__name__}")
+        n_samples = integer("n_samples", n_samples, minimum=1)
+        seed = integer("seed", seed, minimum=0)
+        repeat = integer("repeat", repeat, minimum=1)
+        alphabet = integer("alphabet", alphabet, minimum=1)
+        min_text = integer("min_text", min_text, minimum=1)
+        if max_text is not None:
+            max_text = integer("max_text", max_text, minimum=min_text)
         rng = np.random.default_rng(seed)
         c = config
         alphabet = min(alphabet, c.text_vocab_size)

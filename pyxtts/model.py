@@ -272,8 +272,13 @@ def estimate_memory(config: ModelConfig, batch_size: int, text_len: int, audio_l
         raise TypeError(f"config: expected a ModelConfig, got {type(config).__name__}")
     return MemoryPlan._from_native(_C.plan_memory(
         **config.engine_args(), batch_size=batch_size, text_len=text_len, audio_len=audio_len,
-        cond_len=cond_len, checkpointing=checkpointing, train=train, budget=budget, device=device,
-        optimizer=bool(optimizer), precision=precision, cond_frames=cond_frames, offload=offload))
+        cond_len=cond_len, checkpointing=checkpointing, train=train, budget=_budget_arg(budget), device=device,
+        optimizer=flag("optimizer", optimizer), precision=precision, cond_frames=cond_frames, offload=offload))
+
+
+def _budget_arg(budget: Any) -> int | None:
+    """``budget``: None (the device's limit) or bytes, at least one."""
+    return None if budget is None else integer("budget", budget, minimum=1)
 
 
 # bfloat16 arithmetic (cuBLAS's bf16 products, the tensor-core attention) starts with
@@ -308,7 +313,10 @@ def _as_array(value: Any, key: str) -> np.ndarray:
     try:
         return np.asarray(value)
     except Exception as exc:  # noqa: BLE001 - any conversion failure is the user's input
-        raise TypeError(f"batch[{key!r}]: expected an array, got {type(value).__name__}") from exc
+        # the converter's own words say why (a torch tensor that requires grad, on a GPU,
+        # or in bfloat16, which NumPy has no type for)
+        raise TypeError(f"batch[{key!r}]: expected an array, got {type(value).__name__} that NumPy cannot "
+                        f"convert ({type(exc).__name__}: {str(exc)[:200]})") from exc
 
 
 def _int_array(batch: Mapping[str, Any], key: str, ndim: int) -> np.ndarray:
@@ -525,8 +533,9 @@ class XTTSGPT:
         on the device and, offloaded, in the host pool), True that or else a default
         AdamW's (``offload``: with its state in the host pool), False leaves optimizer
         state out. ``cond_frames``: the mel frames of the batch's ``cond_mels`` (0: none)."""
+        optimizer = None if optimizer is None else flag("optimizer", optimizer)
         return MemoryPlan._from_native(self._core.estimate_memory(
-            batch_size, text_len, audio_len, cond_len, checkpointing, train, budget, optimizer,
+            batch_size, text_len, audio_len, cond_len, checkpointing, train, _budget_arg(budget), optimizer,
             cond_frames, offload))
 
     def release_memory(self) -> int:

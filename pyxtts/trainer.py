@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from pyxtts import _C
-from pyxtts._args import flag
+from pyxtts._args import flag, path_arg
 from pyxtts._interrupts import end_commit, holding_sigint
 from pyxtts.batch import find_optimal_batch_size, train_step_with_accumulation
 from pyxtts.callbacks import (BEST_NAME, MAX_SKIPPED, BestCheckpoint, Callback, CallbackList, Evaluation,
@@ -229,6 +229,7 @@ class Trainer:
             if not isinstance(cb, Callback):
                 raise TypeError(f"callbacks[{i}]: expected a pyxtts.callbacks.Callback, got {type(cb).__name__}")
         config.validate()  # a config changed by attribute since it was built or loaded
+        log_path = None if log_path is None else path_arg("log_path", log_path)
         self.config = config
         t = config.training
         self.progress = flag("progress", progress)
@@ -266,7 +267,7 @@ class Trainer:
             raise
         self.schedule = schedule_from_config(t)
         self.checkpoint_dir = Path(t.checkpoint_dir)
-        self.log_path = Path(log_path) if log_path is not None else self.checkpoint_dir / "train_log.jsonl"
+        self.log_path = log_path if log_path is not None else self.checkpoint_dir / "train_log.jsonl"
         self._data_fingerprint: dict | None = None  # of the data fit trains on (_data_fingerprint)
 
     # the position of the run (pyxtts.callbacks.RunState): the step, and what follows from it
@@ -315,6 +316,7 @@ class Trainer:
         d = self.config.data
         kwargs.setdefault("text_len", d.max_text_tokens)
         kwargs.setdefault("audio_len", d.max_audio_tokens)
+        apply = flag("apply", apply)
         size = find_optimal_batch_size(self.model, self.optimizer, strategy=self.strategy, **kwargs)
         if apply:
             effective = self.config.effective_batch_size
@@ -329,6 +331,7 @@ class Trainer:
         ``data.batch_size``), nothing learnt. Several processes share the micro-batches
         (every ``world_size``-th) and sum their sums."""
         c = self.config
+        dataset = self._as_dataset("dataset", dataset)
         text = audio = 0.0
         n_text = n_audio = 0
         refs = self._reference_draw(dataset)
@@ -553,6 +556,10 @@ class Trainer:
         same step boundary.
         The collating threads end with the call, whichever way it ends."""
         overwrite = flag("overwrite", overwrite)
+        if not isinstance(resume, (bool, np.bool_)):
+            resume = path_arg("resume", resume)  # True/False, or the checkpoint to resume from
+        else:
+            resume = bool(resume)
         c = self.config.validate()  # changed by attribute since (a notebook's "train more")
         train, held = self._checked_data(dataset, eval_dataset)
         if c.training.test_sentences:  # before anything is written: what the child would fail on
@@ -619,6 +626,16 @@ class Trainer:
                     error = None
         return self._result(run, time.perf_counter() - t_start)
 
+    @staticmethod
+    def _as_dataset(name: str, ds: Any) -> TTSDataset:
+        """A non-empty sequence of samples as a ``TTSDataset``; the argument ``name``d when not."""
+        if not isinstance(ds, Sequence) or isinstance(ds, (str, bytes)):
+            raise TypeError(f"{name}: expected a sequence of samples (a TTSDataset), got {type(ds).__name__}")
+        if len(ds) == 0:
+            raise ValueError(f"{name}: expected a non-empty sequence of samples (a TTSDataset), got an empty "
+                             f"{type(ds).__name__}")
+        return ds if isinstance(ds, TTSDataset) else TTSDataset([_checked_sample(s, i, name) for i, s in enumerate(ds)])
+
     def _checked_data(self, dataset: Any, eval_dataset: Any) -> tuple[TTSDataset, TTSDataset | None]:
         """Both sets as ``TTSDataset``s, every sample checked against the data config's maxima."""
         checked: list[TTSDataset | None] = []
@@ -626,13 +643,7 @@ class Trainer:
             if ds is None:
                 checked.append(None)
                 continue
-            if not isinstance(ds, Sequence) or isinstance(ds, (str, bytes)):
-                raise TypeError(f"{name}: expected a sequence of samples (a TTSDataset), got {type(ds).__name__}")
-            if len(ds) == 0:
-                raise ValueError(f"{name}: expected a non-empty sequence of samples (a TTSDataset), got an empty "
-                                 f"{type(ds).__name__}")
-            checked.append(ds if isinstance(ds, TTSDataset)
-                           else TTSDataset([_checked_sample(s, i, name) for i, s in enumerate(ds)]))
+            checked.append(self._as_dataset(name, ds))
             checked[-1].validate(_data_limits(self.config), _tighter_caps(self.config))
         train, held = checked
         if train is None:
@@ -658,7 +669,8 @@ class Trainer:
                 for p in self.checkpoints():
                     p.unlink()
         if resumed is None and self.step == 0 and self.strategy.is_main:
-            (self.checkpoint_dir / BEST_NAME).unlink(missing_ok=True)
+            if self.best_checkpoint is not None:
+                self.best_checkpoint.unlink()
             for folder in _sample_folders(self.checkpoint_dir):  # an earlier run's spoken samples
                 shutil.rmtree(folder)
         if self.strategy.world_size > 1:  # every process saw the folder before rank 0 changed it

@@ -324,3 +324,45 @@ def test_cli_messages_spell_the_arguments_they_name_as_flags():
     # not the command's arguments, nor a config field's dotted name: left as they are
     assert as_flags("export", "strict=True and training.vocab='v.json'") == "strict=True and training.vocab='v.json'"
     assert as_flags("train", "vocab: x") == "vocab: x"
+
+
+def test_the_walks_wrong_objects_name_their_argument(model, tmp_path):
+    """A notebook user's slips that once failed inside (an AttributeError, a KeyError, a
+    pathlib TypeError) or were taken as something else (an empty evaluation as loss 0,
+    optimizer='adamw' by its truth value, a negative budget, apply='yes')."""
+    from pyxtts.data import Sample, SyntheticDataset, TTSDataset, collate
+
+    cfg = pyxtts.XTTSConfig(model=CFG)
+    cfg.training.device = "cpu"
+    cfg.training.checkpoint_dir = str(tmp_path / "run")
+    t = pyxtts.Trainer(cfg, progress=False)
+    ids = np.arange(1, 4)
+    raises(ValueError, "dataset", t.evaluate, [], shows="empty list")
+    raises(TypeError, "dataset", t.evaluate, {"text_inputs": ids}, shows="dict")
+    raises(TypeError, "dataset", t.evaluate, [{"text": ids, "audio": ids}], shows="sample 0")
+    raises(TypeError, "apply", t.find_optimal_batch_size, apply="yes")
+    raises(TypeError, "resume", t.fit, TTSDataset([Sample(ids, ids)]), resume=1)
+    raises(TypeError, "log_path", pyxtts.Trainer, cfg, log_path=5)
+    raises(TypeError, "path", pyxtts.XTTSConfig.load, None)
+    raises(ValueError, "path", pyxtts.XTTSConfig.load, "")
+    raises(TypeError, "config", SyntheticDataset, cfg, 4, shows="XTTSConfig's .model")
+    raises(ValueError, "n_samples", SyntheticDataset, CFG, -1)
+    raises(TypeError, "n_samples", SyntheticDataset, CFG, 1.5)
+    raises(ValueError, "seed", SyntheticDataset, CFG, 4, seed=-1)
+    raises(TypeError, "collate: config", collate, [Sample(ids, ids)], config=cfg)
+    raises(TypeError, "optimizer", model.estimate_memory, 1, 4, 4, optimizer="adamw")
+    raises(TypeError, "optimizer", pyxtts.estimate_memory, CFG, 1, 4, 4, optimizer=0)
+    raises(ValueError, "budget", model.estimate_memory, 1, 4, 4, budget=-1)
+    raises(ValueError, "budget", pyxtts.estimate_memory, CFG, 1, 4, 4, budget=0)
+
+
+def test_a_tensor_numpy_cannot_convert_is_refused_with_numpys_reason(model):
+    """A torch tensor that requires grad, or in bfloat16, was refused as 'expected an
+    array, got Tensor', which hid what to do about it."""
+    torch = pytest.importorskip("torch")
+    from pyxtts.batch import _synthetic_batch
+
+    batch = _synthetic_batch(CFG, 2, 4, 4, 2)
+    for bad, said in ((torch.ones(2, 5, requires_grad=True), "detach"),
+                      (torch.ones(2, 5, dtype=torch.bfloat16), "BFloat16")):
+        raises(TypeError, "batch['text_inputs']", model.forward, {**batch, "text_inputs": bad}, shows=said)

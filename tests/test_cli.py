@@ -68,7 +68,7 @@ def test_train_with_a_config_resume_and_refusals(tmp_path, capsys):
     assert "--resume" in capsys.readouterr().err
     assert pyxtts.cli.main(["train", "--config", str(cfg), "--synthetic", "24", "--no-progress", "--resume",
                             "--max-steps", "9"]) == 0
-    assert "trained 9 steps" in capsys.readouterr().out
+    assert "trained 3 steps, 7-9, after resuming at step 6" in capsys.readouterr().out
     assert [x["step"] for x in train_log(ck) if x["type"] == "train"] == list(range(1, 10))
     # no data at all
     assert pyxtts.cli.main(["train", "--config", str(cfg), "--overwrite", "--no-progress"]) == 2
@@ -396,3 +396,19 @@ def test_the_resume_hint_is_this_command_line(monkeypatch):
     assert _resume_command(["train", "--resume", "a.safetensors"]) == "pyxtts train --resume a.safetensors"
     monkeypatch.setenv("PYXTTS_COMMAND", "pyxtts train --gpus 0,1 --config c.yaml")
     assert _resume_command(["train", "--config", "c.yaml"]) == "pyxtts train --gpus 0,1 --config c.yaml --resume"
+
+
+def test_a_run_that_stopped_early_names_the_patience_not_max_steps(tmp_path, capsys, monkeypatch):
+    """'nothing to train ... raise --max-steps' was said to a run that early stopping had
+    ended, with --max-steps already far above its step: the patience is what holds it."""
+    from pyxtts.trainer import FitResult
+
+    cfg = small_config(tmp_path)
+    done = FitResult(step=300, epoch=3, stopped="early_stopping", final_loss=None, eval_loss=0.5,
+                     checkpoint=tmp_path / "ckpt" / "step_00000300.safetensors", log_path=tmp_path / "log",
+                     elapsed_s=0.0)
+    monkeypatch.setattr(pyxtts.Trainer, "fit", lambda self, *a, **k: done)
+    assert pyxtts.cli.main(["train", "--config", str(cfg), "--synthetic", "24", "--no-progress", "--resume",
+                            "--max-steps", "1000"]) == 0
+    out = capsys.readouterr().out
+    assert "its end (early_stopping); raise training.early_stopping_patience" in out and "--max-steps" not in out

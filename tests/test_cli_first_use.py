@@ -156,7 +156,7 @@ def test_train_is_the_default_command_and_version(tmp_path):
     cfg = tiny_config(tmp_path, steps=1)
     r = pyxtts_cli(tmp_path, "--config", str(cfg), "--synthetic", "4", "--no-progress")
     assert r.returncode == 0, r.stderr  # was: "argument command: invalid choice: ..."
-    assert "trained 1 steps" in r.stdout
+    assert "trained 1 step (" in r.stdout
     r = pyxtts_cli(tmp_path, "--version")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(f"pyxtts {pyxtts.__version__} (")
@@ -224,7 +224,7 @@ def test_sigterm_saves_and_exits_like_ctrl_c(tmp_path):
     r = pyxtts_cli(tmp_path, "train", "--config", str(cfg), "--synthetic", "8", "--no-progress", "--resume",
                    "--max-steps", str(last + 2))
     assert r.returncode == 0, r.stderr[-2000:]
-    assert f"trained {last + 2} steps" in r.stdout
+    assert f"trained 2 steps, {last + 1}-{last + 2}, after resuming at step {last}" in r.stdout
     assert train_steps(tmp_path / "ckpt") == list(range(1, last + 3))
 
 

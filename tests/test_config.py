@@ -681,3 +681,18 @@ def test_numpy_numbers_are_taken_as_the_numbers_they_are(tmp_path):
     for bad in (np.float64(4.0), np.bool_(True)):
         with pytest.raises(TypeError, match=r"^data\.batch_size: expected int"):
             DataConfig(batch_size=bad)
+
+
+def test_a_model_set_by_attribute_takes_the_datas_longest_sequences_along():
+    """XTTSConfig() filled data.max_*_tokens from the default model (404 text positions);
+    cfg.model = a smaller model left them there, and validate() refused the config."""
+    import pyxtts
+
+    small = pyxtts.ModelConfig(n_layers=1, d_model=8, n_heads=2, max_text_tokens=6, max_audio_tokens=8)
+    cfg = XTTSConfig()
+    cfg.model = small
+    assert (cfg.data.max_text_tokens, cfg.data.max_audio_tokens) == (6, 8)
+    cfg.validate()
+    cfg.data.max_text_tokens = 4  # set lower: kept under a larger model
+    cfg.model = pyxtts.ModelConfig(n_layers=1, d_model=8, n_heads=2, max_text_tokens=10, max_audio_tokens=12)
+    assert (cfg.data.max_text_tokens, cfg.data.max_audio_tokens) == (4, 12)
