@@ -93,8 +93,15 @@ VOCAB_HELP = ("plan with the text rows of this vocab.json (a new language's, fro
 
 
 def _fail(command: str, exc: BaseException) -> int:
-    print(f"pyxtts {command}: {as_flags(command, str(exc))}", file=sys.stderr)
+    print(f"pyxtts {command}: {as_flags(command, _said(exc))}", file=sys.stderr)
     return 2
+
+
+def _said(exc: BaseException) -> str:
+    """The error's words for a person: an OSError without its "[Errno 20]" prefix."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror if exc.filename is None else f"{exc.strerror}: {str(exc.filename)!r}"
+    return str(exc)
 
 
 def _dataset(path: str, where: str):

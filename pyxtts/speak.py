@@ -11,6 +11,7 @@ missing reference clip, a language the XTTS folder does not speak, a sentence of
 text tokens than the model takes, a samples folder that cannot be written."""
 from __future__ import annotations
 
+import difflib
 import importlib.metadata
 import json
 import os
@@ -64,8 +65,10 @@ def check_test_sentences(sentences: list[dict], xtts_dir: str | os.PathLike, max
         _read_audio(ref, f"{where}.reference")
         lang = s["language"]
         if lang not in languages and lang.split("-")[0] not in languages:
+            close = [c for c in languages if c.lower() == lang.lower()] or difflib.get_close_matches(lang, languages, 1)
             raise ValueError(f"{where}.language: expected one of the languages of {folder.name} "
-                             f"({', '.join(languages)}), got {lang!r}")
+                             f"({', '.join(languages)}), got {lang!r}"
+                             + (f"; did you mean {close[0]!r}?" if close else ""))
         if tokenizer is not None:
             # Coqui lower-cases the sentence, then takes fewer tokens than the model's maximum
             n = len(tokenizer.encode(s["text"].strip().lower(), lang))

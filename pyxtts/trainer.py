@@ -919,6 +919,8 @@ def run_checkpoint(checkpoint_dir: str | os.PathLike, which: str) -> Path:
     if which not in ("best", "latest"):
         raise ValueError(f"which: expected 'best' or 'latest', got {which!r}")
     folder = Path(checkpoint_dir)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no run in {str(folder)!r}: it is not a folder (a typo in the checkpoint folder?)")
     if which == "best":
         path = folder / BEST_NAME
         if not path.is_file():

@@ -260,6 +260,10 @@ def test_cli_export_best_and_latest_of_a_run(base, tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and f"pyxtts export: --checkpoint best: no best checkpoint in {run}" in err
     assert not (tmp_path / "n").exists()
+    rc = pyxtts.cli.main(["export", "--checkpoint", "best", "--checkpoint-dir", str(tmp_path / "rnu"),
+                          "--base", str(base), "--out", str(tmp_path / "n")])
+    err = capsys.readouterr().err  # a typo in the folder is named as such, not as a run without a best
+    assert rc == 2 and f"--checkpoint best: no run in '{tmp_path / 'rnu'}': it is not a folder" in err, err
 
 
 def test_export_into_an_earlier_export_needs_overwrite(base, tmp_path, capsys):

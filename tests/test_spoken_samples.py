@@ -132,6 +132,9 @@ def test_a_failure_to_speak_is_said_and_training_goes_on(tmp_path, rng, monkeypa
      "which is not a file"),
     (lambda s, tmp: {**s, "language": "xx"}, ValueError,
      "training.test_sentences[1].language: expected one of the languages of xtts (en, de, zh-cn), got 'xx'"),
+    (lambda s, tmp: {**s, "language": "EN"}, ValueError,
+     "training.test_sentences[1].language: expected one of the languages of xtts (en, de, zh-cn), got 'EN'; "
+     "did you mean 'en'?"),
     (lambda s, tmp: {**s, "text": "a much longer sentence than the model takes"}, ValueError,
      "training.test_sentences[1].text: expected fewer than 20 text tokens (the model's max_text_tokens), got "),
     (lambda s, tmp: {**s, "reference": str(tmp / "not_audio.wav")}, ValueError,

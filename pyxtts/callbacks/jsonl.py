@@ -50,7 +50,9 @@ class JSONLLog(Callback):
             default = path == Path(run.config.training.checkpoint_dir) / "train_log.jsonl"
             what = ("training.checkpoint_dir (pyxtts train --checkpoint-dir), where the log goes by default"
                     if default else "log_path (pyxtts train --log)")
-            raise type(exc)(exc.errno, f"{what}: cannot write {str(path)!r}: {exc.strerror or exc}") from exc
+            blocker = next((f for f in path.parents if f.exists() and not f.is_dir()), None)
+            why = f"{str(blocker)!r} is a file, not a folder" if blocker is not None else exc.strerror or exc
+            raise type(exc)(exc.errno, f"{what}: cannot write {str(path)!r}: {why}") from exc
 
     def _write(self, record: dict) -> None:
         if self.file is not None:
