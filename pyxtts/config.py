@@ -586,12 +586,19 @@ _FLOAT_12 = re.compile(r"""^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+
 
 @functools.cache
 def _yaml_loader() -> type:
-    """PyYAML's safe loader that also reads ``2e-3`` as a float (YAML 1.2)."""
+    """PyYAML's safe loader read as YAML 1.2 does: ``2e-3`` is a float, and only
+    true/false are booleans (YAML 1.1's yes/no/on/off made ``language: no``, Norwegian,
+    the boolean False)."""
     import yaml
 
     class Loader(yaml.SafeLoader):
         pass
 
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                 list("tTfF"))
     Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789."))
     return Loader
 
@@ -794,6 +801,8 @@ def plan_for(config: XTTSConfig, device: str | None = None, *, micro_batch: int 
     t, d, m = config.training, config.data, config.model
     dev = t.resolved_device() if device is None else device
     world, per_node = world_of(world_size, nodes)
+    if memory is not None:  # checked wherever it is used: offload_for reads it only on a GPU
+        parse_memory_size(memory)
     if offload is None:
         offload = offload_for(config, dev, memory, world_size=world_size, nodes=nodes)
     plan = estimate_memory(m, d.batch_size if micro_batch is None else micro_batch, d.max_text_tokens,

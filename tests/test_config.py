@@ -696,3 +696,26 @@ def test_a_model_set_by_attribute_takes_the_datas_longest_sequences_along():
     cfg.data.max_text_tokens = 4  # set lower: kept under a larger model
     cfg.model = pyxtts.ModelConfig(n_layers=1, d_model=8, n_heads=2, max_text_tokens=10, max_audio_tokens=12)
     assert (cfg.data.max_text_tokens, cfg.data.max_audio_tokens) == (4, 12)
+
+
+def test_a_plans_memory_is_checked_on_the_cpu_too():
+    """memory='12' (12 bytes: a unit left out) was ignored on the CPU, where offload_for
+    does not read it, and refused on a GPU."""
+    cfg = XTTSConfig.load("cpu_demo")
+    with pytest.raises(ValueError, match=r"^memory: '12' would be 12 bytes"):
+        cfg.memory_plan("cpu", memory="12")
+    assert cfg.memory_plan("cpu", memory="8GiB").total == cfg.memory_plan("cpu").total
+
+
+def test_yaml_reads_booleans_as_yaml_1_2_does(tmp_path):
+    """PyYAML's YAML 1.1 read `language: no` (Norwegian, a new language's code) as False
+    and `yes`/`on` as True; only true and false are booleans now."""
+    path = tmp_path / "c.yaml"
+    path.write_text("training:\n  xtts_dir: X\n  test_sentences:\n    - {text: hei, language: no, reference: r.wav}\n"
+                    "  mixed_precision: true\ndata:\n  shuffle: False\n")
+    cfg = XTTSConfig.load(path)
+    assert cfg.training.test_sentences[0]["language"] == "no"
+    assert cfg.training.mixed_precision is True and cfg.data.shuffle is False
+    path.write_text("training:\n  optimizer_offload: yes\n")
+    with pytest.raises(ValueError, match=r"training.optimizer_offload: expected true, false or 'auto', got 'yes'"):
+        XTTSConfig.load(path)
