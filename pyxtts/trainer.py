@@ -634,7 +634,9 @@ class Trainer:
         if len(ds) == 0:
             raise ValueError(f"{name}: expected a non-empty sequence of samples (a TTSDataset), got an empty "
                              f"{type(ds).__name__}")
-        return ds if isinstance(ds, TTSDataset) else TTSDataset([_checked_sample(s, i, name) for i, s in enumerate(ds)])
+        if isinstance(ds, TTSDataset):
+            return ds
+        return TTSDataset([_checked_sample(s, i, name) for i, s in enumerate(ds)])
 
     def _checked_data(self, dataset: Any, eval_dataset: Any) -> tuple[TTSDataset, TTSDataset | None]:
         """Both sets as ``TTSDataset``s, every sample checked against the data config's maxima."""
