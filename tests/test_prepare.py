@@ -10,6 +10,7 @@ import json
 import math
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -472,3 +473,61 @@ def test_a_transcript_that_is_not_utf8_names_the_file_and_line(small, tmp_path, 
     assert pyxtts.cli.main(["prepare", "--xtts-dir", str(small["xtts"]), "--metadata", str(tmp_path / "metadata.csv"),
                             "--out", str(tmp_path / "out")]) == 2
     assert "metadata.csv:3: not UTF-8 text" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_ctrl_c_to_the_process_group_of_a_two_worker_prepare_ends_it(small, tmp_path):
+    """A terminal's Ctrl-C reaches the workers too. They died with it, one sometimes
+    half-way through sending its result, and the pool's shutdown then waited on that result
+    forever (3 hangs in 8 tries, with a worker traceback each time). The workers now ignore
+    it and finish the few clips in flight; the run ends with 130 and the same command
+    resumes to the output of an uninterrupted one."""
+    import multiprocessing
+    import os
+    import signal
+    import subprocess
+
+    limits = pipeline._Limits(min_samples=11025, max_samples=255995, max_text_tokens=200, max_audio_codes=250,
+                              code_stride=1024)
+    with multiprocessing.get_context("spawn").Pool(1, pipeline._init_worker, (str(small["xtts"]), limits)) as pool:
+        assert pool.apply(signal.getsignal, (signal.SIGINT,)) == signal.SIG_IGN
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the main process keeps it
+
+    corpus = tmp_path / "corpus"
+    (corpus / "wavs").mkdir(parents=True)
+    lines = small["meta"].read_text().splitlines()
+    rows = []
+    for i in range(40):  # 480 clips: hard links to the 12 recordings, under their own ids
+        for line in lines:
+            key, text, norm = line.split("|")
+            os.link(small["root"] / "corpus" / "wavs" / f"{key}.wav", corpus / "wavs" / f"{key}-{i}.wav")
+            rows.append(f"{key}-{i}|{text}|{norm}")
+    (corpus / "metadata.csv").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    root = str(Path(pyxtts.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+    cmd = [sys.executable, "-m", "pyxtts", "prepare", "--xtts-dir", str(small["xtts"]), "--metadata",
+           str(corpus / "metadata.csv"), "--out", str(out), "--samples-per-shard", "16", "--workers", "2",
+           "--no-progress"]
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                             cwd=str(tmp_path), start_new_session=True)
+    try:
+        for _ in range(600):  # a few shards written: the workers are busy
+            if len(list(out.rglob("shard-*.npz"))) >= 3 or child.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert child.poll() is None, "prepare ended before the Ctrl-C"
+        os.killpg(child.pid, signal.SIGINT)
+        output, _ = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+    assert child.returncode == 130, output[-3000:]
+    assert "finished shards are kept" in output and "Traceback" not in output, output[-3000:]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    once = tmp_path / "once"
+    r = subprocess.run([*cmd[:cmd.index("--out") + 1], str(once), *cmd[cmd.index("--out") + 2:]],
+                       capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert files(out) == files(once)

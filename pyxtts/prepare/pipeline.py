@@ -28,18 +28,20 @@ resumed by running it again: finished shards whose items are unchanged are kept.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
 import time
 import zipfile
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -153,8 +155,13 @@ _LIMITS: _Limits | None = None
 
 
 def _init_worker(xtts_dir: str, limits: _Limits, vocab: str | None = None) -> None:
-    """Loads the checkpoint's assets; ``vocab``: an extended vocabulary to tokenize with."""
+    """Loads the checkpoint's assets; ``vocab``: an extended vocabulary to tokenize with.
+    A worker process ignores Ctrl-C, which a terminal sends to the whole group: the main
+    process stops, the workers finish the clips in flight (killed mid-reply, a worker left
+    half a result in the pipe, and the pool's shutdown waited on it forever)."""
     global _ASSETS, _LIMITS
+    if multiprocessing.parent_process() is not None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     _ASSETS, _LIMITS = XTTSAssets.load(xtts_dir), limits
     if vocab is not None:
         _ASSETS.tokenizer = XTTSTokenizer(vocab)
@@ -173,6 +180,22 @@ def _read_clip(path: Path, limits: _Limits) -> tuple[np.ndarray | None, str, str
     if float(np.max(np.abs(wav))) < SILENCE_PEAK:
         return wav, "silent", f"peak {float(np.max(np.abs(wav))):.2e}"
     return wav, "", ""
+
+
+def _in_order(pool: Any, items: list[Item], window: int) -> Iterator[_Record]:
+    """``_process`` over ``items`` in the pool, in order, at most ``window`` clips in flight,
+    so that a run that stops (Ctrl-C, an error) waits for those alone, not for every clip
+    queued, and no worker has to be killed."""
+    pending: deque = deque()
+    ahead = iter(items)
+    for item in itertools.islice(ahead, window):
+        pending.append(pool.apply_async(_process, (item,)))
+    while pending:
+        record = pending.popleft().get()
+        item = next(ahead, None)
+        if item is not None:
+            pending.append(pool.apply_async(_process, (item,)))
+        yield record
 
 
 def _process(item: Item) -> _Record:
@@ -538,7 +561,7 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
                 pool = multiprocessing.get_context("spawn").Pool(
                     min(workers, len(queue)), _init_worker,
                     (str(folder), limits, None if vocab_path is None else str(vocab_path)))
-            results = pool.imap(_process, queue)
+            results = _in_order(pool, queue, 2 * workers)
         try:
             for sh in todo:
                 records = []
@@ -547,8 +570,8 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
                     bar.update(1)
                 rows[(sh.split, sh.index)] = sh.write(records)
         finally:
-            if pool is not None:
-                pool.terminate()
+            if pool is not None:  # after the clips in flight, at most 2 per worker
+                pool.close()
                 pool.join()
     finally:
         bar.close()
