@@ -438,3 +438,23 @@ def test_a_fresh_run_removes_an_earlier_runs_spoken_samples(tmp_path):
     old.mkdir(parents=True)
     Trainer(cfg, progress=False).fit(train, overwrite=True)
     assert not old.exists()
+
+
+def test_an_interrupted_first_evaluation_is_made_when_the_run_resumes(tmp_path):
+    """Ctrl-C during the evaluation before the first step saved step 0 with no evaluation
+    finished, which read as a checkpoint from before evaluations were kept: the resumed
+    run never made it (5 of 38 random Ctrl-Cs lost it)."""
+    from pyxtts.callbacks import Callback
+
+    class CtrlCInFirstEvaluation(Callback):
+        def on_evaluation(self, run, record) -> None:
+            raise KeyboardInterrupt
+
+    cfg = make_config(tmp_path, max_steps=4, eval_interval=4, checkpoint_interval=100)
+    train, held = datasets(cfg, 24)
+    t = Trainer(cfg, progress=False, callbacks=[CtrlCInFirstEvaluation()])
+    with pytest.raises(KeyboardInterrupt):
+        t.fit(train, held)
+    assert t.step == 0
+    r = Trainer(cfg, progress=False).fit(train, held, resume=True)
+    assert [x["step"] for x in r.evals] == [0, 4]

@@ -19,18 +19,20 @@ class Evaluation(Callback):
 
     def __init__(self) -> None:
         self.finished: int | None = None  # the step of the last evaluation that finished
+        self.kept = False  # whether the run keeps that step (its checkpoints say it)
 
     def _evaluate(self, run: Run) -> None:
         run.evaluate()
         self.finished = run.state.step
 
     def on_train_start(self, run: Run) -> None:
+        known, self.kept = self.kept, run.eval_dataset is not None  # from here, the checkpoints say it
         if run.eval_dataset is None:
             return
         step = run.state.step
         if not run.continuing:
             self._evaluate(run)
-        elif (self.finished is not None and self.finished < step
+        elif (known and (self.finished is None or self.finished < step)
               and step % run.config.training.eval_interval == 0):
             self._evaluate(run)  # its evaluation was interrupted (a checkpoint saved on Ctrl-C)
 
@@ -44,9 +46,14 @@ class Evaluation(Callback):
             self._evaluate(run)
 
     def state_dict(self) -> dict | None:
-        return None if self.finished is None else {"step": self.finished}
+        # a run with evaluation data: even before its first evaluation finished (null), so
+        # that an interrupted step-0 evaluation is made on resume too
+        return {"step": self.finished} if self.kept else None
 
     def load_state_dict(self, state: dict) -> None:
         step = state.get("step")
-        # a checkpoint from before this was kept: nothing known, nothing redone
-        self.finished = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+        # a checkpoint from before this was kept, or of a run without evaluation data:
+        # nothing known, nothing redone
+        self.kept = "step" in state and (step is None or (isinstance(step, int) and not isinstance(step, bool)
+                                                          and step >= 0))
+        self.finished = step if self.kept else None
