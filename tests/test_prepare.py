@@ -192,6 +192,18 @@ def test_other_settings_are_refused(small, prepared, tmp_path):
     shutil.copytree(out, copy)
     r = prepare(small["xtts"], small["meta"], copy, samples_per_shard=4, seed=SEED, overwrite=True, progress=False)
     assert r.eval is None and not (copy / "eval").exists() and len(pyxtts.TTSDataset.load(copy / "train")) == 12
+    # overwrite deleted whole train/ and eval/ folders: a dataset laid out as train/*.wav lost its recordings
+    (tmp_path / "mine" / "train").mkdir()
+    (tmp_path / "mine" / "train" / "a.wav").write_bytes(b"RIFF")
+    with pytest.raises(FileExistsError, match=r"^out: '.*mine' holds files pyxtts prepare did not write "
+                                              r"\(train/a\.wav\), which overwrite would delete"):
+        prepare(small["xtts"], small["meta"], tmp_path / "mine", overwrite=True, progress=False)
+    assert (tmp_path / "mine" / "train" / "a.wav").read_bytes() == b"RIFF"
+    (copy / "train" / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match=r"holds files pyxtts prepare did not write \(train/notes\.txt\)"):
+        prepare(small["xtts"], small["meta"], copy, samples_per_shard=4, seed=SEED, eval_fraction=0.5,
+                overwrite=True, progress=False)
+    assert len(pyxtts.TTSDataset.load(copy / "train")) == 12  # nothing removed
 
 
 def _clip(path: Path, wav: np.ndarray, rate: int = 22050, **kw) -> str:

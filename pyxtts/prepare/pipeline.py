@@ -33,7 +33,7 @@ import json
 import math
 import multiprocessing
 import os
-import shutil
+import re
 import signal
 import sys
 import time
@@ -180,6 +180,47 @@ def _read_clip(path: Path, limits: _Limits) -> tuple[np.ndarray | None, str, str
     if float(np.max(np.abs(wav))) < SILENCE_PEAK:
         return wav, "silent", f"peak {float(np.max(np.abs(wav))):.2e}"
     return wav, "", ""
+
+
+_SPLIT_FILE = re.compile(r"(shard-\d{5}\.(npz|json)|mel_stats\.npy)(\.tmp-\d+)?")  # a crash leaves .tmp-<pid>
+_TOP_FILES = ("prepare.json", "report.tsv", "summary.json")
+
+
+def _foreign(out: Path, prepared: bool) -> list[Path]:
+    """Files in ``out`` that an overwrite would remove but pyxtts prepare did not write:
+    anything in ``train/`` or ``eval/`` but shards, listings and mel_stats.npy, and, in a
+    folder that is not a prepare output, its top-level report/summary names."""
+    found = [f for split in ("train", "eval") if (out / split).is_dir()
+             for f in sorted((out / split).iterdir()) if not _SPLIT_FILE.fullmatch(f.name)]
+    if not prepared:
+        found += [out / n for n in _TOP_FILES if (out / n).exists()]
+    return found
+
+
+def _remove_split(folder: Path) -> None:
+    """A split folder's shards, listings and mel_stats.npy; the folder when that empties it."""
+    if not folder.is_dir():
+        return
+    for f in folder.iterdir():
+        if _SPLIT_FILE.fullmatch(f.name):
+            f.unlink()
+    if not any(folder.iterdir()):
+        folder.rmdir()
+
+
+def _remove_outputs(out: Path, prepared: bool) -> None:
+    """What an earlier prepare wrote in ``out``, before it is prepared again (overwrite);
+    FileExistsError, with nothing removed, when something else is there too."""
+    foreign = _foreign(out, prepared)
+    if foreign:
+        raise FileExistsError(f"out: {str(out)!r} holds files pyxtts prepare did not write "
+                              f"({', '.join(str(f.relative_to(out)) for f in foreign[:5])}"
+                              + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+                              + "), which overwrite would delete; choose a new folder")
+    for split in ("train", "eval"):
+        _remove_split(out / split)
+    for name in _TOP_FILES:
+        (out / name).unlink(missing_ok=True)
 
 
 def _in_order(pool: Any, items: list[Item], window: int) -> Iterator[_Record]:
@@ -509,12 +550,7 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
                     what += f" ({'; '.join(changed)})"
                 raise FileExistsError(f"out: {str(out)!r} {what}; choose a new folder, or pass overwrite=True to "
                                       "replace its shards")
-            for name in ("train", "eval", "prepare.json", "report.tsv", "summary.json"):
-                p = out / name
-                if p.is_dir():
-                    shutil.rmtree(p)
-                elif p.exists():
-                    p.unlink()
+            _remove_outputs(out, prepared=manifest.is_file())
     out.mkdir(parents=True, exist_ok=True)
     vocab_path = None
     if vocab_doc is not None:
@@ -527,8 +563,7 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
     for split, split_items in (("train", train_items), ("eval", eval_items)):
         sub = out / split
         if not split_items:
-            if sub.is_dir():
-                shutil.rmtree(sub)
+            _remove_split(sub)
             continue
         sub.mkdir(exist_ok=True)
         # the trainer computes each step's reference-slice mels with the checkpoint's normalisation
