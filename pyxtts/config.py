@@ -932,7 +932,9 @@ def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, 
         start = half if t.precision == "bf16" else t.precision
         precisions = [start] + [p for p in ("fp32", half) if p != start]
     on_gpu = _on_gpu(dev)
-    placements = [bool(t.optimizer_offload)] if t.optimizer_offload != "auto" else [False, True] if on_gpu else [False]
+    # on the CPU the host's memory is the device's: the state in it would be counted twice
+    placements = ([False] if not on_gpu else [bool(t.optimizer_offload)] if t.optimizer_offload != "auto"
+                  else [False, True])
     cands = []
     for pi, prec in enumerate(precisions):
         for policy in ("none", "selective", "full"):
@@ -984,8 +986,9 @@ def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, 
         training=dataclasses.replace(t, precision=prec, mixed_precision=prec != "fp32",
                                      checkpointing=policy, enable_gradient_checkpointing=policy != "none",
                                      gradient_accumulation_steps=accum,
-                                     # on the CPU "auto" stays: host memory is its memory
-                                     optimizer_offload=off if on_gpu else t.optimizer_offload,
+                                     # on the CPU "auto" stays, true is false: host memory is its memory
+                                     optimizer_offload=(off if on_gpu else "auto" if t.optimizer_offload == "auto"
+                                                        else False),
                                      lr_milestones=list(t.lr_milestones)),
         data=dataclasses.replace(d, batch_size=micro),
     )
@@ -1037,7 +1040,7 @@ def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, 
            f"({used.communication_label[len('communication ('):-1]}; {world} processes"
            f"{f' on {nodes} machines' if nodes > 1 else ''}; docs/distributed.md)"] if used.communication else []),
         f"was:                precision {t.precision}, checkpointing {t.checkpointing}, micro-batch "
-        f"{d.batch_size} x {t.gradient_accumulation_steps}, optimizer_offload {t.optimizer_offload}",
+        f"{d.batch_size} x {t.gradient_accumulation_steps}, optimizer_offload {_yaml_word(t.optimizer_offload)}",
         "why:                " + "; ".join(why),
     ]
     if off:

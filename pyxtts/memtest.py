@@ -25,8 +25,8 @@ from typing import Callable
 from pyxtts import _C
 from pyxtts._args import as_flags, integer
 from pyxtts.comm_memory import device_communication, world_of
-from pyxtts.config import (XTTSConfig, device_present, offload_for, optimize_config, parse_memory_size, plan_for,
-                           SIZE_TIERS, shipped_configs)
+from pyxtts.config import (XTTSConfig, _on_gpu, device_present, offload_for, optimize_config, parse_memory_size,
+                           plan_for, SIZE_TIERS, shipped_configs)
 from pyxtts.memory import cleanup_gpu_memory
 from pyxtts.memory import format_bytes as fb
 from pyxtts.model import MemoryPlan
@@ -111,8 +111,9 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
     if not isinstance(config, XTTSConfig):
         raise TypeError(f"config: expected an XTTSConfig, got {type(config).__name__}")
     config = XTTSConfig.from_dict(config.to_dict())  # the caller's config stays as it is
+    recipe = XTTSConfig.from_dict(config.to_dict())  # its effective batch: what the advice keeps
     t, d, m = config.training, config.data, config.model
-    if batch_size is not None:
+    if batch_size is not None:  # the micro-batch under test; the recipe's effective batch stays
         d.batch_size = integer("batch_size", batch_size, minimum=1)
     dev = t.resolved_device() if device is None else device
     world_size, per_node = world_of(world_size, nodes)
@@ -148,12 +149,16 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
             lines += [f"  {what:48s} {fb(n):>14}" for what, n in comm.parts]
     report = MemtestReport(device=dev, budget=budget, plan=plan, verdict="", offload=offload,
                            host_available=host_avail)
-    fits_device = plan.total <= budget
+    shared = _device_total(plan, dev) - plan.total
+    fits_device = plan.total + shared <= budget
     fits_host = host_avail is None or plan.host_total <= host_avail
     fits_plan = fits_device and fits_host
     report.short = None if fits_plan else "device" if not fits_device else "host"
     lines.append("")
     locked = 'page-locked' if plan.host_pinned else 'pageable'
+    if shared:
+        lines.append(f"host: the offloaded optimizer state's {fb(plan.host_total)} is in {dev}'s memory too: "
+                     f"{fb(plan.total + shared)} in all against the budget (offload saves nothing on the CPU)")
     if host_avail is not None:
         lines.append(f"host: the offloaded optimizer state needs {fb(plan.host_total)} "
                      f"({locked}); this machine has {fb(host_avail)} available{'' if fits_host else ': NOT ENOUGH'}")
@@ -202,7 +207,7 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
         lines.append("real step: not run (the plan is over the budget)" if not fits_device else
                      "real step: not run (the host lacks the memory the optimizer state needs)")
     # what the device holds: the allocator's measured peak and the collectives' reserve
-    peak = report.measured_peak + plan.communication if report.measured_peak is not None else plan.total
+    peak = report.measured_peak + plan.communication if report.measured_peak is not None else plan.total + shared
     if not fits_plan or report.oom is not None:
         report.verdict = "does not fit"
     elif budget - peak < TIGHT * budget:
@@ -222,16 +227,20 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
     else:
         lines.append(f"verdict: {report.verdict.upper()}: {fb(peak)} of {fb(budget)} "
                      f"({peak / budget:.0%} of the budget)")
-    report.advice = _advice(config, dev, total, budget, report, world, config_args)
+    report.advice = _advice(config, dev, total, budget, report, world, config_args, recipe)
     lines += [f"advice: {a}" for a in report.advice]
     report.text = "\n".join(lines)
     return report
 
 
 def _advice(config: XTTSConfig, dev: str, total: int, budget: int, report: MemtestReport,
-            world: tuple[int, int] = (1, 1), config_args: str | None = None) -> list[str]:
+            world: tuple[int, int] = (1, 1), config_args: str | None = None,
+            recipe: XTTSConfig | None = None) -> list[str]:
     """What to change, from the plan. ``config_args``: how the command line named the config
-    (``--config X [--vocab V]``), for the optimize-config command the advice gives."""
+    (``--config X [--vocab V]``), for the optimize-config command the advice gives.
+    ``recipe``: the config before a micro-batch given to test, whose effective batch the
+    advice keeps (64 under test once made it 64 x the recipe's accumulation)."""
+    recipe = config if recipe is None else recipe
     t, d = config.training, config.data
     out: list[str] = []
     plan = report.plan
@@ -243,7 +252,7 @@ def _advice(config: XTTSConfig, dev: str, total: int, budget: int, report: Memte
                    + ("" if plan.communication_backend != "nccl" else
                       ": NCCL_MAX_NCHANNELS (fewer channels), NCCL_NVLS_ENABLE=0 or a smaller NCCL_BUFFSIZE "
                       "lower it (docs/distributed.md), or free room with the settings below"))
-    effective = config.effective_batch_size
+    effective = recipe.effective_batch_size
     if report.oom is not None:  # the plan fits the budget; the device did not have it
         out.append(f"the plan fits the budget but the device ran out: other allocations on {dev} (another "
                    "process, a fragmented cache) leave less than the budget; free them, lower "
@@ -262,7 +271,7 @@ def _advice(config: XTTSConfig, dev: str, total: int, budget: int, report: Memte
                        f"{'within' if on_device <= budget else 'over'} the budget of {fb(budget)}")
             return out
         try:  # the optimizer's placement is among the settings it may change
-            anywhere = config.replace(training=dataclasses.replace(t, optimizer_offload="auto"))
+            anywhere = recipe.replace(training=dataclasses.replace(recipe.training, optimizer_offload="auto"))
             new, _ = optimize_config(anywhere, total, device=dev, world_size=world[0], nodes=world[1])
             nt, nd = new.training, new.data
             out.append(f"this fits with margin: precision {nt.precision}, checkpointing {nt.checkpointing}, "
@@ -273,7 +282,7 @@ def _advice(config: XTTSConfig, dev: str, total: int, budget: int, report: Memte
                        f"--memory {_size_arg(total)} --device {dev}{_world_flags(world)}` writes it")
         except ValueError as exc:
             out.append(str(exc))
-        tier = _fitting_tier(config, dev, total, world)
+        tier = _fitting_tier(recipe, dev, total, world)
         if tier is not None:
             out.append(f"the shipped tier {tier} (Coqui's recipe for that card size) fits: --config {tier}")
         return out
@@ -314,9 +323,16 @@ def _fitting_tier(config: XTTSConfig, dev: str, total: int, world: tuple[int, in
         if tier.model != config.model:
             return None
         budget = int(total * tier.training.max_memory_fraction)
-        if plan_for(tier, dev, memory=total, world_size=world[0], nodes=world[1]).total <= budget * (1 - TIGHT):
-            return name
+        plan = plan_for(tier, dev, memory=total, world_size=world[0], nodes=world[1])
+        if _device_total(plan, dev) <= budget * (1 - TIGHT):  # the config in use is no advice
+            return None if tier.to_dict() == config.to_dict() else name
     return None
+
+
+def _device_total(plan: MemoryPlan, dev: str) -> int:
+    """What the plan takes of ``dev``'s memory: on the CPU the host pool is that same memory,
+    so an offloaded optimizer state counts in it too."""
+    return plan.total + (0 if _on_gpu(dev) else plan.host_total)
 
 
 def _world_flags(world: tuple[int, int]) -> str:

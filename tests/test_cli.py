@@ -205,6 +205,27 @@ def test_memtest_advice_keeps_the_effective_batch(capsys):
     assert "learning rate adjusted" not in out, out
 
 
+def test_memtest_advice_for_a_micro_batch_under_test_keeps_the_recipe(capsys):
+    """--batch-size 64 on gpu_8gb: the advice once kept 64 x 84 as the effective batch
+    ('data.batch_size 3 x gradient_accumulation_steps 1792') and named gpu_8gb, the config
+    in use, as the tier that fits."""
+    rc = pyxtts.cli.main(["memtest", "--config", "gpu_8gb", "--memory", "8GiB", "--device", "cuda:0",
+                          "--batch-size", "64", "--no-step"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "micro-batch 64" in out
+    assert "(effective batch 252 kept)" in out and "1792" not in out, out
+    assert "the shipped tier" not in out, out
+
+
+def test_memtest_on_the_cpu_counts_an_offloaded_state_in_its_memory(capsys):
+    """gpu_8gb (optimizer_offload: true) planned for the CPU with 8 GiB: 5.59 GiB on the
+    'device' and 4.94 GiB in the host pool, the same RAM, said FITS."""
+    rc = pyxtts.cli.main(["memtest", "--config", "gpu_8gb", "--memory", "8GiB", "--device", "cpu", "--no-step"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "is in cpu's memory too: 10.53 GiB in all" in out, out
+    assert "DOES NOT FIT: device memory is short: 10.53 GiB of 7.20 GiB" in out, out
+
+
 def test_memtest_names_the_host_when_it_is_short(monkeypatch):
     from pyxtts import memtest
 

@@ -719,3 +719,19 @@ def test_yaml_reads_booleans_as_yaml_1_2_does(tmp_path):
     path.write_text("training:\n  optimizer_offload: yes\n")
     with pytest.raises(ValueError, match=r"training.optimizer_offload: expected true, false or 'auto', got 'yes'"):
         XTTSConfig.load(path)
+
+
+def test_optimize_config_for_the_cpu_never_offloads():
+    """gpu_8gb says optimizer_offload: true; planned for the CPU with --memory 8GiB it kept the
+    state 'in host memory', planning 5.59 GiB on the device and 4.94 GiB on the host, the same
+    RAM, and said it fits in 8 GiB. On the CPU the state is counted where it is: once."""
+    cfg = XTTSConfig.load("gpu_8gb")
+    with pytest.raises(ValueError, match=r"^optimize_config: no plan fits"):
+        optimize_config(cfg, "8GiB", device="cpu")
+    new, text = optimize_config(cfg, "64GiB", device="cpu")
+    assert new.training.optimizer_offload is False and "in host memory" not in text and "offload cost" not in text
+    assert "optimizer_offload true" in text  # what it was, as the file spells it
+    assert new.memory_plan("cpu").host_total == 0
+    auto = XTTSConfig.load("xtts_v2_finetune")
+    assert auto.training.optimizer_offload == "auto"
+    assert optimize_config(auto, "64GiB", device="cpu")[0].training.optimizer_offload == "auto"
