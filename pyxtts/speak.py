@@ -40,19 +40,24 @@ def coqui_installed() -> bool:
 
 
 def check_test_sentences(sentences: list[dict], xtts_dir: str | os.PathLike, max_text_tokens: int,
-                         samples_dir: Path, vocab: str | os.PathLike | None = None) -> None:
+                         samples_dir: Path, vocab: str | os.PathLike | None = None, model: Any = None) -> None:
     """ValueError (or FileNotFoundError) naming the entry and field of
     ``training.test_sentences`` that cannot be spoken, before any step. ``vocab``: the
-    extended vocabulary of a new language (``training.vocab``), whose language counts too."""
+    extended vocabulary of a new language (``training.vocab``), whose language counts too.
+    ``model``: the run's ModelConfig, which must be the folder's GPT (each evaluation
+    exports the weights into a copy of the folder), when its config.json describes one."""
     folder = Path(xtts_dir)
     for name in ("config.json", "vocab.json", "model.pth"):
         if not (folder / name).is_file():
             raise FileNotFoundError(f"training.xtts_dir: expected a Coqui XTTS folder holding {name}, "
                                     f"got {str(folder)!r} (it has no {name})")
     try:
-        languages = json.loads((folder / "config.json").read_text(encoding="utf-8"))["languages"]
+        doc = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        languages = doc["languages"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"training.xtts_dir: {folder / 'config.json'} names no languages ({exc})") from exc
+    if model is not None and isinstance(doc, dict) and isinstance(doc.get("model_args"), dict):
+        _check_same_gpt(folder, model, vocab)
     tokenizer = _tokenizer(folder / "vocab.json" if vocab is None else Path(vocab))
     if tokenizer is not None:  # a new language's code, from the extended vocabulary
         languages = list(languages) + [c for c in tokenizer.added_languages if c not in languages]
@@ -82,6 +87,23 @@ def check_test_sentences(sentences: list[dict], xtts_dir: str | os.PathLike, max
     except OSError as exc:
         raise ValueError(f"training.test_sentences: the samples folder {str(samples_dir)!r} cannot be written "
                          f"({exc.strerror or exc}); set training.checkpoint_dir to a writable folder") from None
+
+
+def _check_same_gpt(folder: Path, model: Any, vocab: str | os.PathLike | None) -> None:
+    """ValueError when the run's model is not the GPT of the XTTS folder (its text rows grown
+    by ``vocab``): every evaluation would fail to export into it, an export each time."""
+    from pyxtts.coqui_checkpoint import EXPORT_FIELDS
+    from pyxtts.model import ModelConfig
+
+    theirs = ModelConfig.from_xtts_config(folder / "config.json", vocab=vocab)
+    diffs = [f"{f} {getattr(theirs, f)!r} there, {getattr(model, f)!r} here" for f in EXPORT_FIELDS
+             if getattr(theirs, f) != getattr(model, f) and not (f.endswith("_token") and getattr(model, f) is None)]
+    if diffs:
+        raise ValueError(f"training.xtts_dir: the run trains another GPT than {str(folder)!r}'s ("
+                         + "; ".join(diffs[:3]) + (f"; and {len(diffs) - 3} more" if len(diffs) > 3 else "")
+                         + "), so its weights cannot be exported there to speak the test sentences; start from that "
+                         "folder (pyxtts train --init, which also sets xtts_dir) or set xtts_dir to the folder the run "
+                         "fine-tunes")
 
 
 def _tokenizer(vocab: Path) -> Any:

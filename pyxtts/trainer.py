@@ -566,7 +566,7 @@ class Trainer:
             from pyxtts.speak import check_test_sentences
 
             check_test_sentences(c.training.test_sentences, c.training.xtts_dir, c.model.max_text_tokens,
-                                 samples_dir(self.checkpoint_dir), vocab=c.training.vocab)
+                                 samples_dir(self.checkpoint_dir), vocab=c.training.vocab, model=c.model)
         fingerprint = _data_fingerprint(train.samples, c)
         refs = self._reference_draw(train)
         if refs is None and c.model.conditioning and train[0].cond is None:

@@ -271,3 +271,18 @@ def test_the_trainers_memory_stays_flat_over_20_evaluations_with_samples(tmp_pat
           f"(an export: {exported[0] / 2**20:.1f} MiB)")
     assert steady < 2**20, "RSS grows at every evaluation"
     assert growth < min(exported) / 2, "the trainer keeps half an export's size or more"
+
+
+def test_a_model_that_is_not_the_xtts_folders_gpt_is_refused_before_any_step(tmp_path, rng):
+    """The CPU demo's model with an XTTS folder's test sentences (or a config with no model
+    section, XTTS v2's size, beside a smaller folder) trained, then failed to export at every
+    evaluation, with an error about vocabularies."""
+    base = write_xtts_folder(tmp_path / "XTTS-v2", SEED % 2**31, decoder_input_dim=64)
+    ref = reference_clip(tmp_path / "speaker.wav", rng)
+    cfg = make_config(tmp_path, base, [{"text": "hi", "language": "en", "reference": str(ref)}])
+    train, held = SyntheticDataset(cfg.model, 6, seed=0).split(2)
+    t = Trainer(cfg, progress=False)
+    with pytest.raises(ValueError, match=r"^training.xtts_dir: the run trains another GPT than .*XTTS-v2'.* "
+                                         r"\(n_layers \d+ there, 1 here"):
+        t.fit(train, held)
+    assert t.step == 0 and not (tmp_path / "ckpt" / "train_log.jsonl").exists()
