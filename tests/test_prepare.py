@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import shutil
 import sys
 import time
@@ -255,6 +256,10 @@ def test_every_unusable_sample_is_reported(small, tmp_path):
     # it read "[UNK] in '...'", leaving the reader to find the character
     assert details["unknown_token"] == "[UNK]: the vocabulary lacks '☃' (in 'a snowman ☃ here.')"
     assert details["reference_missing"] == f"{d / 'nowhere.wav'} does not exist"
+    # in seconds and with the setting that decides it (they read '882000 samples > 255995')
+    assert re.fullmatch(r"\d+\.\d\d s \(\d+ samples\) > 11\.61 s \(--max-wav-samples 255995\)",
+                        details["too_long"]), details["too_long"]
+    assert re.fullmatch(r"\d+ ids > \d+ \(--max-text-tokens\)", details["text_too_long"]), details["text_too_long"]
     assert r.summary["dropped"] == {k: sum(1 for *_, w in rows if w == k) for k in {w for *_, w in rows} - {"kept"}}
     kept = list(pyxtts.TTSDataset.load(tmp_path / "out" / "train"))
     assert len(kept) == 5
@@ -543,3 +548,18 @@ def test_ctrl_c_to_the_process_group_of_a_two_worker_prepare_ends_it(small, tmp_
                        capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert files(out) == files(once)
+
+
+def test_repeated_ids_are_said_with_the_splits_they_reach(small, tmp_path):
+    """150 lines of one clip were kept as 150 samples in both splits without a word: the
+    evaluation then measured clips the model trained on."""
+    lines = small["meta"].read_text().splitlines()
+    meta = tmp_path / "metadata.csv"
+    meta.write_text("\n".join(lines + [lines[0]] * 5) + "\n")
+    r = prepare(small["xtts"], meta, tmp_path / "out", audio_dir=small["root"] / "corpus" / "wavs",
+                eval_fraction=0.5, samples_per_shard=4, seed=SEED, progress=False)
+    key = lines[0].split("|")[0]
+    said = [w for w in r.summary["warnings"] if "more than once" in w]
+    assert said and said[0].startswith(f"1 id appears more than once in the metadata ({key} x6)"), said
+    assert "in both splits" in said[0], said
+    assert "warning: " + said[0] in r.format_summary()

@@ -265,14 +265,16 @@ def _process(item: Item) -> _Record:
         rec.status, rec.detail = "unknown_token", _unknown_detail(tok, tok.clean(item.text, item.language), bad)
         return rec
     if len(ids) > limits.max_text_tokens:
-        rec.status, rec.detail = "text_too_long", f"{len(ids)} ids > {limits.max_text_tokens}"
+        rec.status, rec.detail = "text_too_long", f"{len(ids)} ids > {limits.max_text_tokens} (--max-text-tokens)"
         return rec
     if reason:
         rec.status, rec.detail = reason, detail
         return rec
     assert wav is not None
     if wav.shape[0] > limits.max_samples:
-        rec.status, rec.detail = "too_long", f"{wav.shape[0]} samples > {limits.max_samples}"
+        rec.status, rec.detail = "too_long", (f"{wav.shape[0] / SAMPLE_RATE:.2f} s ({wav.shape[0]} samples) > "
+                                              f"{limits.max_samples / SAMPLE_RATE:.2f} s (--max-wav-samples "
+                                              f"{limits.max_samples})")
         return rec
     n_codes = math.ceil(wav.shape[0] / limits.code_stride)  # what Coqui's GPT uses of the DVAE's codes
     if n_codes > limits.max_audio_codes:
@@ -666,11 +668,30 @@ def _finish(out: Path, shards: list[_Shard], rows: dict[tuple[str, int], list[di
         "wall_seconds": wall, "workers": workers, "shards": len(shards),
         "shards_resumed": len(shards) - len(now),
         "processed_seconds": processed, "audio_seconds_per_second": processed / wall if wall else 0.0,
-        "warnings": _split_warnings(splits, report.name),
+        "warnings": _split_warnings(splits, report.name) + _duplicate_warnings(shards, rows),
     }
     _write_json(out / "summary.json", summary)
     held = out / "eval" if splits.get("eval", {}).get("kept") else None
     return PrepareResult(out, out / "train", held, report, summary, audio_dir)
+
+
+def _duplicate_warnings(shards: list[_Shard], rows: dict[tuple[str, int], list[dict]]) -> list[str]:
+    """A line when ids repeat: a repeated line of the metadata, kept each time, may land in
+    both splits, and the evaluation then measures clips the model trained on."""
+    splits: dict[str, set[str]] = {}
+    for sh in shards:
+        for r in rows[(sh.split, sh.index)]:
+            splits.setdefault(r["key"], set()).add(sh.split)
+    seen = Counter(r["key"] for sh in shards for r in rows[(sh.split, sh.index)])
+    repeated = [(k, n) for k, n in seen.items() if n > 1]
+    if not repeated:
+        return []
+    both = sum(1 for k, _ in repeated if len(splits[k]) > 1)
+    shown = ", ".join(f"{k} x{n}" for k, n in repeated[:3]) + (" ..." if len(repeated) > 3 else "")
+    verb = "appears" if len(repeated) == 1 else "appear"
+    return [f"{counted(len(repeated), 'id')} {verb} more than once in the metadata ({shown}), each kept as a "
+            f"sample" + (f"; {both} of them in both splits, so the evaluation measures clips the model trains on"
+                         if both else "")]
 
 
 def _split_warnings(splits: dict[str, dict[str, Any]], report: str) -> list[str]:
