@@ -528,8 +528,12 @@ class XTTSConfig:
     def save(self, path: str | Path) -> None:
         """Writes the config as YAML (every field, aliases resolved). Relative paths
         (``PATH_FIELDS``; in memory relative to the working directory) are written
-        relative to the file's folder, where ``load`` looks for them."""
-        folder = os.path.abspath(Path(path).parent)
+        relative to the file's folder, where ``load`` looks for them. A config that
+        ``load`` would refuse (a field changed by attribute to a bad value) is refused here,
+        with nothing written."""
+        self.validate()
+        path = path_arg("path", path)
+        folder = os.path.abspath(path.parent)
         d = self.to_dict()
         for section, name in PATH_FIELDS:
             v = d[section][name]

@@ -735,3 +735,12 @@ def test_optimize_config_for_the_cpu_never_offloads():
     auto = XTTSConfig.load("xtts_v2_finetune")
     assert auto.training.optimizer_offload == "auto"
     assert optimize_config(auto, "64GiB", device="cpu")[0].training.optimizer_offload == "auto"
+
+
+def test_save_refuses_what_load_would(tmp_path):
+    """precision = "fp8" by attribute was written, and the file then refused on load."""
+    c = XTTSConfig.load("cpu_demo")
+    c.training.precision = "fp8"
+    with pytest.raises(ValueError, match=r"^training\.precision: must be one of"):
+        c.save(tmp_path / "c.yaml")
+    assert not (tmp_path / "c.yaml").exists()
