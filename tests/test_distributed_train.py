@@ -199,7 +199,7 @@ def test_sigterm_on_every_process_saves_one_checkpoint_at_the_same_step(tmp_path
     assert meta["step"] == step
     # and it resumes
     p = train(2, config(tmp_path, step + 3), run, "--resume")
-    assert f"trained {step + 3} steps" in p.stdout
+    assert f"trained 3 steps, {step + 1}-{step + 3}, after resuming at step {step}" in p.stdout
 
 
 def wait_for_text(path: Path, text: str, proc: subprocess.Popen, limit: float = 60) -> None:
@@ -262,7 +262,7 @@ def test_ctrl_c_on_torchrun_saves_one_checkpoint_at_the_same_step(presses, tmp_p
     step = the_stop_checkpoint(run, err)
     if presses == 1:  # (the checkpoint is the same kind either way: one resume is enough)
         p = train(2, config(tmp_path, step + 3), run, "--resume")
-        assert f"trained {step + 3} steps" in p.stdout
+        assert f"trained 3 steps, {step + 1}-{step + 3}, after resuming at step {step}" in p.stdout
 
 
 def signal_worker(proc: subprocess.Popen, rank: int, signum: int, timeout: float) -> float:
