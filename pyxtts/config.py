@@ -830,6 +830,17 @@ _UNITS = {"": 1, "b": 1,
           "t": 2**40, "tib": 2**40, "tb": 10**12}
 
 
+def decimal_unit_note(value: Any) -> str:
+    """For a size given in decimal units ("8GB": 8 x 10^9 bytes, 7.45 GiB), what a card sold
+    as that many GB has: its memory is binary (8 GiB). "" for any other value."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT])[bB]\s*", value) if isinstance(value, str) else None
+    if m is None:
+        return ""
+    return (f"; {value.strip()} is decimal ({m.group(2).upper()}B = 10^{3 * 'KMGT'.index(m.group(2).upper()) + 3} "
+            f"bytes): a card sold as {m.group(1)} {m.group(2).upper()}B has {m.group(1)} "
+            f"{m.group(2).upper()}iB, --memory {m.group(1)}{m.group(2).upper()}iB")
+
+
 def parse_memory_size(value: int | str, name: str = "memory") -> int:
     """Bytes from 12884901888, "12GiB", "12 GiB", "12G" (binary) or "12GB" (SI)."""
     if isinstance(value, (bool, np.bool_)):
@@ -921,7 +932,7 @@ def optimize_config(config: XTTSConfig, device_memory: int | str | None = None, 
     t = config.training
     dev = t.resolved_device() if device is None else device
     total = _device_total(dev, device_memory)
-    source = f"total memory of {dev}" if device_memory is None else "given"
+    source = f"total memory of {dev}" if device_memory is None else "given" + decimal_unit_note(device_memory)
     budget = int(total * t.max_memory_fraction)
     limit = int(budget * (1.0 - margin))
     effective = config.effective_batch_size

@@ -25,8 +25,8 @@ from typing import Callable
 from pyxtts import _C
 from pyxtts._args import as_flags, integer
 from pyxtts.comm_memory import device_communication, world_of
-from pyxtts.config import (XTTSConfig, _on_gpu, device_present, offload_for, optimize_config, parse_memory_size,
-                           plan_for, SIZE_TIERS, shipped_configs)
+from pyxtts.config import (SIZE_TIERS, XTTSConfig, _on_gpu, decimal_unit_note, device_present, offload_for,
+                           optimize_config, parse_memory_size, plan_for, shipped_configs)
 from pyxtts.memory import cleanup_gpu_memory
 from pyxtts.memory import format_bytes as fb
 from pyxtts.model import MemoryPlan
@@ -130,7 +130,7 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
             f"x {config.sequence_length} tokens ({m.n_cond_latents} cond + {d.max_text_tokens} text + "
             f"{d.max_audio_tokens} audio), {t.precision}, checkpointing {t.checkpointing}, on {dev}"
             + (", optimizer state in host memory" if offload else ""))
-    source = "(given)" if memory is not None else "total"
+    source = f"(given{decimal_unit_note(memory)})" if memory is not None else "total"
     lines = [head, f"budget: {fb(budget)} = {fb(total)} {source} x max_memory_fraction {t.max_memory_fraction:g}"]
     if plan.communication:
         lines.append(_communication_line(plan, world))

@@ -226,6 +226,20 @@ def test_memtest_on_the_cpu_counts_an_offloaded_state_in_its_memory(capsys):
     assert "DOES NOT FIT: device memory is short: 10.53 GiB of 7.20 GiB" in out, out
 
 
+def test_a_memory_in_decimal_units_says_what_a_card_of_that_size_has(capsys, tmp_path):
+    """--memory 8GB is 7.45 GiB, 7% less than an '8 GB' card has: said where the budget is."""
+    assert pyxtts.cli.main(["memtest", "--config", "gpu_8gb", "--memory", "8GB", "--device", "cuda:0",
+                            "--no-step"]) == 0
+    out = capsys.readouterr().out
+    assert "7.45 GiB (given; 8GB is decimal (GB = 10^9 bytes): a card sold as 8 GB has 8 GiB, --memory 8GiB)" in out
+    assert pyxtts.cli.main(["memtest", "--config", "gpu_8gb", "--memory", "8GiB", "--device", "cuda:0",
+                            "--no-step"]) == 0
+    assert "decimal" not in capsys.readouterr().out
+    assert pyxtts.cli.main(["optimize-config", "--config", "gpu_8gb", "--memory", "12.5GB", "--device", "cuda:0",
+                            "--out", str(tmp_path / "o.yaml")]) == 0
+    assert "a card sold as 12.5 GB has 12.5 GiB, --memory 12.5GiB" in capsys.readouterr().out
+
+
 def test_memtest_names_the_host_when_it_is_short(monkeypatch):
     from pyxtts import memtest
 

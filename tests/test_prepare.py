@@ -563,3 +563,20 @@ def test_repeated_ids_are_said_with_the_splits_they_reach(small, tmp_path):
     assert said and said[0].startswith(f"1 id appears more than once in the metadata ({key} x6)"), said
     assert "in both splits" in said[0], said
     assert "warning: " + said[0] in r.format_summary()
+
+
+def test_a_transcript_far_too_short_for_its_clip_is_said(small, tmp_path):
+    """`alice|The quick brown fox ...|alice` (a speaker's name in the text column) was kept
+    with the 4-id transcript 'alice' for a 4 s clip, and nothing said so."""
+    lines = small["meta"].read_text().splitlines()
+    key, text, _ = lines[0].split("|")
+    meta = tmp_path / "metadata.csv"
+    meta.write_text("\n".join([f"{key}|{text}|alice"] + lines[1:]) + "\n")
+    r = prepare(small["xtts"], meta, tmp_path / "out", audio_dir=small["root"] / "corpus" / "wavs",
+                samples_per_shard=4, seed=SEED, progress=False)
+    said = [w for w in r.summary["warnings"] if "text ids a second" in w]
+    assert len(said) == 1 and said[0].startswith(f"1 kept clip has fewer than 2 text ids a second of audio ({key} ("), \
+        r.summary["warnings"]
+    assert r.summary["kept"] == 12  # said, not dropped
+    clean = prepare(small["xtts"], small["meta"], tmp_path / "clean", samples_per_shard=4, seed=SEED, progress=False)
+    assert not [w for w in clean.summary["warnings"] if "text ids a second" in w], clean.summary["warnings"]

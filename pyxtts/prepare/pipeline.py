@@ -668,7 +668,8 @@ def _finish(out: Path, shards: list[_Shard], rows: dict[tuple[str, int], list[di
         "wall_seconds": wall, "workers": workers, "shards": len(shards),
         "shards_resumed": len(shards) - len(now),
         "processed_seconds": processed, "audio_seconds_per_second": processed / wall if wall else 0.0,
-        "warnings": _split_warnings(splits, report.name) + _duplicate_warnings(shards, rows),
+        "warnings": (_split_warnings(splits, report.name) + _duplicate_warnings(shards, rows)
+                     + _sparse_text_warnings(shards, rows, report.name)),
     }
     _write_json(out / "summary.json", summary)
     held = out / "eval" if splits.get("eval", {}).get("kept") else None
@@ -692,6 +693,26 @@ def _duplicate_warnings(shards: list[_Shard], rows: dict[tuple[str, int], list[d
     return [f"{counted(len(repeated), 'id')} {verb} more than once in the metadata ({shown}), each kept as a "
             f"sample" + (f"; {both} of them in both splits, so the evaluation measures clips the model trains on"
                          if both else "")]
+
+
+# speech carries 10-15 XTTS text ids a second; a clip of seconds with fewer than this many
+# a second likely has another column's words for its transcript (a speaker name, an id)
+SPARSE_TEXT_PER_SECOND = 2.0
+SPARSE_TEXT_MIN_SECONDS = 2.0
+
+
+def _sparse_text_warnings(shards: list[_Shard], rows: dict[tuple[str, int], list[dict]], report: str) -> list[str]:
+    """A line for kept clips whose transcripts are far too short for their audio: kept (it
+    may be a long pause), but said, since a metadata column mix-up looks exactly so."""
+    sparse = [r for sh in shards for r in rows[(sh.split, sh.index)]
+              if r["status"] == "kept" and r["seconds"] >= SPARSE_TEXT_MIN_SECONDS
+              and r["text_tokens"] < SPARSE_TEXT_PER_SECOND * r["seconds"]]
+    if not sparse:
+        return []
+    shown = ", ".join(f"{r['key']} ({r['text_tokens']} ids for {r['seconds']:.1f} s)" for r in sparse[:3])
+    return [f"{counted(len(sparse), 'kept clip')} {'has' if len(sparse) == 1 else 'have'} fewer than "
+            f"{SPARSE_TEXT_PER_SECOND:g} text ids a second of audio ({shown}{', ...' if len(sparse) > 3 else ''}): "
+            f"is the transcript another column (a speaker's name)? {report} lists every clip's ids and seconds"]
 
 
 def _split_warnings(splits: dict[str, dict[str, Any]], report: str) -> list[str]:
