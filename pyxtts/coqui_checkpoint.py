@@ -291,10 +291,17 @@ def _cast(name: str, value: np.ndarray, ref: TensorRef, rows: int | None = None)
     return out
 
 
+def export_diffs(config: Any, base: Any) -> list[str]:
+    """The ``EXPORT_FIELDS`` in which a model's config differs from a base's: those that
+    stop its weights from going into the base (a model that leaves a start/stop id unset
+    takes the base's)."""
+    return [f for f in EXPORT_FIELDS if getattr(config, f) != getattr(base, f)
+            and not (f.endswith("_token") and getattr(config, f) is None)]
+
+
 def _compare(config: Any, base: Any, base_source: str, source: str) -> None:
     diffs = [f"{f}: {getattr(config, f)!r} in {source}, {getattr(base, f)!r} in the base"
-             for f in EXPORT_FIELDS if getattr(config, f) != getattr(base, f)
-             and not (f.endswith("_token") and getattr(config, f) is None)]
+             for f in export_diffs(config, base)]
     if diffs:
         raise CheckpointError(f"the model and the base ({base_source}) describe different GPTs: " + "; ".join(diffs))
 

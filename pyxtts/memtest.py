@@ -149,7 +149,7 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
             lines += [f"  {what:48s} {fb(n):>14}" for what, n in comm.parts]
     report = MemtestReport(device=dev, budget=budget, plan=plan, verdict="", offload=offload,
                            host_available=host_avail)
-    shared = _device_total(plan, dev) - plan.total
+    shared = _on_device_bytes(plan, dev) - plan.total
     fits_device = plan.total + shared <= budget
     fits_host = host_avail is None or plan.host_total <= host_avail
     fits_plan = fits_device and fits_host
@@ -324,12 +324,12 @@ def _fitting_tier(config: XTTSConfig, dev: str, total: int, world: tuple[int, in
             return None
         budget = int(total * tier.training.max_memory_fraction)
         plan = plan_for(tier, dev, memory=total, world_size=world[0], nodes=world[1])
-        if _device_total(plan, dev) <= budget * (1 - TIGHT):  # the config in use is no advice
+        if _on_device_bytes(plan, dev) <= budget * (1 - TIGHT):  # the config in use is no advice
             return None if tier.to_dict() == config.to_dict() else name
     return None
 
 
-def _device_total(plan: MemoryPlan, dev: str) -> int:
+def _on_device_bytes(plan: MemoryPlan, dev: str) -> int:
     """What the plan takes of ``dev``'s memory: on the CPU the host pool is that same memory,
     so an offloaded optimizer state counts in it too."""
     return plan.total + (0 if _on_gpu(dev) else plan.host_total)

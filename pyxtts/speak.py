@@ -92,12 +92,11 @@ def check_test_sentences(sentences: list[dict], xtts_dir: str | os.PathLike, max
 def _check_same_gpt(folder: Path, model: Any, vocab: str | os.PathLike | None) -> None:
     """ValueError when the run's model is not the GPT of the XTTS folder (its text rows grown
     by ``vocab``): every evaluation would fail to export into it, an export each time."""
-    from pyxtts.coqui_checkpoint import EXPORT_FIELDS
+    from pyxtts.coqui_checkpoint import export_diffs
     from pyxtts.model import ModelConfig
 
     theirs = ModelConfig.from_xtts_config(folder / "config.json", vocab=vocab)
-    diffs = [f"{f} {getattr(theirs, f)!r} there, {getattr(model, f)!r} here" for f in EXPORT_FIELDS
-             if getattr(theirs, f) != getattr(model, f) and not (f.endswith("_token") and getattr(model, f) is None)]
+    diffs = [f"{f} {getattr(theirs, f)!r} there, {getattr(model, f)!r} here" for f in export_diffs(model, theirs)]
     if diffs:
         raise ValueError(f"training.xtts_dir: the run trains another GPT than {str(folder)!r}'s ("
                          + "; ".join(diffs[:3]) + (f"; and {len(diffs) - 3} more" if len(diffs) > 3 else "")
