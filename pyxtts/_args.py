@@ -91,9 +91,10 @@ def as_flags(command: str, message: str) -> str:
 
     flags = CLI_FLAGS.get(command.split(" ")[0], {})
     head, sep, rest = message.partition(":")
-    flag = flags.get(head)
+    item = re.fullmatch(r"(\w+)\[(\d+)\]", head)  # texts[1]: the second of a repeated flag's values
+    flag = flags.get(item.group(1) if item else head)
     if sep and flag is not None:
-        message = f"{flag}{sep}{rest}"
+        message = f"{flag} #{int(item.group(2)) + 1}{sep}{rest}" if item else f"{flag}{sep}{rest}"
 
     def spelt(m: re.Match) -> str:
         flag = flags.get(m.group(1))

@@ -550,17 +550,23 @@ def _export_source(args: argparse.Namespace) -> str:
         raise FileNotFoundError(f"--checkpoint {args.checkpoint}: {exc}") from None
 
 
+def _say_run_checkpoint(args: argparse.Namespace, source: str) -> None:
+    """Which run's checkpoint ``--checkpoint best/latest`` took: --checkpoint-dir or --config
+    may name another run's folder than the one meant."""
+    if args.checkpoint in ("best", "latest"):
+        from pyxtts.fingerprint import saved_meta
+
+        print(f"--checkpoint {args.checkpoint}: {source}, step {saved_meta(Path(source)).get('step')} of the run "
+              f"in {Path(source).parent} (--checkpoint-dir or --config name another run's folder)")
+
+
 def _export(args: argparse.Namespace) -> int:
     from pyxtts.checkpoint import CheckpointError
     from pyxtts.coqui_checkpoint import export_xtts_checkpoint
 
     try:
         source = _export_source(args)
-        if args.checkpoint in ("best", "latest"):  # which run's: --checkpoint-dir or --config say another
-            from pyxtts.fingerprint import saved_meta
-
-            print(f"--checkpoint {args.checkpoint}: {source}, step {saved_meta(Path(source)).get('step')} of the run "
-                  f"in {Path(source).parent} (--checkpoint-dir or --config name another run's folder)")
+        _say_run_checkpoint(args, source)
         report = export_xtts_checkpoint(source, args.base, args.out, vocab=args.vocab, overwrite=args.overwrite)
     except (CheckpointError, OSError, TypeError, ValueError) as exc:
         return _fail("export", exc)
@@ -582,6 +588,38 @@ def _export(args: argparse.Namespace) -> int:
         print(f"  not in the base, so not copied: {', '.join(report['not_in_base'])}")
     if report["removed"]:
         print(f"  removed, an earlier export's that the base lacks: {', '.join(report['removed'])}")
+    return 0
+
+
+def _speak(args: argparse.Namespace) -> int:
+    import wave
+
+    from pyxtts.checkpoint import CheckpointError
+    from pyxtts.speak import synthesize
+
+    try:
+        source = None
+        if args.checkpoint is not None:
+            if args.base is None:
+                raise ValueError("--base: expected the Coqui XTTS folder the checkpoint was fine-tuned from (the "
+                                 "checkpoint is exported into a scratch copy of it to be spoken)")
+            source = _export_source(args)
+            _say_run_checkpoint(args, source)
+        elif args.base is not None or args.checkpoint_dir is not None or args.config is not None:
+            used = "--base" if args.base is not None else "--checkpoint-dir" if args.checkpoint_dir else "--config"
+            raise ValueError(f"{used}: only used with --checkpoint; --xtts-dir is spoken as it is")
+        files = synthesize(args.text, args.out, args.reference, args.language, xtts_dir=args.xtts_dir,
+                           checkpoint=source, base=args.base, vocab=args.vocab, seed=args.seed,
+                           overwrite=args.overwrite, progress=True)
+    except RuntimeError as exc:  # the child's: its last line says why (Coqui's warnings come before it)
+        lines = str(exc).strip().splitlines()
+        print(f"pyxtts speak: {lines[0].partition(':')[0]}: {lines[-1].strip()}", file=sys.stderr)
+        return 2
+    except (CheckpointError, ImportError, OSError, TypeError, ValueError) as exc:
+        return _fail("speak", exc)
+    for f in files:
+        with wave.open(str(f)) as w:
+            print(f"written: {f} ({w.getnframes() / w.getframerate():.1f} s at {w.getframerate()} Hz)")
     return 0
 
 
@@ -695,6 +733,24 @@ def main(argv: list[str] | None = None) -> int:
                     help="the extended vocab.json a new language was trained with (prepare --new-language's "
                          "OUT/vocab.json)")
     ex.set_defaults(func=_export)
+    sp = sub.add_parser("speak", help="speak text with an XTTS folder or a fine-tuned checkpoint (Coqui's inference)")
+    sp.add_argument("--text", action="append", required=True, help="text to speak (repeat the flag for several)")
+    sp.add_argument("--reference", required=True, help="a recording of the voice to clone (wav, flac, ...)")
+    sp.add_argument("--language", default="en", help="language of the text (default en)")
+    sp.add_argument("--out", required=True, help="a .wav file for one --text, else a folder for 0.wav, 1.wav, ...")
+    voice = sp.add_mutually_exclusive_group(required=True)
+    voice.add_argument("--xtts-dir", default=None, help="a Coqui XTTS folder: the released one or an export")
+    voice.add_argument("--checkpoint", default=None,
+                       help="a pyxtts checkpoint, or best / latest of a run (see --checkpoint-dir); needs --base")
+    sp.add_argument("--base", default=None, help="the Coqui XTTS folder --checkpoint was fine-tuned from")
+    sp.add_argument("--checkpoint-dir", default=None,
+                    help="the run whose best / latest --checkpoint names (default: --config's, else checkpoints)")
+    sp.add_argument("--config", default=None, help="training config whose checkpoint_dir --checkpoint best/latest "
+                    "looks in")
+    sp.add_argument("--vocab", default=None, help="with --checkpoint: a new language's vocab.json, as for export")
+    sp.add_argument("--seed", type=int, default=0, help="seed of Coqui's sampling (default 0)")
+    sp.add_argument("--overwrite", action="store_true", help="replace clips already at --out")
+    sp.set_defaults(func=_speak)
     gi = sub.add_parser("gpu-info", help="build, devices and memory")
     gi.add_argument("--json", action="store_true", help="machine-readable output")
     gi.set_defaults(func=_gpu_info)
@@ -713,6 +769,7 @@ def main(argv: list[str] | None = None) -> int:
         CLI_FLAGS[name] = {a.dest: a.option_strings[-1] for a in command._actions
                            if a.option_strings and a.option_strings[-1].startswith("--")}
     CLI_FLAGS["export"]["model_or_checkpoint"] = "--checkpoint"
+    CLI_FLAGS["speak"]["texts"] = "--text"
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and not argv[0].startswith("-") and argv[0] not in sub.choices:
         # a word first is a command (train takes none): a misspelt one is named, not trained on

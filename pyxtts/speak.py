@@ -15,16 +15,19 @@ import difflib
 import importlib.metadata
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import wave
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["SAMPLE_RATE_IN", "check_test_sentences", "coqui_installed", "speak"]
+from pyxtts._args import flag, integer, path_arg
+
+__all__ = ["SAMPLE_RATE_IN", "check_test_sentences", "coqui_installed", "speak", "synthesize"]
 
 SAMPLE_RATE_IN = 22050  # what Coqui's conditioning encoders read
 CHILD_TIMEOUT_S = 1800  # a child that hangs does not hold the run for ever
@@ -39,47 +42,62 @@ def coqui_installed() -> bool:
     return True
 
 
+def _check_folder(folder: Path, name: str) -> None:
+    """FileNotFoundError naming ``name`` unless ``folder`` holds what Coqui's inference loads."""
+    for file in ("config.json", "vocab.json", "model.pth"):
+        if not (folder / file).is_file():
+            raise FileNotFoundError(f"{name}: expected a Coqui XTTS folder holding {file}, "
+                                    f"got {str(folder)!r} (it has no {file})")
+
+
+def _config_names(i: int, field: str) -> str:
+    return f"training.test_sentences[{i}].{field}"
+
+
 def check_test_sentences(sentences: list[dict], xtts_dir: str | os.PathLike, max_text_tokens: int,
-                         samples_dir: Path, vocab: str | os.PathLike | None = None, model: Any = None) -> None:
+                         samples_dir: Path | None, vocab: str | os.PathLike | None = None, model: Any = None,
+                         names: Callable[[int, str], str] = _config_names,
+                         folder_name: str = "training.xtts_dir") -> None:
     """ValueError (or FileNotFoundError) naming the entry and field of
     ``training.test_sentences`` that cannot be spoken, before any step. ``vocab``: the
     extended vocabulary of a new language (``training.vocab``), whose language counts too.
     ``model``: the run's ModelConfig, which must be the folder's GPT (each evaluation
-    exports the weights into a copy of the folder), when its config.json describes one."""
+    exports the weights into a copy of the folder), when its config.json describes one.
+    ``samples_dir``: where the clips go, checked writable (None: not checked). ``names``
+    (sentence index, field) and ``folder_name`` name what is refused (``synthesize``
+    names its own arguments)."""
     folder = Path(xtts_dir)
-    for name in ("config.json", "vocab.json", "model.pth"):
-        if not (folder / name).is_file():
-            raise FileNotFoundError(f"training.xtts_dir: expected a Coqui XTTS folder holding {name}, "
-                                    f"got {str(folder)!r} (it has no {name})")
+    _check_folder(folder, folder_name)
     try:
         doc = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         languages = doc["languages"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"training.xtts_dir: {folder / 'config.json'} names no languages ({exc})") from exc
+        raise ValueError(f"{folder_name}: {folder / 'config.json'} names no languages ({exc})") from exc
     if model is not None and isinstance(doc, dict) and isinstance(doc.get("model_args"), dict):
         _check_same_gpt(folder, model, vocab)
     tokenizer = _tokenizer(folder / "vocab.json" if vocab is None else Path(vocab))
     if tokenizer is not None:  # a new language's code, from the extended vocabulary
         languages = list(languages) + [c for c in tokenizer.added_languages if c not in languages]
     for i, s in enumerate(sentences):
-        where = f"training.test_sentences[{i}]"
         ref = Path(s["reference"])
         if not ref.is_file():
-            raise FileNotFoundError(f"{where}.reference: expected a recording of the voice to clone, got "
+            raise FileNotFoundError(f"{names(i, 'reference')}: expected a recording of the voice to clone, got "
                                     f"{str(ref)!r}, which is not a file")
-        _read_audio(ref, f"{where}.reference")
+        _read_audio(ref, names(i, "reference"))
         lang = s["language"]
         if lang not in languages and lang.split("-")[0] not in languages:
             close = [c for c in languages if c.lower() == lang.lower()] or difflib.get_close_matches(lang, languages, 1)
-            raise ValueError(f"{where}.language: expected one of the languages of {folder.name} "
+            raise ValueError(f"{names(i, 'language')}: expected one of the languages of {folder.name} "
                              f"({', '.join(languages)}), got {lang!r}"
                              + (f"; did you mean {close[0]!r}?" if close else ""))
         if tokenizer is not None:
             # Coqui lower-cases the sentence, then takes fewer tokens than the model's maximum
             n = len(tokenizer.encode(s["text"].strip().lower(), lang))
             if n >= max_text_tokens:
-                raise ValueError(f"{where}.text: expected fewer than {max_text_tokens} text tokens (the "
+                raise ValueError(f"{names(i, 'text')}: expected fewer than {max_text_tokens} text tokens (the "
                                  f"model's max_text_tokens), got {n} for {s['text']!r}; shorten it")
+    if samples_dir is None:
+        return
     try:
         samples_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=samples_dir):
@@ -133,12 +151,125 @@ def speak(export_dir: Path, sentences: list[dict], out_dir: Path, seed: int) -> 
                             str(out_dir.resolve())], capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
                            cwd=out_dir)
     except subprocess.TimeoutExpired as exc:
-        raise RuntimeError(f"speaking the test sentences took more than {CHILD_TIMEOUT_S} s") from exc
+        raise RuntimeError(f"speaking took more than {CHILD_TIMEOUT_S} s") from exc
     finally:
         spec.unlink(missing_ok=True)
     if r.returncode != 0:
-        raise RuntimeError(f"speaking the test sentences failed (exit {r.returncode}): {r.stderr[-2000:]}")
+        raise RuntimeError(f"speaking failed (exit {r.returncode}): {r.stderr[-2000:]}")
     return [out_dir / f"{i}.wav" for i in range(len(sentences))]
+
+
+def synthesize(texts: str | Sequence[str], out: str | os.PathLike, reference: str | os.PathLike,
+               language: str = "en", *, xtts_dir: str | os.PathLike | None = None, checkpoint: Any = None,
+               base: str | os.PathLike | None = None, vocab: str | os.PathLike | None = None, seed: int = 0,
+               overwrite: bool = False, progress: bool = False) -> list[Path]:
+    """Speaks ``texts`` in the voice of the ``reference`` recording with Coqui's XTTS
+    inference, in a child process as the test sentences are, and returns the files written:
+    ``out`` itself (a name ending in ``.wav``) for one text, else ``out/0.wav``, ``1.wav``,
+    ... (16-bit PCM at Coqui's output rate, sampling seeded with ``seed``).
+
+    The voice is ``xtts_dir``, a Coqui XTTS folder (the released one, or ``pyxtts export``'s
+    output), or ``checkpoint``, a pyxtts checkpoint (or an ``XTTSGPT``) exported first into
+    a copy of ``base``, the folder it was fine-tuned from (``vocab``: a new language's
+    vocabulary, as for ``export_xtts_checkpoint``). That export and the clips are written in a
+    scratch folder beside ``out`` and moved into place once all are spoken: a failure leaves
+    ``out`` as it was. Existing clips are replaced only with ``overwrite``. ``progress``: a
+    line says what speaks once the inputs are checked. Needs coqui-tts (``pip install
+    coqui-tts``, which brings torch)."""
+    texts = [texts] if isinstance(texts, str) else texts
+    if not isinstance(texts, (list, tuple)) or not texts or \
+            not all(isinstance(t, str) and t.strip() for t in texts):
+        raise TypeError(f"texts: expected a non-empty str or a non-empty list of them, got {texts!r}")
+    out = path_arg("out", out)
+    reference = path_arg("reference", reference)
+    if not isinstance(language, str) or not language.strip():
+        raise TypeError(f"language: expected a language code such as 'en', got {language!r}")
+    seed = integer("seed", seed, minimum=0)
+    overwrite = flag("overwrite", overwrite)
+    progress = flag("progress", progress)
+    if (xtts_dir is None) == (checkpoint is None):
+        raise ValueError("xtts_dir, checkpoint: expected exactly one voice to speak with, a Coqui XTTS folder "
+                         f"(xtts_dir) or a pyxtts checkpoint (checkpoint), got {'both' if xtts_dir else 'neither'}")
+    if checkpoint is not None and base is None:
+        raise ValueError("base: expected the Coqui XTTS folder the checkpoint was fine-tuned from (its export "
+                         "goes into a copy of it), got None")
+    folder = path_arg("xtts_dir", xtts_dir) if xtts_dir is not None else path_arg("base", base)
+    files = _targets(out, len(texts), overwrite)
+    if not coqui_installed():
+        raise ImportError("speaking needs coqui-tts, which runs XTTS's inference: pip install coqui-tts "
+                          "(it brings torch)")
+    from pyxtts.model import ModelConfig
+
+    def names(i: int, field: str) -> str:
+        return f"texts[{i}]" if field == "text" and len(texts) > 1 else "texts" if field == "text" else field
+
+    folder_name = "xtts_dir" if xtts_dir is not None else "base"
+    _check_folder(folder, folder_name)
+    try:
+        max_text = ModelConfig.from_xtts_config(folder / "config.json", vocab=vocab).max_text_tokens
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{folder_name}: {str(folder / 'config.json')!r} is not an XTTS config ({exc})") from None
+    sentences = [{"text": t, "language": language, "reference": str(reference)} for t in texts]
+    check_test_sentences(sentences, folder, max_text, None, vocab=vocab, names=names, folder_name=folder_name)
+    made = _make_folder(files[0].parent)
+    done = False
+    try:
+        scratch = Path(tempfile.mkdtemp(prefix=".pyxtts-speak-", dir=files[0].parent))
+        try:
+            if progress:
+                what = str(folder) if checkpoint is None else f"{checkpoint} exported into a scratch copy of {folder}"
+                print(f"speaking {len(texts)} text{'s' if len(texts) > 1 else ''} with {what}: Coqui's inference in "
+                      "a child process, loading the model first", flush=True)
+            voice = folder
+            if checkpoint is not None:
+                from pyxtts.coqui_checkpoint import export_xtts_checkpoint
+
+                voice = scratch / "xtts"
+                export_xtts_checkpoint(checkpoint, folder, voice, vocab=vocab)
+            spoken = speak(voice, sentences, scratch / "clips", seed)
+            for clip, target in zip(spoken, files):
+                os.replace(clip, target)
+            done = True
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    finally:
+        for f in made if not done else []:  # the folders made for the clips: gone again, as they were
+            try:
+                f.rmdir()
+            except OSError:
+                break
+    return files
+
+
+def _make_folder(folder: Path) -> list[Path]:
+    """Makes ``folder`` and its missing parents; returns those it made, deepest first.
+    ValueError naming ``out`` when it cannot."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"out: the folder {str(folder)!r} cannot be made ({exc.strerror or exc})") from None
+    return missing
+
+
+def _targets(out: Path, n: int, overwrite: bool) -> list[Path]:
+    """The files ``synthesize`` writes for ``n`` texts, refused when
+    one exists and ``overwrite`` is off."""
+    if out.suffix.lower() == ".wav":
+        if n != 1:
+            raise ValueError(f"out: expected a folder for {n} texts (it receives 0.wav, 1.wav, ...), got the file "
+                             f"name {str(out)!r}")
+        if out.is_dir():
+            raise ValueError(f"out: {str(out)!r} is a folder; name a .wav file, or a folder without .wav")
+        files = [out]
+    else:
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"out: expected a folder for the clips, got {str(out)!r}, which is a file")
+        files = [out / f"{i}.wav" for i in range(n)]
+    there = [str(f) for f in files if f.exists()]
+    if there and not overwrite:
+        raise FileExistsError(f"out: {there[0]!r} exists; overwrite=True replaces it")
+    return files
 
 
 def _read_audio(path: Path, where: str) -> tuple[np.ndarray, int]:
@@ -165,8 +296,14 @@ def _read_audio(path: Path, where: str) -> tuple[np.ndarray, int]:
 
 
 def write_wav(path: Path, samples: np.ndarray, rate: int) -> None:
-    """16-bit PCM WAV, clipped to [-1, 1]."""
-    pcm = (np.clip(np.asarray(samples, dtype=np.float32).reshape(-1), -1.0, 1.0) * 32767).astype("<i2")
+    """16-bit PCM WAV, clipped to [-1, 1]. ValueError for NaN or inf samples, which would
+    become silence (a cast of NaN to int16 gives 0) and hide a broken model."""
+    x = np.asarray(samples, dtype=np.float32).reshape(-1)
+    bad = int(np.count_nonzero(~np.isfinite(x)))
+    if bad:
+        raise ValueError(f"{bad} of {x.size} samples for {path.name} are NaN or inf: the model's weights (or the "
+                         "reference's voice) hold non-finite values, as a diverged run's do")
+    pcm = (np.clip(x, -1.0, 1.0) * 32767).astype("<i2")
     with wave.open(str(path), "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
@@ -207,7 +344,11 @@ def main(argv: list[str]) -> int:
         latents = model.get_gpt_cond_latents(audio, SAMPLE_RATE_IN, length=config.gpt_cond_len,
                                              chunk_length=config.gpt_cond_chunk_len)
         out = model.inference(s["text"], s["language"], latents, embedding)
-        write_wav(out_dir / f"{i}.wav", np.asarray(out["wav"]), int(config.audio.output_sample_rate))
+        try:
+            write_wav(out_dir / f"{i}.wav", np.asarray(out["wav"]), int(config.audio.output_sample_rate))
+        except ValueError as exc:
+            print(f"sentence {i}: {exc}", file=sys.stderr)  # the parent shows the child's last line
+            return 1
     return 0
 
 

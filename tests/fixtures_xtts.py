@@ -55,15 +55,19 @@ def write_vocab(path: Path, size: int) -> Path:
 
 def randomize(module: Any, seed: int) -> None:
     """Every floating-point parameter and buffer of ``module`` from N(0, 0.05²) (mel
-    statistics positive), drawn in state-dict order from ``seed``."""
+    statistics and variances positive), drawn in state-dict order from ``seed``; the
+    speaker encoder's spectrogram (its window, filterbank and pre-emphasis) is kept as
+    built: a random filterbank gives negative energies, whose log is NaN, and a NaN voice."""
     c = require_coqui()
     rng = np.random.default_rng(seed)
     with c.torch.no_grad():
         for name, t in module.state_dict(keep_vars=True).items():
             if t.dtype.is_floating_point:
-                v = rng.standard_normal(tuple(t.shape)) * 0.05
-                if name.endswith("mel_stats") or "mel_norms" in name:
-                    v = np.abs(v) + 0.5
+                v = rng.standard_normal(tuple(t.shape)) * 0.05  # drawn even where kept: the rest as before
+                if ".torch_spec." in name:
+                    continue
+                if name.endswith(("mel_stats", "running_var")) or "mel_norms" in name:
+                    v = np.abs(v) + 0.5  # statistics that are divided by or square-rooted
                 t.copy_(c.torch.from_numpy(v.astype(np.float32)))
 
 

@@ -1,0 +1,174 @@
+"""`pyxtts speak` and `pyxtts.speak.synthesize`: text spoken by an XTTS folder, or by a
+pyxtts checkpoint exported first into a scratch copy of its base, through Coqui's inference
+in a child process; every refusal names its flag and leaves --out as it was."""
+from __future__ import annotations
+
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pyxtts
+import pyxtts.cli
+import pyxtts.speak
+from coqui import require_coqui
+from conftest import SEED
+from fixtures_xtts import write_xtts_folder
+from pyxtts.speak import synthesize, write_wav
+
+pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    require_coqui()
+    return write_xtts_folder(tmp_path_factory.mktemp("xtts") / "XTTS-v2", SEED % 2**31, decoder_input_dim=64)
+
+
+@pytest.fixture
+def voice(tmp_path):
+    path = tmp_path / "me.wav"
+    write_wav(path, 0.1 * np.random.default_rng(SEED).standard_normal(3 * 22050).astype(np.float32), 22050)
+    return path
+
+
+def listing(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else b"" for p in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.slow
+def test_an_xtts_folder_speaks_into_a_wav_file(base, voice, tmp_path, capsys):
+    out = tmp_path / "clips" / "hello.wav"  # its folder is made
+    rc = pyxtts.cli.main(["speak", "--xtts-dir", str(base), "--text", "hello there", "--reference", str(voice),
+                          "--out", str(out)])
+    text = capsys.readouterr()
+    assert rc == 0, text.err
+    with wave.open(str(out)) as w:
+        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (24000, 1, 2)
+        pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+        assert f"written: {out} ({w.getnframes() / 24000:.1f} s at 24000 Hz)" in text.out
+    assert pcm.size > 0 and np.count_nonzero(pcm) > pcm.size // 2  # sound, not the silence NaN would give
+    assert [p.name for p in out.parent.iterdir()] == ["hello.wav"]  # no scratch left
+
+
+def test_a_checkpoint_is_exported_into_a_scratch_copy_of_its_base_and_spoken(base, voice, tmp_path, capsys,
+                                                                               monkeypatch):
+    """--checkpoint best of a run: the child is given an export of that checkpoint (its
+    model.pth holds the checkpoint's GPT), the clips land in --out, and the scratch goes."""
+    c = require_coqui()
+    cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
+    best = pyxtts.XTTSGPT(cfg, seed=3)
+    run = tmp_path / "run"
+    pyxtts.save_checkpoint(run / "best.safetensors", best, step=4)
+    pyxtts.save_checkpoint(run / "step_00000008.safetensors", pyxtts.XTTSGPT(cfg, seed=5), step=8)
+    seen = {}
+
+    def child(export_dir, sentences, out_dir, seed):
+        state = c.torch.load(export_dir / "model.pth", map_location="cpu", weights_only=False)["model"]
+        seen.update(head=state["gpt.mel_head.weight"].numpy().copy(), sentences=sentences, seed=seed)
+        out_dir.mkdir(parents=True)
+        for i, s in enumerate(sentences):
+            write_wav(out_dir / f"{i}.wav", np.full(240, 0.01 * (i + 1), np.float32), 24000)
+        return [out_dir / f"{i}.wav" for i in range(len(sentences))]
+
+    monkeypatch.setattr(pyxtts.speak, "speak", child)
+    out = tmp_path / "clips"
+    rc = pyxtts.cli.main(["speak", "--checkpoint", "best", "--checkpoint-dir", str(run), "--base", str(base),
+                          "--text", "hello there", "--text", "guten tag", "--language", "de", "--reference",
+                          str(voice), "--out", str(out), "--seed", "7"])
+    text = capsys.readouterr()
+    assert rc == 0, text.err
+    assert f"--checkpoint best: {run / 'best.safetensors'}, step 4" in text.out
+    assert seen["head"].tobytes() == best.state_dict()["mel_head.weight"].tobytes()
+    assert [s["text"] for s in seen["sentences"]] == ["hello there", "guten tag"] and seen["seed"] == 7
+    assert {s["language"] for s in seen["sentences"]} == {"de"}
+    assert sorted(p.name for p in out.iterdir()) == ["0.wav", "1.wav"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clips", "me.wav", "run"]  # the export is gone
+
+
+def refusal_cases(tmp_path: Path, base: Path, voice: Path) -> list[tuple[list[str], str]]:
+    xtts = ["--xtts-dir", str(base)]
+    one = ["--text", "hello", "--reference", str(voice)]
+    return [
+        ([*xtts, *one, "--out", str(tmp_path / "old.wav")], "--out: "),  # exists: needs --overwrite
+        ([*xtts, "--text", "a b", "--text", "c d", "--reference", str(voice), "--out", str(tmp_path / "n/two.wav")],
+         "--out: expected a folder for 2 texts"),
+        ([*xtts, "--text", "hello", "--reference", str(tmp_path / "nope.wav"), "--out", str(tmp_path / "n/a.wav")],
+         "--reference: expected a recording of the voice to clone"),
+        ([*xtts, *one, "--language", "EN", "--out", str(tmp_path / "n/a.wav")], "did you mean 'en'?"),
+        (["--xtts-dir", str(base) + "x", *one, "--out", str(tmp_path / "n/a.wav")],
+         "--xtts-dir: expected a Coqui XTTS folder holding config.json"),
+        ([*xtts, "--text", "hi", "--text", "hello " * 40, "--reference", str(voice), "--out", str(tmp_path / "n/d")],
+         "--text #2: expected fewer than"),
+        ([*xtts, "--base", str(base), *one, "--out", str(tmp_path / "n/a.wav")], "--base: only used with --checkpoint"),
+        (["--checkpoint", str(tmp_path / "c.safetensors"), *one, "--out", str(tmp_path / "n/a.wav")],
+         "--base: expected the Coqui XTTS folder"),
+        ([*xtts, *one, "--seed", "-1", "--out", str(tmp_path / "n/a.wav")], "--seed: expected an int >= 0"),
+        ([*xtts, *one, "--out", str(tmp_path / "old.wav" / "x")], "--out: the folder"),
+        (["--checkpoint", "best", "--checkpoint-dir", str(tmp_path / "norun"), "--base", str(base), *one,
+          "--out", str(tmp_path / "n/a.wav")], "--checkpoint best: no run in"),
+    ]
+
+
+def test_refusals_name_the_flag_and_change_nothing(base, voice, tmp_path, capsys):
+    (tmp_path / "old.wav").write_bytes(b"an earlier clip")
+    before = listing(tmp_path)
+    for argv, said in refusal_cases(tmp_path, base, voice):
+        rc = pyxtts.cli.main(["speak", *argv])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith("pyxtts speak: ") and said in err, (argv, err)
+        assert len(err.strip().splitlines()) == 1, err
+        assert listing(tmp_path) == before, argv  # no folder made, nothing replaced
+
+
+def test_a_failing_child_leaves_out_as_it_was(base, voice, tmp_path, capsys, monkeypatch):
+    """The child's last line is said; the folders made for the clips and the scratch go."""
+    def child(export_dir, sentences, out_dir, seed):
+        out_dir.mkdir(parents=True)
+        write_wav(out_dir / "0.wav", np.zeros(10, np.float32), 24000)
+        raise RuntimeError("speaking failed (exit 1): UserWarning: a warning of Coqui's\n"
+                           "sentence 1: 9 of 9 samples for 1.wav are NaN or inf: ...")
+
+    monkeypatch.setattr(pyxtts.speak, "speak", child)
+    before = listing(tmp_path)
+    rc = pyxtts.cli.main(["speak", "--xtts-dir", str(base), "--text", "a", "--text", "b", "--reference", str(voice),
+                          "--out", str(tmp_path / "new" / "deeper")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == "pyxtts speak: speaking failed (exit 1): sentence 1: 9 of 9 samples for 1.wav are " \
+                              "NaN or inf: ...\n"
+    assert listing(tmp_path) == before
+
+
+def test_without_coqui_the_install_is_named(base, voice, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(pyxtts.speak, "coqui_installed", lambda: False)
+    rc = pyxtts.cli.main(["speak", "--xtts-dir", str(base), "--text", "a", "--reference", str(voice),
+                          "--out", str(tmp_path / "a.wav")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "pip install coqui-tts" in err and not (tmp_path / "a.wav").exists()
+
+
+@pytest.mark.parametrize("kwargs, kind, said", [
+    ({"texts": []}, TypeError, "texts: expected a non-empty str"),
+    ({"texts": ["a", 3]}, TypeError, "texts: expected a non-empty str"),
+    ({"texts": "  "}, TypeError, "texts: expected a non-empty str"),
+    ({"language": None}, TypeError, "language: expected a language code"),
+    ({"overwrite": "yes"}, TypeError, "overwrite: expected a bool"),
+    ({"out": None}, TypeError, "out: "),
+    ({"xtts_dir": None}, ValueError, "got neither"),
+    ({"checkpoint": "c.safetensors", "base": "b"}, ValueError, "got both"),
+])
+def test_synthesize_checks_its_arguments(voice, tmp_path, kwargs, kind, said):
+    args = {"texts": "hello", "out": tmp_path / "a.wav", "reference": voice, "xtts_dir": tmp_path / "x", **kwargs}
+    with pytest.raises(kind, match=said):
+        synthesize(**args)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["me.wav"]
+
+
+def test_write_wav_refuses_non_finite_samples(tmp_path):
+    """A NaN cast to int16 is 0: a broken model's clip would be silence, said as nothing."""
+    x = np.full(100, 0.5, np.float32)
+    x[[3, 50]] = [np.nan, np.inf]
+    with pytest.raises(ValueError, match="2 of 100 samples for a.wav are NaN or inf"):
+        write_wav(tmp_path / "a.wav", x, 24000)
+    assert not (tmp_path / "a.wav").exists()
