@@ -517,7 +517,8 @@ def _prepare(args: argparse.Namespace) -> int:
                          max_wav_samples=args.max_wav_samples, min_seconds=args.min_seconds,
                          max_text_tokens=args.max_text_tokens, progress=not args.no_progress,
                          new_language=args.new_language,
-                         new_tokens=DEFAULT_NEW_TOKENS if args.new_tokens is None else args.new_tokens)
+                         new_tokens=DEFAULT_NEW_TOKENS if args.new_tokens is None else args.new_tokens,
+                         vocab=args.vocab)
     except KeyboardInterrupt:
         print("pyxtts prepare: interrupted; finished shards are kept, the same command resumes", file=sys.stderr)
         return 130
@@ -715,6 +716,9 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--new-tokens", type=int, default=None,
                     help="with --new-language: tokens to add, its characters included (default 2000; "
                          "docs/new-language.md says how to choose)")
+    pr.add_argument("--vocab", default=None, metavar="VOCAB_JSON",
+                    help="a language already taught: the extended vocab.json of its earlier prepare --new-language "
+                         "(or of an export), used as it is so the ids are the ones the model learnt")
     pr.set_defaults(func=_prepare)
     ex = sub.add_parser("export", help="write a fine-tuned GPT into a Coqui XTTS checkpoint folder")
     ex.add_argument("--checkpoint", required=True,

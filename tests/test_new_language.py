@@ -445,6 +445,59 @@ def test_prepare_refusals_write_nothing(corpus, tmp_path, capsys, argv, match):
     assert not out.exists()
 
 
+def test_prepare_reuses_a_taught_languages_vocabulary(corpus, tmp_path, capsys):
+    """More recordings of a language already taught: `prepare --vocab` tokenizes with the
+    vocabulary the model learnt (an earlier --new-language output's), so the same text gets
+    the same ids, and the trainer sees the same vocabulary as the first run's."""
+    root, meta = corpus
+    first, more = tmp_path / "first", tmp_path / "more"
+    common = ["--xtts-dir", str(root / "xtts"), "--metadata", str(meta), "--language", "vi"]
+    assert prepare_cli(*common, "--new-language", "--new-tokens", "150", "--out", str(first)) == 0
+    capsys.readouterr()
+    argv = [*common, "--vocab", str(first / "vocab.json"), "--out", str(more)]
+    assert prepare_cli(*argv) == 0
+    printed = capsys.readouterr().out
+    assert f"vocabulary: {first / 'vocab.json'} (" in printed and "adding [vi] to XTTS v2's" in printed
+    doc = read_vocab_doc(first / "vocab.json")
+    assert vocab_sha256(read_vocab_doc(more / "vocab.json")) == vocab_sha256(doc)
+    assert json.loads((more / "prepare.json").read_text())["settings"]["vocab_sha256"] == vocab_sha256(doc)
+    summary = json.loads((more / "summary.json").read_text())
+    assert summary["vocab"]["languages"] == ["vi"] and summary["vocab"]["digits"] == []
+    a, b = pyxtts.TTSDataset.load(str(first / "train")), pyxtts.TTSDataset.load(str(more / "train"))
+    assert len(a) == len(b) == len(SENTENCES_VI)
+    for x, y in zip(a, b):
+        assert x.text.tobytes() == y.text.tobytes() and x.audio.tobytes() == y.audio.tobytes()
+    assert pyxtts.cli._data_vocab(str(more))[0] == pyxtts.cli._data_vocab(str(first))[0]
+    assert prepare_cli(*argv) == 0  # the same command resumes
+    assert "kept from an earlier run" in capsys.readouterr().out
+
+
+def test_prepare_vocab_refusals_write_nothing(corpus, tmp_path, capsys):
+    root, meta = corpus
+    other = tmp_path / "moved.json"
+    doc = read_vocab_doc(root / "xtts" / "vocab.json")
+    vocab = doc["model"]["vocab"]
+    first, second = sorted(vocab, key=vocab.get)[100:102]  # past the special tokens (also in added_tokens)
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    other.write_text(json.dumps(doc), encoding="utf-8")
+    common = ["--xtts-dir", str(root / "xtts"), "--metadata", str(meta), "--language", "vi"]
+    out = tmp_path / "out"
+    for argv, said in [
+        (["--vocab", str(root / "xtts" / "vocab.json")], "--vocab: "),  # adds no language
+        (["--vocab", str(other)], "--vocab: does not extend the base vocabulary"),
+        (["--vocab", str(tmp_path / "nope.json")], "--vocab: "),
+        (["--vocab", str(other), "--new-language"], "--vocab: "),
+    ]:
+        assert prepare_cli(*common, *argv, "--out", str(out)) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("pyxtts prepare: ") and said in err, (argv, err)
+        assert not out.exists()
+    assert prepare_cli(*common, "--vocab", str(root / "xtts" / "vocab.json"), "--out", str(out)) == 2
+    assert "adds no language" in capsys.readouterr().err
+    assert prepare_cli(*common, "--vocab", str(other), "--new-language", "--out", str(out)) == 2
+    assert "--new-language learns a new one" in capsys.readouterr().err
+
+
 def test_prepare_refuses_one_clip(corpus, tmp_path, capsys):
     root, meta = corpus
     one = tmp_path / "one.csv"

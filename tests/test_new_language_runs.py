@@ -192,3 +192,27 @@ def test_resume_without_init_names_the_folder_the_run_started_from(walk, capsys)
             f"tokens, a new language's), but the model has 6681 text rows; the run in {walk.run} started from "
             f"{walk.xtts}: add --init {walk.xtts} to continue it\n") in err
     assert files(walk.run) == before
+
+
+def test_more_recordings_of_the_taught_language_continue_from_its_export(walk, tmp_path, capsys):
+    """More Vietnamese for a model already taught it could not be prepared: prepare refused
+    'vi' without --new-language, and --new-language learnt another vocabulary. `prepare
+    --vocab` takes the export's vocab.json; the export then trains on it with nothing to
+    grow, and exports again with that vocabulary."""
+    more = tmp_path / "more"
+    meta = make_corpus(tmp_path / "corpus", SENTENCES_VI[:6], "vi")
+    capsys.readouterr()
+    assert cli("prepare", "--xtts-dir", walk.xtts, "--metadata", meta, "--language", "vi", "--vocab",
+               walk.voice / "vocab.json", "--out", more, "--no-progress") == 0
+    assert digest(more / "vocab.json") == digest(walk.shards / "vocab.json")
+    run = tmp_path / "run"
+    assert cli("train", "--config", walk.cfg, "--init", walk.voice, "--data", more, "--checkpoint-dir", run,
+               "--max-steps", "1", "--no-progress") == 0
+    assert "nothing to grow" in capsys.readouterr().err
+    assert cli("export", "--checkpoint", run / "step_00000001.safetensors", "--base", walk.xtts, "--out",
+               tmp_path / "o", "--vocab", more / "vocab.json") == 0
+    ref = tmp_path / "ref.wav"
+    sf.write(str(ref), sf.read(str(walk.wavs[0]))[0], sf.info(str(walk.wavs[0])).samplerate)
+    assert cli("speak", "--xtts-dir", tmp_path / "o", "--language", "vi", "--text", SENTENCES_VI[0], "--reference",
+               ref, "--out", tmp_path / "minh.wav") == 0, capsys.readouterr().err
+    assert sf.info(str(tmp_path / "minh.wav")).frames > 0

@@ -14,7 +14,8 @@ Output folder::
     OUT/report.tsv            every sample: kept, or the reason it was dropped
     OUT/summary.json          counts, hours, tokens per second of speech, throughput
     OUT/vocab.json            with --new-language: XTTS v2's vocabulary extended by the
-                              language's tokens (``pyxtts.prepare.vocab``); the ids are its
+                              language's tokens (``pyxtts.prepare.vocab``); the ids are its;
+                              with --vocab, a copy of that extended vocabulary
 
 A split that loses samples is said in the summary (``summary["warnings"]``): an evaluation
 split that lost any, and a split left empty.
@@ -45,7 +46,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from pyxtts._args import flag, integer, real
+from pyxtts._args import flag, integer, path_arg, real
 from pyxtts._words import counted, setting_changes
 from pyxtts.data import shard_arrays
 from pyxtts.prepare.assets import XTTSAssets
@@ -54,7 +55,7 @@ from pyxtts.prepare.cleaners import clean_new_language, clean_text, has_digits, 
 from pyxtts.prepare.sources import Item, audio_folder, read_metadata
 from pyxtts.prepare.text import XTTSTokenizer
 from pyxtts.prepare.vocab import (DEFAULT_NEW_TOKENS, MAX_NEW_TOKENS, check_new_language, extend_vocab,
-                                  read_vocab_doc, vocab_sha256)
+                                  read_vocab_doc, vocab_extension, vocab_sha256)
 
 __all__ = ["MAX_WAV_SAMPLES", "MIN_SECONDS", "REASONS", "PrepareResult", "prepare"]
 
@@ -137,6 +138,15 @@ class PrepareResult:
                 lines.append(f"  {len(new['digits'])} kept sample(s) still hold digits, which num2words cannot spell in "
                              f"{new['language']!r} (listed in {self.report.name}; write them out as words): "
                              + ", ".join(new["digits"][:5]) + (", ..." if len(new["digits"]) > 5 else ""))
+        reused = s.get("vocab")
+        if reused:
+            lines.append(f"  vocabulary: {reused['from']} ({reused['size']} tokens, adding "
+                         f"{', '.join('[' + c + ']' for c in reused['languages'])} to XTTS v2's), copied to "
+                         f"{self.out / 'vocab.json'}")
+            if reused["digits"]:
+                lines.append(f"  {len(reused['digits'])} kept sample(s) still hold digits, which num2words cannot "
+                             f"spell (listed in {self.report.name}; write them out as words): "
+                             + ", ".join(reused["digits"][:5]) + (", ..." if len(reused["digits"]) > 5 else ""))
         lines += [f"  warning: {w}" for w in s.get("warnings", [])]
         if s["kept"]:
             lines.append(f"  {s['text_tokens_per_second']:.2f} text tokens and {s['audio_codes_per_second']:.2f} "
@@ -463,7 +473,8 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
             workers: int = 1, samples_per_shard: int = 256, seed: int = 0, overwrite: bool = False,
             max_wav_samples: int = MAX_WAV_SAMPLES, min_seconds: float = MIN_SECONDS,
             max_text_tokens: int | None = None, metadata_format: str | None = None,
-            progress: bool = True, new_language: bool = False, new_tokens: int = DEFAULT_NEW_TOKENS) -> PrepareResult:
+            progress: bool = True, new_language: bool = False, new_tokens: int = DEFAULT_NEW_TOKENS,
+            vocab: str | os.PathLike | None = None) -> PrepareResult:
     """Turns a transcript file and its recordings into training shards for XTTS v2.
 
     ``xtts_dir``: the XTTS v2 checkpoint folder (``config.json``, ``vocab.json``, ``dvae.pth``,
@@ -481,6 +492,9 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
     extend the vocabulary (``OUT/vocab.json``, ``pyxtts.prepare.vocab``): the characters of
     both splits' transcripts, then merges learnt from the training split's alone. The ids
     are that vocabulary's.
+    ``vocab``: such an extended vocabulary (an earlier ``OUT/vocab.json``, or the
+    ``vocab.json`` of an export that speaks the language), used as it is: more recordings of
+    a language already taught get the ids the model learnt. Copied to ``OUT/vocab.json``.
     """
     # as plain ints and floats: they go into the output's settings file (JSON)
     eval_fraction = real("eval_fraction", eval_fraction, minimum=0.0, maximum=1.0, below=True)
@@ -493,13 +507,18 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
         max_text_tokens = integer("max_text_tokens", max_text_tokens, minimum=1)
     overwrite = flag("overwrite", overwrite)
     new_language = flag("new_language", new_language)
+    if new_language and vocab is not None:
+        raise ValueError(f"vocab: {str(vocab)!r} is a vocabulary to reuse, and new_language=True learns a new one; "
+                         "pass one of them (vocab for more recordings of a language already taught)")
     new_code = check_new_language(language) if new_language else None
     if new_language:
         new_tokens = integer("new_tokens", new_tokens, minimum=1, maximum=MAX_NEW_TOKENS)
     start = time.perf_counter()
     folder = XTTSAssets.check_folder(xtts_dir)
     assets = XTTSAssets.load(folder)
-    items = read_metadata(metadata, audio_dir, language, metadata_format, () if new_code is None else (new_code,))
+    reused = None if vocab is None else _reused_vocab(path_arg("vocab", vocab), folder)
+    added = (new_code,) if new_code is not None else reused[2] if reused is not None else ()
+    items = read_metadata(metadata, audio_dir, language, metadata_format, added)
     audio_base = audio_folder(metadata, audio_dir, metadata_format)
     for lang in sorted({it.language for it in items} - {new_code}):  # a missing package fails now, not per sample
         try:
@@ -525,6 +544,9 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
                                       held_out=_new_language_texts(eval_items, new_code))
         settings["new_language"] = {"language": new_code, "new_tokens": new_tokens,
                                     "vocab_sha256": vocab_sha256(vocab_doc)}
+    elif reused is not None:
+        vocab_doc = reused[0]
+        settings["vocab_sha256"] = vocab_sha256(vocab_doc)
 
     out = Path(out)
     manifest = out / "prepare.json"
@@ -615,18 +637,39 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
 
     now = {(sh.split, sh.index) for sh in todo}
     result = _finish(out, shards, rows, now, len(items), workers, time.perf_counter() - start, audio_base)
+    if reused is not None:
+        result.summary["vocab"] = {"from": str(vocab), "vocab": str(vocab_path), "size": reused[1].size,
+                                   "languages": list(reused[2]), "vocab_sha256": vocab_sha256(vocab_doc),
+                                   "digits": _digit_keys(shards, rows)}
+        _write_json(out / "summary.json", result.summary)
     if vocab_path is not None and new_code is not None:
         new = {"language": new_code, "base_size": ext.base_size, "size": ext.size,
                "added_tokens": len(ext.added) - 1, "characters": ext.characters, "requested_tokens": new_tokens,
                "vocab": str(vocab_path), "vocab_sha256": vocab_sha256(vocab_doc),
-               "digits": [r["key"] for sh in shards for r in rows[(sh.split, sh.index)]
-                          if r["status"] == "kept" and r.get("digits")]}
+               "digits": _digit_keys(shards, rows)}
         held = _new_language_texts(eval_items, new_code)
         if held:
             new.update(_held_out_figures(assets.tokenizer, XTTSTokenizer(vocab_path), held))
         result.summary["new_language"] = new
         _write_json(out / "summary.json", result.summary)
     return result
+
+
+def _digit_keys(shards: list[_Shard], rows: dict[tuple[str, int], list[dict]]) -> list[str]:
+    """The kept samples of an added language whose text still holds digits."""
+    return [r["key"] for sh in shards for r in rows[(sh.split, sh.index)] if r["status"] == "kept" and r.get("digits")]
+
+
+def _reused_vocab(path: Path, folder: Path) -> tuple[dict, Any, tuple[str, ...]]:
+    """(document, its VocabExtension, the languages it adds) of ``prepare(vocab=)``: an
+    extension of the XTTS folder's vocabulary that adds a language (ValueError otherwise)."""
+    doc = read_vocab_doc(path)
+    ext = vocab_extension(read_vocab_doc(folder / "vocab.json"), doc, where="vocab")
+    languages = XTTSTokenizer(path).added_languages
+    if not languages:
+        raise ValueError(f"vocab: {str(path)!r} adds no language to {folder / 'vocab.json'} (its languages are XTTS "
+                         "v2's own); drop vocab to prepare with the XTTS folder's vocabulary")
+    return doc, ext, languages
 
 
 def _finish(out: Path, shards: list[_Shard], rows: dict[tuple[str, int], list[dict]], now: set[tuple[str, int]],

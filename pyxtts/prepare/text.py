@@ -22,7 +22,8 @@ def normalize_language(language: str, added: Iterable[str] = ()) -> str:
     if lang not in LANGUAGES and lang not in added:
         known = ", ".join((*LANGUAGES, *added))
         raise ValueError(f"language: expected one of {known} (a region suffix such as '-US' is ignored; "
-                         f"`pyxtts prepare --new-language` teaches XTTS v2 another), got {language!r}")
+                         f"`pyxtts prepare --new-language` teaches XTTS v2 another, and `--vocab` reuses the vocabulary of "
+                         f"one taught before), got {language!r}")
     return lang
 
 
