@@ -108,7 +108,8 @@ def test_notebook_runs_the_xtts_workflow_from_recordings(tmp_path, monkeypatch):
     """The real workflow: with XTTS_DIR (a small released-style folder) and METADATA (espeak
     recordings in the LJSpeech layout) the notebook prepares the data, plans, finds the
     batch, fine-tunes from the folder's weights (the conditioning path trained from each
-    step's reference slice) and exports the folder Coqui loads."""
+    step's reference slice), exports the folder Coqui loads, and, given REFERENCE, has it
+    speak."""
     fx = pytest.importorskip("fixtures_prepare")
     if fx.ESPEAK is None:
         pytest.skip("espeak-ng is not installed")
@@ -121,8 +122,9 @@ def test_notebook_runs_the_xtts_workflow_from_recordings(tmp_path, monkeypatch):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     cells = [c for c in nb.cells if c.cell_type == "code"]
     config_cell = cells[1]
+    voice = sorted((tmp_path / "corpus" / "wavs").glob("*.wav"))[0]
     for old, new in (("XTTS_DIR = None ", f"XTTS_DIR = {str(xtts)!r} "), ("METADATA = None ", f"METADATA = {str(meta)!r} "),
-                     ("MAX_STEPS = 300 ", "MAX_STEPS = 3 ")):
+                     ("MAX_STEPS = 300 ", "MAX_STEPS = 3 "), ("REFERENCE = None ", f"REFERENCE = {str(voice)!r} ")):
         assert old in config_cell.source, old
         config_cell.source = config_cell.source.replace(old, new, 1)
     # the batch search at its cap of 256 takes minutes on a CPU at these sequence lengths
@@ -138,6 +140,11 @@ def test_notebook_runs_the_xtts_workflow_from_recordings(tmp_path, monkeypatch):
     assert "exported" in text
     exported = tmp_path / "runs" / "notebook" / "run_001" / "xtts_finetuned"
     assert (exported / "model.pth").is_file() and (exported / "vocab.json").is_file()
+    # the export spoke SENTENCE in the reference's voice, played in the cell
+    spoken = tmp_path / "runs" / "notebook" / "run_001" / "spoken.wav"
+    assert "spoken: runs/notebook/run_001/spoken.wav" in text and spoken.stat().st_size > 44
+    last = [c for c in nb.cells if c.cell_type == "code"][-1]
+    assert any("data" in o and "<audio" in o.data.get("text/html", "") for o in last.outputs)
     # the run trained the conditioning path from the recordings' slices
     log = (tmp_path / "runs" / "notebook" / "run_001" / "train_log.jsonl").read_text().splitlines()
     assert sum('"type": "train"' in line for line in log) == 3
@@ -165,7 +172,7 @@ def test_the_samples_cell_plays_the_latest_step(tmp_path, monkeypatch):
     """<run>/samples/step_<N>/*.wav of the largest N that has any, with IPython's Audio; a
     run without samples gets one line saying so (the end-to-end test sees that line)."""
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    (cell,) = [c for c in nb.cells if c.cell_type == "code" and "display(Audio(" in c.source]
+    (cell,) = [c for c in nb.cells if c.cell_type == "code" and "(RUN_DIR / \"samples\")" in c.source]
     run = tmp_path / "run_007"
     for step, names in ((100, ["a.wav"]), (1000, ["a.wav", "b.wav"]), (2000, [])):  # 2000: none yet
         (run / "samples" / f"step_{step:08d}").mkdir(parents=True)
