@@ -188,8 +188,9 @@ def synthesize(texts: str | Sequence[str], out: str | os.PathLike, reference: st
     overwrite = flag("overwrite", overwrite)
     progress = flag("progress", progress)
     if (xtts_dir is None) == (checkpoint is None):
+        given = "both" if xtts_dir is not None else "neither"
         raise ValueError("xtts_dir, checkpoint: expected exactly one voice to speak with, a Coqui XTTS folder "
-                         f"(xtts_dir) or a pyxtts checkpoint (checkpoint), got {'both' if xtts_dir is not None else 'neither'}")
+                         f"(xtts_dir) or a pyxtts checkpoint (checkpoint), got {given}")
     if checkpoint is not None and base is None:
         raise ValueError("base: expected the Coqui XTTS folder the checkpoint was fine-tuned from (its export "
                          "goes into a copy of it), got None")
