@@ -516,3 +516,43 @@ def test_readme_is_a_front_page_with_the_ci_test_command():
     linked |= set(re.findall(r"\]\(([a-z-]+\.md)", (REPO / "docs" / "README.md").read_text()))
     pages = {p.name for p in (REPO / "docs").glob("*.md")} - {"README.md"}
     assert pages <= linked, pages - linked
+
+
+def shown_commands(text: str) -> list[tuple[str, str]]:
+    """(command, its arguments) of every `pyxtts COMMAND ...` a page shows: inline code and
+    the lines of its code blocks (continuations joined, comments dropped)."""
+    import re
+
+    shown = re.findall(r"`pyxtts ([a-z][a-z-]*)([^`]*)`", text)
+    for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            for part in line.split("#")[0].split("&&"):
+                shown += re.findall(r"pyxtts ([a-z][a-z-]*)(.*)", part)
+    return shown
+
+
+def test_the_docs_show_the_flags_each_command_has(capsys):
+    """cli.md's lines for memtest and export left out --vocab, --checkpoint-dir and --config,
+    which the commands take and the text below them describes. Each command's line in
+    cli.md lists every flag it has, and every `pyxtts COMMAND --flag` of the README and
+    docs/ is one COMMAND has."""
+    import re
+
+    import pyxtts.cli
+
+    with pytest.raises(SystemExit):
+        pyxtts.cli.main(["--version"])  # builds the parsers, then prints the version
+    capsys.readouterr()
+    flags = {cmd: set(by_dest.values()) - {"--help"} for cmd, by_dest in pyxtts.cli.CLI_FLAGS.items()}
+    assert {"train", "prepare", "export", "memtest", "optimize-config", "gpu-info"} <= set(flags)
+    cli = (REPO / "docs" / "cli.md").read_text()
+    for cmd, have in flags.items():
+        line = re.search(rf"^- `pyxtts {cmd}( [^`]*)?`", cli, flags=re.M)
+        assert line, f"cli.md has no line for pyxtts {cmd}"
+        listed = set(re.findall(r"--[a-z][a-z-]*", line.group(1) or ""))
+        assert listed == have, (cmd, "not listed:", have - listed, "no such flag:", listed - have)
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for cmd, args in shown_commands(page.read_text()):
+            if cmd in flags:
+                unknown = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", args)) - flags[cmd] - {"--help"}
+                assert not unknown, (page.name, f"pyxtts {cmd}", unknown)
