@@ -556,3 +556,16 @@ def test_the_docs_show_the_flags_each_command_has(capsys):
             if cmd in flags:
                 unknown = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", args)) - flags[cmd] - {"--help"}
                 assert not unknown, (page.name, f"pyxtts {cmd}", unknown)
+
+
+def test_install_md_names_every_extra():
+    """install.md's list of extras left out tensorboard and distributed."""
+    import re
+
+    project = (REPO / "pyproject.toml").read_text()
+    section = project[project.index("[project.optional-dependencies]"):]
+    section = section[:section.index("\n[", 1)]
+    extras = set(re.findall(r"^([a-z]+) = \[", section, flags=re.M))
+    assert {"prepare", "test", "distributed"} <= extras
+    listed = set(re.findall(r"`'\.\[([a-z]+)\]'`", (REPO / "docs" / "install.md").read_text()))
+    assert listed == extras, (extras - listed, listed - extras)
