@@ -569,3 +569,18 @@ def test_install_md_names_every_extra():
     assert {"prepare", "test", "distributed"} <= extras
     listed = set(re.findall(r"`'\.\[([a-z]+)\]'`", (REPO / "docs" / "install.md").read_text()))
     assert listed == extras, (extras - listed, listed - extras)
+
+
+def test_the_docs_download_xtts_v2_with_a_command_huggingface_hub_has():
+    """The README, coqui.md and the notebook said `huggingface-cli download`, which
+    huggingface_hub deprecated for `hf` and no longer ships since 1.0: a new user's
+    download failed. They say `hf download ... --local-dir`, which the CLI has."""
+    import re
+
+    pytest.importorskip("huggingface_hub")
+    for path in (REPO / "README.md", REPO / "docs" / "coqui.md", REPO / "notebooks" / "MyXTTSTrain.ipynb"):
+        text = path.read_text()
+        assert "huggingface-cli" not in text, path.name
+        assert re.search(r"hf download coqui/XTTS-v2 --local-dir XTTS-v2\b", text), path.name
+    r = run_python("import sys\nfrom huggingface_hub.cli.hf import main\nsys.argv = ['hf', 'download', '--help']\nmain()")
+    assert r.returncode == 0 and "--local-dir" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
