@@ -516,3 +516,71 @@ def test_readme_is_a_front_page_with_the_ci_test_command():
     linked |= set(re.findall(r"\]\(([a-z-]+\.md)", (REPO / "docs" / "README.md").read_text()))
     pages = {p.name for p in (REPO / "docs").glob("*.md")} - {"README.md"}
     assert pages <= linked, pages - linked
+
+
+def shown_commands(text: str) -> list[tuple[str, str]]:
+    """(command, its arguments) of every `pyxtts COMMAND ...` a page shows: inline code and
+    the lines of its code blocks (continuations joined, comments dropped)."""
+    import re
+
+    shown = re.findall(r"`pyxtts ([a-z][a-z-]*)([^`]*)`", text)
+    for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            for part in line.split("#")[0].split("&&"):
+                shown += re.findall(r"pyxtts ([a-z][a-z-]*)(.*)", part)
+    return shown
+
+
+def test_the_docs_show_the_flags_each_command_has(capsys):
+    """cli.md's lines for memtest and export left out --vocab, --checkpoint-dir and --config,
+    which the commands take and the text below them describes. Each command's line in
+    cli.md lists every flag it has, and every `pyxtts COMMAND --flag` of the README and
+    docs/ is one COMMAND has."""
+    import re
+
+    import pyxtts.cli
+
+    with pytest.raises(SystemExit):
+        pyxtts.cli.main(["--version"])  # builds the parsers, then prints the version
+    capsys.readouterr()
+    flags = {cmd: set(by_dest.values()) - {"--help"} for cmd, by_dest in pyxtts.cli.CLI_FLAGS.items()}
+    assert {"train", "prepare", "export", "memtest", "optimize-config", "gpu-info"} <= set(flags)
+    cli = (REPO / "docs" / "cli.md").read_text()
+    for cmd, have in flags.items():
+        line = re.search(rf"^- `pyxtts {cmd}( [^`]*)?`", cli, flags=re.M)
+        assert line, f"cli.md has no line for pyxtts {cmd}"
+        listed = set(re.findall(r"--[a-z][a-z-]*", line.group(1) or ""))
+        assert listed == have, (cmd, "not listed:", have - listed, "no such flag:", listed - have)
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for cmd, args in shown_commands(page.read_text()):
+            if cmd in flags:
+                unknown = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", args)) - flags[cmd] - {"--help"}
+                assert not unknown, (page.name, f"pyxtts {cmd}", unknown)
+
+
+def test_install_md_names_every_extra():
+    """install.md's list of extras left out tensorboard and distributed."""
+    import re
+
+    project = (REPO / "pyproject.toml").read_text()
+    section = project[project.index("[project.optional-dependencies]"):]
+    section = section[:section.index("\n[", 1)]
+    extras = set(re.findall(r"^([a-z]+) = \[", section, flags=re.M))
+    assert {"prepare", "test", "distributed"} <= extras
+    listed = set(re.findall(r"`'\.\[([a-z]+)\]'`", (REPO / "docs" / "install.md").read_text()))
+    assert listed == extras, (extras - listed, listed - extras)
+
+
+def test_the_docs_download_xtts_v2_with_a_command_huggingface_hub_has():
+    """The README, coqui.md and the notebook said `huggingface-cli download`, which
+    huggingface_hub deprecated for `hf` and no longer ships since 1.0: a new user's
+    download failed. They say `hf download ... --local-dir`, which the CLI has."""
+    import re
+
+    pytest.importorskip("huggingface_hub")
+    for path in (REPO / "README.md", REPO / "docs" / "coqui.md", REPO / "notebooks" / "MyXTTSTrain.ipynb"):
+        text = path.read_text()
+        assert "huggingface-cli" not in text, path.name
+        assert re.search(r"hf download coqui/XTTS-v2 --local-dir XTTS-v2\b", text), path.name
+    r = run_python("import sys\nfrom huggingface_hub.cli.hf import main\nsys.argv = ['hf', 'download', '--help']\nmain()")
+    assert r.returncode == 0 and "--local-dir" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]

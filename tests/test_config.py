@@ -292,6 +292,33 @@ def test_tier_is_coquis_whole_recipe_and_fits_its_card(name, plan_device):
     assert (direct.total, direct.host_total) == (plan.total, plan.host_total)
 
 
+TIER_ROW = re.compile(r"^\| `(\w+)` \| (\d+) GB[^|]*\| (\w+) \| (\d+) × (\d+) \| (host memory|device) \| "
+                      r"([\d.]+) GiB \|(?: ([\d.]+) GiB)? \|$", flags=re.M)
+
+
+def test_the_tier_table_of_api_md_is_each_tiers_settings_and_plan():
+    """docs/api.md's table of the tiers states each one's settings and its plan at the
+    longest sequences on its card (`pyxtts memtest --config NAME --device cuda --memory
+    SIZE --no-step`), and the README quotes gpu_4gb's: a tier retuned without its row
+    would leave the docs promising another plan."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    rows = TIER_ROW.findall((repo / "docs" / "api.md").read_text())
+    assert sorted(r[0] for r in rows) == sorted(TIERS)
+    for name, card, policy, micro, accumulation, where, device, host in rows:
+        cfg = XTTSConfig.load(name)
+        plan = cfg.memory_plan("cuda", f"{card}GiB")
+        stated = (int(card), policy, int(micro), int(accumulation), where == "host memory", float(device),
+                  float(host or 0))
+        assert stated == (TIERS[name], cfg.training.checkpointing, cfg.data.batch_size,
+                          cfg.training.gradient_accumulation_steps, cfg.training.optimizer_offload,
+                          round(plan.total / GiB, 2), round(plan.host_total / GiB, 2)), name
+    small = dict((r[0], r) for r in rows)["gpu_4gb"]
+    readme = (repo / "README.md").read_text()
+    assert f"device plan **{small[6]} GiB**" in readme and f"{small[7]} GiB of host memory" in readme
+
+
 SETTINGS = ("precision", "checkpointing", "gradient_accumulation_steps", "optimizer_offload")
 
 
