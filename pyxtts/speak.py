@@ -322,7 +322,7 @@ def main(argv: list[str]) -> int:
 
     config = XttsConfig()
     config.load_json(str(export_dir / "config.json"))
-    model = Xtts.init_from_config(config)
+    model = Xtts(config)  # init_from_config is deprecated in coqui-tts 0.28
     model.load_checkpoint(config, checkpoint_dir=str(export_dir), eval=True)
     from pyxtts.prepare.cleaners import LANGUAGES
 
