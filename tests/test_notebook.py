@@ -193,9 +193,9 @@ def test_the_notebook_extra_installs_what_the_notebook_imports():
     """It needed Jupyter and matplotlib, which nothing installed or named: the `notebook` extra
     has a Jupyter front end, the kernel and every package the notebook imports beyond
     pyxtts's own requirements (IPython comes with the kernel)."""
-    import tomllib
+    from helpers.project import pyproject
 
-    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = pyproject()["project"]["optional-dependencies"]
     names = {re.split(r"[<>=!~\[ ]", r, maxsplit=1)[0].lower() for r in extras["notebook"]}
     assert {"notebook", "ipykernel", "matplotlib"} <= names, names
     nb = nbformat.read(NOTEBOOK, as_version=4)

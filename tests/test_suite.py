@@ -131,9 +131,10 @@ def test_a_run_keeps_only_the_temporary_folders_of_failed_tests(tmp_path):
     run here in a child, shows it."""
     import subprocess
     import sys
-    import tomllib
 
-    settings = tomllib.loads((TESTS.parent / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    from helpers.project import pyproject
+
+    settings = pyproject()["tool"]["pytest"]["ini_options"]
     keys = ("tmp_path_retention_policy", "tmp_path_retention_count")
     project = tmp_path / "project"
     project.mkdir()

@@ -366,6 +366,20 @@ def test_bad_data(data, exc, pattern):
         pyxtts.tensor(data)
 
 
+class ArrayOfAMissingKey:
+    def __array__(self, dtype=None, copy=None):
+        return {}["missing"]  # a KeyError set in C, by the dict lookup
+
+
+def test_a_refusal_quotes_its_cause_as_str_does():
+    """The cause reads as str(exception) on every Python: before 3.12 an error set in C
+    could be held with only its argument, and the message ended in "('missing',)"."""
+    with pytest.raises(TypeError) as info:
+        pyxtts.tensor(ArrayOfAMissingKey())
+    assert str(info.value) == ("data: expected something NumPy can view as an array, got "
+                               "ArrayOfAMissingKey: 'missing'")
+
+
 @pytest.mark.parametrize("dev,exc,pattern", [
     ("gpu", ValueError, r"device: expected 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
     ("cuda:x", ValueError, r"device: .*'cuda:x'"),

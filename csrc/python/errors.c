@@ -79,11 +79,14 @@ int pxt_py_errors_init(PyObject *module) {
 }
 
 PyObject *pxt_reraise_named(PyObject *type, const char *prefix) {
-#if PY_VERSION_HEX >= 0x030C0000 /* PyErr_Fetch is deprecated there (-Werror) */
+#if PY_VERSION_HEX >= 0x030C0000 /* PyErr_Fetch is deprecated there */
     PyObject *etype = NULL, *value = PyErr_GetRaisedException(), *tb = NULL;
 #else
     PyObject *etype, *value, *tb;
     PyErr_Fetch(&etype, &value, &tb);
+    /* an error set in C may be held unnormalised, its value only the argument (KeyError's
+     * key in a tuple, or NULL): as from 3.12, %S below formats the exception itself */
+    PyErr_NormalizeException(&etype, &value, &tb);
 #endif
     PyErr_Format(type, "%s: %S", prefix, value ? value : Py_None);
     Py_XDECREF(etype);
@@ -93,7 +96,7 @@ PyObject *pxt_reraise_named(PyObject *type, const char *prefix) {
 }
 
 void pxt_py_pending_take(pxt_py_pending *p) {
-#if PY_VERSION_HEX >= 0x030C0000 /* PyErr_Fetch is deprecated there (-Werror) */
+#if PY_VERSION_HEX >= 0x030C0000 /* PyErr_Fetch is deprecated there */
     p->type = p->tb = NULL;
     p->value = PyErr_GetRaisedException();
 #else
