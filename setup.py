@@ -205,5 +205,5 @@ setup(
         extra_link_args=link_args,
     )],
     cmdclass={"build_ext": BuildExt},
-    package_data={"pyxtts": ["configs/*.yaml", "py.typed"]},
+    package_data={"pyxtts": ["py.typed"], "pyxtts.configs": ["*.yaml"]},
 )

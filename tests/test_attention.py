@@ -22,14 +22,14 @@ import textwrap
 import ml_dtypes
 import numpy as np
 import pytest
-import torch
-import torch.nn.functional as F
-from conftest import requires_cuda, run_python
-from torch.nn.attention import SDPBackend, sdpa_kernel
+torch = pytest.importorskip("torch", reason="torch, these tests' reference (the README's test command installs it)")
+import torch.nn.functional as F  # noqa: E402
+from conftest import requires_cuda, run_python  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-import pyxtts
-from pyxtts import _C
-from helpers import allowed_mask, make_rng
+import pyxtts  # noqa: E402
+from pyxtts import _C  # noqa: E402
+from helpers import allowed_mask, make_rng  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("check_memory")
 

@@ -20,15 +20,15 @@ import math
 
 import numpy as np
 import pytest
-import torch
-from conftest import assert_bits_equal, requires_cuda, run_python
-from test_attention import ISAS
-from helpers.arrays import f64, rand
-from test_ops import HALF, U, T, assert_within, check_fd, fd, r16
+torch = pytest.importorskip("torch", reason="torch, these tests' reference (the README's test command installs it)")
+from conftest import assert_bits_equal, requires_cuda, run_python  # noqa: E402
+from test_attention import ISAS  # noqa: E402
+from helpers.arrays import f64, rand  # noqa: E402
+from test_ops import HALF, U, T, assert_within, check_fd, fd, r16  # noqa: E402
 
-import philox
-import pyxtts
-from pyxtts import _C
+import philox  # noqa: E402
+import pyxtts  # noqa: E402
+from pyxtts import _C  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("check_memory")
 

@@ -8,11 +8,11 @@ import weakref
 
 import numpy as np
 import pytest
-import torch
-from conftest import (BF16, DTYPE_NAMES, HAS_CUDA, assert_bits_equal, bits, random_array,
+torch = pytest.importorskip("torch", reason="torch, these tests' reference (the README's test command installs it)")
+from conftest import (BF16, DTYPE_NAMES, HAS_CUDA, assert_bits_equal, bits, random_array,  # noqa: E402
                       requires_cuda)
 
-import pyxtts
+import pyxtts  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("check_memory")
 

@@ -24,13 +24,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from conftest import NP_DTYPE, assert_bits_equal, requires_cuda, run_python
-from helpers.arrays import f64, rand
-from helpers.reductions import embedding_backward_exact
+torch = pytest.importorskip("torch", reason="torch, these tests' reference (the README's test command installs it)")
+from conftest import NP_DTYPE, assert_bits_equal, requires_cuda, run_python  # noqa: E402
+from helpers.arrays import f64, rand  # noqa: E402
+from helpers.reductions import embedding_backward_exact  # noqa: E402
 
-import pyxtts
-from pyxtts import _C
+import pyxtts  # noqa: E402
+from pyxtts import _C  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("check_memory")
 

@@ -6,13 +6,13 @@ import dataclasses
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch", reason="torch, these tests' reference (the README's test command installs it)")
 
-import helpers
-import pyxtts
-from conftest import run_python
-from helpers import random_batch
-from helpers.torch_ref import RefGPT
+import helpers  # noqa: E402
+import pyxtts  # noqa: E402
+from conftest import run_python  # noqa: E402
+from helpers import random_batch  # noqa: E402
+from helpers.torch_ref import RefGPT  # noqa: E402
 
 # AdamW's math against torch's: the GPT without its conditioning path, whose tensors a batch
 # of cond_latents leaves without gradients (test_conditioning.py covers what a step does then)

@@ -8,11 +8,11 @@ import weakref
 import ml_dtypes
 import numpy as np
 import pytest
-import torch
-from conftest import (BF16, DTYPE_NAMES, HAS_CUDA, NP_DTYPE, assert_bits_equal, bits,
+torch = pytest.importorskip("torch", reason="torch, these tests' reference (the README's test command installs it)")
+from conftest import (BF16, DTYPE_NAMES, HAS_CUDA, NP_DTYPE, assert_bits_equal, bits,  # noqa: E402
                       assert_floats_equal, random_array, requires_cuda)
 
-import pyxtts
+import pyxtts  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("check_memory")
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch", reason="torch, these tests' reference (the README's test command installs it)")
 
-import pyxtts
-from helpers import random_batch
-from helpers.torch_ref import RefGPT
+import pyxtts  # noqa: E402
+from helpers import random_batch  # noqa: E402
+from helpers.torch_ref import RefGPT  # noqa: E402
 
 CFG = pyxtts.ModelConfig(n_layers=2, d_model=32, n_heads=4, text_vocab_size=41, audio_vocab_size=23,
                          max_text_tokens=16, max_audio_tokens=24, n_cond_latents=2, conditioning=False,
