@@ -135,10 +135,13 @@ def _train_data(data: str, want_eval: bool, strategy: Any = None) -> tuple[Any, 
     train, held = splits
     held = held if want_eval else None
     empty = want_eval and held is None and (Path(data) / "eval").is_dir()  # prepare dropped every held-out clip
+    none = want_eval and held is None and not empty  # prepared without --eval-fraction (Coqui holds out 1%)
     _train_note(f"--data {data} is an output folder of pyxtts prepare: training on {train}"
                 + (f", evaluating on {held}" if held is not None else "")
                 + (f"; its eval/ holds no sample (every held-out clip was dropped: {Path(data) / 'report.tsv'} "
-                   "says why), so there is no evaluation; --eval-data gives one" if empty else ""), strategy)
+                   "says why), so there is no evaluation; --eval-data gives one" if empty else "")
+                + ("; it has no eval/ (prepare --eval-fraction holds clips out), so there is no evaluation and no "
+                   "best checkpoint; --eval-data gives one" if none else ""), strategy)
     return _dataset(str(train), "--data"), None if held is None else _dataset(str(held), "--data")
 
 
@@ -485,6 +488,21 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _missing_hint(audio_dir: Path | None, example: Path | None) -> str:
+    """The end of the line for audio files missing under ``audio_dir``: the first one looked
+    for, and the folder to pass when the files are in a ``wavs/`` below it (Coqui's dataset
+    ``path`` is the folder above LJSpeech's ``wavs/``; prepare's ``--audio-dir`` is ``wavs/``)."""
+    if example is None or audio_dir is None:
+        return "; is --audio-dir right?"
+    try:
+        below = audio_dir / "wavs" / example.relative_to(audio_dir)
+    except ValueError:  # an absolute path in the transcript
+        below = None
+    if below is not None and below.is_file():
+        return f" (e.g. {example}), and {below} exists: pass --audio-dir {audio_dir / 'wavs'}"
+    return f" (e.g. {example}); is --audio-dir right?"
+
+
 def _nothing_prepared(result: Any) -> str:
     """The likely cause when ``prepare`` kept no sample, in one line: missing audio files
     (with the folder they were looked for in), else the most frequent reason for a drop."""
@@ -494,7 +512,7 @@ def _nothing_prepared(result: Any) -> str:
     missing = s["dropped"].get("missing", 0)
     if missing:
         files = "1 audio file is" if missing == 1 else f"{missing} audio files are"
-        cause = f"{files} missing under {result.audio_dir}; is --audio-dir right?"
+        cause = f"{files} missing under {result.audio_dir}{_missing_hint(result.audio_dir, result.missing_example)}"
     else:
         top = max(s["dropped"], key=s["dropped"].get)
         cause = f"{s['dropped'][top]} of {s['samples']} samples were dropped as {top} ({REASONS.get(top, top)})"
@@ -698,7 +716,9 @@ def main(argv: list[str] | None = None) -> int:
                          "metadata.csv, else the metadata's folder)")
     pr.add_argument("--language", default="en", help="language of the transcripts (default en)")
     pr.add_argument("--out", required=True, help="output folder: train/ and eval/ shards, report.tsv, summary.json")
-    pr.add_argument("--eval-fraction", type=float, default=0.0, help="share of samples held out into eval/")
+    pr.add_argument("--eval-fraction", type=float, default=0.0,
+                    help="share of samples held out into eval/ (default 0: none, and train evaluates nothing; "
+                         "Coqui's recipe holds out 1%%, at most 256 samples)")
     pr.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     pr.add_argument("--samples-per-shard", type=int, default=256, help="samples per .npz shard (default 256)")
     pr.add_argument("--seed", type=int, default=0, help="seed of the evaluation split (default 0)")
