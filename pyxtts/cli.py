@@ -677,8 +677,9 @@ def main(argv: list[str] | None = None) -> int:
                          "pyxtts prepare (its train/, and eval/ unless --eval-data)")
     tr.add_argument("--eval-data", default=None, help="evaluation samples (a folder of .npz shards or a manifest)")
     tr.add_argument("--init", default=None, metavar="XTTS_DIR",
-                    help="start from a Coqui XTTS checkpoint (the released folder or a model.pth); its model "
-                         "config replaces the config's model section")
+                    help="start from a Coqui XTTS checkpoint (the released folder or a model.pth, or a "
+                         "checkpoint_N.pth or best_model.pth of Coqui's trainer); its model config replaces the "
+                         "config's model section")
     tr.add_argument("--gpus", default=None, metavar="LIST",
                     help="train on these GPUs (e.g. 0,1), one process each: runs torchrun --standalone with "
                          "CUDA_VISIBLE_DEVICES=LIST (needs pyxtts[distributed]); several machines: run torchrun "

@@ -1,16 +1,22 @@
 """A user of Coqui's XTTS v2 recipe moving to pyxtts with what that recipe left them: a
 training run's folder (``checkpoint_<N>.pth``, ``best_model.pth``, no ``model.pth``) and its
-PyTorch checkpoints, given where pyxtts wants an XTTS folder or one of its own checkpoints."""
+PyTorch checkpoints, given where pyxtts wants an XTTS folder or one of its own checkpoints;
+and docs/coqui.md's table from the recipe's settings to pyxtts's, checked on both sides."""
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import re
 import zipfile
+from pathlib import Path
 
 import pytest
+import yaml
 
 import pyxtts
 import pyxtts.cli
+from coqui import require_coqui
+from pyxtts import XTTSConfig
 
 pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
 
@@ -86,3 +92,61 @@ def test_a_binary_file_given_for_a_json_one_is_named(tmp_path, capsys):
     rc = pyxtts.cli.main(["memtest", "--config", "cpu_demo", "--vocab", str(pth), "--no-step"])
     assert rc == 2
     assert f"pyxtts memtest: vocab '{pth}': not a JSON text file" in capsys.readouterr().err
+
+
+# ---- docs/coqui.md's table from the recipe's settings to pyxtts's ------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPE_CONSTANTS = {"BATCH_SIZE", "GRAD_ACUMM_STEPS", "OPTIMIZER_WD_ONLY_ON_WEIGHTS", "START_WITH_EVAL"}
+
+
+def recipe_table() -> list[list[str]]:
+    """The rows of docs/coqui.md's table (recipe, its value, pyxtts, note), as cells."""
+    text = (REPO / "docs" / "coqui.md").read_text(encoding="utf-8")
+    section = text.split("\n## From Coqui's recipe\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    cells = [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in rows]
+    assert len(cells) > 30 and all(len(c) == 4 for c in cells), [c for c in cells if len(c) != 4]
+    return cells
+
+
+def test_the_recipe_tables_pyxtts_names_are_real(capsys):
+    """Every config key the table names is a field (and with a value, the shipped recipe's
+    value), and every command-line flag one that command has."""
+    with pytest.raises(SystemExit):
+        pyxtts.cli.main(["--version"])  # builds the parsers, then prints the version
+    capsys.readouterr()
+    flags = {cmd: set(by_dest.values()) for cmd, by_dest in pyxtts.cli.CLI_FLAGS.items()}
+    recipe = XTTSConfig.load("xtts_v2_finetune")
+    sections = {"training": recipe.training, "data": recipe.data, "model": recipe.model}
+    seen = 0
+    for row in recipe_table():
+        for name in re.findall(r"`([^`]+)`", row[2]):
+            key = re.fullmatch(r"(training|data|model)\.(\w+)(?:: (.+))?", name)
+            cmd = re.fullmatch(r"(?:pyxtts )?(prepare|train) (--[a-z-]+)", name)
+            if key:
+                section, field, value = key.groups()
+                assert hasattr(sections[section], field), (row[0], name)
+                if value is not None:
+                    assert getattr(sections[section], field) == yaml.safe_load(value), (row[0], name)
+                seen += 1
+            elif cmd:
+                assert cmd.group(2) in flags[cmd.group(1)], (row[0], name)
+                seen += 1
+    assert seen > 35, seen
+
+
+def test_the_recipe_tables_coqui_names_are_coquis():
+    """Every name of the table's first column is one of the recipe's constants or a field
+    of the configs it builds (GPTTrainerConfig, GPTArgs, TrainerArgs, BaseDatasetConfig)."""
+    require_coqui()
+    from TTS.config.shared_configs import BaseDatasetConfig
+    from TTS.tts.layers.xtts.trainer.gpt_trainer import GPTArgs, GPTTrainerConfig
+    from trainer import TrainerArgs
+
+    known = set().union(*({f.name for f in dataclasses.fields(c)}
+                          for c in (GPTTrainerConfig, GPTArgs, TrainerArgs, BaseDatasetConfig)))
+    names = [n for row in recipe_table() for n in re.findall(r"`(\w+)`", row[0])]
+    assert len(names) > 40
+    unknown = [n for n in names if n not in known and n not in RECIPE_CONSTANTS]
+    assert not unknown, unknown
