@@ -250,6 +250,29 @@ def _init_from_xtts(config: Any, source: str, vocab: Path | None = None, keep_ru
     return config
 
 
+class _NewImport:
+    """The ``init_xtts.safetensors`` that ``--init`` is about to write into a run's folder,
+    taken back when the command then fails before the run writes anything beside it (a typo
+    in ``--data``, a refused ``--resume``): a refused train leaves the folder as it was, not
+    with a new 1.8 GB file (XTTS v2). One that was there before is the run's and stays."""
+
+    def __init__(self, checkpoint_dir: str) -> None:
+        folder = Path(checkpoint_dir)
+        self.path = folder / "init_xtts.safetensors"
+        self.made_folder = not folder.exists()
+        self.existed = self.path.exists()
+        self.before = set() if self.made_folder or not folder.is_dir() else {p.name for p in folder.iterdir()}
+
+    def undo(self) -> None:
+        folder = self.path.parent
+        if self.existed or not self.path.is_file() or {p.name for p in folder.iterdir()} - {self.path.name} != \
+                self.before - {self.path.name}:
+            return
+        self.path.unlink()
+        if self.made_folder and not any(folder.iterdir()):
+            folder.rmdir()
+
+
 def _init_folder(source: str) -> str | None:
     """The Coqui XTTS folder ``--init`` names (it or its ``model.pth``), when it holds a
     ``model.pth``: the run's ``training.xtts_dir`` unless the config sets one."""
@@ -381,6 +404,7 @@ def _train(args: argparse.Namespace) -> int:
 
     demo = args.config is None and args.init is None
     strategy = None
+    imported: _NewImport | None = None  # taken back if the command fails before the run writes
     try:
         if args.synthetic is not None and args.synthetic < 1:
             raise ValueError(f"--synthetic: expected a number of samples, an int >= 1, got {args.synthetic}")
@@ -409,6 +433,8 @@ def _train(args: argparse.Namespace) -> int:
             _check_eval_vocab(args.data, args.eval_data)
         if args.init is not None:
             before = config
+            if strategy is None or strategy.is_main:
+                imported = _NewImport(config.training.checkpoint_dir)
             config = _init_from_xtts(config, args.init, vocab, keep_run=not args.overwrite, strategy=strategy)
             note = _replanned(before, config, args.device if strategy is None else strategy.device)
             if note is not None:
@@ -440,6 +466,7 @@ def _train(args: argparse.Namespace) -> int:
                           progress=not args.no_progress, strategy=strategy)
         trainer.resume_hint = _resume_command(args.argv)
         result = trainer.fit(train, evals, resume=resume, overwrite=args.overwrite)
+        imported = None
     except pyxtts.OutOfMemoryError as exc:
         print(f"pyxtts train: {exc}\n  `pyxtts memtest --config ...` shows the plan against the device; "
               "`pyxtts optimize-config` chooses a micro-batch, accumulation, precision and checkpointing that fit",
@@ -468,6 +495,8 @@ def _train(args: argparse.Namespace) -> int:
                                   f"waited longer than training.distributed_timeout_s, or diverged); the run's "
                                   f"checkpoints are as they were, --resume continues from the newest: {exc}"))
     finally:
+        if imported is not None:
+            imported.undo()
         if strategy is not None:
             strategy.close()
     if strategy is not None and not strategy.is_main:
