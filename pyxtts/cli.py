@@ -265,9 +265,10 @@ class _NewImport:
 
     def undo(self) -> None:
         folder = self.path.parent
-        if self.existed or not self.path.is_file() or {p.name for p in folder.iterdir()} - {self.path.name} != \
-                self.before - {self.path.name}:
+        if self.existed or not self.path.is_file():
             return
+        if {p.name for p in folder.iterdir()} != self.before | {self.path.name}:
+            return  # the run wrote beside it: the import is the run's now
         self.path.unlink()
         if self.made_folder and not any(folder.iterdir()):
             folder.rmdir()

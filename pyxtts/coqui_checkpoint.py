@@ -483,8 +483,8 @@ def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, ou
         raise ValueError(f"out: {str(out)!r} exists and is not a folder")
     if out.resolve() == base_dir.resolve():
         raise ValueError(f"out: {str(out)!r} is the base's own folder; export into another folder")
-    if base.is_dir() and not (base / "model.pth").exists() and _run_checkpoints(base):
-        names = _run_checkpoints(base)
+    names = _run_checkpoints(base) if base.is_dir() and not (base / "model.pth").exists() else []
+    if names:
         raise FileNotFoundError(f"base: {base} holds the checkpoints of a Coqui training run ({', '.join(names[:4])}"
                                 f"{', ...' if len(names) > 4 else ''}), no model.pth: pass the Coqui XTTS folder the "
                                 "model was fine-tuned from (model.pth, config.json, vocab.json: e.g. XTTS-v2), whose "
