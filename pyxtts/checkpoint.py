@@ -361,6 +361,21 @@ def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
 
 # ---- read and load -----------------------------------------------------------
 
+def torch_file_hint(path: Path) -> str:
+    """What to do with a PyTorch file (a zip ``torch.save`` writes, or an older bare pickle)
+    given where a pyxtts checkpoint belongs, to end a refusal's message; "" for any other file."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError:
+        return ""
+    if head != b"PK\x03\x04" and head[:1] != b"\x80":
+        return ""
+    return ("; it is a PyTorch file, as Coqui's model.pth and its trainer's checkpoint_<N>.pth and best_model.pth "
+            "are: pyxtts starts a run from those with `pyxtts train --init PATH` (pyxtts.import_xtts_checkpoint), "
+            "and loads, resumes and exports only its own .safetensors checkpoints")
+
+
 def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:
     """(metadata, tensors) of a pyxtts checkpoint, bfloat16 restored; checks the
     container and the format marker and version only. Raises CheckpointError."""
@@ -385,7 +400,7 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray
     except Exception as exc:  # safetensors raises its own error types
         raise CheckpointError(f"{path}: not a readable safetensors file (truncated, corrupt, or another "
                               f"format such as a pickled .pth; nothing is unpickled): "
-                              f"{type(exc).__name__}: {exc}") from exc
+                              f"{type(exc).__name__}: {exc}{torch_file_hint(path)}") from exc
     _verify_checksums(path, meta, tensors)
     dtypes = meta.get("dtypes") or {}
     if not isinstance(dtypes, dict):

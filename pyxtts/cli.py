@@ -135,10 +135,13 @@ def _train_data(data: str, want_eval: bool, strategy: Any = None) -> tuple[Any, 
     train, held = splits
     held = held if want_eval else None
     empty = want_eval and held is None and (Path(data) / "eval").is_dir()  # prepare dropped every held-out clip
+    none = want_eval and held is None and not empty  # prepared without --eval-fraction (Coqui holds out 1%)
     _train_note(f"--data {data} is an output folder of pyxtts prepare: training on {train}"
                 + (f", evaluating on {held}" if held is not None else "")
                 + (f"; its eval/ holds no sample (every held-out clip was dropped: {Path(data) / 'report.tsv'} "
-                   "says why), so there is no evaluation; --eval-data gives one" if empty else ""), strategy)
+                   "says why), so there is no evaluation; --eval-data gives one" if empty else "")
+                + ("; it has no eval/ (prepare --eval-fraction holds clips out), so there is no evaluation and no "
+                   "best checkpoint; --eval-data gives one" if none else ""), strategy)
     return _dataset(str(train), "--data"), None if held is None else _dataset(str(held), "--data")
 
 
@@ -245,6 +248,30 @@ def _init_from_xtts(config: Any, source: str, vocab: Path | None = None, keep_ru
     if config.training.xtts_dir is None and folder is not None:
         config.training.xtts_dir = folder  # what test_sentences are spoken through
     return config
+
+
+class _NewImport:
+    """The ``init_xtts.safetensors`` that ``--init`` is about to write into a run's folder,
+    taken back when the command then fails before the run writes anything beside it (a typo
+    in ``--data``, a refused ``--resume``): a refused train leaves the folder as it was, not
+    with a new 1.8 GB file (XTTS v2). One that was there before is the run's and stays."""
+
+    def __init__(self, checkpoint_dir: str) -> None:
+        folder = Path(checkpoint_dir)
+        self.path = folder / "init_xtts.safetensors"
+        self.made_folder = not folder.exists()
+        self.existed = self.path.exists()
+        self.before = set() if self.made_folder or not folder.is_dir() else {p.name for p in folder.iterdir()}
+
+    def undo(self) -> None:
+        folder = self.path.parent
+        if self.existed or not self.path.is_file():
+            return
+        if {p.name for p in folder.iterdir()} != self.before | {self.path.name}:
+            return  # the run wrote beside it: the import is the run's now
+        self.path.unlink()
+        if self.made_folder and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def _init_folder(source: str) -> str | None:
@@ -378,6 +405,7 @@ def _train(args: argparse.Namespace) -> int:
 
     demo = args.config is None and args.init is None
     strategy = None
+    imported: _NewImport | None = None  # taken back if the command fails before the run writes
     try:
         if args.synthetic is not None and args.synthetic < 1:
             raise ValueError(f"--synthetic: expected a number of samples, an int >= 1, got {args.synthetic}")
@@ -406,6 +434,8 @@ def _train(args: argparse.Namespace) -> int:
             _check_eval_vocab(args.data, args.eval_data)
         if args.init is not None:
             before = config
+            if strategy is None or strategy.is_main:
+                imported = _NewImport(config.training.checkpoint_dir)
             config = _init_from_xtts(config, args.init, vocab, keep_run=not args.overwrite, strategy=strategy)
             note = _replanned(before, config, args.device if strategy is None else strategy.device)
             if note is not None:
@@ -437,6 +467,7 @@ def _train(args: argparse.Namespace) -> int:
                           progress=not args.no_progress, strategy=strategy)
         trainer.resume_hint = _resume_command(args.argv)
         result = trainer.fit(train, evals, resume=resume, overwrite=args.overwrite)
+        imported = None
     except pyxtts.OutOfMemoryError as exc:
         print(f"pyxtts train: {exc}\n  `pyxtts memtest --config ...` shows the plan against the device; "
               "`pyxtts optimize-config` chooses a micro-batch, accumulation, precision and checkpointing that fit",
@@ -465,6 +496,8 @@ def _train(args: argparse.Namespace) -> int:
                                   f"waited longer than training.distributed_timeout_s, or diverged); the run's "
                                   f"checkpoints are as they were, --resume continues from the newest: {exc}"))
     finally:
+        if imported is not None:
+            imported.undo()
         if strategy is not None:
             strategy.close()
     if strategy is not None and not strategy.is_main:
@@ -485,6 +518,21 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _missing_hint(audio_dir: Path | None, example: Path | None) -> str:
+    """The end of the line for audio files missing under ``audio_dir``: the first one looked
+    for, and the folder to pass when the files are in a ``wavs/`` below it (Coqui's dataset
+    ``path`` is the folder above LJSpeech's ``wavs/``; prepare's ``--audio-dir`` is ``wavs/``)."""
+    if example is None or audio_dir is None:
+        return "; is --audio-dir right?"
+    try:
+        below = audio_dir / "wavs" / example.relative_to(audio_dir)
+    except ValueError:  # an absolute path in the transcript
+        below = None
+    if below is not None and below.is_file():
+        return f" (e.g. {example}), and {below} exists: pass --audio-dir {audio_dir / 'wavs'}"
+    return f" (e.g. {example}); is --audio-dir right?"
+
+
 def _nothing_prepared(result: Any) -> str:
     """The likely cause when ``prepare`` kept no sample, in one line: missing audio files
     (with the folder they were looked for in), else the most frequent reason for a drop."""
@@ -494,7 +542,7 @@ def _nothing_prepared(result: Any) -> str:
     missing = s["dropped"].get("missing", 0)
     if missing:
         files = "1 audio file is" if missing == 1 else f"{missing} audio files are"
-        cause = f"{files} missing under {result.audio_dir}; is --audio-dir right?"
+        cause = f"{files} missing under {result.audio_dir}{_missing_hint(result.audio_dir, result.missing_example)}"
     else:
         top = max(s["dropped"], key=s["dropped"].get)
         cause = f"{s['dropped'][top]} of {s['samples']} samples were dropped as {top} ({REASONS.get(top, top)})"
@@ -659,8 +707,9 @@ def main(argv: list[str] | None = None) -> int:
                          "pyxtts prepare (its train/, and eval/ unless --eval-data)")
     tr.add_argument("--eval-data", default=None, help="evaluation samples (a folder of .npz shards or a manifest)")
     tr.add_argument("--init", default=None, metavar="XTTS_DIR",
-                    help="start from a Coqui XTTS checkpoint (the released folder or a model.pth); its model "
-                         "config replaces the config's model section")
+                    help="start from a Coqui XTTS checkpoint (the released folder or a model.pth, or a "
+                         "checkpoint_N.pth or best_model.pth of Coqui's trainer); its model config replaces the "
+                         "config's model section")
     tr.add_argument("--gpus", default=None, metavar="LIST",
                     help="train on these GPUs (e.g. 0,1), one process each: runs torchrun --standalone with "
                          "CUDA_VISIBLE_DEVICES=LIST (needs pyxtts[distributed]); several machines: run torchrun "
@@ -698,7 +747,9 @@ def main(argv: list[str] | None = None) -> int:
                          "metadata.csv, else the metadata's folder)")
     pr.add_argument("--language", default="en", help="language of the transcripts (default en)")
     pr.add_argument("--out", required=True, help="output folder: train/ and eval/ shards, report.tsv, summary.json")
-    pr.add_argument("--eval-fraction", type=float, default=0.0, help="share of samples held out into eval/")
+    pr.add_argument("--eval-fraction", type=float, default=0.0,
+                    help="share of samples held out into eval/ (default 0: none, and train evaluates nothing; "
+                         "Coqui's recipe holds out 1%%, at most 256 samples)")
     pr.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     pr.add_argument("--samples-per-shard", type=int, default=256, help="samples per .npz shard (default 256)")
     pr.add_argument("--seed", type=int, default=0, help="seed of the evaluation split (default 0)")

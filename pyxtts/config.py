@@ -323,6 +323,9 @@ class TrainingConfig:
             if not isinstance(entry, Mapping):
                 raise TypeError(f"{where}: expected a mapping with keys {', '.join(keys)}, got {entry!r}")
             for key in entry:
+                if key == "speaker_wav":  # Coqui's GPTTrainerConfig names the voice so, as a list of files
+                    raise ValueError(f"{where}: unknown key 'speaker_wav' (Coqui's name); pyxtts takes one recording "
+                                     "of the voice as 'reference', a path (not a list), with 'text' and 'language'")
                 if key not in keys:
                     raise _unknown_key(where, key, list(keys))
             for key in keys:

@@ -49,6 +49,9 @@ __all__ = ["COQUI_LOADER_FILES", "XTTSCheckpoint", "export_xtts_checkpoint", "im
            "read_xtts_checkpoint"]
 
 GPT_PREFIXES = ("gpt.", "xtts.gpt.")
+# the checkpoints Coqui's trainer writes into a run's folder: checkpoint_<step>.pth every
+# save_step, best_model_<step>.pth and its copy best_model.pth at a lower eval loss
+COQUI_RUN_FILE = re.compile(r"(checkpoint|best_model)(?:_(\d+))?\.pth")
 # what Xtts.load_checkpoint reads from a checkpoint folder besides model.pth
 COQUI_LOADER_FILES = ("config.json", "vocab.json", "speakers_xtts.pth")
 # the config fields that must agree between a model and the base it is exported into
@@ -132,6 +135,32 @@ def _infer_config(path: Path, gpt: Mapping[str, TensorRef]) -> Any:
                        n_cond_latents=shape("conditioning_perceiver.latents")[0] if perceiver else 32)
 
 
+def _run_checkpoints(folder: Path) -> list[str]:
+    """The checkpoints of a Coqui training run in ``folder``: ``checkpoint_<N>.pth`` newest
+    first, then ``best_model.pth``, then ``best_model_<N>.pth`` newest first."""
+    found = []
+    for p in folder.iterdir():
+        m = COQUI_RUN_FILE.fullmatch(p.name)
+        if m and p.is_file():
+            rank = 0 if m.group(1) == "checkpoint" else 1 if m.group(2) is None else 2
+            found.append((rank, -int(m.group(2) or 0), p.name))
+    return [name for _, _, name in sorted(found)]
+
+
+def _folder_model(folder: Path) -> Path:
+    """A checkpoint folder's ``model.pth``; a FileNotFoundError when it has none, naming the
+    checkpoints of a Coqui training run it holds instead (that folder has no model.pth)."""
+    path = folder / "model.pth"
+    if path.is_file():
+        return path
+    names = _run_checkpoints(folder)
+    if not names:
+        raise FileNotFoundError(f"{path}: no such file")
+    raise FileNotFoundError(f"{path}: no such file; {folder} holds the checkpoints of a Coqui training run "
+                            f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}): name one of them, e.g. "
+                            f"{folder / names[0]}")
+
+
 def read_xtts_checkpoint(path: str | os.PathLike, config: Any = None) -> XTTSCheckpoint:
     """Opens a Coqui XTTS checkpoint (a ``model.pth``, or the folder holding one) and
     finds its GPT and config (module docstring). Close ``.file`` when done."""
@@ -141,7 +170,7 @@ def read_xtts_checkpoint(path: str | os.PathLike, config: Any = None) -> XTTSChe
         raise TypeError(f"config: expected a ModelConfig or None, got {type(config).__name__}")
     path = Path(path)
     if path.is_dir():
-        path = path / "model.pth"
+        path = _folder_model(path)
     try:
         file = TorchFile(path)
     except TorchFileError as exc:
@@ -454,6 +483,12 @@ def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, ou
         raise ValueError(f"out: {str(out)!r} exists and is not a folder")
     if out.resolve() == base_dir.resolve():
         raise ValueError(f"out: {str(out)!r} is the base's own folder; export into another folder")
+    names = _run_checkpoints(base) if base.is_dir() and not (base / "model.pth").exists() else []
+    if names:
+        raise FileNotFoundError(f"base: {base} holds the checkpoints of a Coqui training run ({', '.join(names[:4])}"
+                                f"{', ...' if len(names) > 4 else ''}), no model.pth: pass the Coqui XTTS folder the "
+                                "model was fine-tuned from (model.pth, config.json, vocab.json: e.g. XTTS-v2), whose "
+                                "vocab.json and speakers_xtts.pth Coqui's loader reads beside the export")
     try:
         ck = read_xtts_checkpoint(base)
     except (OSError, CheckpointError) as exc:  # named by the argument, as the others are

@@ -59,6 +59,9 @@ def _read_json(path: Path, what: str) -> Any:
             return json.load(fh)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{what} {str(path)!r}: not valid JSON: {exc}") from exc
+    except UnicodeDecodeError as exc:  # e.g. a .pth given for a .json
+        raise ValueError(f"{what} {str(path)!r}: not a JSON text file (byte 0x{exc.object[exc.start]:02x} at "
+                         f"offset {exc.start} is not UTF-8)") from exc
 
 
 def read_vocab(path: str | os.PathLike) -> dict[str, int | None]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from pyxtts.checkpoint import CheckpointError
+from pyxtts.checkpoint import CheckpointError, torch_file_hint
 from pyxtts.config import XTTSConfig
 from pyxtts.data import Sample
 
@@ -53,7 +53,8 @@ def saved_meta(path: Path) -> dict:
         with safe_open(str(path), framework="numpy") as f:
             meta = json.loads((f.metadata() or {})["pyxtts"])
     except Exception as exc:  # safetensors raises its own error types
-        raise CheckpointError(f"{path}: not a readable pyxtts checkpoint: {type(exc).__name__}: {exc}") from exc
+        raise CheckpointError(f"{path}: not a readable pyxtts checkpoint: {type(exc).__name__}: {exc}"
+                              f"{torch_file_hint(Path(path))}") from exc
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path}: not a readable pyxtts checkpoint: its metadata is not an object")
     return meta

@@ -184,8 +184,11 @@ def test_foreign_and_non_safetensors_files_are_refused(tmp_path, seed):
     save_file({"weight": rng.standard_normal((3, 4)).astype(np.float32)}, str(foreign), metadata={"format": "pt"})
     refuse(foreign, model, opt, "not a pyxtts checkpoint")
     junk = tmp_path / "random.safetensors"
-    junk.write_bytes(rng.bytes(4096))
+    junk.write_bytes(b"\x01" + rng.bytes(4095))  # neither a zip's nor a pickle's first byte
     refuse(junk, model, opt, "not a readable safetensors")
+    with pytest.raises(pyxtts.CheckpointError) as info:
+        pyxtts.load_checkpoint(junk, model, opt)
+    assert "PyTorch" not in str(info.value), "only a PyTorch file gets the advice for one"
     # a pickle (what a .pth is) is never unpickled: its payload would create a file
     marker = tmp_path / "unpickled"
 
@@ -195,13 +198,17 @@ def test_foreign_and_non_safetensors_files_are_refused(tmp_path, seed):
 
     evil = tmp_path / "model.pth"
     evil.write_bytes(pickle.dumps({"model": Evil()}))
-    refuse(evil, model, opt, "nothing is unpickled")
+    refuse(evil, model, opt, "nothing is unpickled.*; it is a PyTorch file")
     assert not marker.exists()
     import torch
 
     pth = tmp_path / "real.pth"
     torch.save({"model": {"gpt.x": torch.zeros(3)}}, pth)
-    refuse(pth, model, opt, "not a readable safetensors")
+    # what torch.save writes, as Coqui's checkpoints are: the message says where such a file goes
+    refuse(pth, model, opt, "not a readable safetensors .*; it is a PyTorch file, as Coqui's model.pth and its "
+                            "trainer's checkpoint_<N>.pth and best_model.pth are: pyxtts starts a run from those "
+                            r"with `pyxtts train --init PATH` \(pyxtts.import_xtts_checkpoint\), and loads, resumes "
+                            r"and exports only its own .safetensors checkpoints$")
     with pytest.raises(FileNotFoundError):
         pyxtts.load_checkpoint(tmp_path / "absent.safetensors", model)
 

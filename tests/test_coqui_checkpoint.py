@@ -212,6 +212,26 @@ def test_export_is_atomic(base, tmp_path, monkeypatch):
         ["config.json", "model.pth", "vocab.json"], "the old file stays, no temporary is left"
 
 
+def test_a_train_that_fails_after_init_takes_its_import_back(base, tmp_path, capsys):
+    """`train --init XTTS-v2` imports into <checkpoint_dir>/init_xtts.safetensors first; a
+    typo in --data (or a refused --resume) then failed the command and left the new folder
+    with that file (1.8 GB at XTTS v2's size). A run's own import stays."""
+    def train(run, *more):
+        rc = pyxtts.cli.main(["train", "--init", str(base), "--data", str(tmp_path / "shardz"), "--checkpoint-dir",
+                              str(run), "--no-progress", *more])
+        assert rc == 2 and "--data: cannot read" in capsys.readouterr().err
+    train(tmp_path / "new")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("kept")
+    train(tmp_path / "mine")
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]
+    # a run that started from --init keeps its import when a later command fails
+    pyxtts.import_xtts_checkpoint(base, tmp_path / "mine" / "init_xtts.safetensors")
+    train(tmp_path / "mine", "--resume")
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["init_xtts.safetensors", "notes.txt"]
+
+
 def test_cli_export(base, tmp_path, capsys):
     cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
     model = pyxtts.XTTSGPT(cfg, seed=9)

@@ -107,6 +107,22 @@ def test_defaults_are_the_recipe():
         TrainingConfig(weight_decay_on="all")
 
 
+def test_the_recipes_intervals_are_counted_in_optimizer_steps():
+    """The recipe's save_step=10000 and print_step=50 count the steps of Coqui's trainer,
+    which are batches (trainer.Trainer.train_step counts each; GRAD_ACUMM_STEPS=84 of them
+    make an optimizer step); pyxtts's intervals count optimizer steps. xtts_v2_finetune.yaml
+    used to take 10000 as is: a checkpoint every 2.5 million samples instead of 30,000, none
+    at all in a fine-tune of an hour of speech over the recipe's 1000 epochs."""
+    t = XTTSConfig.load("xtts_v2_finetune").training
+    save_step, print_step, grad_accum = 10_000, 50, 84
+    assert t.checkpoint_interval == round(save_step / grad_accum) == 119
+    assert t.log_interval == max(1, round(print_step / grad_accum)) == 1
+    assert t.eval_interval == t.checkpoint_interval  # Coqui evaluates each epoch, which no step count is
+    for tier in ("gpu_4gb", "gpu_12gb", "large_gpu"):  # the tiers change the micro-batch, not what a step is
+        tt = XTTSConfig.load(tier).training
+        assert (tt.checkpoint_interval, tt.eval_interval, tt.log_interval) == (119, 119, 1), tier
+
+
 def test_coquis_trainer_clips_nothing_by_default():
     c = require_coqui()
     assert c.GPTTrainerConfig().grad_clip == 0.0  # and the recipe sets none

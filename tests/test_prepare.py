@@ -396,12 +396,19 @@ def test_cli_fails_when_no_sample_is_prepared_and_says_why(small, tmp_path, caps
     assert pyxtts.cli.main(argv("o")) == 2
     out, err = capsys.readouterr()
     assert "prepared 0 of 3 samples" in out and "dropped: 3 missing" in out
+    first = corpus / "wavs" / "LJ001-0001.wav"
     assert err == (f"pyxtts prepare: no sample could be prepared: 3 audio files are missing under "
-                   f"{corpus / 'wavs'}; is --audio-dir right? (each sample's reason is in "
+                   f"{corpus / 'wavs'} (e.g. {first}); is --audio-dir right? (each sample's reason is in "
                    f"{tmp_path / 'o' / 'report.tsv'})\n")
     report = [x.split("\t") for x in (tmp_path / "o" / "report.tsv").read_text().splitlines()[1:]]
     assert [(x[3], x[7]) for x in report] == [("missing", f"{corpus / 'wavs' / x[2]}.wav does not exist")
                                               for x in report]
+    # Coqui's dataset `path` (the folder above LJSpeech's wavs/) given as --audio-dir: the folder to pass is named
+    above = small["wavs"][0].parent.parent
+    assert pyxtts.cli.main(argv("a") + ["--audio-dir", str(above)]) == 2
+    assert (f"3 audio files are missing under {above} (e.g. {above / 'LJ001-0001.wav'}), and "
+            f"{above / 'wavs' / 'LJ001-0001.wav'} exists: pass --audio-dir {above / 'wavs'} (each sample's") \
+        in capsys.readouterr().err
     assert pyxtts.cli.main(argv("o") + ["--audio-dir", str(small["wavs"][0].parent)]) == 0  # the right folder: done
     assert "prepared 3 of 3 samples" in capsys.readouterr().out
     # nothing missing: the most frequent reason

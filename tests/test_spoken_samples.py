@@ -18,7 +18,7 @@ from conftest import SEED
 from fixtures_xtts import SMALL_ARGS, write_vocab, write_xtts_folder
 from pyxtts import SyntheticDataset, Trainer, XTTSConfig
 from pyxtts.callbacks import samples_dir
-from pyxtts.callbacks.samples import INSTALL_HINT
+from pyxtts.callbacks.samples import INSTALL_HINT, NO_EVALUATION
 from pyxtts.speak import write_wav
 
 pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
@@ -110,6 +110,21 @@ def test_without_coqui_one_line_says_so_and_training_goes_on(tmp_path, rng, monk
     assert list(samples_dir(tmp_path / "ckpt").iterdir()) == []
 
 
+def test_without_evaluation_data_one_line_says_none_are_spoken(tmp_path, rng, monkeypatch, capsys):
+    """Coqui's trainer speaks its test sentences at each epoch's end whether it evaluates or
+    not; pyxtts speaks them at each evaluation, so a run without evaluation data (prepare
+    without --eval-fraction) spoke none, silently."""
+    monkeypatch.setattr(pyxtts.speak, "coqui_installed", lambda: True)
+    ref = reference_clip(tmp_path / "speaker.wav", rng)
+    cfg = make_config(tmp_path, fake_xtts_dir(tmp_path / "xtts"),
+                      [{"text": "hello", "language": "en", "reference": str(ref)}])
+    r = Trainer(cfg, progress=False).fit(SyntheticDataset(cfg.model, 6, seed=0))  # said without progress too
+    err = capsys.readouterr().err
+    assert r.step == 2 and r.evals == []
+    assert [line for line in err.splitlines() if "test_sentences" in line] == [NO_EVALUATION]
+    assert list(samples_dir(tmp_path / "ckpt").iterdir()) == []
+
+
 def test_a_failure_to_speak_is_said_and_training_goes_on(tmp_path, rng, monkeypatch, capsys):
     """An XTTS folder the checks accept but whose model.pth cannot be read: the export
     fails at each evaluation, which says so, and the run ends as it would have."""
@@ -175,6 +190,12 @@ def test_the_config_checks_the_entries_and_needs_the_xtts_folder(tmp_path):
         make_config(tmp_path, None, [s])
     with pytest.raises(ValueError, match="training.test_sentences\\[0\\]: unknown key 'speaker'"):
         make_config(tmp_path, tmp_path, [{**s, "speaker": "x"}])
+    # Coqui's GPTTrainerConfig entry, pasted from a recipe: its key named, and what pyxtts takes instead
+    coquis = {"text": "hi", "speaker_wav": ["r.wav"], "language": "en"}
+    with pytest.raises(ValueError, match=r"^training.test_sentences\[0\]: unknown key 'speaker_wav' \(Coqui's name\); "
+                                         r"pyxtts takes one recording of the voice as 'reference', a path \(not a "
+                                         r"list\), with 'text' and 'language'$"):
+        make_config(tmp_path, tmp_path, [coquis])
     with pytest.raises(TypeError, match="training.test_sentences\\[0\\].text: expected a non-empty string, got 3"):
         make_config(tmp_path, tmp_path, [{**s, "text": 3}])
     with pytest.raises(ValueError, match="training.test_sentences\\[0\\].language: expected a non-empty string, "

@@ -17,6 +17,10 @@ __all__ = ["SpokenSamples", "samples_dir"]
 INSTALL_HINT = ("note: training.test_sentences are not spoken because coqui-tts is not installed; "
                 "pip install coqui-tts (and torch) to hear them at each evaluation")
 
+NO_EVALUATION = ("note: training.test_sentences are spoken at each evaluation, and this run has no evaluation "
+                 "data, so none will be spoken; hold clips out with pyxtts prepare --eval-fraction, or pass "
+                 "evaluation data (--eval-data, fit(train, eval_dataset))")
+
 
 def samples_dir(checkpoint_dir: Path) -> Path:
     return checkpoint_dir / "samples"
@@ -34,6 +38,8 @@ class SpokenSamples(Callback):
         if run.config.training.test_sentences and not self.active and not self.told:
             run.warn(INSTALL_HINT)  # seen with --no-progress too
             self.told = True
+        if self.active and run.eval_dataset is None:  # Coqui's trainer speaks them each epoch, evaluated or not
+            run.warn(NO_EVALUATION)
 
     def on_evaluation(self, run: Run, record: dict) -> None:
         if not self.active:

@@ -112,6 +112,7 @@ class PrepareResult:
     report: Path
     summary: dict[str, Any]
     audio_dir: Path | None = None  # the folder the transcript's relative audio paths start from
+    missing_example: Path | None = None  # the first audio file (in transcript order) that does not exist
 
     def format_summary(self) -> str:
         s = self.summary
@@ -637,6 +638,8 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
 
     now = {(sh.split, sh.index) for sh in todo}
     result = _finish(out, shards, rows, now, len(items), workers, time.perf_counter() - start, audio_base)
+    if result.summary["dropped"].get("missing"):
+        result.missing_example = next((it.audio for it in items if not it.audio.exists()), None)
     if reused is not None:
         result.summary["vocab"] = {"from": str(vocab), "vocab": str(vocab_path), "size": reused[1].size,
                                    "languages": list(reused[2]), "vocab_sha256": vocab_sha256(vocab_doc),
