@@ -145,6 +145,23 @@ def _train_data(data: str, want_eval: bool, strategy: Any = None) -> tuple[Any, 
     return _dataset(str(train), "--data"), None if held is None else _dataset(str(held), "--data")
 
 
+def _eval_data(eval_data: str, strategy: Any = None) -> Any:
+    """``--eval-data``'s samples; for an output folder of ``pyxtts prepare``, its ``eval/``
+    (its held-out clips), else its ``train/`` (recordings prepared for evaluation alone),
+    said in one line."""
+    from pyxtts.data import prepared_splits
+
+    splits = prepared_splits(eval_data)
+    if splits is None:
+        return _dataset(eval_data, "--eval-data")
+    train, held = splits
+    chosen = held if held is not None else train
+    _train_note(f"--eval-data {eval_data} is an output folder of pyxtts prepare: evaluating on {chosen}"
+                + (" (its held-out split)" if held is not None else " (it has no held-out split: all its samples)"),
+                strategy)
+    return _dataset(str(chosen), "--eval-data")
+
+
 def _init_vocab(path: Path) -> str | None:
     """The digest of the vocabulary an ``init_xtts.safetensors`` was grown to (None: XTTS
     v2's own)."""
@@ -457,7 +474,7 @@ def _train(args: argparse.Namespace) -> int:
             _check_vocab_size(config, vocab, args.data)
         evals = held
         if args.eval_data is not None:
-            evals = _dataset(args.eval_data, "--eval-data")
+            evals = _eval_data(args.eval_data, strategy)
         elif config.data.eval_metadata is not None and held is None:
             evals = _dataset(config.data.eval_metadata, "data.eval_metadata")
         resume = False if args.resume is None else (True if args.resume == "latest" else args.resume)
@@ -705,7 +722,8 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--data", default=None,
                     help="training samples: a folder of .npz shards, a JSONL manifest, or the --out folder of "
                          "pyxtts prepare (its train/, and eval/ unless --eval-data)")
-    tr.add_argument("--eval-data", default=None, help="evaluation samples (a folder of .npz shards or a manifest)")
+    tr.add_argument("--eval-data", default=None, help="evaluation samples (a folder of .npz shards, a manifest, or "
+                    "an output folder of pyxtts prepare: its eval/, else all its samples)")
     tr.add_argument("--init", default=None, metavar="XTTS_DIR",
                     help="start from a Coqui XTTS checkpoint (the released folder or a model.pth, or a "
                          "checkpoint_N.pth or best_model.pth of Coqui's trainer); its model config replaces the "

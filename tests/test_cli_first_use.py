@@ -586,3 +586,25 @@ def test_the_docs_download_xtts_v2_with_a_command_huggingface_hub_has():
         assert re.search(r"hf download coqui/XTTS-v2 --local-dir XTTS-v2\b", text), path.name
     r = run_python("import sys\nfrom huggingface_hub.cli.hf import main\nsys.argv = ['hf', 'download', '--help']\nmain()")
     assert r.returncode == 0 and "--local-dir" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def test_eval_data_takes_the_output_folder_of_prepare(tmp_path):
+    """`--eval-data more` (another prepare's output folder) was refused with a hint to load
+    its train/; it takes its eval/ when it has one, else all its samples (recordings
+    prepared for evaluation alone), and says which."""
+    from pyxtts import ModelConfig, SyntheticDataset, write_shards
+
+    model = ModelConfig(n_layers=1, d_model=32, n_heads=2, text_vocab_size=32, audio_vocab_size=40,
+                        max_text_tokens=12, max_audio_tokens=24, n_cond_latents=0)
+    write_shards(SyntheticDataset(model, 6, seed=0), tmp_path / "shards" / "train")
+    write_shards(SyntheticDataset(model, 3, seed=2), tmp_path / "more" / "train")
+    cfg = tiny_config(tmp_path, steps=2)
+    run = ("train", "--config", str(cfg), "--no-progress", "--data", "shards", "--eval-data", "more")
+    r = pyxtts_cli(tmp_path, *run)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert ("pyxtts train: --eval-data more is an output folder of pyxtts prepare: evaluating on more/train (it has "
+            "no held-out split: all its samples)\n") in r.stderr and "eval loss" in r.stdout
+    write_shards(SyntheticDataset(model, 2, seed=3), tmp_path / "more" / "eval")
+    r = pyxtts_cli(tmp_path, *run, "--overwrite")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "evaluating on more/eval (its held-out split)\n" in r.stderr
