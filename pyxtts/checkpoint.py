@@ -21,8 +21,10 @@ A checkpoint is one ``.safetensors`` file:
   version 2). Files of format version 1 (no checksums) load with a ``CheckpointWarning``.
 
 Saving writes ``<path>.tmp-<pid>`` in the same directory, flushes and fsyncs it, renames
-it over ``path`` and fsyncs the directory: a process killed at any moment leaves either
-the previous checkpoint or the new one, never a mix. Loading checks the whole file
+it over ``path`` and fsyncs the directory (``pyxtts._files.write_atomic``): a process
+killed at any moment leaves either the previous checkpoint or the new one, never a mix,
+and a save that fails (a full disk, a read-only folder) leaves the folder as it was and
+raises an ``OSError`` naming ``path`` and the cause. Loading checks the whole file
 against the model (and optimizer) before writing anything, and nothing is unpickled.
 """
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import warnings
 import zlib
 from collections.abc import Callable, Mapping
@@ -41,6 +44,7 @@ import ml_dtypes
 import numpy as np
 
 from pyxtts._args import integer
+from pyxtts._files import scratch_folder, write_atomic
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "CheckpointError", "CheckpointWarning", "load_checkpoint",
            "read_checkpoint", "save_checkpoint"]
@@ -208,90 +212,22 @@ def _check_like(got: Any, want: Any, where: str) -> None:
         raise CheckpointError(f"{where}: expected a number, the checkpoint has {_describe(got)}")
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _remove_stale_temps(path: Path) -> None:
-    """Temporary files of earlier saves to this path whose process is gone."""
-    try:
-        siblings = list(path.parent.iterdir())
-    except OSError:
-        return
-    prefix = path.name + ".tmp-"
-    for p in siblings:
-        m = _TMP_RE.search(p.name)
-        if (m and p.name == prefix + m.group(1) and int(m.group(1)) != os.getpid()
-                and not _pid_alive(int(m.group(1)))):
-            try:
-                p.unlink()
-            except OSError:
-                pass
-
-
-def _umask() -> int:
-    """The process's umask, read without changing it where Linux tells it."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)  # elsewhere: set and put back
-    os.umask(mask)
-    return mask
-
-
-def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    """Calls ``write(tmp)`` for ``<path>.tmp-<pid>`` beside ``path``, gives it the mode a
-    new file gets (0666 less the umask), fsyncs it, renames it over ``path`` and fsyncs the
-    directory: a process killed at any moment leaves the old
-    file or the new one, never a mix (a failure removes the temporary file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(path)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        fd = os.open(tmp, os.O_RDWR)
-        try:
-            os.fchmod(fd, 0o666 & ~_umask())  # as open() would make it (safetensors writes 0600)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise
-    _fsync_dir(path.parent)
-
-
 def _write_atomic(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
     from safetensors.numpy import save_file
 
-    write_atomic(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+    def write(tmp: Path) -> None:
+        # safetensors writes a file of its own beside the name it is given, then renames
+        # it: in a folder of this save's, which goes with it (and after a crash, with the
+        # next save's cleanup), a process killed mid-write leaves no file of unknown owner
+        scratch = scratch_folder(tmp)
+        scratch.mkdir()
+        try:
+            save_file(tensors, str(scratch / path.name), metadata=metadata)
+            os.replace(scratch / path.name, tmp)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    write_atomic(path, write)
 
 
 # ---- save --------------------------------------------------------------------

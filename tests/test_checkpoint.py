@@ -2,6 +2,7 @@
 exact resume in a fresh process, and the XTTS v2 .pth importer."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -21,6 +22,7 @@ from safetensors.numpy import save_file
 
 import pyxtts
 from helpers import TINY, edit_checkpoint
+from helpers.disk import KILLED_BY_FILE_SIZE, file_size_limit
 from helpers.state import assert_same, full_state
 from pyxtts.checkpoint import _flatten_optimizer as flatten_optimizer
 
@@ -337,6 +339,48 @@ def test_killed_save_leaves_previous_checkpoint(saved, seed, slow):
         with pytest.raises(pyxtts.CheckpointError, match="unfinished save"):
             pyxtts.load_checkpoint(tmp, m2)
     # the next save cleans up the dead process's temporary file
+    pyxtts.save_checkpoint(path, model, opt, step=124)
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+
+
+def test_a_save_that_fails_names_the_file_and_leaves_the_folder_as_it_was(saved):
+    """A full disk fails a save inside safetensors' own writer (here a file size limit:
+    EFBIG where a full disk gives ENOSPC): the error is an OSError of that errno whose one
+    line names the checkpoint and the cause, not safetensors' SafetensorError, and the
+    folder holds the previous checkpoint, unchanged, and nothing else."""
+    path, model, opt = saved
+    original = path.read_bytes()
+    with file_size_limit(len(original) // 2):
+        with pytest.raises(OSError) as caught:
+            pyxtts.save_checkpoint(path, model, opt, step=124)
+    assert caught.value.errno == errno.EFBIG
+    assert str(caught.value) == f"[Errno {errno.EFBIG}] cannot write {str(path)!r}: {os.strerror(errno.EFBIG)}"
+    assert path.read_bytes() == original
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+
+
+KILLED_SAVE = KILLED_BY_FILE_SIZE + r"""
+import sys
+import pyxtts
+model = pyxtts.XTTSGPT(pyxtts.ModelConfig(**__import__("json").loads(sys.argv[2])), seed=7)
+die_past(int(sys.argv[3]))
+pyxtts.save_checkpoint(sys.argv[1], model, step=99)
+"""
+
+
+def test_a_save_killed_inside_the_writer_leaves_nothing_after_the_next_save(saved, seed):
+    """The kernel kills the saving process in the middle of safetensors' write (of the
+    file safetensors makes beside the name it is given, before its rename): the previous
+    checkpoint loads, unchanged, and the next save removes every file the dead one left."""
+    path, model, opt = saved
+    original = path.read_bytes()
+    cfg = json.dumps({k: v for k, v in asdict(TINY).items() if k != "max_attention_sequence_length"})
+    r = run_python(KILLED_SAVE, str(path), cfg, str(len(original) // 4))
+    assert r.returncode == -signal.SIGXFSZ, r.stderr
+    assert path.read_bytes() == original
+    assert [p for p in path.parent.iterdir() if p != path], "the killed save left nothing: it was not mid-write"
+    m2, o2 = fresh(seed)
+    assert pyxtts.load_checkpoint(path, m2, o2)["step"] == 123
     pyxtts.save_checkpoint(path, model, opt, step=124)
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
 
