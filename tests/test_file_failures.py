@@ -17,7 +17,7 @@ import pytest
 import pyxtts
 import pyxtts.cli
 from helpers.disk import file_size_limit
-from pyxtts import SyntheticDataset, XTTSConfig
+from pyxtts import SyntheticDataset, Trainer, XTTSConfig
 
 pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
 
@@ -59,3 +59,18 @@ def test_a_full_disk_stops_train_in_one_line_naming_the_checkpoint(tmp_path, cap
     assert err.splitlines()[-1] == f"pyxtts train: cannot write {str(ck / 'best.safetensors')!r}: {TOO_LARGE}", err
     assert "Traceback" not in err
     assert not [p.name for p in ck.iterdir() if ".safetensors" in p.name]
+
+
+def test_a_full_disk_under_the_log_names_the_log(tmp_path):
+    """The JSONL log cannot be written: the error names it, and closing the log at the end
+    of fit (which fails the same way) does not hide that error behind a bare "File too
+    large"."""
+    cfg = make_config(tmp_path)
+    train, held = datasets(cfg)
+    trainer = Trainer(cfg, progress=False)
+    log = trainer.log_path
+    with file_size_limit(100):  # no log record fits
+        with pytest.raises(OSError) as caught:
+            trainer.fit(train, held)
+    assert caught.value.errno == errno.EFBIG
+    assert str(caught.value) == f"[Errno {errno.EFBIG}] cannot write the training log {str(log)!r}: {TOO_LARGE}"

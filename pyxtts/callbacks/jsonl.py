@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import IO
 
+from pyxtts._files import folder_problem
 from pyxtts.callbacks.base import Callback, Run
 
 __all__ = ["JSONLLog"]
@@ -25,8 +26,12 @@ def trim_log(path: Path, step: int) -> None:
         if isinstance(rec, dict) and int(rec.get("step", 0)) <= step:
             kept.append(line)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: the log as it was, and no half-written copy beside it
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 class JSONLLog(Callback):
@@ -35,9 +40,10 @@ class JSONLLog(Callback):
 
     def __init__(self) -> None:
         self.file: IO[str] | None = None
+        self.path: Path | None = None
 
     def on_fit_start(self, run: Run) -> None:
-        path = run.log_path
+        path = self.path = run.log_path
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             if run.continuing and path.exists():
@@ -50,14 +56,20 @@ class JSONLLog(Callback):
             default = path == Path(run.config.training.checkpoint_dir) / "train_log.jsonl"
             what = ("training.checkpoint_dir (pyxtts train --checkpoint-dir), where the log goes by default"
                     if default else "log_path (pyxtts train --log)")
-            blocker = next((f for f in path.parents if f.exists() and not f.is_dir()), None)
-            why = f"{str(blocker)!r} is a file, not a folder" if blocker is not None else exc.strerror or exc
+            why = folder_problem(path.parent) or exc.strerror or exc
             raise type(exc)(exc.errno, f"{what}: cannot write {str(path)!r}: {why}") from exc
+
+    def _error(self, exc: OSError) -> OSError:
+        """A failed write of the log (a full disk, its folder removed) in one line naming it."""
+        return type(exc)(exc.errno, f"cannot write the training log {str(self.path)!r}: {exc.strerror or exc}")
 
     def _write(self, record: dict) -> None:
         if self.file is not None:
-            self.file.write(json.dumps(record) + "\n")
-            self.file.flush()
+            try:
+                self.file.write(json.dumps(record) + "\n")
+                self.file.flush()
+            except OSError as exc:
+                raise self._error(exc) from exc
 
     def on_step_end(self, run: Run, record: dict) -> None:
         self._write(record)
@@ -66,6 +78,11 @@ class JSONLLog(Callback):
         self._write(record)
 
     def on_fit_end(self, run: Run, error: BaseException | None) -> None:
-        if self.file is not None:
-            self.file.close()
-            self.file = None
+        file, self.file = self.file, None
+        if file is None:
+            return
+        try:
+            file.close()  # closed even when the flush before fails
+        except OSError as exc:
+            if error is None:  # else the error that ended the run is the one to say (a full disk, once)
+                raise self._error(exc) from exc
