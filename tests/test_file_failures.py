@@ -8,6 +8,7 @@ gives ENOSPC, in every writer, no mount needed)."""
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -18,12 +19,15 @@ import pyxtts
 import pyxtts.cli
 from helpers.disk import file_size_limit
 from pyxtts import SyntheticDataset, Trainer, XTTSConfig
+from pyxtts.callbacks import event_files
 
 pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
 
 MODEL = {"n_layers": 2, "d_model": 64, "n_heads": 4, "text_vocab_size": 64, "audio_vocab_size": 97,
          "max_text_tokens": 24, "max_audio_tokens": 48, "n_cond_latents": 0, "conditioning": False}
 TOO_LARGE = os.strerror(errno.EFBIG)
+HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
+NO_TENSORBOARD = "the tensorboard package is not installed"
 
 
 def make_config(folder: Path, **training) -> XTTSConfig:
@@ -61,10 +65,10 @@ def test_a_full_disk_stops_train_in_one_line_naming_the_checkpoint(tmp_path, cap
     assert not [p.name for p in ck.iterdir() if ".safetensors" in p.name]
 
 
-def test_a_full_disk_under_the_log_names_the_log(tmp_path):
+def test_a_full_disk_under_the_log_names_the_log(tmp_path, capsys):
     """The JSONL log cannot be written: the error names it, and closing the log at the end
     of fit (which fails the same way) does not hide that error behind a bare "File too
-    large"."""
+    large"; TensorBoard, which failed first, said so in a line and let the run go on."""
     cfg = make_config(tmp_path)
     train, held = datasets(cfg)
     trainer = Trainer(cfg, progress=False)
@@ -74,3 +78,79 @@ def test_a_full_disk_under_the_log_names_the_log(tmp_path):
             trainer.fit(train, held)
     assert caught.value.errno == errno.EFBIG
     assert str(caught.value) == f"[Errno {errno.EFBIG}] cannot write the training log {str(log)!r}: {TOO_LARGE}"
+    if HAS_TENSORBOARD:
+        assert "TensorBoard: cannot write" in capsys.readouterr().err
+
+
+# ---- TensorBoard -----------------------------------------------------------------------
+
+@pytest.mark.skipif(not HAS_TENSORBOARD, reason=NO_TENSORBOARD)
+def test_tensorboard_that_cannot_write_is_said_and_the_run_goes_on(tmp_path, capsys):
+    """A log name whose event file's name is too long for the file system (the event file
+    adds ~50 characters to it): one line names the event file and the cause, and the run
+    trains to its end with its JSONL log whole."""
+    cfg = make_config(tmp_path)
+    train, held = datasets(cfg)
+    log = tmp_path / "ckpt" / ("y" * 230 + ".jsonl")
+    result = Trainer(cfg, progress=False, log_path=log).fit(train, held)
+    err = capsys.readouterr().err
+    assert result.step == 6 and steps_logged(log) == list(range(1, 7))
+    line = next(x for x in err.splitlines() if x.startswith("TensorBoard: "))
+    assert "events.out.tfevents." in line and os.strerror(errno.ENAMETOOLONG) in line
+    assert "TensorBoard logging is off for the rest of this run" in line
+    assert "Traceback" not in err and not event_files(log)
+
+
+def failing_records(monkeypatch, after: int) -> list[int]:
+    """TensorBoard's record writer fails (a full disk) from its ``after``-th record on;
+    returns the count of records written, for the test to read."""
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    real = RecordWriter.write
+    count = [0]
+
+    def write(self, data):
+        count[0] += 1
+        if count[0] > after:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(self, data)
+
+    monkeypatch.setattr(RecordWriter, "write", write)
+    return count
+
+
+@pytest.mark.skipif(not HAS_TENSORBOARD, reason=NO_TENSORBOARD)
+def test_tensorboard_failing_mid_run_is_said_once_and_the_run_goes_on(tmp_path, capsys, monkeypatch):
+    """The event file stops being writable after a few events: one line, no traceback of a
+    writer thread, the run ends normally, every step in the JSONL log."""
+    cfg = make_config(tmp_path)
+    train, held = datasets(cfg)
+    count = failing_records(monkeypatch, after=4)
+    trainer = Trainer(cfg, progress=False)
+    result = trainer.fit(train, held)
+    err = capsys.readouterr().err
+    assert result.step == 6 and steps_logged(trainer.log_path) == list(range(1, 7))
+    said = [x for x in err.splitlines() if x.startswith("TensorBoard: ")]
+    assert len(said) == 1 and os.strerror(errno.ENOSPC) in said[0], err
+    assert str(event_files(trainer.log_path)[0]) in said[0]
+    assert "Traceback" not in err and "Exception in thread" not in err
+    assert count[0] == 5  # nothing tried after the failure
+
+
+@pytest.mark.skipif(not HAS_TENSORBOARD, reason=NO_TENSORBOARD)
+def test_a_resume_whose_event_file_cannot_be_written_keeps_the_earlier_one(tmp_path, capsys, monkeypatch):
+    """A resumed run copies the events up to its checkpoint into a new event file, then
+    removes the old one: when the copy fails, the old one stays as it was, and the new,
+    partial one goes."""
+    cfg = make_config(tmp_path)
+    train, held = datasets(cfg)
+    Trainer(cfg, progress=False).fit(train, held)
+    log = Path(cfg.training.checkpoint_dir) / "train_log.jsonl"
+    (before,) = event_files(log)
+    kept = before.read_bytes()
+    failing_records(monkeypatch, after=2)
+    cfg.training.max_steps = 9
+    result = Trainer(cfg, progress=False).fit(train, held, resume=True)
+    assert result.step == 9 and steps_logged(log) == list(range(1, 10))
+    assert event_files(log) == [before] and before.read_bytes() == kept
+    assert "TensorBoard: cannot write" in capsys.readouterr().err

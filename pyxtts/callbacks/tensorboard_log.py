@@ -3,19 +3,27 @@
 folder): the numbers of the log's records as scalars, the run's config as text, and the
 test sentences spoken at each evaluation (``training.test_sentences``) as audio.
 
-Written with the ``tensorboard`` package's own event-file reader, writer and protocol
-buffers (no TensorFlow, no torch), imported when the run starts: without the package
-(``pip install 'pyxtts[tensorboard]'``) one line says so and the run goes on. The folder
+Written with the ``tensorboard`` package's own event-file reader, record writer and
+protocol buffers (no TensorFlow, no torch), imported when the run starts: without the
+package (``pip install 'pyxtts[tensorboard]'``) one line says so and the run goes on. The
+events are written in the training thread and flushed as they come, as the JSONL log's
+records are: a file that cannot be written (a full disk, a name too long for the file
+system) is said in one line, naming it, and the run goes on without TensorBoard (the JSONL
+log holds the same numbers); event files of earlier runs are then left as they were. The folder
 holds one event file: a resumed run copies the events up to its checkpoint's step into a
 new one and removes the old, as the JSONL log is trimmed, so each step shows once (event
 files of one process in one second do not sort in the order they were written, so
 TensorBoard's own restart markers cannot be relied on)."""
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
+import os
+import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from pyxtts.callbacks.base import Callback, Run
 
@@ -48,6 +56,38 @@ def event_files(log_path: Path) -> list[Path]:
     return sorted(tensorboard_dir(log_path).glob(f"events.out.tfevents.*.{log_path.stem}"))
 
 
+_FILE_NUMBERS = itertools.count()  # the <n> of the event files this process writes
+
+
+class _EventFile:
+    """An event file as TensorBoard's writer lays it out, ``events.out.tfevents.<time>.<host>.
+    <pid>.<n><suffix>``: a record of the file's version, then one record per event, each
+    written and flushed in the calling thread, so that a failure is an OSError here."""
+
+    def __init__(self, folder: Path, suffix: str, event_pb2: Any) -> None:
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        self.path = folder / (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}."
+                              f"{next(_FILE_NUMBERS)}{suffix}")
+        self.file: IO[bytes] = open(self.path, "wb")
+        self.records = RecordWriter(self.file)
+        try:
+            self.add_event(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+        except OSError as exc:  # no space even for that: no file of no events left behind
+            with contextlib.suppress(OSError):
+                self.file.close()
+            self.path.unlink(missing_ok=True)
+            exc.filename = str(self.path)
+            raise
+
+    def add_event(self, event: Any) -> None:
+        self.records.write(event.SerializeToString())
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
 class _Writer:
     """The tensorboard package's pieces this module uses, imported together."""
 
@@ -56,7 +96,6 @@ class _Writer:
         from tensorboard.plugins.audio import metadata as audio_metadata
         from tensorboard.plugins.scalar import metadata as scalar_metadata
         from tensorboard.plugins.text import metadata as text_metadata
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self.event_pb2, self.summary_pb2, self.tensor_pb2 = event_pb2, summary_pb2, tensor_pb2
         self.shape_pb2 = tensor_shape_pb2
@@ -66,8 +105,7 @@ class _Writer:
             plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=scalar_metadata.PLUGIN_NAME),
             data_class=summary_pb2.DataClass.DATA_CLASS_SCALAR)
         self.text_meta = text_metadata.create_summary_metadata(display_name=None, description=None)
-        # flushed every few seconds as well as at the end, so a crash loses little
-        self.file = EventFileWriter(str(folder), flush_secs=5, filename_suffix=suffix)
+        self.file = _EventFile(folder, suffix, event_pb2)
 
     def _event(self, step: int, wall_time: float) -> Any:
         return self.event_pb2.Event(wall_time=wall_time, step=step)
@@ -118,6 +156,27 @@ class TensorBoardLog(Callback):
         self.writer: _Writer | None = None
         self.told = False  # the missing package is said once per trainer
 
+    def _failed(self, run: Run, exc: OSError, path: Path) -> None:
+        """A write failed: said once, and the run goes on without TensorBoard."""
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            try:
+                writer.close()
+            except OSError:
+                pass
+        run.warn(f"TensorBoard: cannot write {str(path)!r}: {exc.strerror or exc}; TensorBoard logging is off "
+                 f"for the rest of this run (the JSONL log {str(run.log_path)!r} has the same numbers)")
+
+    def _written(self, run: Run, write: Any) -> None:
+        """``write(writer)`` when there is a writer; a failure turns TensorBoard off."""
+        writer = self.writer
+        if writer is None:
+            return
+        try:
+            write(writer)
+        except OSError as exc:
+            self._failed(run, exc, writer.file.path)
+
     def on_fit_start(self, run: Run) -> None:
         try:
             import tensorboard  # noqa: F401 - only whether it is there
@@ -127,34 +186,43 @@ class TensorBoardLog(Callback):
                 self.told = True
             return
         folder = tensorboard_dir(run.log_path)
-        folder.mkdir(parents=True, exist_ok=True)
         earlier = event_files(run.log_path)
-        self.writer = _Writer(folder, "." + run.log_path.stem)
-        if run.continuing:  # what the checkpoint covers goes on; a fresh run starts anew
-            for path in earlier:
-                self.writer.copy(path, run.state.step)
-            self.writer.file.flush()  # on disk before the old files go
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            self.writer = _Writer(folder, "." + run.log_path.stem)
+        except OSError as exc:
+            self._failed(run, exc, Path(exc.filename) if exc.filename is not None else folder)
+            return
+        new = self.writer.file.path
+        try:
+            if run.continuing:  # what the checkpoint covers goes on; a fresh run starts anew
+                for path in earlier:
+                    self.writer.copy(path, run.state.step)
+        except OSError as exc:  # the earlier files stay; the new one, a part of them, goes
+            self._failed(run, exc, new)
+            new.unlink(missing_ok=True)
+            return
         for path in earlier:
             path.unlink()
         config = json.dumps(run.config.to_dict(), indent=2)
         # TensorBoard's text tab renders Markdown: four spaces make it a code block
-        self.writer.text(run.state.step, "config", "\n".join("    " + line for line in config.splitlines()))
+        text = "\n".join("    " + line for line in config.splitlines())
+        self._written(run, lambda w: w.text(run.state.step, "config", text))
 
     def on_step_end(self, run: Run, record: dict) -> None:
-        if self.writer is not None:
-            values = {t: record[k] for t, k in TRAIN_SCALARS.items() if record.get(k) is not None}
-            self.writer.scalars(record["step"], values, record["time"])
+        values = {t: record[k] for t, k in TRAIN_SCALARS.items() if record.get(k) is not None}
+        self._written(run, lambda w: w.scalars(record["step"], values, record["time"]))
 
     def on_evaluation(self, run: Run, record: dict) -> None:
-        if self.writer is not None:
-            self.writer.scalars(record["step"], {t: record[k] for t, k in EVAL_SCALARS.items()}, time.time())
+        values = {t: record[k] for t, k in EVAL_SCALARS.items()}
+        self._written(run, lambda w: w.scalars(record["step"], values, time.time()))
 
     def on_audio(self, run: Run, step: int, clips: list[tuple[Path, str]]) -> None:
-        if self.writer is not None:
-            for i, (path, text) in enumerate(clips):
-                self.writer.audio(step, f"samples/{i}", path.read_bytes(), text)
+        for i, (path, text) in enumerate(clips):
+            if self.writer is not None:
+                wav = path.read_bytes()
+                self._written(run, lambda w, i=i, wav=wav, text=text: w.audio(step, f"samples/{i}", wav, text))
 
     def on_fit_end(self, run: Run, error: BaseException | None) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
+        self._written(run, lambda w: w.close())
+        self.writer = None
