@@ -191,3 +191,48 @@ def write_atomic(path: str | os.PathLike, write: Callable[[Path], None]) -> None
     path = Path(path)
     write_all_atomic(path.parent, {path.name: write})
 
+
+def lock_folder(folder: Path) -> int | None:
+    """A file descriptor of ``folder`` (made when missing) that holds it locked (an
+    exclusive ``flock``) until it is closed; the kernel lets go of it however the process
+    ends, kill -9 included. BlockingIOError when another open of the folder holds it (in
+    any process, this one too). None where there is nothing to hold: a folder that cannot
+    be made or opened (the writers then say why), a platform or file system without locks."""
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system
+        return None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise
+    except OSError:  # ENOLCK, EINVAL: a file system that keeps no locks
+        os.close(fd)
+        return None
+    return fd
+
+
+def lock_holder(folder: Path) -> int | None:
+    """The process that holds ``folder``'s lock, as Linux's /proc/locks tells it; None
+    where it does not."""
+    try:
+        st = folder.stat()
+        lines = Path("/proc/locks").read_text(encoding="ascii").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    for line in lines:
+        fields = line.split()  # "1: FLOCK ADVISORY WRITE <pid> <major>:<minor>:<inode> 0 EOF"
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(st.st_ino):
+            try:
+                major, minor = (int(x, 16) for x in fields[5].split(":")[:2])
+            except ValueError:
+                continue
+            if (major, minor) == (os.major(st.st_dev), os.minor(st.st_dev)) and fields[4].isdigit():
+                return int(fields[4])
+    return None

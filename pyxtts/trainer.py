@@ -37,6 +37,7 @@ a checkpoint).
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import os
 import re
@@ -55,6 +56,7 @@ import numpy as np
 
 from pyxtts import _C
 from pyxtts._args import flag, path_arg
+from pyxtts._files import lock_folder, lock_holder
 from pyxtts._interrupts import end_commit, holding_sigint
 from pyxtts.batch import find_optimal_batch_size, train_step_with_accumulation
 from pyxtts.callbacks import (BEST_NAME, MAX_SKIPPED, BestCheckpoint, Callback, CallbackList, Evaluation,
@@ -78,8 +80,8 @@ from pyxtts.monitor import _rss_bytes
 from pyxtts.schedule import ConstantLR, LRSchedule, MultiStepLR, WarmupCosineLR
 from pyxtts.strategy import SingleProcess, Strategy
 
-__all__ = ["CHECKPOINT_RE", "MAX_SKIPPED", "FitResult", "RunExistsError", "Terminated", "Trainer",
-           "model_from_config", "optimizer_from_config", "run_checkpoint", "schedule_from_config"]
+__all__ = ["CHECKPOINT_RE", "MAX_SKIPPED", "FitResult", "RunExistsError", "RunInUseError", "Terminated",
+           "Trainer", "model_from_config", "optimizer_from_config", "run_checkpoint", "schedule_from_config"]
 
 # Steps the tokens/s shown is averaged over: one step's rate swings several-fold with the
 # machine's other load and the batch's lengths.
@@ -171,6 +173,19 @@ def _sample_folders(checkpoint_dir: Path) -> list[Path]:
     if not folder.is_dir():
         return []
     return sorted(f for f in folder.iterdir() if f.is_dir() and re.fullmatch(r"step_\d+", f.name))
+
+
+class RunInUseError(BlockingIOError):
+    """Another run is training into this ``checkpoint_dir`` now (another process, or another
+    ``fit`` of this one): nothing was read or written. ``checkpoint_dir`` and ``pid`` (the
+    process that holds it, where the system says; else None) say which."""
+
+    def __init__(self, checkpoint_dir: Path, pid: int | None) -> None:
+        self.checkpoint_dir, self.pid = checkpoint_dir, pid
+        who = "another training run" + (f" (process {pid})" if pid is not None and pid != os.getpid() else "")
+        super().__init__(errno.EAGAIN, f"{str(checkpoint_dir)!r} is in use by {who}: two runs in one folder would "
+                                       "mix their checkpoints and logs; wait for it to end, or train into another "
+                                       "folder (--checkpoint-dir DIR, training.checkpoint_dir)")
 
 
 class RunExistsError(FileExistsError):
@@ -269,6 +284,7 @@ class Trainer:
         self.checkpoint_dir = Path(t.checkpoint_dir)
         self.log_path = log_path if log_path is not None else self.checkpoint_dir / "train_log.jsonl"
         self._data_fingerprint: dict | None = None  # of the data fit trains on (_data_fingerprint)
+        self._made_folder = False  # fit made checkpoint_dir (_hold_folder)
 
     # the position of the run (pyxtts.callbacks.RunState): the step, and what follows from it
     @property
@@ -572,6 +588,41 @@ class Trainer:
         if refs is None and c.model.conditioning and train[0].cond is None:
             self._say("note: the samples carry no reference recordings (ref_audio) or conditioning latents, so the "
                       "conditioning encoder and perceiver are not trained; pyxtts prepare's shards carry them")
+        lock = self._hold_folder()
+        try:
+            return self._fit_held(train, held, refs, resume, overwrite, fingerprint)
+        finally:
+            self._let_go_folder(lock)
+
+    def _hold_folder(self) -> int | None:
+        """The lock on ``checkpoint_dir`` that makes this run its only writer (rank 0 holds it
+        for the processes of a run): another run into the same folder at the same time would
+        mix its checkpoints, best checkpoint and log with this one's, so it is refused
+        (``RunInUseError``); the lock ends with ``fit``, or with the process however it ends.
+        A folder made for it that is still empty when ``fit`` ends is removed."""
+        lock, busy = None, None
+        if self.strategy.is_main:
+            self._made_folder = not self.checkpoint_dir.exists()
+            try:
+                lock = lock_folder(self.checkpoint_dir)
+            except BlockingIOError:
+                busy = RunInUseError(self.checkpoint_dir, lock_holder(self.checkpoint_dir))
+        # several processes: every one stops when rank 0 cannot hold the folder
+        if self.strategy.failed_rank(busy is not None) is not None:
+            raise busy if busy is not None else RunInUseError(self.checkpoint_dir, None)
+        return lock
+
+    def _let_go_folder(self, lock: int | None) -> None:
+        if lock is None:
+            return
+        if self._made_folder and not any(self.checkpoint_dir.iterdir()):
+            self.checkpoint_dir.rmdir()  # before the lock goes: no other run is in it
+        os.close(lock)
+
+    def _fit_held(self, train: TTSDataset, held: TTSDataset | None, refs: Any, resume: bool | str | os.PathLike,
+                  overwrite: bool, fingerprint: dict) -> FitResult:
+        """``fit`` from the resume on, its checkpoint folder held."""
+        c = self.config
         resumed = self._start(resume, overwrite, fingerprint)
         continuing = resumed is not None or self.step > 0
         self._data_fingerprint = fingerprint

@@ -11,15 +11,22 @@ import errno
 import importlib.util
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import pyxtts
 import pyxtts.cli
+from conftest import run_python
 from helpers.disk import file_size_limit
 from pyxtts import SyntheticDataset, Trainer, XTTSConfig
 from pyxtts.callbacks import event_files
+from pyxtts.checkpoint import read_checkpoint
+from pyxtts.trainer import RunInUseError
 
 pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
 
@@ -154,3 +161,97 @@ def test_a_resume_whose_event_file_cannot_be_written_keeps_the_earlier_one(tmp_p
     assert result.step == 9 and steps_logged(log) == list(range(1, 10))
     assert event_files(log) == [before] and before.read_bytes() == kept
     assert "TensorBoard: cannot write" in capsys.readouterr().err
+
+
+# ---- two runs in one folder ---------------------------------------------------------------
+
+class _StartsAnother(pyxtts.callbacks.Callback):
+    """At the first step, tries a second run into the same folder (as a second `pyxtts
+    train` started by mistake would) and keeps its error."""
+
+    def __init__(self, make) -> None:
+        self.make, self.error = make, None
+
+    def on_step_end(self, run, record):
+        if record["step"] == 1:
+            trainer, train, held = self.make()
+            try:
+                trainer.fit(train, held, resume=True)
+            except RunInUseError as exc:
+                self.error = exc
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused_and_touches_nothing(tmp_path):
+    """Two runs started on one folder would each write their checkpoints, best checkpoint
+    and log there (each saying it finished, the folder a mix of both): the second is
+    refused while the first holds the folder, naming it and how to go on; the first is
+    unharmed, and once it ends the folder is free again."""
+    cfg = make_config(tmp_path)
+    train, held = datasets(cfg)
+
+    def second():
+        other = make_config(tmp_path, learning_rate=1e-3)
+        return Trainer(other, progress=False), *datasets(other, n=24)
+
+    watcher = _StartsAnother(second)
+    result = Trainer(cfg, progress=False, callbacks=[watcher]).fit(train, held)
+    assert result.step == 6
+    exc = watcher.error
+    assert isinstance(exc, RunInUseError) and isinstance(exc, OSError)
+    assert exc.checkpoint_dir == tmp_path / "ckpt"
+    assert str(tmp_path / "ckpt") in str(exc) and "--checkpoint-dir" in str(exc)
+    ck = tmp_path / "ckpt"
+    assert steps_logged(ck / "train_log.jsonl") == list(range(1, 7))
+    for p in ck.glob("*.safetensors"):  # every checkpoint the first run's
+        assert read_checkpoint(p)[0]["extra"]["config"]["training"]["learning_rate"] == 3e-3, p.name
+    cfg.training.max_steps = 9  # the folder is free again: the run resumes
+    assert Trainer(cfg, progress=False).fit(train, held, resume=True).step == 9
+
+
+def test_a_run_that_cannot_start_leaves_no_folder_it_made(tmp_path):
+    """The folder a refused fit made for its lock is removed: a mistyped folder name leaves
+    nothing behind."""
+    cfg = make_config(tmp_path)
+    train, held = datasets(cfg)
+    with pytest.raises(FileNotFoundError, match="no checkpoint file"):
+        Trainer(cfg, progress=False).fit(train, held, resume=str(tmp_path / "nope.safetensors"))
+    assert not (tmp_path / "ckpt").exists()
+
+
+CLI = "import sys, pyxtts.cli; sys.exit(pyxtts.cli.main(sys.argv[1:]))"
+
+
+def test_a_second_pyxtts_train_on_a_folder_in_use_names_the_process_that_holds_it(tmp_path):
+    """Two `pyxtts train` started on one folder: the second exits 2 with one line naming the
+    folder and the first one's process, which trains on; after it has ended (SIGTERM: it
+    saves), `--resume` continues its run."""
+    cfg = make_config(tmp_path, max_steps=100_000, checkpoint_interval=100_000, eval_interval=100_000)
+    cfg.save(tmp_path / "c.yaml")
+    args = ["train", "--config", str(tmp_path / "c.yaml"), "--synthetic", "24", "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(pyxtts.__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])}
+    first = subprocess.Popen([sys.executable, "-c", CLI, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    ck = tmp_path / "ckpt"
+    try:
+        deadline = time.monotonic() + 120
+        while not ((ck / "train_log.jsonl").exists() and '"type": "train"' in (ck / "train_log.jsonl").read_text()):
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+            time.sleep(0.05)
+        second = run_python(CLI, *args, "--resume", cwd=str(tmp_path))
+        assert first.poll() is None
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert second.returncode == 2, second.stderr
+    assert second.stderr.splitlines()[-1].startswith(
+        f"pyxtts train: {str(ck)!r} is in use by another training run (process {first.pid}): "), second.stderr
+    assert "Traceback" not in second.stderr
+    assert first.returncode == 128 + signal.SIGTERM, err[-2000:]
+    last = steps_logged(ck / "train_log.jsonl")[-1]
+    r = run_python(CLI, *args, "--resume", "--max-steps", str(last + 1), cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert steps_logged(ck / "train_log.jsonl") == list(range(1, last + 2))
