@@ -56,7 +56,7 @@ import numpy as np
 
 from pyxtts import _C
 from pyxtts._args import flag, path_arg
-from pyxtts._files import lock_folder, lock_holder
+from pyxtts._files import lock_folder, lock_holder, remove_stale_temps
 from pyxtts._interrupts import end_commit, holding_sigint
 from pyxtts.batch import find_optimal_batch_size, train_step_with_accumulation
 from pyxtts.callbacks import (BEST_NAME, MAX_SKIPPED, BestCheckpoint, Callback, CallbackList, Evaluation,
@@ -599,7 +599,9 @@ class Trainer:
         for the processes of a run): another run into the same folder at the same time would
         mix its checkpoints, best checkpoint and log with this one's, so it is refused
         (``RunInUseError``); the lock ends with ``fit``, or with the process however it ends.
-        A folder made for it that is still empty when ``fit`` ends is removed."""
+        Held, the folder loses the temporary files of saves whose process died mid-write
+        (a checkpoint of another step than the next saves would stay there for good). A
+        folder made for it that is still empty when ``fit`` ends is removed."""
         lock, busy = None, None
         if self.strategy.is_main:
             self._made_folder = not self.checkpoint_dir.exists()
@@ -607,6 +609,8 @@ class Trainer:
                 lock = lock_folder(self.checkpoint_dir)
             except BlockingIOError:
                 busy = RunInUseError(self.checkpoint_dir, lock_holder(self.checkpoint_dir))
+            else:  # the folder is this run's: what saves killed mid-write left goes
+                remove_stale_temps(self.checkpoint_dir)
         # several processes: every one stops when rank 0 cannot hold the folder
         if self.strategy.failed_rank(busy is not None) is not None:
             raise busy if busy is not None else RunInUseError(self.checkpoint_dir, None)

@@ -218,6 +218,31 @@ def test_a_run_that_cannot_start_leaves_no_folder_it_made(tmp_path):
     assert not (tmp_path / "ckpt").exists()
 
 
+def test_a_run_removes_what_saves_killed_mid_write_left_in_its_folder(tmp_path):
+    """A save killed mid-write leaves its temporary file (and safetensors' scratch folder);
+    the next save of that name removes them, but a run that resumes elsewhere never saves
+    that name again: the run removes every one a dead process left when it takes the
+    folder, and no file of a live process."""
+    cfg = make_config(tmp_path)
+    train, held = datasets(cfg)
+    Trainer(cfg, progress=False).fit(train, held)
+    pid = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                             text=True, check=True).stdout)  # a process that has ended
+    ck = tmp_path / "ckpt"
+    left = [ck / f"step_00000005.safetensors.tmp-{pid}", ck / f"best.safetensors.tmp-{pid}"]
+    for p in left:
+        p.write_bytes(b"half a checkpoint")
+    scratch = ck / f"step_00000004.safetensors.tmp-{pid}.d"
+    scratch.mkdir()
+    (scratch / ".tmpXyZ123").write_bytes(b"half a checkpoint")
+    alive = ck / f"notes.txt.tmp-{os.getpid()}"
+    alive.write_bytes(b"a live process's")
+    cfg.training.max_steps = 7
+    assert Trainer(cfg, progress=False).fit(train, held, resume=True).step == 7
+    assert [p.name for p in left + [scratch] if p.exists()] == []
+    assert alive.read_bytes() == b"a live process's"
+
+
 CLI = "import sys, pyxtts.cli; sys.exit(pyxtts.cli.main(sys.argv[1:]))"
 
 
