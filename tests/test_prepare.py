@@ -5,11 +5,14 @@ truncated; the output is byte-identical across runs and worker counts; an interr
 resumes without redoing finished shards; the CLI and its errors."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
+import os
 import re
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -17,9 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.disk import KILLED_BY_FILE_SIZE, file_size_limit
 from fixtures_prepare import (ESPEAK, FULL_DVAE, SENTENCES_EN, TINY_DVAE, coqui_audio, espeak, make_ljspeech,
                               training_texts, write_assets)
 from coqui import require_coqui
+from conftest import run_python
 from helpers import SEED, make_rng
 
 sf = pytest.importorskip("soundfile", reason="the prepare extra (soundfile) is not installed")
@@ -174,6 +179,56 @@ def test_resume_keeps_finished_shards(small, prepared, tmp_path, monkeypatch):
                 samples_per_shard=4, seed=SEED, progress=False)
     assert (r.summary["shards"], r.summary["shards_resumed"]) == (4, 3)
     assert files(dest) != files(out)
+
+
+def test_a_full_disk_names_the_shard_and_a_rerun_finishes_the_output(small, prepared, tmp_path):
+    """The disk fills while the first shard is written (a file size limit: EFBIG where a full
+    disk gives ENOSPC): the error names the shard and the cause, no temporary file is left,
+    and the same command, run again with room, gives the output of an uninterrupted run."""
+    out, _ = prepared
+    dest = tmp_path / "full"
+    with file_size_limit(256 << 10):  # a shard of 4 clips is over a megabyte
+        with pytest.raises(OSError) as caught:
+            prepare(small["xtts"], small["meta"], dest, eval_fraction=0.25, samples_per_shard=4, seed=SEED,
+                    progress=False)
+    assert str(caught.value) == (f"[Errno {errno.EFBIG}] cannot write {str(dest / 'train' / 'shard-00000.npz')!r}: "
+                                 f"{os.strerror(errno.EFBIG)}")
+    assert not [p for p in dest.rglob("*") if "tmp" in p.name]
+    prepare(small["xtts"], small["meta"], dest, eval_fraction=0.25, samples_per_shard=4, seed=SEED, progress=False)
+    assert files(dest) == files(out)
+
+
+KILLED_PREPARE = KILLED_BY_FILE_SIZE + r"""
+import sys
+from pyxtts.prepare import prepare
+die_past(256 << 10)
+prepare(sys.argv[1], sys.argv[2], sys.argv[3], eval_fraction=0.25, samples_per_shard=4, seed=int(sys.argv[4]),
+        progress=False)
+"""
+
+
+def test_a_prepare_killed_mid_shard_leaves_nothing_in_the_way(small, prepared, tmp_path):
+    """A prepare killed while it writes a shard leaves that shard's temporary file: the
+    same command resumes and removes it, and --overwrite with other settings (which
+    refuses to delete files prepare did not write) takes it for prepare's own."""
+    out, _ = prepared
+    dest = tmp_path / "killed"
+
+    def killed() -> None:
+        r = run_python(KILLED_PREPARE, str(small["xtts"]), str(small["meta"]), str(dest), str(SEED))
+        assert r.returncode == -signal.SIGXFSZ, r.stderr
+        assert [p.name for p in (dest / "train").iterdir() if "tmp" in p.name], "killed before any shard"
+
+    killed()
+    prepare(small["xtts"], small["meta"], dest, eval_fraction=0.25, samples_per_shard=4, seed=SEED, progress=False)
+    assert files(dest) == files(out)
+    assert not [p for p in dest.rglob("*") if "tmp" in p.name]
+    shutil.rmtree(dest)
+    killed()
+    again = prepare(small["xtts"], small["meta"], dest, eval_fraction=0.25, samples_per_shard=3, seed=SEED,
+                    overwrite=True, progress=False)
+    assert again.summary["kept"] == 12
+    assert not [p for p in dest.rglob("*") if "tmp" in p.name]
 
 
 def test_other_settings_are_refused(small, prepared, tmp_path):

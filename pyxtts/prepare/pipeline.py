@@ -47,6 +47,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from pyxtts._args import flag, integer, path_arg, real
+from pyxtts._files import remove_stale_temps, write_atomic
 from pyxtts._words import counted, setting_changes
 from pyxtts.data import shard_arrays
 from pyxtts.prepare.assets import XTTSAssets
@@ -193,7 +194,7 @@ def _read_clip(path: Path, limits: _Limits) -> tuple[np.ndarray | None, str, str
     return wav, "", ""
 
 
-_SPLIT_FILE = re.compile(r"(shard-\d{5}\.(npz|json)|mel_stats\.npy)(\.tmp-\d+)?")  # a crash leaves .tmp-<pid>
+_SPLIT_FILE = re.compile(r"(shard-\d{5}\.(npz|json)|mel_stats\.npy)(\.tmp-\d+)?")  # a crash leaves .tmp-<pid> (_files)
 _TOP_FILES = ("prepare.json", "report.tsv", "summary.json")
 
 
@@ -326,21 +327,29 @@ def _unknown_detail(tok: XTTSTokenizer, cleaned: str, bad: set[str]) -> str:
 
 def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """An uncompressed .npz as np.savez writes it, with fixed timestamps (same bytes for
-    the same arrays), written to a temporary name and renamed into place."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
-        for key in sorted(arrays):
-            info = zipfile.ZipInfo(f"{key}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            info.external_attr = 0o644 << 16
-            with zf.open(info, "w", force_zip64=True) as fh:
-                np.lib.format.write_array(fh, np.asarray(arrays[key]), allow_pickle=False)
-    os.replace(tmp, path)
+    the same arrays), written atomically (``pyxtts._files``: a failure names the file)."""
+    def write(tmp: Path) -> None:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for key in sorted(arrays):
+                info = zipfile.ZipInfo(f"{key}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+                info.external_attr = 0o644 << 16
+                with zf.open(info, "w", force_zip64=True) as fh:
+                    np.lib.format.write_array(fh, np.asarray(arrays[key]), allow_pickle=False)
+
+    write_atomic(path, write)
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    text = json.dumps(obj, indent=1, ensure_ascii=False) + "\n"
+    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def _write_npy(path: Path, array: np.ndarray) -> None:
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:  # a file object: np.save adds ".npy" to a name without it
+            np.save(f, array, allow_pickle=False)
+
+    write_atomic(path, write)
 
 
 def _item_fingerprint(item: Item) -> list:
@@ -577,6 +586,8 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
                                       "replace its shards")
             _remove_outputs(out, prepared=manifest.is_file())
     out.mkdir(parents=True, exist_ok=True)
+    for place in (out, out / "train", out / "eval"):  # what a run killed mid-write left
+        remove_stale_temps(place)
     vocab_path = None
     if vocab_doc is not None:
         vocab_path = out / "vocab.json"
@@ -592,7 +603,7 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
             continue
         sub.mkdir(exist_ok=True)
         # the trainer computes each step's reference-slice mels with the checkpoint's normalisation
-        np.save(sub / "mel_stats.npy", np.asarray(assets.mel_stats, dtype=np.float64))
+        _write_npy(sub / "mel_stats.npy", np.asarray(assets.mel_stats, dtype=np.float64))
         n = math.ceil(len(split_items) / samples_per_shard)
         shards += [_Shard(split, j, split_items[j * samples_per_shard:(j + 1) * samples_per_shard], sub)
                    for j in range(n)]
@@ -705,7 +716,8 @@ def _finish(out: Path, shards: list[_Shard], rows: dict[tuple[str, int], list[di
             else:
                 dropped[r["status"]] += 1
                 sp["dropped"][r["status"]] = sp["dropped"].get(r["status"], 0) + 1
-    report.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    text = "\n".join(lines) + "\n"
+    write_atomic(report, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     summary = {
         "samples": n_items, "kept": kept, "dropped": dict(sorted(dropped.items())),
         "hours_read": sec_read / 3600, "hours_kept": sec_kept / 3600, "splits": splits,
