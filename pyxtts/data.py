@@ -40,6 +40,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from pyxtts._args import integer
+from pyxtts._files import write_atomic
 from pyxtts.framing import AUDIO_OVERHEAD, TEXT_OVERHEAD, frame_batch
 
 __all__ = ["DataError", "Sample", "TTSDataset", "SyntheticDataset", "shard_arrays", "write_shards", "collate",
@@ -114,8 +115,8 @@ def shard_arrays(samples: Iterable, where: str = "sample", first: int = 0) -> di
 
 def write_shards(samples: Iterable, folder: str | os.PathLike, samples_per_shard: int = 1000) -> list[Path]:
     """Writes samples (``Sample`` or (text, audio[, cond]) tuples or dicts with those keys,
-    as ``shard_arrays`` takes them) as ``shard-NNNNN.npz`` files into ``folder`` (created);
-    returns the paths."""
+    as ``shard_arrays`` takes them) as ``shard-NNNNN.npz`` files into ``folder`` (created),
+    each written atomically (``pyxtts._files.write_atomic``); returns the paths."""
     samples_per_shard = integer("samples_per_shard", samples_per_shard, minimum=1)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -124,7 +125,13 @@ def write_shards(samples: Iterable, folder: str | os.PathLike, samples_per_shard
 
     def flush() -> None:
         path = folder / f"shard-{len(paths):05d}.npz"
-        np.savez(path, **shard_arrays(pending, "write_shards: sample", len(paths) * samples_per_shard))
+        arrays = shard_arrays(pending, "write_shards: sample", len(paths) * samples_per_shard)
+
+        def write(tmp: Path) -> None:
+            with open(tmp, "wb") as f:  # a file object: np.savez adds ".npz" to a name without it
+                np.savez(f, **arrays)
+
+        write_atomic(path, write)  # a shard is whole or absent; a failure names it
         paths.append(path)
         pending.clear()
 
@@ -201,6 +208,44 @@ def _prepared_hint(folder: Path) -> str:
     return f", but it is an output folder of pyxtts prepare: load {str(train)!r} (the training samples){also}"
 
 
+def _shard_samples(f: Path) -> list[Sample]:
+    """The samples of the shard ``f``; a file cut short or damaged (a full disk, a copy
+    that stopped) is a DataError naming it, never NumPy's or zipfile's own error."""
+    import zipfile
+
+    try:
+        return _read_shard(f)
+    except DataError:
+        raise
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:
+        raise DataError(f"{f}: cannot read this shard ({type(exc).__name__}: {exc}): the file is cut short or "
+                        "damaged; remove it and run the pyxtts prepare command that made it again, which "
+                        "writes the missing shard anew") from exc
+
+
+def _read_shard(f: Path) -> list[Sample]:
+    samples = []
+    with np.load(f, allow_pickle=False) as z:
+        keys = set(z.files)
+        n = sum(1 for k in keys if k.startswith("text_"))
+        for i in range(n):
+            where = f"{f}: sample {i}"
+            for k in (f"text_{i}", f"audio_{i}"):
+                if k not in keys:
+                    raise DataError(f"{where}: array {k!r} missing (a shard holds text_<i>, "
+                                    "audio_<i> and optional cond_<i> for i = 0..n-1)")
+            cond = _cond(z[f"cond_{i}"], where) if f"cond_{i}" in keys else None
+            ref = _ref_audio(z[f"ref_audio_{i}"], where) if f"ref_audio_{i}" in keys else None
+            ref_is_clip = f"ref_is_clip_{i}" in keys and bool(z[f"ref_is_clip_{i}"])
+            samples.append(Sample(_ids(z[f"text_{i}"], where, "text"),
+                                  _ids(z[f"audio_{i}"], where, "audio"), cond, where, ref, ref_is_clip))
+        extra = keys - {f"{p}_{i}" for i in range(n)
+                        for p in ("text", "audio", "cond", "ref_audio", "ref_is_clip")}
+        if extra:
+            raise DataError(f"{f}: unexpected arrays {sorted(extra)[:3]}")
+    return samples
+
+
 class TTSDataset(Sequence):
     """Pre-tokenised samples in memory. ``TTSDataset.from_shards(folder)``,
     ``TTSDataset.from_manifest(path)`` or ``TTSDataset.load(path)`` (either); with a
@@ -234,24 +279,7 @@ class TTSDataset(Sequence):
             raise DataError(f"{folder}: no .npz shards found{_prepared_hint(folder)}")
         samples: list[Sample] = []
         for f in files:
-            with np.load(f, allow_pickle=False) as z:
-                keys = set(z.files)
-                n = sum(1 for k in keys if k.startswith("text_"))
-                for i in range(n):
-                    where = f"{f}: sample {i}"
-                    for k in (f"text_{i}", f"audio_{i}"):
-                        if k not in keys:
-                            raise DataError(f"{where}: array {k!r} missing (a shard holds text_<i>, "
-                                            "audio_<i> and optional cond_<i> for i = 0..n-1)")
-                    cond = _cond(z[f"cond_{i}"], where) if f"cond_{i}" in keys else None
-                    ref = _ref_audio(z[f"ref_audio_{i}"], where) if f"ref_audio_{i}" in keys else None
-                    ref_is_clip = f"ref_is_clip_{i}" in keys and bool(z[f"ref_is_clip_{i}"])
-                    samples.append(Sample(_ids(z[f"text_{i}"], where, "text"),
-                                          _ids(z[f"audio_{i}"], where, "audio"), cond, where, ref, ref_is_clip))
-                extra = keys - {f"{p}_{i}" for i in range(n)
-                                for p in ("text", "audio", "cond", "ref_audio", "ref_is_clip")}
-                if extra:
-                    raise DataError(f"{f}: unexpected arrays {sorted(extra)[:3]}")
+            samples += _shard_samples(f)
         stats = None
         if (folder / "mel_stats.npy").is_file():
             try:

@@ -3,6 +3,7 @@ next-token targets, seeded shuffling, and a synthetic set a small model really l
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -44,6 +45,23 @@ def test_shards_round_trip(tmp_path, cond, rng):
                                           (("text", "audio", "cond") if cond else ("text", "audio"))])
     ds = TTSDataset.load(tmp_path, CFG)
     same(ds.samples, src)
+
+
+@pytest.mark.parametrize("damage", ["cut", "empty", "bytes"])
+def test_a_shard_cut_short_or_damaged_is_named(tmp_path, rng, damage):
+    """A shard a full disk or a stopped copy cut short, or whose bytes changed, is a
+    DataError naming it and saying what to do, not zipfile's or NumPy's own error."""
+    paths = write_shards(samples(23, rng, True), tmp_path, samples_per_shard=10)
+    data = paths[1].read_bytes()
+    if damage == "cut":
+        paths[1].write_bytes(data[:len(data) // 2])
+    elif damage == "empty":
+        paths[1].write_bytes(b"")
+    else:  # inside the first array's data: its CRC-32 no longer matches
+        paths[1].write_bytes(data[:200] + bytes(64) + data[264:])
+    with pytest.raises(DataError, match=f"^{re.escape(str(paths[1]))}: cannot read this shard .*: the file is cut "
+                                        "short or damaged; remove it and run the pyxtts prepare command"):
+        TTSDataset.load(tmp_path, CFG)
 
 
 def test_manifest_with_paths_and_lists(tmp_path):
