@@ -32,15 +32,16 @@ import os
 import re
 import shutil
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
+from pyxtts._files import write_all_atomic
 from pyxtts.checkpoint import (FORMAT, FORMAT_VERSION, MODEL_PREFIX, CheckpointError, read_checkpoint,
-                               save_checkpoint, write_atomic)
+                               save_checkpoint)
 from pyxtts.text_vocab import TEXT_ROWS
 from pyxtts.torchfile import (PickledObject, TensorRef, TorchFile, TorchFileError, resized_pickle, rewrite_storages,
                               storages_with)
@@ -453,6 +454,19 @@ def _coqui_config_json(base_dir: Path, ext: Any) -> bytes:
     return (json.dumps(cfg, indent=4, ensure_ascii=False) + "\n").encode("utf-8")
 
 
+def _write_export(out: Path, writers: Mapping[str, Callable[[Path], None]]) -> None:
+    """The export's files, all written before any is renamed into ``out``
+    (``write_all_atomic``): a full disk or a read-only folder leaves ``out`` as it was (an
+    earlier export whole), and a folder made for it is removed again."""
+    made = not out.exists()
+    try:
+        write_all_atomic(out, writers)
+    except BaseException:
+        if made and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
+
+
 def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, out: str | os.PathLike,
                            vocab: str | os.PathLike | None = None, overwrite: bool = False) -> dict:
     """Writes a Coqui XTTS checkpoint folder ``out`` that ``Xtts.load_checkpoint(config,
@@ -460,9 +474,11 @@ def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, ou
     Coqui XTTS folder or its ``model.pth``) with every GPT tensor of the model (an
     ``XTTSGPT`` or the path of a pyxtts checkpoint) replaced, cast to the base tensor's
     dtype; every other record (the other modules, the GPT tensors the model lacks, the
-    pickled config) is copied byte for byte. ``model.pth`` is written atomically; the
-    base's ``config.json``, ``vocab.json`` and ``speakers_xtts.pth`` (those present) are
-    copied beside it. The model and the base must describe the same GPT (sizes, heads,
+    pickled config) is copied byte for byte. The base's ``config.json``, ``vocab.json`` and
+    ``speakers_xtts.pth`` (those present) are copied beside it. Every file is written to a
+    temporary name first and renamed once all are written, so a failure (a full disk, a
+    read-only folder: an OSError naming the file and the cause) leaves ``out`` as it was,
+    an earlier export in it whole. The model and the base must describe the same GPT (sizes, heads,
     token ids). Returns ``{"model_pth", "replaced", "carried_from_base", "copied",
     "not_in_base"}`` (lists of names); the base is never modified.
 
@@ -520,29 +536,30 @@ def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, ou
         if held and not overwrite:
             raise FileExistsError(f"out: {str(out)!r} holds an export already ({', '.join(held)}); pass overwrite=True "
                                   "to replace it, or export into another folder")
-        out.mkdir(parents=True, exist_ok=True)
-        target = out / "model.pth"
-        write_atomic(target, lambda tmp: rewrite_storages(ck.file, tmp, storages, pickle_data))
-        report = {"model_pth": str(target), "replaced": sorted(ck.prefix + k for k in state),
+        writers: dict[str, Callable[[Path], None]] = {
+            "model.pth": lambda tmp: rewrite_storages(ck.file, tmp, storages, pickle_data)}
+        if growth is not None:  # the extended vocabulary and the config that names its language
+            doc_bytes = Path(vocab).read_bytes()
+            config_bytes = _coqui_config_json(base_dir, growth[1])
+            writers["vocab.json"] = lambda tmp: Path(tmp).write_bytes(doc_bytes)
+            writers["config.json"] = lambda tmp: Path(tmp).write_bytes(config_bytes)
+        copied, absent = [], []
+        for name in COQUI_LOADER_FILES:
+            src = base_dir / name
+            if growth is not None and name in ("vocab.json", "config.json"):
+                continue
+            if src.is_file():
+                writers[name] = lambda tmp, src=src: shutil.copyfile(src, tmp)
+                copied.append(name)
+            else:
+                absent.append(name)
+        _write_export(out, writers)
+        report = {"model_pth": str(out / "model.pth"), "replaced": sorted(ck.prefix + k for k in state),
                   "carried_from_base": sorted(ck.prefix + k for k in ck.tensors if k not in state)}
     finally:
         ck.file.close()
-    copied, absent = [], []
-    if growth is not None:  # the extended vocabulary and the config that names its language
-        doc_bytes = Path(vocab).read_bytes()
-        config_bytes = _coqui_config_json(base_dir, growth[1])
-        write_atomic(out / "vocab.json", lambda tmp: Path(tmp).write_bytes(doc_bytes))
-        write_atomic(out / "config.json", lambda tmp: Path(tmp).write_bytes(config_bytes))
+    if growth is not None:
         report["language"] = growth[1].language
-    for name in COQUI_LOADER_FILES:
-        src = base_dir / name
-        if growth is not None and name in ("vocab.json", "config.json"):
-            continue
-        if src.is_file():
-            write_atomic(out / name, lambda tmp, src=src: shutil.copyfile(src, tmp))
-            copied.append(name)
-        else:
-            absent.append(name)
     removed = [n for n in absent if (out / n).is_file()]  # an earlier export's, which the base lacks
     for name in removed:
         (out / name).unlink()

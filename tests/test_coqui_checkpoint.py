@@ -5,6 +5,7 @@ trip, and the refusals that leave everything as it was."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import shutil
@@ -19,6 +20,7 @@ import pyxtts.coqui_checkpoint
 from conftest import SEED
 from coqui import require_coqui
 from fixtures_xtts import SMALL_ARGS, write_gpt_trainer_checkpoint, write_xtts_folder
+from helpers.disk import file_size_limit
 
 CONDITIONING = ("conditioning_encoder.", "conditioning_perceiver.")
 
@@ -230,6 +232,34 @@ def test_a_train_that_fails_after_init_takes_its_import_back(base, tmp_path, cap
     pyxtts.import_xtts_checkpoint(base, tmp_path / "mine" / "init_xtts.safetensors")
     train(tmp_path / "mine", "--resume")
     assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["init_xtts.safetensors", "notes.txt"]
+
+
+def test_an_export_that_cannot_be_written_leaves_the_folder_as_it_was(base, tmp_path, monkeypatch):
+    """A full disk during an export (a file size limit under model.pth's size: EFBIG where a
+    full disk gives ENOSPC) is an OSError naming the file and the cause, and a folder the
+    export made is gone again. Over an earlier export, a failure after model.pth is written
+    (here: copying config.json) leaves every file of the earlier export as it was: model.pth
+    was renamed into place before the files beside it were written, a mix of two exports."""
+    cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
+    model = pyxtts.XTTSGPT(cfg, seed=1)
+    out = tmp_path / "new"
+    with file_size_limit((base / "model.pth").stat().st_size // 2):
+        with pytest.raises(OSError) as caught:
+            pyxtts.export_xtts_checkpoint(model, base, out)
+    assert str(caught.value) == f"[Errno {errno.EFBIG}] cannot write {str(out / 'model.pth')!r}: File too large"
+    assert not out.exists()
+    out = tmp_path / "earlier"
+    pyxtts.export_xtts_checkpoint(model, base, out)
+    done = {p.name: file_hash(p) for p in out.iterdir()}
+
+    def no_space(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shutil, "copyfile", no_space)
+    with pytest.raises(OSError) as caught:
+        pyxtts.export_xtts_checkpoint(pyxtts.XTTSGPT(cfg, seed=2), base, out, overwrite=True)
+    assert str(caught.value) == f"[Errno {errno.ENOSPC}] cannot write {str(out / 'config.json')!r}: No space left on device"
+    assert {p.name: file_hash(p) for p in out.iterdir()} == done
 
 
 def test_cli_export(base, tmp_path, capsys):
