@@ -861,6 +861,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # a command without its own handling (train saves, prepare keeps its work)
         print(f"pyxtts {args.command or 'train'}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `pyxtts export ... | head -1`: the reader of the output has gone
+        from pyxtts.callbacks.progress import drop_output
+
+        drop_output(sys.stdout)  # else Python's flush at exit fails again, with a traceback
+        return 128 + 13  # as a shell reports a command that SIGPIPE ended
 
 
 def torchrun_command(gpus: str, argv: list[str]) -> tuple[list[str], dict[str, str]]:

@@ -280,3 +280,31 @@ def test_a_second_pyxtts_train_on_a_folder_in_use_names_the_process_that_holds_i
     r = run_python(CLI, *args, "--resume", "--max-steps", str(last + 1), cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr[-2000:]
     assert steps_logged(ck / "train_log.jsonl") == list(range(1, last + 2))
+
+
+def test_a_run_whose_output_pipe_closes_trains_to_its_end(tmp_path):
+    """`pyxtts train 2>&1 | head -1`: once the reader has gone, every progress line raised
+    BrokenPipeError, so the run died at the next one, with no checkpoint. The lines are now
+    dropped and the run trains to its end; the summary it cannot print makes the exit
+    status a shell's for a command SIGPIPE ended (141)."""
+    cfg = make_config(tmp_path, max_steps=12, log_interval=1)
+    cfg.save(tmp_path / "c.yaml")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(pyxtts.__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen([sys.executable, "-c", CLI, "train", "--config", str(tmp_path / "c.yaml"),
+                              "--synthetic", "24"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        line = child.stdout.readline()
+        while line and not line.startswith("pyxtts train: "):  # a warning of Python's before it
+            line = child.stdout.readline()
+        assert line.startswith("pyxtts train: on a synthetic set"), line
+        child.stdout.close()  # head has read its line
+        assert child.wait(timeout=120) == 141
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    ck = tmp_path / "ckpt"
+    assert steps_logged(ck / "train_log.jsonl") == list(range(1, 13))
+    assert (ck / "step_00000012.safetensors").is_file()

@@ -5,6 +5,7 @@ on a terminal). ``progress=False`` silences both; ``Reporter.warn`` lines are sh
 anyway."""
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any, Callable
@@ -12,7 +13,7 @@ from typing import Any, Callable
 from pyxtts.callbacks.base import Callback, Run
 from pyxtts.memory import format_bytes
 
-__all__ = ["Progress", "Reporter", "format_duration"]
+__all__ = ["Progress", "Reporter", "drop_output", "format_duration"]
 
 
 def format_duration(seconds: float) -> str:
@@ -48,7 +49,25 @@ class Reporter:
             return
         from tqdm import tqdm
 
-        tqdm.write(line, file=sys.stderr)
+        try:
+            tqdm.write(line, file=sys.stderr)
+        except BrokenPipeError:  # `pyxtts train 2>&1 | head`: the reader has gone, the run goes on
+            drop_output(sys.stderr)
+
+
+def drop_output(stream: Any) -> None:
+    """Points ``stream``'s file descriptor at the null device, once its reader has gone (a
+    pipe closed at the other end), so that what would have been shown is dropped instead
+    of raising BrokenPipeError at every line."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a notebook's stream)
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 
 class Progress(Callback):
