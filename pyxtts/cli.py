@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -11,6 +13,7 @@ from typing import Any
 
 import pyxtts
 from pyxtts._args import CLI_FLAGS, as_flags
+from pyxtts._files import folder_problem
 from pyxtts._words import counted
 from pyxtts.memory import format_bytes
 from pyxtts.memtest import memtest as _memtest
@@ -98,9 +101,14 @@ def _fail(command: str, exc: BaseException) -> int:
 
 
 def _said(exc: BaseException) -> str:
-    """The error's words for a person: an OSError without its "[Errno 20]" prefix."""
+    """The error's words for a person: an OSError without its "[Errno 20]" prefix; one about
+    a path that a file or a broken symbolic link stands in the way of says that instead."""
     if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror if exc.filename is None else f"{exc.strerror}: {str(exc.filename)!r}"
+        if exc.filename is None:
+            return exc.strerror
+        path = Path(os.fsdecode(exc.filename))
+        problem = folder_problem(path) if exc.errno in (errno.EEXIST, errno.ENOENT, errno.ENOTDIR) else None
+        return problem or f"{exc.strerror}: {str(path)!r}"
     return str(exc)
 
 
@@ -404,8 +412,6 @@ def _replanned(before: Any, after: Any, device: str | None) -> str | None:
 def _resume_command(argv: list[str]) -> str:
     """This command line (``argv``, or the ``--gpus`` one that started this process under
     torchrun) as it continues the run: --overwrite out, --resume in."""
-    import os
-
     launcher = os.environ.get(COMMAND_ENV)
     words = shlex.split(launcher)[1:] if launcher else argv
     words = [w for w in words if w != "--overwrite"]
@@ -891,8 +897,6 @@ def torchrun_command(gpus: str, argv: list[str]) -> tuple[list[str], dict[str, s
 
 def _run_on_gpus(gpus: str, argv: list[str]) -> int:
     """``--gpus``: the same training under torchrun, one process per GPU; its exit status."""
-    import os
-
     from pyxtts.distributed import launched
 
     if launched():

@@ -388,7 +388,6 @@ class Trainer:
         weights_only = flag("weights_only", weights_only)
         p = Path(path) if path is not None else self.checkpoint_dir / step_checkpoint_name(self.step)
         if self.strategy.is_main:  # every process holds the same bits: rank 0 writes them
-            p.parent.mkdir(parents=True, exist_ok=True)
             extra = {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "config": self.config.to_dict(),
                      "data": self._data_fingerprint}
             if self.strategy.world_size > 1:

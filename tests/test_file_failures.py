@@ -89,6 +89,20 @@ def test_a_full_disk_under_the_log_names_the_log(tmp_path, capsys):
         assert "TensorBoard: cannot write" in capsys.readouterr().err
 
 
+def test_a_checkpoint_folder_under_a_file_is_named_by_what_is_in_the_way(tmp_path, capsys):
+    """`--checkpoint-dir` below a file (the log elsewhere, so the checkpoint is the first
+    thing written there): the line names the checkpoint and the file in the way."""
+    cfg = make_config(tmp_path, checkpoint_dir=str(tmp_path / "file" / "ckpt"))
+    cfg.save(tmp_path / "c.yaml")
+    (tmp_path / "file").write_text("x")
+    rc = pyxtts.cli.main(["train", "--config", str(tmp_path / "c.yaml"), "--synthetic", "24", "--no-progress",
+                          "--log", str(tmp_path / "log.jsonl")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.splitlines()[-1] == (
+        f"pyxtts train: cannot write {str(tmp_path / 'file' / 'ckpt' / 'best.safetensors')!r}: "
+        f"{str(tmp_path / 'file')!r} is a file, not a folder"), err
+
+
 # ---- TensorBoard -----------------------------------------------------------------------
 
 @pytest.mark.skipif(not HAS_TENSORBOARD, reason=NO_TENSORBOARD)

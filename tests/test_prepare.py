@@ -231,6 +231,21 @@ def test_a_prepare_killed_mid_shard_leaves_nothing_in_the_way(small, prepared, t
     assert not [p for p in dest.rglob("*") if "tmp" in p.name]
 
 
+def test_cli_names_what_stands_in_the_way_of_the_output_folder(small, tmp_path, capsys):
+    """An --out under a file, or a symbolic link to nothing: the one line says so, where it
+    said "Not a directory: '.../file/out'" or "File exists: '.../link'"."""
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    for out, said in ((tmp_path / "file" / "out", f"{str(tmp_path / 'file')!r} is a file, not a folder"),
+                      (tmp_path / "link", f"{str(tmp_path / 'link')!r} is a symbolic link to "
+                                          f"{str(tmp_path / 'gone')!r}, which does not exist")):
+        rc = pyxtts.cli.main(["prepare", "--xtts-dir", str(small["xtts"]), "--metadata", str(small["meta"]),
+                              "--out", str(out), "--no-progress"])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.splitlines()[-1] == f"pyxtts prepare: {said}", err
+    assert not (tmp_path / "gone").exists()
+
+
 def test_other_settings_are_refused(small, prepared, tmp_path):
     out, _ = prepared
     # the refusal names what changed (the folder records its settings)
