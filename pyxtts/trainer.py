@@ -618,9 +618,13 @@ class Trainer:
     def _let_go_folder(self, lock: int | None) -> None:
         if lock is None:
             return
-        if self._made_folder and not any(self.checkpoint_dir.iterdir()):
-            self.checkpoint_dir.rmdir()  # before the lock goes: no other run is in it
-        os.close(lock)
+        try:
+            if self._made_folder and not any(self.checkpoint_dir.iterdir()):
+                self.checkpoint_dir.rmdir()  # before the lock goes: no other run is in it
+        except OSError:  # removed meanwhile: nothing to tidy
+            pass
+        finally:
+            os.close(lock)
 
     def _fit_held(self, train: TTSDataset, held: TTSDataset | None, refs: Any, resume: bool | str | os.PathLike,
                   overwrite: bool, fingerprint: dict) -> FitResult:

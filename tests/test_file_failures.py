@@ -11,6 +11,7 @@ import errno
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -101,6 +102,44 @@ def test_a_checkpoint_folder_under_a_file_is_named_by_what_is_in_the_way(tmp_pat
     assert rc == 2 and err.splitlines()[-1] == (
         f"pyxtts train: cannot write {str(tmp_path / 'file' / 'ckpt' / 'best.safetensors')!r}: "
         f"{str(tmp_path / 'file')!r} is a file, not a folder"), err
+
+
+class _RemovesTheFolder(pyxtts.callbacks.Callback):
+    """Removes the run's folder, its log and checkpoints in it, after step 2."""
+
+    def on_step_end(self, run, record):
+        if record["step"] == 2:
+            shutil.rmtree(run.checkpoint_dir)
+
+
+def test_a_folder_removed_mid_run_gets_the_rest_of_the_run(tmp_path, capsys):
+    """The run's folder is removed while it trains (an rm -rf of the wrong folder): the
+    run goes on, its next checkpoints are written into the folder made anew, and the log,
+    which went on into the removed file, is opened anew there, said in one line."""
+    cfg = make_config(tmp_path)
+    train, held = datasets(cfg)
+    result = Trainer(cfg, progress=False, callbacks=[_RemovesTheFolder()]).fit(train, held)
+    ck = tmp_path / "ckpt"
+    assert result.step == 6 and result.checkpoint == ck / "step_00000006.safetensors"
+    assert sorted(p.name for p in ck.glob("step_*")) == ["step_00000003.safetensors", "step_00000006.safetensors"]
+    assert steps_logged(ck / "train_log.jsonl") == [3, 4, 5, 6]
+    said = [x for x in capsys.readouterr().err.splitlines() if "was removed while the run wrote it" in x]
+    assert said == [f"the training log {str(ck / 'train_log.jsonl')!r} was removed while the run wrote it; a new "
+                    "one there holds the records from step 3 on"]
+
+
+class _RemovesTheFolderAtTheEnd(pyxtts.callbacks.Callback):
+    def on_fit_end(self, run, error):
+        shutil.rmtree(run.checkpoint_dir)
+
+
+def test_a_folder_removed_as_the_run_ends_is_no_error(tmp_path):
+    """fit tidies a folder it made and left empty; one removed by then is nothing to tidy,
+    not a FileNotFoundError raised over the finished run's result."""
+    cfg = make_config(tmp_path)
+    train, held = datasets(cfg)
+    assert Trainer(cfg, progress=False, callbacks=[_RemovesTheFolderAtTheEnd()]).fit(train, held).step == 6
+    assert not (tmp_path / "ckpt").exists()
 
 
 # ---- TensorBoard -----------------------------------------------------------------------

@@ -63,19 +63,32 @@ class JSONLLog(Callback):
         """A failed write of the log (a full disk, its folder removed) in one line naming it."""
         return type(exc)(exc.errno, f"cannot write the training log {str(self.path)!r}: {exc.strerror or exc}")
 
-    def _write(self, record: dict) -> None:
-        if self.file is not None:
-            try:
-                self.file.write(json.dumps(record) + "\n")
-                self.file.flush()
-            except OSError as exc:
-                raise self._error(exc) from exc
+    def _write(self, run: Run, record: dict) -> None:
+        if self.file is None:
+            return
+        try:
+            if os.fstat(self.file.fileno()).st_nlink == 0:
+                self._reopen(run, record)
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+        except OSError as exc:
+            raise self._error(exc) from exc
+
+    def _reopen(self, run: Run, record: dict) -> None:
+        """The log was removed while the run wrote it (its folder with it, say): what follows
+        goes to a new file at its path, said once, rather than into a file no one can read."""
+        assert self.file is not None and self.path is not None
+        self.file.close()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(self.path, "w", encoding="utf-8")
+        run.warn(f"the training log {str(self.path)!r} was removed while the run wrote it; a new one there holds "
+                 f"the records from step {record['step']} on")
 
     def on_step_end(self, run: Run, record: dict) -> None:
-        self._write(record)
+        self._write(run, record)
 
     def on_evaluation(self, run: Run, record: dict) -> None:
-        self._write(record)
+        self._write(run, record)
 
     def on_fit_end(self, run: Run, error: BaseException | None) -> None:
         file, self.file = self.file, None
