@@ -246,6 +246,32 @@ def test_cli_names_what_stands_in_the_way_of_the_output_folder(small, tmp_path, 
     assert not (tmp_path / "gone").exists()
 
 
+def test_a_second_prepare_into_a_folder_in_use_is_refused(small, prepared, tmp_path, monkeypatch):
+    """A second prepare started into the folder a first one is writing (here: with other
+    settings and overwrite, which removed the first one's shards while it went on, and it
+    still said it had prepared them all) is refused, naming the folder; the first finishes
+    to the output of a run on its own."""
+    out, _ = prepared
+    dest = tmp_path / "busy"
+    real_write = pipeline._Shard.write
+    refused: list[str] = []
+    started: list[bool] = []
+
+    def write_and_start_another(self, records):
+        if not started:
+            started.append(True)
+            with pytest.raises(BlockingIOError) as caught:
+                prepare(small["xtts"], small["meta"], dest, samples_per_shard=3, overwrite=True, progress=False)
+            refused.append(str(caught.value))
+        return real_write(self, records)
+
+    monkeypatch.setattr(pipeline._Shard, "write", write_and_start_another)
+    prepare(small["xtts"], small["meta"], dest, eval_fraction=0.25, samples_per_shard=4, seed=SEED, progress=False)
+    assert refused == [f"[Errno {errno.EAGAIN}] out: {str(dest)!r} is in use by another pyxtts prepare (process "
+                       f"{os.getpid()}): wait for it to end, or prepare into another folder"]
+    assert files(dest) == files(out)
+
+
 def test_other_settings_are_refused(small, prepared, tmp_path):
     out, _ = prepared
     # the refusal names what changed (the folder records its settings)

@@ -28,6 +28,7 @@ resumed by running it again: finished shards whose items are unchanged are kept.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import itertools
 import json
@@ -47,7 +48,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from pyxtts._args import flag, integer, path_arg, real
-from pyxtts._files import remove_stale_temps, write_atomic
+from pyxtts._files import lock_folder, lock_holder, remove_stale_temps, write_atomic
 from pyxtts._words import counted, setting_changes
 from pyxtts.data import shard_arrays
 from pyxtts.prepare.assets import XTTSAssets
@@ -563,110 +564,129 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"out: {str(out)!r} is a file; the output is a folder (new, or an earlier "
                                  "prepare's)")
-    if out.exists() and any(out.iterdir()):
-        previous = None
-        if manifest.is_file():
-            try:
-                previous = json.loads(manifest.read_text(encoding="utf-8")).get("settings")
-            except (OSError, json.JSONDecodeError):
-                previous = None
-        if previous != settings:
-            if not overwrite:
-                what = "was prepared from other inputs or settings" if manifest.is_file() else \
-                    "is not an output folder of pyxtts prepare"
-                changed = []
-                if isinstance(previous, dict):  # the XTTS folder's files in words, not digests
-                    files = previous.get("xtts_files") != settings["xtts_files"]
-                    changed = (["the XTTS folder's files differ"] if files else []) + setting_changes(
-                        {k: v for k, v in previous.items() if k != "xtts_files"},
-                        {k: v for k, v in settings.items() if k != "xtts_files"}, absent_too=True)
-                if changed:
-                    what += f" ({'; '.join(changed)})"
-                raise FileExistsError(f"out: {str(out)!r} {what}; choose a new folder, or pass overwrite=True to "
-                                      "replace its shards")
-            _remove_outputs(out, prepared=manifest.is_file())
-    out.mkdir(parents=True, exist_ok=True)
-    for place in (out, out / "train", out / "eval"):  # what a run killed mid-write left
-        remove_stale_temps(place)
-    vocab_path = None
-    if vocab_doc is not None:
-        vocab_path = out / "vocab.json"
-        _write_json(vocab_path, vocab_doc)
-    elif (out / "vocab.json").exists():  # from an earlier --new-language run of this folder (overwritten)
-        (out / "vocab.json").unlink()
-    _write_json(manifest, {"settings": settings, "metadata": str(Path(metadata).resolve())})
-    shards: list[_Shard] = []
-    for split, split_items in (("train", train_items), ("eval", eval_items)):
-        sub = out / split
-        if not split_items:
-            _remove_split(sub)
-            continue
-        sub.mkdir(exist_ok=True)
-        # the trainer computes each step's reference-slice mels with the checkpoint's normalisation
-        _write_npy(sub / "mel_stats.npy", np.asarray(assets.mel_stats, dtype=np.float64))
-        n = math.ceil(len(split_items) / samples_per_shard)
-        shards += [_Shard(split, j, split_items[j * samples_per_shard:(j + 1) * samples_per_shard], sub)
-                   for j in range(n)]
-        for stale in list(sub.glob("shard-*.npz")) + list(sub.glob("shard-*.json")):
-            index = stale.stem.removeprefix("shard-")
-            if index.isdigit() and int(index) >= n:  # from an earlier, longer transcript
-                stale.unlink()
-
-    rows: dict[tuple[str, int], list[dict]] = {}
-    todo: list[_Shard] = []
-    for sh in shards:
-        done = sh.finished()
-        if done is None:
-            todo.append(sh)
-        else:
-            rows[(sh.split, sh.index)] = done
-    queue = [it for sh in todo for it in sh.items]
-    bar = _progress(progress, len(items), len(items) - len(queue))
+    lock = _hold_output(out)
     try:
-        if workers == 1 or len(queue) <= 1:
-            _init_worker(str(folder), limits, None if vocab_path is None else str(vocab_path))
-            results = map(_process, queue)
-            pool = None
-        else:
-            with _BlasThreads(workers):
-                pool = multiprocessing.get_context("spawn").Pool(
-                    min(workers, len(queue)), _init_worker,
-                    (str(folder), limits, None if vocab_path is None else str(vocab_path)))
-            results = _in_order(pool, queue, 2 * workers)
-        try:
-            for sh in todo:
-                records = []
-                for _ in sh.items:
-                    records.append(next(results))
-                    bar.update(1)
-                rows[(sh.split, sh.index)] = sh.write(records)
-        finally:
-            if pool is not None:  # after the clips in flight, at most 2 per worker
-                pool.close()
-                pool.join()
-    finally:
-        bar.close()
+        if out.exists() and any(out.iterdir()):
+            previous = None
+            if manifest.is_file():
+                try:
+                    previous = json.loads(manifest.read_text(encoding="utf-8")).get("settings")
+                except (OSError, json.JSONDecodeError):
+                    previous = None
+            if previous != settings:
+                if not overwrite:
+                    what = "was prepared from other inputs or settings" if manifest.is_file() else \
+                        "is not an output folder of pyxtts prepare"
+                    changed = []
+                    if isinstance(previous, dict):  # the XTTS folder's files in words, not digests
+                        files = previous.get("xtts_files") != settings["xtts_files"]
+                        changed = (["the XTTS folder's files differ"] if files else []) + setting_changes(
+                            {k: v for k, v in previous.items() if k != "xtts_files"},
+                            {k: v for k, v in settings.items() if k != "xtts_files"}, absent_too=True)
+                    if changed:
+                        what += f" ({'; '.join(changed)})"
+                    raise FileExistsError(f"out: {str(out)!r} {what}; choose a new folder, or pass overwrite=True to "
+                                          "replace its shards")
+                _remove_outputs(out, prepared=manifest.is_file())
+        out.mkdir(parents=True, exist_ok=True)
+        for place in (out, out / "train", out / "eval"):  # what a run killed mid-write left
+            remove_stale_temps(place)
+        vocab_path = None
+        if vocab_doc is not None:
+            vocab_path = out / "vocab.json"
+            _write_json(vocab_path, vocab_doc)
+        elif (out / "vocab.json").exists():  # from an earlier --new-language run of this folder (overwritten)
+            (out / "vocab.json").unlink()
+        _write_json(manifest, {"settings": settings, "metadata": str(Path(metadata).resolve())})
+        shards: list[_Shard] = []
+        for split, split_items in (("train", train_items), ("eval", eval_items)):
+            sub = out / split
+            if not split_items:
+                _remove_split(sub)
+                continue
+            sub.mkdir(exist_ok=True)
+            # the trainer computes each step's reference-slice mels with the checkpoint's normalisation
+            _write_npy(sub / "mel_stats.npy", np.asarray(assets.mel_stats, dtype=np.float64))
+            n = math.ceil(len(split_items) / samples_per_shard)
+            shards += [_Shard(split, j, split_items[j * samples_per_shard:(j + 1) * samples_per_shard], sub)
+                       for j in range(n)]
+            for stale in list(sub.glob("shard-*.npz")) + list(sub.glob("shard-*.json")):
+                index = stale.stem.removeprefix("shard-")
+                if index.isdigit() and int(index) >= n:  # from an earlier, longer transcript
+                    stale.unlink()
 
-    now = {(sh.split, sh.index) for sh in todo}
-    result = _finish(out, shards, rows, now, len(items), workers, time.perf_counter() - start, audio_base)
-    if result.summary["dropped"].get("missing"):
-        result.missing_example = next((it.audio for it in items if not it.audio.exists()), None)
-    if reused is not None:
-        result.summary["vocab"] = {"from": str(vocab), "vocab": str(vocab_path), "size": reused[1].size,
-                                   "languages": list(reused[2]), "vocab_sha256": vocab_sha256(vocab_doc),
-                                   "digits": _digit_keys(shards, rows)}
-        _write_json(out / "summary.json", result.summary)
-    if vocab_path is not None and new_code is not None:
-        new = {"language": new_code, "base_size": ext.base_size, "size": ext.size,
-               "added_tokens": len(ext.added) - 1, "characters": ext.characters, "requested_tokens": new_tokens,
-               "vocab": str(vocab_path), "vocab_sha256": vocab_sha256(vocab_doc),
-               "digits": _digit_keys(shards, rows)}
-        held = _new_language_texts(eval_items, new_code)
-        if held:
-            new.update(_held_out_figures(assets.tokenizer, XTTSTokenizer(vocab_path), held))
-        result.summary["new_language"] = new
-        _write_json(out / "summary.json", result.summary)
-    return result
+        rows: dict[tuple[str, int], list[dict]] = {}
+        todo: list[_Shard] = []
+        for sh in shards:
+            done = sh.finished()
+            if done is None:
+                todo.append(sh)
+            else:
+                rows[(sh.split, sh.index)] = done
+        queue = [it for sh in todo for it in sh.items]
+        bar = _progress(progress, len(items), len(items) - len(queue))
+        try:
+            if workers == 1 or len(queue) <= 1:
+                _init_worker(str(folder), limits, None if vocab_path is None else str(vocab_path))
+                results = map(_process, queue)
+                pool = None
+            else:
+                with _BlasThreads(workers):
+                    pool = multiprocessing.get_context("spawn").Pool(
+                        min(workers, len(queue)), _init_worker,
+                        (str(folder), limits, None if vocab_path is None else str(vocab_path)))
+                results = _in_order(pool, queue, 2 * workers)
+            try:
+                for sh in todo:
+                    records = []
+                    for _ in sh.items:
+                        records.append(next(results))
+                        bar.update(1)
+                    rows[(sh.split, sh.index)] = sh.write(records)
+            finally:
+                if pool is not None:  # after the clips in flight, at most 2 per worker
+                    pool.close()
+                    pool.join()
+        finally:
+            bar.close()
+
+        now = {(sh.split, sh.index) for sh in todo}
+        result = _finish(out, shards, rows, now, len(items), workers, time.perf_counter() - start, audio_base)
+        if result.summary["dropped"].get("missing"):
+            result.missing_example = next((it.audio for it in items if not it.audio.exists()), None)
+        if reused is not None:
+            result.summary["vocab"] = {"from": str(vocab), "vocab": str(vocab_path), "size": reused[1].size,
+                                       "languages": list(reused[2]), "vocab_sha256": vocab_sha256(vocab_doc),
+                                       "digits": _digit_keys(shards, rows)}
+            _write_json(out / "summary.json", result.summary)
+        if vocab_path is not None and new_code is not None:
+            new = {"language": new_code, "base_size": ext.base_size, "size": ext.size,
+                   "added_tokens": len(ext.added) - 1, "characters": ext.characters, "requested_tokens": new_tokens,
+                   "vocab": str(vocab_path), "vocab_sha256": vocab_sha256(vocab_doc),
+                   "digits": _digit_keys(shards, rows)}
+            held = _new_language_texts(eval_items, new_code)
+            if held:
+                new.update(_held_out_figures(assets.tokenizer, XTTSTokenizer(vocab_path), held))
+            result.summary["new_language"] = new
+            _write_json(out / "summary.json", result.summary)
+        return result
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def _hold_output(out: Path) -> int | None:
+    """The lock on ``out`` (``pyxtts._files.lock_folder``; the folder is made) that makes this
+    run its only writer until it ends, however it ends: a second prepare into it would
+    remove (with overwrite) or interleave the shards of the first, which would still say
+    it had finished."""
+    try:
+        return lock_folder(out)
+    except BlockingIOError:
+        pid = lock_holder(out)
+        raise BlockingIOError(errno.EAGAIN, f"out: {str(out)!r} is in use by another pyxtts prepare"
+                                            + (f" (process {pid})" if pid is not None else "")
+                                            + ": wait for it to end, or prepare into another folder") from None
 
 
 def _digit_keys(shards: list[_Shard], rows: dict[tuple[str, int], list[dict]]) -> list[str]:
