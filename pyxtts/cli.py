@@ -79,9 +79,8 @@ def _optimize_config(args: argparse.Namespace) -> int:
     replaced = Path(args.output).is_file()
     try:
         new.save(args.output)
-    except OSError as exc:
-        print(f"pyxtts optimize-config: --output: cannot write {args.output!r}: {exc.strerror or exc}",
-              file=sys.stderr)
+    except OSError as exc:  # it names the file and the cause
+        print(f"pyxtts optimize-config: --output: {_said(exc)}", file=sys.stderr)
         return 2
     print(explanation)
     print(f"written: {args.output}" + (" (it replaced the file there)" if replaced else ""))

@@ -41,6 +41,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from pyxtts._args import flag, integer, path_arg, real
+from pyxtts._files import write_atomic
 from pyxtts.comm_memory import device_communication, world_of
 from pyxtts.model import ModelConfig, estimate_memory, precision_problem
 
@@ -533,7 +534,9 @@ class XTTSConfig:
         (``PATH_FIELDS``; in memory relative to the working directory) are written
         relative to the file's folder, where ``load`` looks for them. A config that
         ``load`` would refuse (a field changed by attribute to a bad value) is refused here,
-        with nothing written."""
+        with nothing written. The file is written atomically (``pyxtts._files.write_atomic``,
+        its folder made): a full disk leaves a file that was there whole, and is an OSError
+        naming the file and the cause."""
         self.validate()
         path = path_arg("path", path)
         folder = os.path.abspath(path.parent)
@@ -542,7 +545,8 @@ class XTTSConfig:
             v = d[section][name]
             if v is not None and not os.path.isabs(v):
                 d[section][name] = os.path.relpath(os.path.abspath(v), folder)
-        Path(path).write_text(_yaml_text(d), encoding="utf-8")
+        text = _yaml_text(d)
+        write_atomic(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
     @classmethod
     def load(cls, path: str | Path, defaults: Mapping[str, Mapping[str, Any]] | None = None) -> "XTTSConfig":

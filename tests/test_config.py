@@ -3,6 +3,8 @@ tiers (their memory plans must fit their tier), optimize_config and its CLI."""
 from __future__ import annotations
 
 import dataclasses
+import errno
+import os
 import re
 
 import pytest
@@ -10,6 +12,7 @@ import yaml
 
 import pyxtts
 import pyxtts.cli
+from helpers.disk import file_size_limit
 from pyxtts.config import (CONFIGS_DIR, DataConfig, TrainingConfig, XTTSConfig, optimize_config,
                            parse_memory_size, plan_for, shipped_configs)
 
@@ -218,8 +221,6 @@ def test_shipped_config_loads_and_round_trips(name, tmp_path):
 
 def same_place(a: XTTSConfig, b: XTTSConfig) -> bool:
     """a == b, paths compared by where they point (from the working directory)."""
-    import os
-
     from pyxtts.config import PATH_FIELDS
 
     da, db = a.to_dict(), b.to_dict()
@@ -231,8 +232,6 @@ def same_place(a: XTTSConfig, b: XTTSConfig) -> bool:
 
 
 def test_paths_in_a_file_are_relative_to_the_file(tmp_path, monkeypatch):
-    import os
-
     (tmp_path / "cfg").mkdir()
     (tmp_path / "cfg/run.yaml").write_text("training:\n  checkpoint_dir: runs/a\n  init_checkpoint: /abs/x\n"
                                            "data:\n  train_metadata: ../data/m.jsonl\n")
@@ -762,6 +761,22 @@ def test_optimize_config_for_the_cpu_never_offloads():
     auto = XTTSConfig.load("xtts_v2_finetune")
     assert auto.training.optimizer_offload == "auto"
     assert optimize_config(auto, "64GiB", device="cpu")[0].training.optimizer_offload == "auto"
+
+
+def test_a_save_that_fails_leaves_the_file_that_was_there(tmp_path, capsys):
+    """`optimize-config --config my.yaml --output my.yaml` on a full disk (a file size limit:
+    EFBIG where a full disk gives ENOSPC): the file was opened for writing, so emptied,
+    before the disk was found full, and the config being optimized was lost. Now it is
+    whole, and the one line names it and the cause."""
+    path = tmp_path / "my.yaml"
+    XTTSConfig.load("cpu_demo").save(path)
+    before = path.read_bytes()
+    with file_size_limit(len(before) // 2):
+        rc = pyxtts.cli.main(["optimize-config", "--config", str(path), "--output", str(path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.splitlines()[-1] == (f"pyxtts optimize-config: --output: cannot write {str(path)!r}: "
+                                                f"{os.strerror(errno.EFBIG)}"), err
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["my.yaml"]
 
 
 def test_save_refuses_what_load_would(tmp_path):
