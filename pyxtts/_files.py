@@ -12,6 +12,10 @@ raised as an ``OSError`` of the same errno whose message names the target and th
 files of a process that died (``<name>.tmp-<pid>``, and the ``<name>.tmp-<pid>.d`` folder a
 writer scratches in) are removed by the next write of that name, or by
 ``remove_stale_temps(folder)``.
+
+``lock_folder(folder)`` holds a folder for one writer (a training run, a prepare) until
+its file descriptor is closed or its process ends; ``lock_holder(folder)`` says which
+process holds it.
 """
 from __future__ import annotations
 
@@ -22,8 +26,8 @@ import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-__all__ = ["TEMP_RE", "folder_problem", "remove_stale_temps", "scratch_folder", "write_all_atomic",
-           "write_atomic", "write_error"]
+__all__ = ["TEMP_RE", "folder_problem", "lock_folder", "lock_holder", "remove_stale_temps", "scratch_folder",
+           "write_all_atomic", "write_atomic", "write_error"]
 
 # <name>.tmp-<pid>, and <name>.tmp-<pid>.d (a folder a writer scratches in)
 TEMP_RE = re.compile(r"(.+)\.tmp-(\d+)(\.d)?")
