@@ -151,20 +151,23 @@ def write_error(path: Path, exc: BaseException) -> OSError | None:
             return err
     why = folder_problem(path.parent) or err.strerror or str(err)
     if err.errno == errno.ENOENT and not path.parent.exists():
-        why += f" (the folder {str(path.parent)!r} is gone: was it removed?)"
+        why += f" (the folder {str(path.parent)!r} does not exist)"
     return OSError(err.errno, f"cannot write {str(path)!r}: {why}")
 
 
-def write_all_atomic(folder: str | os.PathLike, writers: Mapping[str, Callable[[Path], None]]) -> None:
-    """Writes each file ``name`` of ``writers`` in ``folder`` (made when missing) by calling
-    its ``write(tmp)`` for ``<name>.tmp-<pid>``; each temporary file gets the mode a new file
-    gets (0666 less the umask) and is fsynced; then every one is renamed over its name and
-    the folder fsynced (the module doc says what a failure or a crash leaves)."""
+def write_all_atomic(folder: str | os.PathLike, writers: Mapping[str, Callable[[Path], None]],
+                     make_folder: bool = True) -> None:
+    """Writes each file ``name`` of ``writers`` in ``folder`` (made when missing, unless not
+    ``make_folder``) by calling its ``write(tmp)`` for ``<name>.tmp-<pid>``; each temporary
+    file gets the mode a new file gets (0666 less the umask) and is fsynced; then every one
+    is renamed over its name and the folder fsynced (the module doc says what a failure or
+    a crash leaves)."""
     folder = Path(folder)
     pending: list[tuple[Path, Path]] = []  # (temporary file, target)
     current = folder / next(iter(writers))
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        if make_folder:
+            folder.mkdir(parents=True, exist_ok=True)
         for name, write in writers.items():
             current = folder / name
             remove_stale_temps(folder, name)
@@ -190,10 +193,10 @@ def write_all_atomic(folder: str | os.PathLike, writers: Mapping[str, Callable[[
     _fsync_dir(folder)
 
 
-def write_atomic(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
+def write_atomic(path: str | os.PathLike, write: Callable[[Path], None], make_folder: bool = True) -> None:
     """``write_all_atomic`` of the one file ``path``."""
     path = Path(path)
-    write_all_atomic(path.parent, {path.name: write})
+    write_all_atomic(path.parent, {path.name: write}, make_folder)
 
 
 def lock_folder(folder: Path) -> int | None:

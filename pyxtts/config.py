@@ -534,9 +534,9 @@ class XTTSConfig:
         (``PATH_FIELDS``; in memory relative to the working directory) are written
         relative to the file's folder, where ``load`` looks for them. A config that
         ``load`` would refuse (a field changed by attribute to a bad value) is refused here,
-        with nothing written. The file is written atomically (``pyxtts._files.write_atomic``,
-        its folder made): a full disk leaves a file that was there whole, and is an OSError
-        naming the file and the cause."""
+        with nothing written. The file is written atomically (``pyxtts._files.write_atomic``;
+        its folder must exist): a full disk leaves a file that was there whole, and is an
+        OSError naming the file and the cause."""
         self.validate()
         path = path_arg("path", path)
         folder = os.path.abspath(path.parent)
@@ -546,7 +546,7 @@ class XTTSConfig:
             if v is not None and not os.path.isabs(v):
                 d[section][name] = os.path.relpath(os.path.abspath(v), folder)
         text = _yaml_text(d)
-        write_atomic(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))
+        write_atomic(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"), make_folder=False)
 
     @classmethod
     def load(cls, path: str | Path, defaults: Mapping[str, Mapping[str, Any]] | None = None) -> "XTTSConfig":
