@@ -189,7 +189,10 @@ def write_all_atomic(folder: str | os.PathLike, writers: Mapping[str, Callable[[
         named = write_error(current, exc)
         if named is None or named is exc:
             raise
-        raise named from exc
+        try:
+            raise named from exc
+        finally:  # no cycle through this frame: the objects of the frames above (a trainer, its
+            named = None  # model's memory) go as soon as the caller lets go of the error
     _fsync_dir(folder)
 
 

@@ -612,7 +612,10 @@ class Trainer:
                 remove_stale_temps(self.checkpoint_dir)
         # several processes: every one stops when rank 0 cannot hold the folder
         if self.strategy.failed_rank(busy is not None) is not None:
-            raise busy if busy is not None else RunInUseError(self.checkpoint_dir, None)
+            try:
+                raise busy or RunInUseError(self.checkpoint_dir, None)
+            finally:  # no cycle through this frame: the trainer goes when the caller lets go of the error
+                busy = None
         return lock
 
     def _let_go_folder(self, lock: int | None) -> None:

@@ -8,14 +8,17 @@ gives ENOSPC, in every writer, no mount needed)."""
 from __future__ import annotations
 
 import errno
+import gc
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,7 @@ import pyxtts.cli
 from conftest import run_python
 from helpers.disk import file_size_limit
 from pyxtts import SyntheticDataset, Trainer, XTTSConfig
+from pyxtts._files import lock_folder
 from pyxtts.callbacks import event_files
 from pyxtts.checkpoint import read_checkpoint
 from pyxtts.trainer import RunInUseError
@@ -81,11 +85,10 @@ def test_a_full_disk_under_the_log_names_the_log(tmp_path, capsys):
     train, held = datasets(cfg)
     trainer = Trainer(cfg, progress=False)
     log = trainer.log_path
+    said = f"[Errno {errno.EFBIG}] cannot write the training log {str(log)!r}: {TOO_LARGE}"
     with file_size_limit(100):  # no log record fits
-        with pytest.raises(OSError) as caught:
+        with pytest.raises(OSError, match=f"^{re.escape(said)}$"):
             trainer.fit(train, held)
-    assert caught.value.errno == errno.EFBIG
-    assert str(caught.value) == f"[Errno {errno.EFBIG}] cannot write the training log {str(log)!r}: {TOO_LARGE}"
     if HAS_TENSORBOARD:
         assert "TensorBoard: cannot write" in capsys.readouterr().err
 
@@ -140,6 +143,42 @@ def test_a_folder_removed_as_the_run_ends_is_no_error(tmp_path):
     train, held = datasets(cfg)
     assert Trainer(cfg, progress=False, callbacks=[_RemovesTheFolderAtTheEnd()]).fit(train, held).step == 6
     assert not (tmp_path / "ckpt").exists()
+
+
+class _CtrlC(pyxtts.callbacks.Callback):
+    def on_step_end(self, run, record):
+        if record["step"] == 2:
+            raise KeyboardInterrupt
+
+
+def test_a_fit_a_full_disk_ends_leaves_no_cycle_holding_the_trainer(tmp_path):
+    """The error of a checkpoint that could not be written is raised with its cause: no
+    frame on its way holds it, so the trainer (and its model's memory) goes as soon as the
+    caller lets go of it, without waiting for a garbage collection; so do a trainer whose
+    Ctrl-C save found the disk full and one refused a folder in use."""
+    cfg = make_config(tmp_path, checkpoint_interval=100, eval_interval=100)
+    train, held = datasets(cfg)
+    for make_it_fail in ("disk", "ctrl-c save", "in use"):
+        t = Trainer(cfg, progress=False, callbacks=[_CtrlC()] if make_it_fail == "ctrl-c save" else [])
+        gone = weakref.ref(t)
+        gc.disable()
+        try:
+            try:
+                if make_it_fail != "in use":
+                    with file_size_limit(64 << 10):
+                        t.fit(train, held if make_it_fail == "disk" else None, overwrite=True)
+                else:
+                    lock = lock_folder(tmp_path / "ckpt")
+                    try:
+                        t.fit(train, held, resume=True)
+                    finally:
+                        os.close(lock)
+            except OSError:
+                pass
+            del t
+            assert gone() is None, make_it_fail
+        finally:
+            gc.enable()
 
 
 # ---- TensorBoard -----------------------------------------------------------------------
@@ -220,10 +259,12 @@ def test_a_resume_whose_event_file_cannot_be_written_keeps_the_earlier_one(tmp_p
 
 class _StartsAnother(pyxtts.callbacks.Callback):
     """At the first step, tries a second run into the same folder (as a second `pyxtts
-    train` started by mistake would) and keeps its error."""
+    train` started by mistake would) and keeps what its error says (not the error, whose
+    traceback holds this callback's frame: a cycle that would keep the trainer alive)."""
 
     def __init__(self, make) -> None:
-        self.make, self.error = make, None
+        self.make = make
+        self.error: tuple | None = None
 
     def on_step_end(self, run, record):
         if record["step"] == 1:
@@ -231,7 +272,7 @@ class _StartsAnother(pyxtts.callbacks.Callback):
             try:
                 trainer.fit(train, held, resume=True)
             except RunInUseError as exc:
-                self.error = exc
+                self.error = (isinstance(exc, OSError), exc.checkpoint_dir, str(exc))
 
 
 def test_a_second_run_into_a_folder_in_use_is_refused_and_touches_nothing(tmp_path):
@@ -249,10 +290,10 @@ def test_a_second_run_into_a_folder_in_use_is_refused_and_touches_nothing(tmp_pa
     watcher = _StartsAnother(second)
     result = Trainer(cfg, progress=False, callbacks=[watcher]).fit(train, held)
     assert result.step == 6
-    exc = watcher.error
-    assert isinstance(exc, RunInUseError) and isinstance(exc, OSError)
-    assert exc.checkpoint_dir == tmp_path / "ckpt"
-    assert str(tmp_path / "ckpt") in str(exc) and "--checkpoint-dir" in str(exc)
+    assert watcher.error is not None
+    is_os_error, folder, said = watcher.error
+    assert is_os_error and folder == tmp_path / "ckpt"
+    assert str(tmp_path / "ckpt") in said and "--checkpoint-dir" in said
     ck = tmp_path / "ckpt"
     assert steps_logged(ck / "train_log.jsonl") == list(range(1, 7))
     for p in ck.glob("*.safetensors"):  # every checkpoint the first run's

@@ -212,7 +212,10 @@ class CallbackList:
             except BaseException as exc:  # noqa: BLE001 - re-raised below
                 first = first or exc
         if first is not None:
-            raise first
+            try:
+                raise first
+            finally:  # no cycle through this frame: the trainer goes when the caller lets go of the error
+                first = None
 
     def state_dict(self) -> dict:
         """``{state_key: state}`` of the callbacks that have state."""
