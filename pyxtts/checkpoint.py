@@ -20,16 +20,20 @@ A checkpoint is one ``.safetensors`` file:
   text. Loading verifies both and refuses a file whose metadata lacks a field (format
   version 2). Files of format version 1 (no checksums) load with a ``CheckpointWarning``.
 
-Saving writes ``<path>.tmp-<pid>`` in the same directory, flushes and fsyncs it, renames
-it over ``path`` and fsyncs the directory: a process killed at any moment leaves either
-the previous checkpoint or the new one, never a mix. Loading checks the whole file
-against the model (and optimizer) before writing anything, and nothing is unpickled.
+Saving writes the file in a folder of its own, ``<path>.tmp-<pid>/``, beside ``path``
+(safetensors writes a hidden temporary file beside its target and renames it, so that file
+is in that folder too), fsyncs it, renames it over ``path`` and fsyncs the directory: a
+process killed at any moment leaves either the previous checkpoint or the new one, never a
+mix, and the next save into the directory removes what a dead process left there. Loading
+checks the whole file against the model (and optimizer) before writing anything, and
+nothing is unpickled.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import warnings
 import zlib
 from collections.abc import Callable, Mapping
@@ -231,21 +235,34 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _remove_stale_temps(path: Path) -> None:
-    """Temporary files of earlier saves to this path whose process is gone."""
+def remove_stale_temps(folder: Path, owner: Callable[[str], bool]) -> list[Path]:
+    """Removes the temporaries ``<name>.tmp-<pid>`` (folders of ``write_atomic``, or files
+    of an older pyxtts) in ``folder`` whose ``owner(name)`` is true and whose process is
+    gone: what a save killed midway left. Returns what it removed."""
     try:
-        siblings = list(path.parent.iterdir())
+        entries = list(folder.iterdir())
     except OSError:
-        return
-    prefix = path.name + ".tmp-"
-    for p in siblings:
+        return []
+    removed = []
+    for p in entries:
         m = _TMP_RE.search(p.name)
-        if (m and p.name == prefix + m.group(1) and int(m.group(1)) != os.getpid()
-                and not _pid_alive(int(m.group(1)))):
-            try:
+        if (m is None or not owner(p.name[:m.start()]) or int(m.group(1)) == os.getpid()
+                or _pid_alive(int(m.group(1)))):
+            continue
+        try:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
                 p.unlink()
-            except OSError:
-                pass
+        except OSError:
+            continue
+        removed.append(p)
+    return removed
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Temporaries of earlier saves to this path whose process is gone."""
+    remove_stale_temps(path.parent, lambda name: name == path.name)
 
 
 def _umask() -> int:
@@ -262,15 +279,33 @@ def _umask() -> int:
     return mask
 
 
+def _clear(p: Path) -> None:
+    """Removes the file or folder ``p`` if there is one."""
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        try:
+            p.unlink()
+        except OSError:
+            pass
+
+
 def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    """Calls ``write(tmp)`` for ``<path>.tmp-<pid>`` beside ``path``, gives it the mode a
-    new file gets (0666 less the umask), fsyncs it, renames it over ``path`` and fsyncs the
-    directory: a process killed at any moment leaves the old
-    file or the new one, never a mix (a failure removes the temporary file)."""
+    """Calls ``write(tmp)`` for ``tmp`` = ``<path>.tmp-<pid>/<path's name>``, in a folder of
+    this process beside ``path``, so that whatever the writer puts beside its file is in it
+    too (safetensors writes a hidden ``.tmpXXXXXX`` there and renames it: killed meanwhile,
+    it would stay, as large as the checkpoint). Then gives the file the mode a new file gets
+    (0666 less the umask), fsyncs it, renames it over ``path``, removes the folder and
+    fsyncs the directory: a process killed at any moment leaves the old file or the new
+    one, never a mix, and its folder is removed by the next save to ``path`` (a failure
+    removes it at once)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(path)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    scratch = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp = scratch / path.name
     try:
+        _clear(scratch)  # this process's own leftover (an interrupted save) or a reused pid's
+        scratch.mkdir()
         write(tmp)
         fd = os.open(tmp, os.O_RDWR)
         try:
@@ -279,12 +314,8 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
         finally:
             os.close(fd)
         os.replace(tmp, path)
-    except BaseException:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        raise
+    finally:
+        _clear(scratch)
     _fsync_dir(path.parent)
 
 
