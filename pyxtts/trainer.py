@@ -62,7 +62,7 @@ from pyxtts.callbacks import (BEST_NAME, MAX_SKIPPED, BestCheckpoint, Callback, 
                               StopOnDivergence, TensorBoardLog, samples_dir)
 from pyxtts.callbacks.checkpoints import CHECKPOINT_RE, checkpoint_step, step_checkpoint_name
 from pyxtts.checkpoint import (ArchitectureError, CheckpointError, load_checkpoint, load_checkpoint_checked,
-                               save_checkpoint)
+                               remove_stale_temps, save_checkpoint)
 from pyxtts.config import XTTSConfig, offload_for
 from pyxtts.coqui_config import coqui_decay
 from pyxtts.data import DataError, Sample, TTSDataset, batch_groups, collate, collate_references
@@ -163,6 +163,11 @@ def _stop_on(signums: tuple[signal.Signals, ...]) -> Iterator[list[int]]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _run_checkpoint_name(name: str) -> bool:
+    """Whether ``name`` is that of a run's step checkpoint or its best checkpoint."""
+    return name == BEST_NAME or CHECKPOINT_RE.fullmatch(name) is not None
 
 
 def _sample_folders(checkpoint_dir: Path) -> list[Path]:
@@ -367,7 +372,8 @@ class Trainer:
         """Writes model, optimizer, the position in the data and the callbacks' state (the
         best evaluation so far) atomically; default ``<checkpoint_dir>/step_<N>.safetensors``,
         pruned to ``keep_checkpoints`` (a file elsewhere, ``best.safetensors`` too, is never
-        pruned). ``weights_only``: without the optimizer's state (not a file to resume
+        pruned), and the temporaries of the run's checkpoints that a killed save left are
+        removed. ``weights_only``: without the optimizer's state (not a file to resume
         from; ``load_checkpoint`` loads it into a model)."""
         weights_only = flag("weights_only", weights_only)
         p = Path(path) if path is not None else self.checkpoint_dir / step_checkpoint_name(self.step)
@@ -389,6 +395,9 @@ class Trainer:
             if keep is not None and self.strategy.is_main:
                 for old in self.checkpoints()[:-keep]:
                     old.unlink()
+            if self.strategy.is_main:  # what a save killed midway left (a run resumed from an earlier step
+                # never saves that step again): as large as a checkpoint, and otherwise never removed
+                remove_stale_temps(self.checkpoint_dir, _run_checkpoint_name)
         return p
 
     def load(self, path: str | os.PathLike) -> dict:

@@ -3,6 +3,7 @@ Ctrl-C), OOM recovery inside a run, cleanup, evaluation, divergence and bad inpu
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -426,6 +427,40 @@ def test_a_resume_from_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path):
     cfg.training.max_steps = 7
     r = Trainer(cfg, progress=False).fit(train, held, resume=True)
     assert [x["step"] for x in r.history] == [7]
+
+
+def dead_pid() -> int:
+    """The id of a process that has ended."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", ""])
+    child.wait()
+    return child.pid
+
+
+def test_the_next_save_removes_what_killed_saves_left(tmp_path):
+    """A save killed midway (SIGKILL when a scheduler's grace period ends during the
+    checkpoint SIGTERM asked for) left its temporary file, as large as a checkpoint. It was
+    removed only by a later save to the same name, which never comes when the run resumes
+    from an earlier step."""
+    cfg = make_config(tmp_path, max_steps=4, checkpoint_interval=2, eval_interval=100)
+    train, _ = datasets(cfg, 8)
+    folder = Path(cfg.training.checkpoint_dir)
+    folder.mkdir(parents=True)
+    gone, alive = dead_pid(), os.getppid()
+    left = [folder / f"step_00000003.safetensors.tmp-{gone}",  # an older pyxtts's temporary file
+            folder / f"best.safetensors.tmp-{gone}"]  # a temporary folder, safetensors' file inside
+    left[0].write_bytes(b"x" * 1000)
+    left[1].mkdir()
+    (left[1] / ".tmpAbC123").write_bytes(b"x" * 1000)
+    kept = [folder / f"step_00000005.safetensors.tmp-{alive}",  # a live process's save
+            folder / f"notes.txt.tmp-{gone}"]  # not a checkpoint's
+    for p in kept:
+        p.write_bytes(b"x")
+    Trainer(cfg, progress=False).fit(train)
+    assert not any(p.exists() for p in left)
+    assert all(p.exists() for p in kept)
 
 
 def test_a_fresh_run_removes_an_earlier_runs_spoken_samples(tmp_path):
