@@ -204,9 +204,29 @@ class FitResult:
     checkpoint: Path | None  # the last step checkpoint written (or resumed from)
     log_path: Path
     elapsed_s: float
-    history: list[dict] = field(repr=False, default_factory=list)  # this call's step records
+    # this call's step records, the newest HISTORY_LIMIT (10,000) of them: the JSONL log has every one
+    history: list[dict] = field(repr=False, default_factory=list)
     evals: list[dict] = field(repr=False, default_factory=list)  # this call's evaluations
     best_checkpoint: Path | None = None  # <checkpoint_dir>/best.safetensors when there is one
+    steps_taken: int = field(repr=False, default=0)  # this call's optimizer steps (0: a resumed run at its end)
+
+
+@dataclass
+class _Totals:
+    """What the closing line says of all of a ``fit`` call's steps, summed as they are
+    taken: the history keeps the newest records only."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    peak: int = 0
+    first_loss: float | None = None
+
+    def add(self, rec: dict) -> None:
+        self.tokens += rec["text_tokens"] + rec["audio_tokens"]
+        self.seconds += rec["step_time_s"]
+        self.peak = max(self.peak, rec["peak_allocated_bytes"])
+        if self.first_loss is None:
+            self.first_loss = rec["loss"]
 
 
 class Trainer:
@@ -274,6 +294,7 @@ class Trainer:
         self.checkpoint_dir = Path(t.checkpoint_dir)
         self.log_path = log_path if log_path is not None else self.checkpoint_dir / "train_log.jsonl"
         self._data_fingerprint: dict | None = None  # of the data fit trains on (_data_fingerprint)
+        self._totals = _Totals()  # of the steps of the fit call under way
 
     # the position of the run (pyxtts.callbacks.RunState): the step, and what follows from it
     @property
@@ -592,6 +613,7 @@ class Trainer:
             total = min(total, t.epochs * per_epoch)
         self.state.steps_per_epoch = per_epoch
         self.state.stop_reason = None
+        self._totals = _Totals()
         run = Run(state=self.state, config=c, total_steps=total, continuing=continuing, log_path=self.log_path,
                   checkpoint_dir=self.checkpoint_dir, eval_dataset=held, say=self._reporter.say,
                   warn=self._reporter.warn, evaluate_with=self._evaluation, save_with=self._checkpoint,
@@ -727,6 +749,8 @@ class Trainer:
                     if t.enable_memory_cleanup and state.step % t.cleanup_interval == 0:
                         rec["cleanup_released_bytes"] = cleanup_gpu_memory(self.device)
                     run.history.append(rec)
+                    run.steps_taken += 1
+                    self._totals.add(rec)
                     self.callbacks.step_end(run, rec, acting=False)  # the step's record written
                     end_commit()  # a Ctrl-C since the update is raised now: the step is counted
                     self.callbacks.step_end(run, rec, acting=True)
@@ -768,22 +792,20 @@ class Trainer:
         return p
 
     def _result(self, run: Run, elapsed: float) -> FitResult:
-        history = run.history
+        history, totals = list(run.history), self._totals
         final = history[-1]["loss"] if history else None
         last_eval = run.evals[-1]["loss"] if run.evals else None
         ckpt = self.state.last_checkpoint
         if history:
-            tok = sum(h["text_tokens"] + h["audio_tokens"] for h in history)
-            train_s = sum(h["step_time_s"] for h in history)
-            self._say(f"done: step {self.step}, loss {history[0]['loss']:.4f} -> {final:.4f}"
+            self._say(f"done: step {self.step}, loss {totals.first_loss:.4f} -> {final:.4f}"
                       + (f", eval loss {last_eval:.4f}" if last_eval is not None else "")
-                      + f", {tok / train_s:,.0f} tok/s, peak "
-                      + format_bytes(max(h["peak_allocated_bytes"] for h in history))
-                      + f", {elapsed:.1f} s; checkpoint {ckpt}")
+                      + f", {totals.tokens / max(totals.seconds, 1e-9):,.0f} tok/s, peak "
+                      + format_bytes(totals.peak) + f", {elapsed:.1f} s; checkpoint {ckpt}")
         best = self.best_checkpoint
         return FitResult(step=self.step, epoch=self.epoch, stopped=self.state.stop_reason or "epochs",
                          final_loss=final, eval_loss=last_eval, checkpoint=ckpt, log_path=self.log_path,
-                         elapsed_s=elapsed, history=history, evals=run.evals, best_checkpoint=best)
+                         elapsed_s=elapsed, history=history, evals=run.evals, best_checkpoint=best,
+                         steps_taken=run.steps_taken)
 
 
 def _strategy(strategy: Strategy | None, device: str | None, t: Any) -> tuple[Strategy, str]:

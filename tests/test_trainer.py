@@ -429,6 +429,43 @@ def test_a_resume_from_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path):
     assert [x["step"] for x in r.history] == [7]
 
 
+def test_a_long_run_holds_no_more_memory_step_after_step(tmp_path, monkeypatch, capsys):
+    """Every step's record stayed in memory for FitResult.history: 1.4 KB a step, so a
+    process grew by 140 MB over 100,000 steps. The newest HISTORY_LIMIT are kept (the JSONL
+    log has every one), and past that many steps the run's Python objects stop growing."""
+    import gc
+    import tracemalloc
+
+    from pyxtts.callbacks import Callback
+
+    monkeypatch.setattr(pyxtts.callbacks.base, "HISTORY_LIMIT", 20, raising=False)
+    held_at: dict[int, int] = {}
+
+    class Held(Callback):
+        def on_step_end(self, run, record) -> None:
+            if record["step"] == 60:  # the kept records are the run's newest by then
+                tracemalloc.start()
+            if record["step"] in (100, 300):
+                gc.collect()
+                held_at[record["step"]] = tracemalloc.get_traced_memory()[0]
+
+    cfg = make_config(tmp_path, max_steps=300, checkpoint_interval=10**6, eval_interval=10**6, log_interval=10**6)
+    train, _ = datasets(cfg)
+    try:
+        r = Trainer(cfg, callbacks=[Held()]).fit(train)
+    finally:
+        tracemalloc.stop()
+    # 1,400 bytes when every record was kept; what is left are Python's bounded caches filling
+    per_step = (held_at[300] - held_at[100]) / 200
+    assert per_step < 300, f"{per_step:.0f} bytes more held per step"
+    assert r.steps_taken == 300 and [x["step"] for x in r.history] == list(range(281, 301))
+    log = [x for x in read_log(r.log_path) if x["type"] == "train"]
+    assert len(log) == 300
+    # the closing line sums every step, not the kept ones
+    done = [line for line in capsys.readouterr().err.splitlines() if line.startswith("done:")]
+    assert done and f"loss {log[0]['loss']:.4f} -> {log[-1]['loss']:.4f}" in done[0], done
+
+
 def dead_pid() -> int:
     """The id of a process that has ended."""
     import subprocess
