@@ -575,6 +575,41 @@ def test_progress_lines_say_the_time_taken_and_left(tmp_path, capsys):
     assert shown[1].endswith(", 21s elapsed"), shown[1]  # steps 9-11 ticked; nothing left
 
 
+def test_the_time_left_does_not_count_the_resumes_setup(tmp_path, capsys):
+    """Resumed at step 50,000 of a small model, the first line said "11s elapsed, ~36m41s
+    left" and the run ended 13 s later: the 11 s were the setup (the logs' copies), counted
+    as the time of the first 50 steps. The clock starts with the training."""
+    from pyxtts.callbacks.progress import Progress
+
+    class Clock:
+        now = 1000.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    class Slow(Callback):  # a setup of 10 minutes, then 2 s a step
+        def __init__(self, clock: Clock) -> None:
+            self.clock = clock
+
+        def on_fit_start(self, run):
+            self.clock.now += 600.0
+
+        def on_step_end(self, run, record):
+            self.clock.now += 2.0
+
+    cfg = make_config(tmp_path, max_steps=4, log_interval=4, eval_interval=1000)
+    train, held = datasets(cfg)
+    Trainer(cfg, progress=False).fit(train, held)
+    cfg.training.max_steps = 12
+    clock = Clock()
+    t = Trainer(cfg, progress=True, callbacks=[Slow(clock)])
+    t.callbacks.callbacks = [Progress(True, clock) if isinstance(c, Progress) else c for c in t.callbacks.callbacks]
+    capsys.readouterr()
+    t.fit(train, held, resume=True)
+    shown = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("step 8/12:")]
+    assert shown and shown[0].endswith(", 6s elapsed, ~6s left"), shown  # steps 5-7 ticked: 1.5 s each
+
+
 def test_resume_into_another_model_stops_at_the_newest_checkpoint(tmp_path, capsys):
     """The run's older checkpoints hold the same model: an architecture refusal is raised at
     once, naming how to continue, not once per checkpoint after trying each."""
