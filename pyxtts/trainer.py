@@ -49,6 +49,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -486,11 +487,15 @@ class Trainer:
             if unusable:
                 self._reporter.warn(f"resume: resuming from {path.name}, the newest usable checkpoint "
                                     f"({len(unusable)} newer one(s) could not be used)")
-            changed = setting_changes(_saved_extra(path).get("config"), self.config.to_dict())
+            saved = _saved_extra(path).get("config")
+            changed = setting_changes(saved, self.config.to_dict())
             if changed:  # allowed (a lower learning rate, say), but never unseen
                 self._reporter.warn(f"resume: the config differs from the one {path.name} was saved with: "
                                     + "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6
                                                                  else ""))
+                jump = self._rate_change(saved)
+                if jump is not None:
+                    self._reporter.warn(jump)
             self.state.last_checkpoint = path
             self._say(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
             if self.strategy.is_main:
@@ -498,6 +503,22 @@ class Trainer:
             return path
         raise CheckpointError(f"resume: none of the {len(unusable)} checkpoints in {self.checkpoint_dir} can be "
                               "used: " + "; ".join(unusable))
+
+    def _rate_change(self, saved: Any) -> str | None:
+        """What the changed settings do to the learning rate the run goes on with, when the
+        schedule of the saved config (``saved``) gave another at this step: a longer
+        ``max_steps`` stretches warmup_cosine's curve, so a run extended past its end climbs
+        back from ``min_lr``."""
+        t = saved.get("training") if isinstance(saved, dict) else None
+        try:
+            before = schedule_from_config(SimpleNamespace(**t))(self.step) if isinstance(t, dict) else None
+        except (AttributeError, TypeError, ValueError):  # a config of an older pyxtts, or not one
+            return None
+        after = self.schedule(self.step)
+        if before is None or before == after:
+            return None
+        return (f"resume: with these settings the learning rate of step {self.step + 1} is {after:.3g}, where the "
+                f"schedule the run was saved with gave {before:.3g} ({self.config.training.lr_schedule})")
 
     def _set_aside_newer(self, resumed: Path) -> None:
         """A resume from a checkpoint older than the folder's newest starts a branch: the

@@ -672,6 +672,27 @@ def test_a_resume_with_other_settings_says_which(tmp_path, capsys):
     assert "differs" not in capsys.readouterr().err
 
 
+def test_a_resume_that_changes_the_learning_rate_says_so(tmp_path, capsys):
+    """A warmup_cosine run extended past its end (a larger --max-steps) goes on from a rate
+    the stretched curve gives, not from min_lr: 2.3 times min_lr at step 50,000 of a run
+    extended from 50,000 to 60,000 steps. Only "training.max_steps: 50000 -> 60000" was said."""
+    cfg = make_config(tmp_path, max_steps=8, lr_schedule="warmup_cosine", warmup_steps=2, min_lr=1e-3)
+    train, held = datasets(cfg)
+    Trainer(cfg, progress=False).fit(train, held)
+    longer = make_config(tmp_path, max_steps=16, lr_schedule="warmup_cosine", warmup_steps=2, min_lr=1e-3)
+    capsys.readouterr()
+    r = Trainer(longer, progress=False).fit(train, held, resume=True)
+    want = pyxtts.WarmupCosineLR(3e-2, 2, 16, 1e-3)(8)
+    assert r.history[0]["lr"] == want and want > 10 * 1e-3
+    assert (f"resume: with these settings the learning rate of step 9 is {want:.3g}, where the schedule the run "
+            "was saved with gave 0.001 (warmup_cosine)") in capsys.readouterr().err
+    # a change that leaves the rate as it was: nothing more said
+    Trainer(make_config(tmp_path, max_steps=16, lr_schedule="warmup_cosine", warmup_steps=2, min_lr=1e-3,
+                        log_interval=2), progress=False).fit(train, held, resume=True)
+    err = capsys.readouterr().err
+    assert "log_interval: 1 -> 2" in err and "learning rate of step" not in err, err
+
+
 def test_setting_changes_name_nested_settings_and_skip_what_a_file_predates():
     from pyxtts._words import counted, setting_changes
 
