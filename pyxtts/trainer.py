@@ -526,9 +526,15 @@ class Trainer:
         branch's. Left in place, pruning would delete the checkpoint resumed from, the
         branch's evaluations would overwrite a better best, and the next ``resume=True``
         would jump back to the old branch. They move to ``superseded_from_step_<N>/``,
-        with a copy of the log as it was (the resumed run trims it to step N)."""
+        with a copy of the log as it was (the resumed run trims it to step N).
+
+        Resumed from the newest step checkpoint, the run is no branch: it stopped without
+        saving (a crash) and takes the steps after it again, whose evaluations remake the
+        best checkpoint and the spoken samples they had made, at the same steps."""
         step = self.step
         newer = [p for p in self.checkpoints() if (checkpoint_step(p) or 0) > step]
+        if not newer:
+            return
         best = self.checkpoint_dir / BEST_NAME
         if best.is_file():
             try:
@@ -537,8 +543,6 @@ class Trainer:
                 best_step = None
             if isinstance(best_step, int) and best_step > step:
                 newer.append(best)
-        if not newer:
-            return
         aside = self.checkpoint_dir / f"superseded_from_step_{step:08d}"
         aside.mkdir(exist_ok=True)
         for p in newer:

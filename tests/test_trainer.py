@@ -429,6 +429,43 @@ def test_a_resume_from_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path):
     assert [x["step"] for x in r.history] == [7]
 
 
+def test_a_run_resumed_after_a_crash_is_no_branch(tmp_path):
+    """A crash (a kill, the OOM killer, a power cut) after an evaluation had improved the
+    best checkpoint and before the next step checkpoint: resumed from its newest checkpoint,
+    the run was taken for a branch of an older one. It said "step_00000004.safetensors is
+    older than the run's newest checkpoint", moved best.safetensors (as large as the weights:
+    1.7 GB for XTTS v2) and a copy of the log (34 MB at step 50,000) into a
+    superseded_from_step folder, one more at each such crash. The steps after the checkpoint
+    are taken again, and their evaluations remake the best checkpoint as it was."""
+    from pyxtts.callbacks import Callback
+    from pyxtts.checkpoint import read_checkpoint
+
+    class Crash(Callback):
+        def on_step_end(self, run, record) -> None:
+            if record["step"] == 7:
+                raise RuntimeError("killed")
+
+    def config(folder: Path) -> XTTSConfig:
+        return make_config(folder, max_steps=8, eval_interval=3, checkpoint_interval=4)
+
+    cfg = config(tmp_path / "a")
+    train, held = datasets(cfg, 24)
+    with pytest.raises(RuntimeError, match="killed"):
+        Trainer(cfg, progress=False, callbacks=[Crash()]).fit(train, held)
+    folder = Path(cfg.training.checkpoint_dir)
+    assert [p.name for p in Trainer(cfg, progress=False).checkpoints()] == ["step_00000004.safetensors"]
+    assert pyxtts.trainer._saved_meta(folder / "best.safetensors")["step"] == 6  # the evaluation at 6 improved
+    r = Trainer(cfg, progress=False).fit(train, held, resume=True)
+    assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == []  # nothing set aside
+    straight = Trainer(config(tmp_path / "b"), progress=False).fit(train, held)
+    assert pyxtts.trainer._saved_meta(r.best_checkpoint)["step"] == pyxtts.trainer._saved_meta(
+        straight.best_checkpoint)["step"]
+    got = read_checkpoint(r.best_checkpoint)[1]
+    for name, want in read_checkpoint(straight.best_checkpoint)[1].items():
+        assert np.array_equal(got[name], want), name
+    assert [x["step"] for x in read_log(r.log_path) if x["type"] == "train"] == list(range(1, 9))
+
+
 def test_a_long_run_holds_no_more_memory_step_after_step(tmp_path, monkeypatch, capsys):
     """Every step's record stayed in memory for FitResult.history: 1.4 KB a step, so a
     process grew by 140 MB over 100,000 steps. The newest HISTORY_LIMIT are kept (the JSONL
