@@ -524,15 +524,15 @@ def _train(args: argparse.Namespace) -> int:
             strategy.close()
     if strategy is not None and not strategy.is_main:
         return 0
-    if not result.history:  # a resumed run that had already reached its end
+    if not result.steps_taken:  # a resumed run that had already reached its end
         longer = ("raise training.early_stopping_patience (or set it to null) to train on"
                   if result.stopped == "early_stopping" else
                   "raise --max-steps (or training.epochs) to train longer")
         print(f"nothing to train: the run is at step {result.step}, its end ({result.stopped}); {longer}; "
               f"checkpoint {result.checkpoint}")
         return 0
-    first = result.history[0]["step"]  # a resumed run took the steps from there
-    taken = f"trained {counted(len(result.history), 'step')}" + (
+    first = result.step - result.steps_taken + 1  # a resumed run took the steps from there
+    taken = f"trained {counted(result.steps_taken, 'step')}" + (
         "" if first == 1 else f", {first}-{result.step}, after resuming at step {first - 1}")
     print(f"{taken} ({result.stopped}): final loss {result.final_loss:.4f}"
           + (f", eval loss {result.eval_loss:.4f}" if result.eval_loss is not None else "")

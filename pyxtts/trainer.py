@@ -50,6 +50,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -214,9 +215,29 @@ class FitResult:
     checkpoint: Path | None  # the last step checkpoint written (or resumed from)
     log_path: Path
     elapsed_s: float
-    history: list[dict] = field(repr=False, default_factory=list)  # this call's step records
+    # this call's step records, the newest HISTORY_LIMIT (10,000) of them: the JSONL log has every one
+    history: list[dict] = field(repr=False, default_factory=list)
     evals: list[dict] = field(repr=False, default_factory=list)  # this call's evaluations
     best_checkpoint: Path | None = None  # <checkpoint_dir>/best.safetensors when there is one
+    steps_taken: int = field(repr=False, default=0)  # this call's optimizer steps (0: a resumed run at its end)
+
+
+@dataclass
+class _Totals:
+    """What the closing line says of all of a ``fit`` call's steps, summed as they are
+    taken: the history keeps the newest records only."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    peak: int = 0
+    first_loss: float | None = None
+
+    def add(self, rec: dict) -> None:
+        self.tokens += rec["text_tokens"] + rec["audio_tokens"]
+        self.seconds += rec["step_time_s"]
+        self.peak = max(self.peak, rec["peak_allocated_bytes"])
+        if self.first_loss is None:
+            self.first_loss = rec["loss"]
 
 
 class Trainer:
@@ -285,6 +306,7 @@ class Trainer:
         self.log_path = log_path if log_path is not None else self.checkpoint_dir / "train_log.jsonl"
         self._data_fingerprint: dict | None = None  # of the data fit trains on (_data_fingerprint)
         self._made_folder = False  # fit made checkpoint_dir (_hold_folder)
+        self._totals = _Totals()  # of the steps of the fit call under way
 
     # the position of the run (pyxtts.callbacks.RunState): the step, and what follows from it
     @property
@@ -383,7 +405,8 @@ class Trainer:
         """Writes model, optimizer, the position in the data and the callbacks' state (the
         best evaluation so far) atomically; default ``<checkpoint_dir>/step_<N>.safetensors``,
         pruned to ``keep_checkpoints`` (a file elsewhere, ``best.safetensors`` too, is never
-        pruned). ``weights_only``: without the optimizer's state (not a file to resume
+        pruned), and the temporaries of the run's checkpoints that a killed save left are
+        removed. ``weights_only``: without the optimizer's state (not a file to resume
         from; ``load_checkpoint`` loads it into a model)."""
         weights_only = flag("weights_only", weights_only)
         p = Path(path) if path is not None else self.checkpoint_dir / step_checkpoint_name(self.step)
@@ -471,11 +494,15 @@ class Trainer:
             if unusable:
                 self._reporter.warn(f"resume: resuming from {path.name}, the newest usable checkpoint "
                                     f"({len(unusable)} newer one(s) could not be used)")
-            changed = setting_changes(_saved_extra(path).get("config"), self.config.to_dict())
+            saved = _saved_extra(path).get("config")
+            changed = setting_changes(saved, self.config.to_dict())
             if changed:  # allowed (a lower learning rate, say), but never unseen
                 self._reporter.warn(f"resume: the config differs from the one {path.name} was saved with: "
                                     + "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6
                                                                  else ""))
+                jump = self._rate_change(saved)
+                if jump is not None:
+                    self._reporter.warn(jump)
             self.state.last_checkpoint = path
             self._say(f"resumed from {path} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
             if self.strategy.is_main:
@@ -484,15 +511,37 @@ class Trainer:
         raise CheckpointError(f"resume: none of the {len(unusable)} checkpoints in {self.checkpoint_dir} can be "
                               "used: " + "; ".join(unusable))
 
+    def _rate_change(self, saved: Any) -> str | None:
+        """What the changed settings do to the learning rate the run goes on with, when the
+        schedule of the saved config (``saved``) gave another at this step: a longer
+        ``max_steps`` stretches warmup_cosine's curve, so a run extended past its end climbs
+        back from ``min_lr``."""
+        t = saved.get("training") if isinstance(saved, dict) else None
+        try:
+            before = schedule_from_config(SimpleNamespace(**t))(self.step) if isinstance(t, dict) else None
+        except (AttributeError, TypeError, ValueError):  # a config of an older pyxtts, or not one
+            return None
+        after = self.schedule(self.step)
+        if before is None or before == after:
+            return None
+        return (f"resume: with these settings the learning rate of step {self.step + 1} is {after:.3g}, where the "
+                f"schedule the run was saved with gave {before:.3g} ({self.config.training.lr_schedule})")
+
     def _set_aside_newer(self, resumed: Path) -> None:
         """A resume from a checkpoint older than the folder's newest starts a branch: the
         newer step checkpoints and a best checkpoint saved after it are the abandoned
         branch's. Left in place, pruning would delete the checkpoint resumed from, the
         branch's evaluations would overwrite a better best, and the next ``resume=True``
         would jump back to the old branch. They move to ``superseded_from_step_<N>/``,
-        with a copy of the log as it was (the resumed run trims it to step N)."""
+        with a copy of the log as it was (the resumed run trims it to step N).
+
+        Resumed from the newest step checkpoint, the run is no branch: it stopped without
+        saving (a crash) and takes the steps after it again, whose evaluations remake the
+        best checkpoint and the spoken samples they had made, at the same steps."""
         step = self.step
         newer = [p for p in self.checkpoints() if (checkpoint_step(p) or 0) > step]
+        if not newer:
+            return
         best = self.checkpoint_dir / BEST_NAME
         if best.is_file():
             try:
@@ -501,8 +550,6 @@ class Trainer:
                 best_step = None
             if isinstance(best_step, int) and best_step > step:
                 newer.append(best)
-        if not newer:
-            return
         aside = self.checkpoint_dir / f"superseded_from_step_{step:08d}"
         aside.mkdir(exist_ok=True)
         for p in newer:
@@ -644,6 +691,7 @@ class Trainer:
             total = min(total, t.epochs * per_epoch)
         self.state.steps_per_epoch = per_epoch
         self.state.stop_reason = None
+        self._totals = _Totals()
         run = Run(state=self.state, config=c, total_steps=total, continuing=continuing, log_path=self.log_path,
                   checkpoint_dir=self.checkpoint_dir, eval_dataset=held, say=self._reporter.say,
                   warn=self._reporter.warn, evaluate_with=self._evaluation, save_with=self._checkpoint,
@@ -779,6 +827,8 @@ class Trainer:
                     if t.enable_memory_cleanup and state.step % t.cleanup_interval == 0:
                         rec["cleanup_released_bytes"] = cleanup_gpu_memory(self.device)
                     run.history.append(rec)
+                    run.steps_taken += 1
+                    self._totals.add(rec)
                     self.callbacks.step_end(run, rec, acting=False)  # the step's record written
                     end_commit()  # a Ctrl-C since the update is raised now: the step is counted
                     self.callbacks.step_end(run, rec, acting=True)
@@ -820,22 +870,20 @@ class Trainer:
         return p
 
     def _result(self, run: Run, elapsed: float) -> FitResult:
-        history = run.history
+        history, totals = list(run.history), self._totals
         final = history[-1]["loss"] if history else None
         last_eval = run.evals[-1]["loss"] if run.evals else None
         ckpt = self.state.last_checkpoint
         if history:
-            tok = sum(h["text_tokens"] + h["audio_tokens"] for h in history)
-            train_s = sum(h["step_time_s"] for h in history)
-            self._say(f"done: step {self.step}, loss {history[0]['loss']:.4f} -> {final:.4f}"
+            self._say(f"done: step {self.step}, loss {totals.first_loss:.4f} -> {final:.4f}"
                       + (f", eval loss {last_eval:.4f}" if last_eval is not None else "")
-                      + f", {tok / train_s:,.0f} tok/s, peak "
-                      + format_bytes(max(h["peak_allocated_bytes"] for h in history))
-                      + f", {elapsed:.1f} s; checkpoint {ckpt}")
+                      + f", {totals.tokens / max(totals.seconds, 1e-9):,.0f} tok/s, peak "
+                      + format_bytes(totals.peak) + f", {elapsed:.1f} s; checkpoint {ckpt}")
         best = self.best_checkpoint
         return FitResult(step=self.step, epoch=self.epoch, stopped=self.state.stop_reason or "epochs",
                          final_loss=final, eval_loss=last_eval, checkpoint=ckpt, log_path=self.log_path,
-                         elapsed_s=elapsed, history=history, evals=run.evals, best_checkpoint=best)
+                         elapsed_s=elapsed, history=history, evals=run.evals, best_checkpoint=best,
+                         steps_taken=run.steps_taken)
 
 
 def _strategy(strategy: Strategy | None, device: str | None, t: Any) -> tuple[Strategy, str]:

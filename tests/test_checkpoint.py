@@ -302,6 +302,12 @@ def popen_python(code, *args):
                             stderr=subprocess.PIPE, text=True, env=env, cwd="/")
 
 
+def writing(path):
+    """Whether a file other than ``path`` holds bytes in its folder (hidden files, and
+    files in subfolders, included): the save under way has started writing."""
+    return any(p != path and p.is_file() and p.stat().st_size > 0 for p in path.parent.rglob("*"))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("slow", [True, False], ids=["killed-before-rename", "killed-while-writing"])
 def test_killed_save_leaves_previous_checkpoint(saved, seed, slow):
@@ -313,9 +319,9 @@ def test_killed_save_leaves_previous_checkpoint(saved, seed, slow):
         if slow:
             assert child.stdout.readline() == "saving\n", child.stderr.read()
             assert child.stdout.readline() == "fsync\n", child.stderr.read()
-        else:
+        else:  # killed while bytes are being written, wherever the writer writes them
             deadline = time.monotonic() + 60
-            while not (tmp.exists() and tmp.stat().st_size > 0):
+            while not writing(path):
                 assert child.poll() is None, child.stderr.read()
                 assert time.monotonic() < deadline, "the child never started writing"
                 time.sleep(0.001)
@@ -338,7 +344,8 @@ def test_killed_save_leaves_previous_checkpoint(saved, seed, slow):
     if tmp.exists():
         with pytest.raises(pyxtts.CheckpointError, match="unfinished save"):
             pyxtts.load_checkpoint(tmp, m2)
-    # the next save cleans up the dead process's temporary file
+    # the next save cleans up what the dead process left: its folder, and in it the hidden
+    # file safetensors was writing (as large as the checkpoint)
     pyxtts.save_checkpoint(path, model, opt, step=124)
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
 

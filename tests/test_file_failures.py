@@ -247,11 +247,21 @@ def test_a_resume_whose_event_file_cannot_be_written_keeps_the_earlier_one(tmp_p
     log = Path(cfg.training.checkpoint_dir) / "train_log.jsonl"
     (before,) = event_files(log)
     kept = before.read_bytes()
-    failing_records(monkeypatch, after=2)
+    import pyxtts.callbacks.tensorboard_log as tb
+
+    real = tb._copied
+
+    def copied(sources, until):  # the disk fills after the copy's first record
+        records = real(sources, until)
+        yield next(records)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(tb, "_copied", copied)
     cfg.training.max_steps = 9
     result = Trainer(cfg, progress=False).fit(train, held, resume=True)
     assert result.step == 9 and steps_logged(log) == list(range(1, 10))
     assert event_files(log) == [before] and before.read_bytes() == kept
+    assert not [p.name for p in log.parent.iterdir() if ".tmp-" in p.name]  # the partial copy is gone
     assert "TensorBoard: cannot write" in capsys.readouterr().err
 
 

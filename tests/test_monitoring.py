@@ -233,6 +233,85 @@ def test_tensorboard_after_a_resume_shows_each_step_once(tmp_path):
     assert [x["loss"] for x in la] == [x["loss"] for x in log_b]
 
 
+def logged_steps(log_path: Path, tag: str = "train/loss") -> list[int]:
+    """The step of every ``tag`` event in the log's event files, read record by record (the
+    accumulator of ``read_events`` drops the older of two events of a step)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    return [e.step for f in event_files(log_path) for e in EventFileLoader(str(f)).Load()
+            for v in e.summary.value if v.tag == tag]
+
+
+def test_a_resume_stopped_while_it_copies_the_events_leaves_them_whole(tmp_path, monkeypatch):
+    """Ctrl-C while a resume copied the events to its new file left the copy's first part
+    beside the old file; every later resume copied both, so TensorBoard got those steps
+    twice, then more (after 20 resumes stopped at random, 11,000 of 11,750 steps were there
+    two to five times). The old file stays whole until the copy is complete."""
+    pytest.importorskip("tensorboard", reason="the tensorboard extra (pip install 'pyxtts[tensorboard]') "
+                                              "is not installed")
+    import io
+
+    from tensorboard.compat.proto import event_pb2
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    cfg = make_config(tmp_path, max_steps=8, eval_interval=4, checkpoint_interval=4)
+    train, held = datasets(cfg)
+    r = Trainer(cfg, progress=False).fit(train, held)
+    folder = tensorboard_dir(r.log_path)
+    (events,) = event_files(r.log_path)
+    # the steps of a run killed long after its checkpoint: the copy reads them and leaves them out
+    later = io.BytesIO()
+    RecordWriter(later).write(event_pb2.Event(step=10**6, wall_time=1.0, summary={"value": [
+        {"tag": "train/loss", "tensor": {"dtype": "DT_DOUBLE", "double_val": [1.0]}}]}).SerializeToString())
+    with open(events, "ab") as f:
+        f.write(later.getvalue() * 100)
+    parse, read = event_pb2.Event.FromString, [0]
+
+    def ctrl_c_among_the_later_ones(data: bytes):  # once the run's own events are copied
+        read[0] += 1
+        if read[0] == 40:
+            raise KeyboardInterrupt
+        return parse(data)
+
+    monkeypatch.setattr(event_pb2.Event, "FromString", staticmethod(ctrl_c_among_the_later_ones))
+    cfg.training.max_steps = 12
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(cfg, progress=False).fit(train, held, resume=True)
+    assert read[0] == 40
+    monkeypatch.setattr(event_pb2.Event, "FromString", parse)
+    r = Trainer(cfg, progress=False).fit(train, held, resume=True)
+    assert logged_steps(r.log_path) == list(range(1, 13))
+    assert_events_match_log(folder, read_log(r.log_path))
+    assert len(event_files(r.log_path)) == 1
+    assert not [p.name for p in folder.iterdir() if ".tmp" in p.name]
+
+
+def test_a_resume_stopped_before_it_removed_the_old_events_shows_each_step_once(tmp_path, monkeypatch):
+    """Stopped between the copy's completion and the old file's removal, a resume left two
+    whole event files; the next one copied both, each step twice."""
+    pytest.importorskip("tensorboard", reason="the tensorboard extra (pip install 'pyxtts[tensorboard]') "
+                                              "is not installed")
+    cfg = make_config(tmp_path, max_steps=8, eval_interval=4, checkpoint_interval=4)
+    train, held = datasets(cfg)
+    Trainer(cfg, progress=False).fit(train, held)
+    unlink = Path.unlink
+
+    def stopped(path: Path, missing_ok: bool = False) -> None:
+        if path.name.startswith("events.out.tfevents."):
+            monkeypatch.setattr(Path, "unlink", unlink)
+            raise KeyboardInterrupt
+        unlink(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", stopped)
+    cfg.training.max_steps = 12
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(cfg, progress=False).fit(train, held, resume=True)
+    r = Trainer(cfg, progress=False).fit(train, held, resume=True)
+    assert logged_steps(r.log_path) == list(range(1, 13))
+    assert_events_match_log(tensorboard_dir(r.log_path), read_log(r.log_path))
+    assert len(event_files(r.log_path)) == 1
+
+
 def test_without_tensorboard_one_line_says_how_and_training_goes_on(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(__import__("sys").modules, "tensorboard", None)  # import tensorboard fails
     cfg = make_config(tmp_path, max_steps=3)
@@ -496,6 +575,41 @@ def test_progress_lines_say_the_time_taken_and_left(tmp_path, capsys):
     assert shown[1].endswith(", 21s elapsed"), shown[1]  # steps 9-11 ticked; nothing left
 
 
+def test_the_time_left_does_not_count_the_resumes_setup(tmp_path, capsys):
+    """Resumed at step 50,000 of a small model, the first line said "11s elapsed, ~36m41s
+    left" and the run ended 13 s later: the 11 s were the setup (the logs' copies), counted
+    as the time of the first 50 steps. The clock starts with the training."""
+    from pyxtts.callbacks.progress import Progress
+
+    class Clock:
+        now = 1000.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    class Slow(Callback):  # a setup of 10 minutes, then 2 s a step
+        def __init__(self, clock: Clock) -> None:
+            self.clock = clock
+
+        def on_fit_start(self, run):
+            self.clock.now += 600.0
+
+        def on_step_end(self, run, record):
+            self.clock.now += 2.0
+
+    cfg = make_config(tmp_path, max_steps=4, log_interval=4, eval_interval=1000)
+    train, held = datasets(cfg)
+    Trainer(cfg, progress=False).fit(train, held)
+    cfg.training.max_steps = 12
+    clock = Clock()
+    t = Trainer(cfg, progress=True, callbacks=[Slow(clock)])
+    t.callbacks.callbacks = [Progress(True, clock) if isinstance(c, Progress) else c for c in t.callbacks.callbacks]
+    capsys.readouterr()
+    t.fit(train, held, resume=True)
+    shown = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("step 8/12:")]
+    assert shown and shown[0].endswith(", 6s elapsed, ~6s left"), shown  # steps 5-7 ticked: 1.5 s each
+
+
 def test_resume_into_another_model_stops_at_the_newest_checkpoint(tmp_path, capsys):
     """The run's older checkpoints hold the same model: an architecture refusal is raised at
     once, naming how to continue, not once per checkpoint after trying each."""
@@ -556,6 +670,27 @@ def test_a_resume_with_other_settings_says_which(tmp_path, capsys):
             "training.learning_rate: 0.03 -> 0.01; training.max_steps: 4 -> 6") in err, err
     Trainer(later, progress=False).fit(train, held, resume=True)  # nothing changed: nothing said
     assert "differs" not in capsys.readouterr().err
+
+
+def test_a_resume_that_changes_the_learning_rate_says_so(tmp_path, capsys):
+    """A warmup_cosine run extended past its end (a larger --max-steps) goes on from a rate
+    the stretched curve gives, not from min_lr: 2.3 times min_lr at step 50,000 of a run
+    extended from 50,000 to 60,000 steps. Only "training.max_steps: 50000 -> 60000" was said."""
+    cfg = make_config(tmp_path, max_steps=8, lr_schedule="warmup_cosine", warmup_steps=2, min_lr=1e-3)
+    train, held = datasets(cfg)
+    Trainer(cfg, progress=False).fit(train, held)
+    longer = make_config(tmp_path, max_steps=16, lr_schedule="warmup_cosine", warmup_steps=2, min_lr=1e-3)
+    capsys.readouterr()
+    r = Trainer(longer, progress=False).fit(train, held, resume=True)
+    want = pyxtts.WarmupCosineLR(3e-2, 2, 16, 1e-3)(8)
+    assert r.history[0]["lr"] == want and want > 10 * 1e-3
+    assert (f"resume: with these settings the learning rate of step 9 is {want:.3g}, where the schedule the run "
+            "was saved with gave 0.001 (warmup_cosine)") in capsys.readouterr().err
+    # a change that leaves the rate as it was: nothing more said
+    Trainer(make_config(tmp_path, max_steps=16, lr_schedule="warmup_cosine", warmup_steps=2, min_lr=1e-3,
+                        log_interval=2), progress=False).fit(train, held, resume=True)
+    err = capsys.readouterr().err
+    assert "log_interval: 1 -> 2" in err and "learning rate of step" not in err, err
 
 
 def test_setting_changes_name_nested_settings_and_skip_what_a_file_predates():

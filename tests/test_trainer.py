@@ -3,6 +3,7 @@ Ctrl-C), OOM recovery inside a run, cleanup, evaluation, divergence and bad inpu
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -426,6 +427,113 @@ def test_a_resume_from_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path):
     cfg.training.max_steps = 7
     r = Trainer(cfg, progress=False).fit(train, held, resume=True)
     assert [x["step"] for x in r.history] == [7]
+
+
+def test_a_run_resumed_after_a_crash_is_no_branch(tmp_path):
+    """A crash (a kill, the OOM killer, a power cut) after an evaluation had improved the
+    best checkpoint and before the next step checkpoint: resumed from its newest checkpoint,
+    the run was taken for a branch of an older one. It said "step_00000004.safetensors is
+    older than the run's newest checkpoint", moved best.safetensors (as large as the weights:
+    1.7 GB for XTTS v2) and a copy of the log (34 MB at step 50,000) into a
+    superseded_from_step folder, one more at each such crash. The steps after the checkpoint
+    are taken again, and their evaluations remake the best checkpoint as it was."""
+    from pyxtts.callbacks import Callback
+    from pyxtts.checkpoint import read_checkpoint
+
+    class Crash(Callback):
+        def on_step_end(self, run, record) -> None:
+            if record["step"] == 7:
+                raise RuntimeError("killed")
+
+    def config(folder: Path) -> XTTSConfig:
+        return make_config(folder, max_steps=8, eval_interval=3, checkpoint_interval=4)
+
+    cfg = config(tmp_path / "a")
+    train, held = datasets(cfg, 24)
+    with pytest.raises(RuntimeError, match="killed"):
+        Trainer(cfg, progress=False, callbacks=[Crash()]).fit(train, held)
+    folder = Path(cfg.training.checkpoint_dir)
+    assert [p.name for p in Trainer(cfg, progress=False).checkpoints()] == ["step_00000004.safetensors"]
+    assert pyxtts.trainer._saved_meta(folder / "best.safetensors")["step"] == 6  # the evaluation at 6 improved
+    r = Trainer(cfg, progress=False).fit(train, held, resume=True)
+    assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == []  # nothing set aside
+    straight = Trainer(config(tmp_path / "b"), progress=False).fit(train, held)
+    assert pyxtts.trainer._saved_meta(r.best_checkpoint)["step"] == pyxtts.trainer._saved_meta(
+        straight.best_checkpoint)["step"]
+    got = read_checkpoint(r.best_checkpoint)[1]
+    for name, want in read_checkpoint(straight.best_checkpoint)[1].items():
+        assert np.array_equal(got[name], want), name
+    assert [x["step"] for x in read_log(r.log_path) if x["type"] == "train"] == list(range(1, 9))
+
+
+def test_a_long_run_holds_no_more_memory_step_after_step(tmp_path, monkeypatch, capsys):
+    """Every step's record stayed in memory for FitResult.history: 1.4 KB a step, so a
+    process grew by 140 MB over 100,000 steps. The newest HISTORY_LIMIT are kept (the JSONL
+    log has every one), and past that many steps the run's Python objects stop growing."""
+    import gc
+    import tracemalloc
+
+    from pyxtts.callbacks import Callback
+
+    monkeypatch.setattr(pyxtts.callbacks.base, "HISTORY_LIMIT", 20, raising=False)
+    held_at: dict[int, int] = {}
+
+    class Held(Callback):
+        def on_step_end(self, run, record) -> None:
+            if record["step"] == 60:  # the kept records are the run's newest by then
+                tracemalloc.start()
+            if record["step"] in (100, 300):
+                gc.collect()
+                held_at[record["step"]] = tracemalloc.get_traced_memory()[0]
+
+    cfg = make_config(tmp_path, max_steps=300, checkpoint_interval=10**6, eval_interval=10**6, log_interval=10**6)
+    train, _ = datasets(cfg)
+    try:
+        r = Trainer(cfg, callbacks=[Held()]).fit(train)
+    finally:
+        tracemalloc.stop()
+    # 1,400 bytes when every record was kept; what is left are Python's bounded caches filling
+    per_step = (held_at[300] - held_at[100]) / 200
+    assert per_step < 300, f"{per_step:.0f} bytes more held per step"
+    assert r.steps_taken == 300 and [x["step"] for x in r.history] == list(range(281, 301))
+    log = [x for x in read_log(r.log_path) if x["type"] == "train"]
+    assert len(log) == 300
+    # the closing line sums every step, not the kept ones
+    done = [line for line in capsys.readouterr().err.splitlines() if line.startswith("done:")]
+    assert done and f"loss {log[0]['loss']:.4f} -> {log[-1]['loss']:.4f}" in done[0], done
+
+
+def dead_pid() -> int:
+    """The id of a process that has ended."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", ""])
+    child.wait()
+    return child.pid
+
+
+def test_a_run_removes_what_killed_saves_left(tmp_path):
+    """A save killed midway (SIGKILL when a scheduler's grace period ends during the
+    checkpoint SIGTERM asked for) left its temporary file, as large as a checkpoint. It was
+    removed only by a later save to the same name, which never comes when the run resumes
+    from an earlier step: the run removes every dead process's temporaries when it starts."""
+    cfg = make_config(tmp_path, max_steps=4, checkpoint_interval=2, eval_interval=100)
+    train, _ = datasets(cfg, 8)
+    folder = Path(cfg.training.checkpoint_dir)
+    folder.mkdir(parents=True)
+    gone, alive = dead_pid(), os.getppid()
+    left = [folder / f"step_00000003.safetensors.tmp-{gone}",  # an older pyxtts's temporary file
+            folder / f"best.safetensors.tmp-{gone}"]  # a temporary folder, safetensors' file inside
+    left[0].write_bytes(b"x" * 1000)
+    left[1].mkdir()
+    (left[1] / ".tmpAbC123").write_bytes(b"x" * 1000)
+    kept = [folder / f"step_00000005.safetensors.tmp-{alive}"]  # a live process's save
+    for p in kept:
+        p.write_bytes(b"x")
+    Trainer(cfg, progress=False).fit(train)
+    assert not any(p.exists() for p in left)
+    assert all(p.exists() for p in kept)
 
 
 def test_a_fresh_run_removes_an_earlier_runs_spoken_samples(tmp_path):

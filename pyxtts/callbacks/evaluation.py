@@ -41,7 +41,7 @@ class Evaluation(Callback):
             self._evaluate(run)
 
     def on_train_end(self, run: Run) -> None:
-        if (run.eval_dataset is not None and run.history
+        if (run.eval_dataset is not None and run.steps_taken
                 and run.state.step % run.config.training.eval_interval != 0):
             self._evaluate(run)
 

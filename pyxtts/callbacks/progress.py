@@ -73,7 +73,9 @@ def drop_output(stream: Any) -> None:
 class Progress(Callback):
     """The bar (loss, tokens/s over the last steps, the step's peak memory) and the lines.
     A line's time left is this process's wall time per step so far (evaluations and
-    checkpoints included, as they recur) times the steps left."""
+    checkpoints included, as they recur) times the steps left. The clock starts with the
+    training (``on_train_start``): the setup before it (a resume's copies of the logs, which
+    grow with the run) does not recur."""
 
     def __init__(self, enabled: bool, clock: Callable[[], float] = time.monotonic) -> None:
         self.enabled = enabled
@@ -83,7 +85,6 @@ class Progress(Callback):
         self.step0 = 0
 
     def on_fit_start(self, run: Run) -> None:
-        self.t0, self.step0 = self.clock(), run.state.step
         if not self.enabled:
             return
         from tqdm import tqdm
@@ -91,6 +92,9 @@ class Progress(Callback):
         live = sys.stderr.isatty() or "ipykernel" in sys.modules
         self.bar = tqdm(total=run.total_steps, initial=min(run.state.step, run.total_steps), unit="step",
                         desc="train", dynamic_ncols=True, mininterval=0.5, file=sys.stderr, disable=not live)
+
+    def on_train_start(self, run: Run) -> None:
+        self.t0, self.step0 = self.clock(), run.state.step
 
     def on_step_end(self, run: Run, record: dict) -> None:
         rate, peak = record["tokens_per_s_avg"], format_bytes(record["peak_allocated_bytes"])
