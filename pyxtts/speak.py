@@ -30,6 +30,7 @@ from pyxtts._args import flag, integer, path_arg
 __all__ = ["SAMPLE_RATE_IN", "check_test_sentences", "coqui_installed", "speak", "synthesize"]
 
 SAMPLE_RATE_IN = 22050  # what Coqui's conditioning encoders read
+MIN_REFERENCE_S = 0.33  # Coqui's get_gpt_cond_latents fails on a reference shorter than this
 CHILD_TIMEOUT_S = 1800  # a child that hangs does not hold the run for ever
 
 
@@ -83,7 +84,7 @@ def check_test_sentences(sentences: list[dict], xtts_dir: str | os.PathLike, max
         if not ref.is_file():
             raise FileNotFoundError(f"{names(i, 'reference')}: expected a recording of the voice to clone, got "
                                     f"{str(ref)!r}, which is not a file")
-        _read_audio(ref, names(i, "reference"))
+        _check_voice(ref, names(i, "reference"))
         lang = s["language"]
         if lang not in languages and lang.split("-")[0] not in languages:
             close = [c for c in languages if c.lower() == lang.lower()] or difflib.get_close_matches(lang, languages, 1)
@@ -215,7 +216,11 @@ def synthesize(texts: str | Sequence[str], out: str | os.PathLike, reference: st
     made = _make_folder(files[0].parent)
     done = False
     try:
-        scratch = Path(tempfile.mkdtemp(prefix=".pyxtts-speak-", dir=files[0].parent))
+        try:
+            scratch = Path(tempfile.mkdtemp(prefix=".pyxtts-speak-", dir=files[0].parent))
+        except OSError as exc:
+            raise ValueError(f"out: the folder {str(files[0].parent)!r} cannot be written "
+                             f"({exc.strerror or exc})") from None
         try:
             if progress:
                 what = str(folder) if checkpoint is None else f"{checkpoint} exported into a scratch copy of {folder}"
@@ -294,6 +299,22 @@ def _read_audio(path: Path, where: str) -> tuple[np.ndarray, int]:
             return raw.mean(axis=1).astype(np.float32) / 32768.0, w.getframerate()
     except (wave.Error, EOFError) as exc:
         raise ValueError(f"{where}: {str(path)!r} is not a readable audio file ({exc})") from None
+
+
+def _check_voice(path: Path, where: str) -> None:
+    """ValueError naming ``where`` for a recording Coqui's inference cannot clone a voice
+    from: one it cannot read, one shorter than its minimum (it fails only after loading the
+    model), or one that holds silence or non-finite samples (no voice, or a NaN clip)."""
+    data, rate = _read_audio(path, where)
+    seconds = data.size / rate if rate > 0 else 0.0
+    if seconds < MIN_REFERENCE_S:
+        raise ValueError(f"{where}: expected a recording of at least {MIN_REFERENCE_S} s (Coqui's minimum for a "
+                         f"voice to clone), got {seconds:.2f} s in {str(path)!r}")
+    if not np.all(np.isfinite(data)):
+        raise ValueError(f"{where}: expected finite samples, got NaN or inf in {str(path)!r}")
+    if not np.any(data):
+        raise ValueError(f"{where}: expected a recording of a voice, got {str(path)!r}, which is silent "
+                         "(every sample is zero)")
 
 
 def write_wav(path: Path, samples: np.ndarray, rate: int) -> None:

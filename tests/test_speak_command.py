@@ -140,6 +140,46 @@ def test_a_failing_child_leaves_out_as_it_was(base, voice, tmp_path, capsys, mon
     assert listing(tmp_path) == before
 
 
+def never_started(*args):
+    raise AssertionError("the child was started")
+
+
+@pytest.mark.parametrize("samples, rate, said", [
+    (np.full(7000, 0.1, np.float32), 22050, "expected a recording of at least 0.33 s"),  # Coqui fails on it late
+    (np.full(2000, 0.1, np.float32), 8000, "got 0.25 s"),
+    (np.zeros(3 * 22050, np.float32), 22050, "which is silent"),
+    (np.array([0.1, np.nan] * 22050, np.float32), 22050, "expected finite samples"),
+])
+def test_a_reference_that_clones_no_voice_is_refused_before_the_child(base, tmp_path, capsys, monkeypatch,
+                                                                      samples, rate, said):
+    soundfile = pytest.importorskip("soundfile")
+    ref = tmp_path / "ref.wav"
+    soundfile.write(str(ref), samples, rate, subtype="FLOAT")
+    monkeypatch.setattr(pyxtts.speak, "speak", never_started)
+    before = listing(tmp_path)
+    rc = pyxtts.cli.main(["speak", "--xtts-dir", str(base), "--text", "hello", "--reference", str(ref),
+                          "--out", str(tmp_path / "n" / "a.wav")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("pyxtts speak: --reference: ") and said in err, err
+    assert listing(tmp_path) == before
+
+
+def test_an_out_folder_that_cannot_be_written_is_named(base, voice, tmp_path, capsys, monkeypatch):
+    """A read-only folder: the refusal names --out and its folder, not the scratch inside it."""
+    def read_only(**kwargs):
+        raise OSError(30, "Read-only file system", str(kwargs["dir"] / ".pyxtts-speak-x"))
+
+    monkeypatch.setattr(pyxtts.speak.tempfile, "mkdtemp", read_only)
+    monkeypatch.setattr(pyxtts.speak, "speak", never_started)
+    before = listing(tmp_path)
+    rc = pyxtts.cli.main(["speak", "--xtts-dir", str(base), "--text", "hello", "--reference", str(voice),
+                          "--out", str(tmp_path / "a.wav")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == f"pyxtts speak: --out: the folder {str(tmp_path)!r} cannot be written " \
+                              "(Read-only file system)\n"
+    assert listing(tmp_path) == before
+
+
 def test_without_coqui_the_install_is_named(base, voice, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(pyxtts.speak, "coqui_installed", lambda: False)
     rc = pyxtts.cli.main(["speak", "--xtts-dir", str(base), "--text", "a", "--reference", str(voice),
