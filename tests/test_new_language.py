@@ -8,6 +8,7 @@ The base vocabulary is the test's BPE trained on the other test languages' text
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -491,6 +492,8 @@ def test_prepare_vocab_refusals_write_nothing(corpus, tmp_path, capsys):
         assert prepare_cli(*common, *argv, "--out", str(out)) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith("pyxtts prepare: ") and said in err, (argv, err)
+        # the API's argument name, unspelt ("drop vocab"), told nothing at the command line
+        assert re.findall(r"(?<![-\w/.])vocab(?![.\w])", err) == [], err
         assert not out.exists()
     assert prepare_cli(*common, "--vocab", str(root / "xtts" / "vocab.json"), "--out", str(out)) == 2
     assert "adds no language" in capsys.readouterr().err

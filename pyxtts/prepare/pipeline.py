@@ -520,7 +520,8 @@ def prepare(xtts_dir: str | os.PathLike, metadata: str | os.PathLike, out: str |
     new_language = flag("new_language", new_language)
     if new_language and vocab is not None:
         raise ValueError(f"vocab: {str(vocab)!r} is a vocabulary to reuse, and new_language=True learns a new one; "
-                         "pass one of them (vocab for more recordings of a language already taught)")
+                         "pass one of them (the vocabulary for more recordings of a language already taught, "
+                         "new_language=True for a language not taught yet)")
     new_code = check_new_language(language) if new_language else None
     if new_language:
         new_tokens = integer("new_tokens", new_tokens, minimum=1, maximum=MAX_NEW_TOKENS)
@@ -702,7 +703,7 @@ def _reused_vocab(path: Path, folder: Path) -> tuple[dict, Any, tuple[str, ...]]
     languages = XTTSTokenizer(path).added_languages
     if not languages:
         raise ValueError(f"vocab: {str(path)!r} adds no language to {folder / 'vocab.json'} (its languages are XTTS "
-                         "v2's own); drop vocab to prepare with the XTTS folder's vocabulary")
+                         "v2's own); prepare without it, with the XTTS folder's own vocabulary")
     return doc, ext, languages
 
 
