@@ -103,6 +103,28 @@ def test_notebook_refuses_xtts_data_without_the_xtts_folder(tmp_path, monkeypatc
         client.execute()
 
 
+@pytest.mark.parametrize("settings, said", [
+    ([("REFERENCE = None ", "REFERENCE = 'me.wav' ")], "REFERENCE: the export speaks SENTENCE, and only an XTTS run"),
+    ([("XTTS_DIR = None ", "XTTS_DIR = 'XTTS-v2' "), ("REFERENCE = None ", "REFERENCE = 'nope.wav' ")],
+     "REFERENCE: expected a recording of the voice to clone, got 'nope.wav'"),
+])
+def test_notebook_refuses_a_reference_it_cannot_speak_before_training(tmp_path, monkeypatch, settings, said):
+    """A REFERENCE that could not be spoken (no XTTS run to export, no such file) was found
+    in the last cell, after the whole training; the configuration cell now says so."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    cells = [c for c in nb.cells if c.cell_type == "code"][:2]  # imports, configuration
+    for old, new in settings:
+        assert old in cells[1].source
+        cells[1].source = cells[1].source.replace(old, new, 1)
+    nb.cells = cells
+    kernel_env(monkeypatch)
+    client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    with pytest.raises(nbclient.exceptions.CellExecutionError, match=re.escape(said)):
+        client.execute()
+    assert list(tmp_path.iterdir()) == []  # no run folder, no shards
+
+
 @pytest.mark.slow
 def test_notebook_runs_the_xtts_workflow_from_recordings(tmp_path, monkeypatch):
     """The real workflow: with XTTS_DIR (a small released-style folder) and METADATA (espeak
