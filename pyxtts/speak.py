@@ -87,7 +87,9 @@ def check_test_sentences(sentences: list[dict], xtts_dir: str | os.PathLike, max
         _check_voice(ref, names(i, "reference"))
         lang = s["language"]
         if lang not in languages and lang.split("-")[0] not in languages:
-            close = [c for c in languages if c.lower() == lang.lower()] or difflib.get_close_matches(lang, languages, 1)
+            close = ([c for c in languages if c.lower() == lang.lower()]
+                     or [c for c in languages if c.split("-")[0] == lang.lower()]  # zh: zh-cn
+                     or difflib.get_close_matches(lang, languages, 1))
             raise ValueError(f"{names(i, 'language')}: expected one of the languages of {folder.name} "
                              f"({', '.join(languages)}), got {lang!r}"
                              + (f"; did you mean {close[0]!r}?" if close else ""))

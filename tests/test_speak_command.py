@@ -97,6 +97,7 @@ def refusal_cases(tmp_path: Path, base: Path, voice: Path) -> list[tuple[list[st
         ([*xtts, "--text", "hello", "--reference", str(tmp_path / "nope.wav"), "--out", str(tmp_path / "n/a.wav")],
          "--reference: expected a recording of the voice to clone"),
         ([*xtts, *one, "--language", "EN", "--out", str(tmp_path / "n/a.wav")], "did you mean 'en'?"),
+        ([*xtts, *one, "--language", "zh", "--out", str(tmp_path / "n/a.wav")], "did you mean 'zh-cn'?"),
         (["--xtts-dir", str(base) + "x", *one, "--out", str(tmp_path / "n/a.wav")],
          "--xtts-dir: expected a Coqui XTTS folder holding config.json"),
         ([*xtts, "--text", "hi", "--text", "hello " * 40, "--reference", str(voice), "--out", str(tmp_path / "n/d")],
