@@ -191,9 +191,9 @@ def test_sigterm_saves_and_exits_like_ctrl_c(tmp_path):
     import signal
     import subprocess
     import sys
-    import time
 
     import pyxtts
+    from helpers.processes import wait_until_training
 
     cfg = tiny_config(tmp_path, steps=100_000)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -203,10 +203,7 @@ def test_sigterm_saves_and_exits_like_ctrl_c(tmp_path):
                              stderr=subprocess.PIPE, text=True)
     log = tmp_path / "ckpt" / "train_log.jsonl"
     try:
-        deadline = time.monotonic() + 120
-        while not (log.exists() and '"type": "train"' in log.read_text()):  # inside the loop
-            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
-            time.sleep(0.05)
+        wait_until_training(child, log)
         child.send_signal(signal.SIGTERM)
         out, err = child.communicate(timeout=120)
     finally:

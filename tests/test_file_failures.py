@@ -17,7 +17,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import weakref
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import pyxtts
 import pyxtts.cli
 from conftest import run_python
 from helpers.disk import file_size_limit
+from helpers.processes import wait_until_training
 from pyxtts import SyntheticDataset, Trainer, XTTSConfig
 from pyxtts._files import lock_folder
 from pyxtts.callbacks import event_files
@@ -363,10 +363,7 @@ def test_a_second_pyxtts_train_on_a_folder_in_use_names_the_process_that_holds_i
                              stderr=subprocess.PIPE, text=True)
     ck = tmp_path / "ckpt"
     try:
-        deadline = time.monotonic() + 120
-        while not ((ck / "train_log.jsonl").exists() and '"type": "train"' in (ck / "train_log.jsonl").read_text()):
-            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
-            time.sleep(0.05)
+        wait_until_training(first, ck / "train_log.jsonl")
         second = run_python(CLI, *args, "--resume", cwd=str(tmp_path))
         assert first.poll() is None
         first.send_signal(signal.SIGTERM)
