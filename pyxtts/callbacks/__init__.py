@@ -10,6 +10,6 @@ from pyxtts.callbacks.progress import Progress, Reporter
 from pyxtts.callbacks.samples import SpokenSamples, samples_dir
 from pyxtts.callbacks.tensorboard_log import TensorBoardLog, event_files, tensorboard_dir
 
-__all__ = ["BEST_NAME", "HISTORY_LIMIT", "MAX_SKIPPED", "BestCheckpoint", "Callback", "CallbackList", "Evaluation", "JSONLLog",
-           "Progress", "Reporter", "Run", "RunState", "SpokenSamples", "StepCheckpoints", "StopOnDivergence",
-           "TensorBoardLog", "event_files", "samples_dir", "tensorboard_dir"]
+__all__ = ["BEST_NAME", "HISTORY_LIMIT", "MAX_SKIPPED", "BestCheckpoint", "Callback", "CallbackList", "Evaluation",
+           "JSONLLog", "Progress", "Reporter", "Run", "RunState", "SpokenSamples", "StepCheckpoints",
+           "StopOnDivergence", "TensorBoardLog", "event_files", "samples_dir", "tensorboard_dir"]
