@@ -193,7 +193,7 @@ def test_sigterm_saves_and_exits_like_ctrl_c(tmp_path):
     import sys
 
     import pyxtts
-    from helpers.processes import wait_until_training
+    from helpers.processes import reaped, wait_until_training
 
     cfg = tiny_config(tmp_path, steps=100_000)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -202,14 +202,10 @@ def test_sigterm_saves_and_exits_like_ctrl_c(tmp_path):
                               "--no-progress"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     log = tmp_path / "ckpt" / "train_log.jsonl"
-    try:
+    with reaped(child):
         wait_until_training(child, log)
         child.send_signal(signal.SIGTERM)
         out, err = child.communicate(timeout=120)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
     assert child.returncode == 128 + signal.SIGTERM, err[-2000:]
     steps = train_steps(tmp_path / "ckpt")
     last = steps[-1]

@@ -26,7 +26,7 @@ import pyxtts
 import pyxtts.cli
 from conftest import run_python
 from helpers.disk import file_size_limit
-from helpers.processes import wait_until_training
+from helpers.processes import reaped, wait_until_training
 from pyxtts import SyntheticDataset, Trainer, XTTSConfig
 from pyxtts._files import lock_folder
 from pyxtts.callbacks import event_files
@@ -362,16 +362,12 @@ def test_a_second_pyxtts_train_on_a_folder_in_use_names_the_process_that_holds_i
     first = subprocess.Popen([sys.executable, "-c", CLI, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     ck = tmp_path / "ckpt"
-    try:
+    with reaped(first):
         wait_until_training(first, ck / "train_log.jsonl")
         second = run_python(CLI, *args, "--resume", cwd=str(tmp_path))
         assert first.poll() is None
         first.send_signal(signal.SIGTERM)
         _, err = first.communicate(timeout=120)
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
     assert second.returncode == 2, second.stderr
     assert second.stderr.splitlines()[-1].startswith(
         f"pyxtts train: {str(ck)!r} is in use by another training run (process {first.pid}): "), second.stderr
