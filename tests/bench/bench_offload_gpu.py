@@ -21,8 +21,8 @@ gradients:
   host_update_s  the same AdamW step on a model of the same size in host memory (the CPU
                  backend's kernel on all cores, no copy): the offloaded step's floor.
                  copies_exposed_s = offload step_s - host_update_s is the copies' time that
-                 the update does not hide: the most an overlap with the backward and the
-                 next forward (ZeRO-Offload's schedule) could save
+                 the update does not hide (docs/offload.md: why the copies do not overlap
+                 the backward)
 
 `--device cpu --config tiny` runs the same code on the CPU to check the script itself.
 """
