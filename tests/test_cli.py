@@ -337,6 +337,26 @@ def test_train_says_when_the_optimizer_state_is_in_host_memory(tmp_path, capsys)
     assert "checkpointing" in err and ", optimizer state in host memory): " in err, err
 
 
+def test_a_host_too_small_for_the_offloaded_state_is_named_with_what_helps(tmp_path, capsys):
+    """The host pool holds the offloaded optimizer state, which no micro-batch, precision or
+    checkpointing shrinks: its out-of-memory error says to free host memory or keep the
+    state on the device, and the run writes nothing."""
+    cfg = tmp_path / "off.yaml"
+    cfg.write_text("base: cpu_demo\ntraining:\n  optimizer_offload: true\n")
+    pyxtts.empty_cache("host")
+    pyxtts.set_memory_limit(1 << 20, "host")  # 1 MiB: less than the demo's state
+    try:
+        rc = pyxtts.cli.main(["train", "--config", str(cfg), "--synthetic", "8", "--max-steps", "1",
+                              "--checkpoint-dir", str(tmp_path / "run")])
+    finally:
+        pyxtts.set_memory_limit(None, "host")
+    err = capsys.readouterr().err
+    assert rc == 1 and "Host out of memory" in err, err
+    assert "free host memory, or keep the state on the device with training.optimizer_offload false" in err, err
+    assert "optimize-config" not in err, err  # its settings leave the state's size as it is
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_refused_init_leaves_no_run_folder(tmp_path, capsys):
     run = tmp_path / "run"
     assert pyxtts.cli.main(["train", "--init", str(tmp_path / "missing"), "--checkpoint-dir", str(run),
