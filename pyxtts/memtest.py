@@ -58,12 +58,13 @@ class MemtestReport:
 
 def _largest_batch(config: XTTSConfig, device: str, policy: str, offload: bool, limit: int,
                    world: tuple[int, int] = (1, 1)) -> int:
-    """Largest micro-batch whose plan fits ``limit`` (0 when not even 1 does)."""
+    """Largest micro-batch whose plan fits ``limit`` (0 when not even 1 does), counted as the
+    verdict counts it (on the CPU an offloaded optimizer state is in the same memory)."""
     from pyxtts.batch import largest_fitting
 
     def fits(b: int) -> bool:
-        return plan_for(config, device, micro_batch=b, checkpointing=policy, offload=offload,
-                        world_size=world[0], nodes=world[1]).total <= limit
+        return _on_device_bytes(plan_for(config, device, micro_batch=b, checkpointing=policy, offload=offload,
+                                         world_size=world[0], nodes=world[1]), device) <= limit
 
     return largest_fitting(fits) or 0
 

@@ -226,6 +226,25 @@ def test_memtest_on_the_cpu_counts_an_offloaded_state_in_its_memory(capsys):
     assert "DOES NOT FIT: device memory is short: 10.53 GiB of 7.20 GiB" in out, out
 
 
+def test_memtest_advice_on_the_cpu_counts_an_offloaded_state_as_the_verdict_does():
+    """The micro-batch the advice offers passes memtest's own verdict, which on the CPU counts
+    the offloaded state in the budget: at 768 MiB the demo widened to d 512 is TIGHT at
+    micro-batch 4 and the advice names a smaller one (it named 4 itself), at 1 GiB the
+    largest micro-batch offered fits (it offered 16, 124% of the budget)."""
+    cfg = XTTSConfig.load("cpu_demo")
+    cfg.model.n_layers, cfg.model.d_model, cfg.model.n_heads = 4, 512, 8
+    cfg.training.optimizer_offload = True
+    tight = run_memtest(cfg, memory="768MiB", step=False)
+    micro = int(re.search(r"data.batch_size (\d+) x gradient_accumulation_steps", tight.advice[0]).group(1))
+    assert tight.verdict == "tight" and micro < cfg.data.batch_size, tight.advice
+    assert run_memtest(cfg, batch_size=micro, memory="768MiB", step=False).verdict == "fits"
+    roomy = run_memtest(cfg, memory="1GiB", step=False)
+    largest = int(re.search(r"micro-batches up to (\d+) fit", roomy.advice[0]).group(1))
+    assert roomy.verdict == "fits" and largest > cfg.data.batch_size, roomy.advice
+    assert run_memtest(cfg, batch_size=largest, memory="1GiB", step=False).verdict == "fits"
+    assert run_memtest(cfg, batch_size=largest + 1, memory="1GiB", step=False).verdict != "fits"
+
+
 def test_a_memory_in_decimal_units_says_what_a_card_of_that_size_has(capsys, tmp_path):
     """--memory 8GB is 7.45 GiB, 7% less than an '8 GB' card has: said where the budget is."""
     assert pyxtts.cli.main(["memtest", "--config", "gpu_8gb", "--memory", "8GB", "--device", "cuda:0",
