@@ -382,6 +382,10 @@ def memtest(args: argparse.Namespace) -> int:
         world_size, nodes = world_flags(args)
         if launched():
             return _memtest_every_rank(config, args)
+        if args.device is None and config.training.device == "auto" and config.training.resolved_device() == "cpu":
+            print("pyxtts memtest: no GPU here, so training.device 'auto' plans for this machine's CPU and RAM; "
+                  f"for a GPU elsewhere say which: --device cuda --memory {shlex.quote(args.memory or '8GiB')}",
+                  file=sys.stderr)
         again = f"--config {shlex.quote(args.config)}" + (
             f" --vocab {shlex.quote(str(args.vocab))}" if getattr(args, "vocab", None) is not None else "")
         shown: list[str] = []

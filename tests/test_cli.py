@@ -295,6 +295,20 @@ def test_optimize_config_says_when_auto_plans_for_the_cpu(tmp_path, capsys):
     assert rc == 0 and "no GPU here" in err and "--device cuda --memory 8GiB" in err
 
 
+@pytest.mark.skipif(pyxtts.cuda_available(), reason="says so only where no GPU is")
+def test_memtest_says_when_auto_plans_for_the_cpu(capsys):
+    """--memory 4GiB without --device, on a machine without a GPU, plans the tier for this
+    CPU (a verdict about RAM, not the card): said, with the flags that plan for the card."""
+    assert pyxtts.cli.main(["memtest", "--config", "gpu_4gb", "--memory", "4GiB", "--no-step"]) == 1
+    err = capsys.readouterr().err
+    assert "no GPU here, so training.device 'auto' plans for this machine's CPU" in err, err
+    assert "--device cuda --memory 4GiB" in err, err
+    assert pyxtts.cli.main(["memtest", "--config", "gpu_4gb", "--memory", "4GiB", "--device", "cuda",
+                            "--no-step"]) == 0
+    assert pyxtts.cli.main(["memtest", "--config", "cpu_demo", "--no-step"]) == 0  # it says device: cpu
+    assert "no GPU here" not in capsys.readouterr().err
+
+
 def test_init_that_changes_the_model_says_so_and_replans():
     tier = XTTSConfig.load("cpu_demo")
     assert pyxtts.cli._replanned(tier, tier, "cpu") is None  # nothing changed: nothing said
