@@ -310,6 +310,11 @@ def _advice(config: XTTSConfig, dev: str, total: int, budget: int, report: Memte
         lighter = "selective" if t.checkpointing == "full" else "none"
         if _largest_batch(config, dev, lighter, report.offload, int(budget * (1 - TIGHT)), world) >= d.batch_size:
             out.append(f"checkpointing {lighter!r} also fits at this micro-batch and recomputes less")
+    if report.offload and _on_gpu(dev):  # the state's copies each optimizer step, paid for no memory
+        on_device = plan_for(config, dev, offload=False, world_size=world[0], nodes=world[1]).total
+        if on_device <= int(budget * (1 - TIGHT)):
+            out.append(f"training.optimizer_offload false also fits at this micro-batch ({fb(on_device)} on the "
+                       "device, the state there) and saves its copies to and from host memory each optimizer step")
     if not out:
         out.append("the config fits as it is")
     return out

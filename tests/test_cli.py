@@ -245,6 +245,23 @@ def test_memtest_advice_on_the_cpu_counts_an_offloaded_state_as_the_verdict_does
     assert run_memtest(cfg, batch_size=largest + 1, memory="1GiB", step=False).verdict != "fits"
 
 
+def test_memtest_says_when_the_state_fits_on_the_card_after_all():
+    """gpu_8gb (the state in host memory) on a 16 GiB card: the state fits on the device at
+    its micro-batch, which saves the offload's copies every optimizer step; said, and true
+    when applied. On a 12 GiB card it does not fit there: not said."""
+    tier = XTTSConfig.load("gpu_8gb")
+    report = run_memtest(tier, device="cuda:0", memory="16GiB", step=False)
+    said = [a for a in report.advice if a.startswith("training.optimizer_offload false also fits")]
+    assert report.offload and len(said) == 1, report.advice
+    tier.training.optimizer_offload = False
+    applied = run_memtest(tier, device="cuda:0", memory="16GiB", step=False)
+    assert not applied.offload and applied.verdict == "fits", applied.text
+    assert f"({pyxtts.memory.format_bytes(applied.plan.total)} on the device" in said[0]
+    tier.training.optimizer_offload = True
+    small = run_memtest(tier, device="cuda:0", memory="12GiB", step=False)
+    assert small.verdict == "fits" and not any("optimizer_offload false" in a for a in small.advice), small.advice
+
+
 def test_a_memory_in_decimal_units_says_what_a_card_of_that_size_has(capsys, tmp_path):
     """--memory 8GB is 7.45 GiB, 7% less than an '8 GB' card has: said where the budget is."""
     assert pyxtts.cli.main(["memtest", "--config", "gpu_8gb", "--memory", "8GB", "--device", "cuda:0",
