@@ -419,6 +419,18 @@ def _resume_command(argv: list[str]) -> str:
     return shlex.join(["pyxtts", *words])
 
 
+def _out_of_memory_advice(exc: BaseException) -> str:
+    """What to do about ``train``'s out-of-memory error: the host pool holds only the
+    optimizer's offloaded state, which no micro-batch or checkpointing makes smaller."""
+    if getattr(exc, "device", None) == "host":
+        return ("the optimizer's state in host memory (training.optimizer_offload) needs more memory than this "
+                "machine has available: free host memory, or keep the state on the device with "
+                "training.optimizer_offload false where it has room; `pyxtts memtest --config ...` checks the "
+                "device and this machine's memory")
+    return ("`pyxtts memtest --config ...` shows the plan against the device; `pyxtts optimize-config` chooses a "
+            "micro-batch, accumulation, precision and checkpointing that fit")
+
+
 def _train(args: argparse.Namespace) -> int:
     from pyxtts.checkpoint import CheckpointError
     from pyxtts.config import XTTSConfig
@@ -491,9 +503,7 @@ def _train(args: argparse.Namespace) -> int:
         result = trainer.fit(train, evals, resume=resume, overwrite=args.overwrite)
         imported = None
     except pyxtts.OutOfMemoryError as exc:
-        print(f"pyxtts train: {exc}\n  `pyxtts memtest --config ...` shows the plan against the device; "
-              "`pyxtts optimize-config` chooses a micro-batch, accumulation, precision and checkpointing that fit",
-              file=sys.stderr)
+        print(f"pyxtts train: {exc}\n  {_out_of_memory_advice(exc)}", file=sys.stderr)
         return 1
     except FloatingPointError as exc:
         print(f"pyxtts train: {exc}", file=sys.stderr)

@@ -859,9 +859,11 @@ def parse_memory_size(value: int | str, name: str = "memory") -> int:
             raise ValueError(f"{name}: must be > 0 bytes, got {value!r}")
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value)
         if m is not None and not m.group(2) and 0 < Fraction(m.group(1)) < 2**20:
-            # "8" from a command line is 8 bytes: far more likely a unit left out
+            # "8" from a command line is 8 bytes: far more likely a unit left out; "4096" is
+            # nvidia-smi's MiB, not 4 TiB
+            unit = "GiB" if Fraction(m.group(1)) < 1024 else "MiB"
             raise ValueError(f"{name}: {value.strip()!r} would be {value.strip()} bytes; give a unit, e.g. "
-                             f"'{value.strip()}GiB'")
+                             f"'{value.strip()}{unit}'")
         if m is None or m.group(2).lower() not in _UNITS:
             raise ValueError(f"{name}: must be bytes or a number with a unit (B, KiB, MiB, GiB, TiB, "
                              f"K, M, G, T, KB, MB, GB, TB), got {value!r}")

@@ -58,12 +58,13 @@ class MemtestReport:
 
 def _largest_batch(config: XTTSConfig, device: str, policy: str, offload: bool, limit: int,
                    world: tuple[int, int] = (1, 1)) -> int:
-    """Largest micro-batch whose plan fits ``limit`` (0 when not even 1 does)."""
+    """Largest micro-batch whose plan fits ``limit`` (0 when not even 1 does), counted as the
+    verdict counts it (on the CPU an offloaded optimizer state is in the same memory)."""
     from pyxtts.batch import largest_fitting
 
     def fits(b: int) -> bool:
-        return plan_for(config, device, micro_batch=b, checkpointing=policy, offload=offload,
-                        world_size=world[0], nodes=world[1]).total <= limit
+        return _on_device_bytes(plan_for(config, device, micro_batch=b, checkpointing=policy, offload=offload,
+                                         world_size=world[0], nodes=world[1]), device) <= limit
 
     return largest_fitting(fits) or 0
 
@@ -309,6 +310,11 @@ def _advice(config: XTTSConfig, dev: str, total: int, budget: int, report: Memte
         lighter = "selective" if t.checkpointing == "full" else "none"
         if _largest_batch(config, dev, lighter, report.offload, int(budget * (1 - TIGHT)), world) >= d.batch_size:
             out.append(f"checkpointing {lighter!r} also fits at this micro-batch and recomputes less")
+    if report.offload and _on_gpu(dev):  # the state's copies each optimizer step, paid for no memory
+        on_device = plan_for(config, dev, offload=False, world_size=world[0], nodes=world[1]).total
+        if on_device <= int(budget * (1 - TIGHT)):
+            out.append(f"training.optimizer_offload false also fits at this micro-batch ({fb(on_device)} on the "
+                       "device, the state there) and saves its copies to and from host memory each optimizer step")
     if not out:
         out.append("the config fits as it is")
     return out
@@ -381,6 +387,10 @@ def memtest(args: argparse.Namespace) -> int:
         world_size, nodes = world_flags(args)
         if launched():
             return _memtest_every_rank(config, args)
+        if args.device is None and config.training.device == "auto" and config.training.resolved_device() == "cpu":
+            print("pyxtts memtest: no GPU here, so training.device 'auto' plans for this machine's CPU and RAM; "
+                  f"for a GPU elsewhere say which: --device cuda --memory {shlex.quote(args.memory or '8GiB')}",
+                  file=sys.stderr)
         again = f"--config {shlex.quote(args.config)}" + (
             f" --vocab {shlex.quote(str(args.vocab))}" if getattr(args, "vocab", None) is not None else "")
         shown: list[str] = []

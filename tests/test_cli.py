@@ -226,6 +226,42 @@ def test_memtest_on_the_cpu_counts_an_offloaded_state_in_its_memory(capsys):
     assert "DOES NOT FIT: device memory is short: 10.53 GiB of 7.20 GiB" in out, out
 
 
+def test_memtest_advice_on_the_cpu_counts_an_offloaded_state_as_the_verdict_does():
+    """The micro-batch the advice offers passes memtest's own verdict, which on the CPU counts
+    the offloaded state in the budget: at 768 MiB the demo widened to d 512 is TIGHT at
+    micro-batch 4 and the advice names a smaller one (it named 4 itself), at 1 GiB the
+    largest micro-batch offered fits (it offered 16, 124% of the budget)."""
+    cfg = XTTSConfig.load("cpu_demo")
+    cfg.model.n_layers, cfg.model.d_model, cfg.model.n_heads = 4, 512, 8
+    cfg.training.optimizer_offload = True
+    tight = run_memtest(cfg, memory="768MiB", step=False)
+    micro = int(re.search(r"data.batch_size (\d+) x gradient_accumulation_steps", tight.advice[0]).group(1))
+    assert tight.verdict == "tight" and micro < cfg.data.batch_size, tight.advice
+    assert run_memtest(cfg, batch_size=micro, memory="768MiB", step=False).verdict == "fits"
+    roomy = run_memtest(cfg, memory="1GiB", step=False)
+    largest = int(re.search(r"micro-batches up to (\d+) fit", roomy.advice[0]).group(1))
+    assert roomy.verdict == "fits" and largest > cfg.data.batch_size, roomy.advice
+    assert run_memtest(cfg, batch_size=largest, memory="1GiB", step=False).verdict == "fits"
+    assert run_memtest(cfg, batch_size=largest + 1, memory="1GiB", step=False).verdict != "fits"
+
+
+def test_memtest_says_when_the_state_fits_on_the_card_after_all():
+    """gpu_8gb (the state in host memory) on a 16 GiB card: the state fits on the device at
+    its micro-batch, which saves the offload's copies every optimizer step; said, and true
+    when applied. On a 12 GiB card it does not fit there: not said."""
+    tier = XTTSConfig.load("gpu_8gb")
+    report = run_memtest(tier, device="cuda:0", memory="16GiB", step=False)
+    said = [a for a in report.advice if a.startswith("training.optimizer_offload false also fits")]
+    assert report.offload and len(said) == 1, report.advice
+    tier.training.optimizer_offload = False
+    applied = run_memtest(tier, device="cuda:0", memory="16GiB", step=False)
+    assert not applied.offload and applied.verdict == "fits", applied.text
+    assert f"({pyxtts.memory.format_bytes(applied.plan.total)} on the device" in said[0]
+    tier.training.optimizer_offload = True
+    small = run_memtest(tier, device="cuda:0", memory="12GiB", step=False)
+    assert small.verdict == "fits" and not any("optimizer_offload false" in a for a in small.advice), small.advice
+
+
 def test_a_memory_in_decimal_units_says_what_a_card_of_that_size_has(capsys, tmp_path):
     """--memory 8GB is 7.45 GiB, 7% less than an '8 GB' card has: said where the budget is."""
     assert pyxtts.cli.main(["memtest", "--config", "gpu_8gb", "--memory", "8GB", "--device", "cuda:0",
@@ -274,6 +310,20 @@ def test_optimize_config_says_when_auto_plans_for_the_cpu(tmp_path, capsys):
                           str(tmp_path / "o2.yaml")])
     err = capsys.readouterr().err
     assert rc == 0 and "no GPU here" in err and "--device cuda --memory 8GiB" in err
+
+
+@pytest.mark.skipif(pyxtts.cuda_available(), reason="says so only where no GPU is")
+def test_memtest_says_when_auto_plans_for_the_cpu(capsys):
+    """--memory 4GiB without --device, on a machine without a GPU, plans the tier for this
+    CPU (a verdict about RAM, not the card): said, with the flags that plan for the card."""
+    assert pyxtts.cli.main(["memtest", "--config", "gpu_4gb", "--memory", "4GiB", "--no-step"]) == 1
+    err = capsys.readouterr().err
+    assert "no GPU here, so training.device 'auto' plans for this machine's CPU" in err, err
+    assert "--device cuda --memory 4GiB" in err, err
+    assert pyxtts.cli.main(["memtest", "--config", "gpu_4gb", "--memory", "4GiB", "--device", "cuda",
+                            "--no-step"]) == 0
+    assert pyxtts.cli.main(["memtest", "--config", "cpu_demo", "--no-step"]) == 0  # it says device: cpu
+    assert "no GPU here" not in capsys.readouterr().err
 
 
 def test_init_that_changes_the_model_says_so_and_replans():
@@ -335,6 +385,26 @@ def test_train_says_when_the_optimizer_state_is_in_host_memory(tmp_path, capsys)
                             "--checkpoint-dir", str(tmp_path / "run")]) == 0
     err = capsys.readouterr().err
     assert "checkpointing" in err and ", optimizer state in host memory): " in err, err
+
+
+def test_a_host_too_small_for_the_offloaded_state_is_named_with_what_helps(tmp_path, capsys):
+    """The host pool holds the offloaded optimizer state, which no micro-batch, precision or
+    checkpointing shrinks: its out-of-memory error says to free host memory or keep the
+    state on the device, and the run writes nothing."""
+    cfg = tmp_path / "off.yaml"
+    cfg.write_text("base: cpu_demo\ntraining:\n  optimizer_offload: true\n")
+    pyxtts.empty_cache("host")
+    pyxtts.set_memory_limit(1 << 20, "host")  # 1 MiB: less than the demo's state
+    try:
+        rc = pyxtts.cli.main(["train", "--config", str(cfg), "--synthetic", "8", "--max-steps", "1",
+                              "--checkpoint-dir", str(tmp_path / "run")])
+    finally:
+        pyxtts.set_memory_limit(None, "host")
+    err = capsys.readouterr().err
+    assert rc == 1 and "Host out of memory" in err, err
+    assert "free host memory, or keep the state on the device with training.optimizer_offload false" in err, err
+    assert "optimize-config" not in err, err  # its settings leave the state's size as it is
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_refused_init_leaves_no_run_folder(tmp_path, capsys):

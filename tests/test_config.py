@@ -433,8 +433,11 @@ def test_parse_memory_size_refuses_a_small_number_without_a_unit():
     # stay bytes, and a number of a MiB or more stays bytes too)
     with pytest.raises(ValueError, match="^memory: '8' would be 8 bytes; give a unit, e.g. '8GiB'$"):
         parse_memory_size("8")
-    with pytest.raises(ValueError, match="^memory: '4096' would be 4096 bytes"):
+    # a card's size as nvidia-smi gives it (4096MiB) is offered as such, not as 4096 GiB
+    with pytest.raises(ValueError, match="^memory: '4096' would be 4096 bytes; give a unit, e.g. '4096MiB'$"):
         parse_memory_size(" 4096 ")
+    with pytest.raises(ValueError, match="e.g. '1023GiB'$"):
+        parse_memory_size("1023")
 
 
 @pytest.mark.parametrize("bad", ["12 parsecs", "GiB", "-1GiB", "0", 0, -5])
