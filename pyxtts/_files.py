@@ -13,9 +13,10 @@ files of a process that died (``<name>.tmp-<pid>``, and the ``<name>.tmp-<pid>.d
 writer scratches in) are removed by the next write of that name, or by
 ``remove_stale_temps(folder)``.
 
-``lock_folder(folder)`` holds a folder for one writer (a training run, a prepare) until
-its file descriptor is closed or its process ends; ``lock_holder(folder)`` says which
-process holds it.
+``lock_folder(folder)`` holds a folder for one writer (a training run, a prepare, an
+export, a speak) until its file descriptor is closed or its process ends;
+``lock_holder(folder)`` says which process holds it, ``folder_in_use`` says so in words.
+``missing_folders`` and ``remove_empty_folders`` take back the folders a failed writer made.
 """
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-__all__ = ["TEMP_RE", "folder_problem", "lock_folder", "lock_holder", "remove_stale_temps", "scratch_folder",
-           "write_all_atomic", "write_atomic", "write_error"]
+__all__ = ["TEMP_RE", "folder_in_use", "folder_problem", "lock_folder", "lock_holder", "missing_folders",
+           "remove_empty_folders", "remove_stale_temps", "scratch_folder", "write_all_atomic", "write_atomic",
+           "write_error"]
 
 # <name>.tmp-<pid>, and <name>.tmp-<pid>.d (a folder a writer scratches in)
 TEMP_RE = re.compile(r"(.+)\.tmp-(\d+)(\.d)?")
@@ -246,3 +248,29 @@ def lock_holder(folder: Path) -> int | None:
             if (major, minor) == (os.major(st.st_dev), os.minor(st.st_dev)) and fields[4].isdigit():
                 return int(fields[4])
     return None
+
+
+def folder_in_use(folder: Path, argument: str, advice: str) -> BlockingIOError:
+    """The error of a writer refused ``folder`` (``argument``'s) because another holds its
+    lock, naming the process that holds it where the system says; ``advice``: what to do."""
+    pid = lock_holder(folder)
+    who = "another pyxtts command" + (f" (process {pid})" if pid is not None and pid != os.getpid() else "")
+    return BlockingIOError(errno.EAGAIN, f"{argument}: {str(folder)!r} is in use by {who} writing into it: {advice}")
+
+
+def missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and those of its parents that do not exist, deepest first: what making it
+    would make."""
+    return [p for p in (folder, *folder.parents) if not p.exists() and not p.is_symlink()]
+
+
+def remove_empty_folders(folders: list[Path]) -> None:
+    """Removes ``folders`` (deepest first, as ``missing_folders`` gives them) while they are
+    empty; the first that is not ends it (one gone already is passed over)."""
+    for f in folders:
+        try:
+            f.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:
+            break

@@ -20,7 +20,9 @@ import pyxtts.coqui_checkpoint
 from conftest import SEED
 from coqui import require_coqui
 from fixtures_xtts import SMALL_ARGS, write_gpt_trainer_checkpoint, write_xtts_folder
+from conftest import run_python
 from helpers.disk import file_size_limit
+from helpers.processes import Paused, reaped
 
 CONDITIONING = ("conditioning_encoder.", "conditioning_perceiver.")
 
@@ -236,18 +238,18 @@ def test_a_train_that_fails_after_init_takes_its_import_back(base, tmp_path, cap
 
 def test_an_export_that_cannot_be_written_leaves_the_folder_as_it_was(base, tmp_path, monkeypatch):
     """A full disk during an export (a file size limit under model.pth's size: EFBIG where a
-    full disk gives ENOSPC) is an OSError naming the file and the cause, and a folder the
-    export made is gone again. Over an earlier export, a failure after model.pth is written
+    full disk gives ENOSPC) is an OSError naming the file and the cause, and the folders
+    the export made (its parents too) are gone again. Over an earlier export, a failure after model.pth is written
     (here: copying config.json) leaves every file of the earlier export as it was: model.pth
     was renamed into place before the files beside it were written, a mix of two exports."""
     cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
     model = pyxtts.XTTSGPT(cfg, seed=1)
-    out = tmp_path / "new"
+    out = tmp_path / "new" / "er"
     with file_size_limit((base / "model.pth").stat().st_size // 2):
         with pytest.raises(OSError) as caught:
             pyxtts.export_xtts_checkpoint(model, base, out)
     assert str(caught.value) == f"[Errno {errno.EFBIG}] cannot write {str(out / 'model.pth')!r}: File too large"
-    assert not out.exists()
+    assert not (tmp_path / "new").exists()
     out = tmp_path / "earlier"
     pyxtts.export_xtts_checkpoint(model, base, out)
     done = {p.name: file_hash(p) for p in out.iterdir()}
@@ -340,6 +342,39 @@ def test_export_into_an_earlier_export_needs_overwrite(base, tmp_path, capsys):
     assert pyxtts.cli.main(["export", "--checkpoint", str(ckpt), "--base", str(tmp_path / "run"), "--out",
                             str(tmp_path / "p")]) == 2
     assert f"pyxtts export: --base: {tmp_path / 'run' / 'model.pth'}: " in capsys.readouterr().err
+
+
+CLI = "import sys, pyxtts.cli; sys.exit(pyxtts.cli.main(sys.argv[1:]))"
+
+
+def test_a_second_export_into_a_folder_being_written_is_refused(base, tmp_path):
+    """Two `pyxtts export` into one --out at once: the second, which found no export there
+    yet, wrote its own and said so, and the first then renamed its files over it (or, with
+    both mid-write, a model.pth of one beside a vocab.json of the other). The second is
+    refused, with --overwrite too, naming the first one's process; the first writes its
+    export whole."""
+    cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
+    mine, theirs = pyxtts.XTTSGPT(cfg, seed=11), pyxtts.XTTSGPT(cfg, seed=12)
+    pyxtts.save_checkpoint(tmp_path / "mine.safetensors", mine, step=1)
+    pyxtts.save_checkpoint(tmp_path / "theirs.safetensors", theirs, step=1)
+    out = tmp_path / "new" / "o"
+
+    def argv(name, *more):
+        return ["export", "--checkpoint", str(tmp_path / name), "--base", str(base), "--out", str(out), *more]
+
+    first = Paused("pyxtts.coqui_checkpoint", "rewrite_storages", argv("mine.safetensors"), tmp_path / "first")
+    with reaped(first.child):
+        first.wait_until_paused()
+        for more in ([], ["--overwrite"]):
+            second = run_python(CLI, *argv("theirs.safetensors", *more))
+            assert second.returncode == 2, second.stdout
+            assert second.stderr.splitlines()[-1] == (
+                f"pyxtts export: --out: {str(out)!r} is in use by another pyxtts command (process {first.child.pid}) "
+                "writing into it: wait for it to end, or export into another folder"), second.stderr
+        rc, said, err = first.go()
+    assert rc == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.pth", "vocab.json"]
+    assert coqui_load(out)["gpt.mel_head.weight"].tobytes() == mine.state_dict()["mel_head.weight"].tobytes()
 
 
 def test_config_json_of_the_export_is_the_bases(base, tmp_path):
