@@ -24,8 +24,10 @@ import errno
 import os
 import re
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+
+from pyxtts._interrupts import deferred_sigint
 
 __all__ = ["TEMP_RE", "folder_in_use", "folder_problem", "lock_folder", "lock_holder", "missing_folders",
            "remove_empty_folders", "remove_stale_temps", "scratch_folder", "write_all_atomic", "write_atomic",
@@ -158,12 +160,14 @@ def write_error(path: Path, exc: BaseException) -> OSError | None:
 
 
 def write_all_atomic(folder: str | os.PathLike, writers: Mapping[str, Callable[[Path], None]],
-                     make_folder: bool = True) -> None:
+                     make_folder: bool = True, remove: Sequence[str] = ()) -> None:
     """Writes each file ``name`` of ``writers`` in ``folder`` (made when missing, unless not
     ``make_folder``) by calling its ``write(tmp)`` for ``<name>.tmp-<pid>``; each temporary
     file gets the mode a new file gets (0666 less the umask) and is fsynced; then every one
-    is renamed over its name and the folder fsynced (the module doc says what a failure or
-    a crash leaves)."""
+    is renamed over its name, the files ``remove`` names are removed, and the folder is
+    fsynced (the module doc says what a failure or a crash leaves). A Ctrl-C during the
+    renames and removals is raised once they are all done: the folder then holds all the
+    new files, not some."""
     folder = Path(folder)
     pending: list[tuple[Path, Path]] = []  # (temporary file, target)
     current = folder / next(iter(writers))
@@ -182,9 +186,13 @@ def write_all_atomic(folder: str | os.PathLike, writers: Mapping[str, Callable[[
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        for tmp, target in pending:
-            current = target
-            os.replace(tmp, target)
+        with deferred_sigint():
+            for tmp, target in pending:
+                current = target
+                os.replace(tmp, target)
+            for name in remove:
+                current = folder / name
+                current.unlink(missing_ok=True)
     except BaseException as exc:
         for tmp, _ in pending:
             _remove(tmp)

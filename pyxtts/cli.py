@@ -631,14 +631,33 @@ def _say_run_checkpoint(args: argparse.Namespace, source: str) -> None:
               f"in {Path(source).parent} (--checkpoint-dir or --config name another run's folder)")
 
 
+def _file_identity(path: Path) -> tuple[int, int, int] | None:
+    """(device, inode, modification time) of ``path``: another once a new file is renamed
+    over it; None when there is none."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns
+
+
 def _export(args: argparse.Namespace) -> int:
     from pyxtts.checkpoint import CheckpointError
     from pyxtts.coqui_checkpoint import export_xtts_checkpoint
 
+    before = _file_identity(Path(args.out) / "model.pth")
     try:
         source = _export_source(args)
         _say_run_checkpoint(args, source)
         report = export_xtts_checkpoint(source, args.base, args.out, vocab=args.vocab, overwrite=args.overwrite)
+    except KeyboardInterrupt:  # the files go into place together, after every one is written
+        if _file_identity(Path(args.out) / "model.pth") != before:
+            print(f"pyxtts export: interrupted once the export was in place: {args.out} holds it whole",
+                  file=sys.stderr)
+        else:
+            print(f"pyxtts export: interrupted; nothing of this export was written ({args.out} is as it was)",
+                  file=sys.stderr)
+        return 130
     except (CheckpointError, OSError, TypeError, ValueError) as exc:
         return _fail("export", exc)
     print(f"written: {report['model_pth']}")

@@ -472,10 +472,8 @@ def _write_export(out: Path, writers: Mapping[str, Callable[[Path], None]], over
         if held and not overwrite:
             raise FileExistsError(f"out: {str(out)!r} holds an export already ({', '.join(held)}); pass overwrite=True "
                                   "to replace it, or export into another folder")
-        write_all_atomic(out, writers)
         removed = [n for n in absent if (out / n).is_file()]  # an earlier export's, which the base lacks
-        for name in removed:
-            (out / name).unlink()
+        write_all_atomic(out, writers, remove=removed)
     except BaseException:
         remove_empty_folders(made)  # before the lock goes: no other export is in them
         raise

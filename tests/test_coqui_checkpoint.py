@@ -8,7 +8,9 @@ import dataclasses
 import errno
 import hashlib
 import json
+import os
 import shutil
+import signal
 import warnings
 
 import numpy as np
@@ -342,6 +344,48 @@ def test_export_into_an_earlier_export_needs_overwrite(base, tmp_path, capsys):
     assert pyxtts.cli.main(["export", "--checkpoint", str(ckpt), "--base", str(tmp_path / "run"), "--out",
                             str(tmp_path / "p")]) == 2
     assert f"pyxtts export: --base: {tmp_path / 'run' / 'model.pth'}: " in capsys.readouterr().err
+
+
+def test_ctrl_c_while_an_export_goes_into_place_comes_after_it(base, tmp_path, capsys, monkeypatch):
+    """A Ctrl-C that lands while an export's files are renamed into place (over an earlier
+    export holding a speakers_xtts.pth the base lacks) stopped it half-way: the new
+    model.pth beside the earlier export's stale file, which fails Coqui's strict load. The
+    renames and the removal finish first; the command then says the export is whole. A
+    Ctrl-C while the files are written says the folder is as it was, and it is."""
+    cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
+    ckpt = tmp_path / "step_00000002.safetensors"
+    pyxtts.save_checkpoint(ckpt, pyxtts.XTTSGPT(cfg, seed=2), step=2)
+    pyxtts.export_xtts_checkpoint(ckpt, base, tmp_path / "clean")
+    out = tmp_path / "o"
+    pyxtts.export_xtts_checkpoint(pyxtts.XTTSGPT(cfg, seed=1), base, out)
+    (out / "speakers_xtts.pth").write_bytes(b"an earlier base's")
+    before = {p.name: file_hash(p) for p in out.iterdir()}
+    argv = ["export", "--checkpoint", str(ckpt), "--base", str(base), "--out", str(out), "--overwrite"]
+
+    def written_then_ctrl_c(src, dst, storages, pickle_data=None):
+        real_rewrite(src, dst, storages, pickle_data)
+        raise KeyboardInterrupt
+
+    real_rewrite = pyxtts.coqui_checkpoint.rewrite_storages
+    monkeypatch.setattr(pyxtts.coqui_checkpoint, "rewrite_storages", written_then_ctrl_c)
+    assert pyxtts.cli.main(argv) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        f"pyxtts export: interrupted; nothing of this export was written ({out} is as it was)"
+    assert {p.name: file_hash(p) for p in out.iterdir()} == before
+    monkeypatch.setattr(pyxtts.coqui_checkpoint, "rewrite_storages", real_rewrite)
+    real_replace = os.replace
+
+    def replace_then_ctrl_c(src, dst):
+        real_replace(src, dst)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(os, "replace", replace_then_ctrl_c)
+    assert pyxtts.cli.main(argv) == 130
+    monkeypatch.undo()
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        f"pyxtts export: interrupted once the export was in place: {out} holds it whole"
+    assert {p.name: file_hash(p) for p in out.iterdir()} == {p.name: file_hash(p) for p in (tmp_path / "clean").iterdir()}
+    coqui_load(out)
 
 
 CLI = "import sys, pyxtts.cli; sys.exit(pyxtts.cli.main(sys.argv[1:]))"
