@@ -685,8 +685,10 @@ def _speak(args: argparse.Namespace) -> int:
     import wave
 
     from pyxtts.checkpoint import CheckpointError
-    from pyxtts.speak import synthesize
+    from pyxtts.speak import clip_paths, synthesize
 
+    clips = clip_paths(args.out, len(args.text))
+    before = [_file_identity(f) for f in clips]
     try:
         source = None
         if args.checkpoint is not None:
@@ -701,6 +703,13 @@ def _speak(args: argparse.Namespace) -> int:
         files = synthesize(args.text, args.out, args.reference, args.language, xtts_dir=args.xtts_dir,
                            checkpoint=source, base=args.base, vocab=args.vocab, seed=args.seed,
                            overwrite=args.overwrite, progress=True)
+    except KeyboardInterrupt:  # the clips go into place together, once all are spoken
+        if all(_file_identity(f) not in (None, b) for f, b in zip(clips, before)):
+            print(f"pyxtts speak: interrupted once the clips were in place: {', '.join(map(str, clips))}",
+                  file=sys.stderr)
+        else:
+            print(f"pyxtts speak: interrupted; no clip was written ({args.out} is as it was)", file=sys.stderr)
+        return 130
     except RuntimeError as exc:  # the child's: its last line says why (Coqui's warnings come before it)
         lines = str(exc).strip().splitlines()
         print(f"pyxtts speak: {lines[0].partition(':')[0]}: {lines[-1].strip()}", file=sys.stderr)

@@ -496,8 +496,8 @@ def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, ou
     read-only folder: an OSError naming the file and the cause) leaves ``out`` as it was,
     an earlier export in it whole, and removes the folders made for it. ``out`` is held
     (``pyxtts._files.lock_folder``) while it is written: another export into it meanwhile,
-    in any process, is refused (BlockingIOError naming the process). The model and the base must describe the same GPT (sizes, heads,
-    token ids). Returns ``{"model_pth", "replaced", "carried_from_base", "copied",
+    in any process, is refused (BlockingIOError naming the process). The model and the
+    base must describe the same GPT (sizes, heads, token ids). Returns ``{"model_pth", "replaced", "carried_from_base", "copied",
     "not_in_base"}`` (lists of names); the base is never modified.
 
     A model grown to an extended vocabulary (``prepare --new-language``) needs ``vocab``,

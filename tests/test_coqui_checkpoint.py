@@ -384,7 +384,8 @@ def test_ctrl_c_while_an_export_goes_into_place_comes_after_it(base, tmp_path, c
     monkeypatch.undo()
     assert capsys.readouterr().err.splitlines()[-1] == \
         f"pyxtts export: interrupted once the export was in place: {out} holds it whole"
-    assert {p.name: file_hash(p) for p in out.iterdir()} == {p.name: file_hash(p) for p in (tmp_path / "clean").iterdir()}
+    clean = {p.name: file_hash(p) for p in (tmp_path / "clean").iterdir()}
+    assert {p.name: file_hash(p) for p in out.iterdir()} == clean
     coqui_load(out)
 
 
