@@ -631,6 +631,9 @@ def _say_run_checkpoint(args: argparse.Namespace, source: str) -> None:
               f"in {Path(source).parent} (--checkpoint-dir or --config name another run's folder)")
 
 
+RUN_CHECKPOINT_TRIES = 3  # --checkpoint best/latest of a run that removes its older checkpoints as it saves
+
+
 def _file_identity(path: Path) -> tuple[int, int, int] | None:
     """(device, inode, modification time) of ``path``: another once a new file is renamed
     over it; None when there is none."""
@@ -647,9 +650,18 @@ def _export(args: argparse.Namespace) -> int:
 
     before = _file_identity(Path(args.out) / "model.pth")
     try:
-        source = _export_source(args)
-        _say_run_checkpoint(args, source)
-        report = export_xtts_checkpoint(source, args.base, args.out, vocab=args.vocab, overwrite=args.overwrite)
+        for attempt in range(RUN_CHECKPOINT_TRIES):
+            source = _export_source(args)
+            try:
+                _say_run_checkpoint(args, source)
+                report = export_xtts_checkpoint(source, args.base, args.out, vocab=args.vocab,
+                                                overwrite=args.overwrite)
+                break
+            except (CheckpointError, FileNotFoundError):
+                # the run it trains removed it meanwhile (keep_checkpoints): its newest now
+                if args.checkpoint not in ("best", "latest") or Path(source).exists() \
+                        or attempt == RUN_CHECKPOINT_TRIES - 1:
+                    raise
     except KeyboardInterrupt:  # the files go into place together, after every one is written
         if _file_identity(Path(args.out) / "model.pth") != before:
             print(f"pyxtts export: interrupted once the export was in place: {args.out} holds it whole",

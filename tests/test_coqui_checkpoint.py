@@ -320,6 +320,38 @@ def test_cli_export_best_and_latest_of_a_run(base, tmp_path, capsys):
     assert rc == 2 and f"--checkpoint best: no run in '{tmp_path / 'rnu'}': it is not a folder" in err, err
 
 
+def test_export_latest_of_a_run_that_removes_it_meanwhile_takes_the_newest(base, tmp_path, capsys, monkeypatch):
+    """`--checkpoint latest` of a run training with keep_checkpoints 1: the run saved step 20
+    and removed step 10 between the export's choosing step 10 and reading it, and the
+    export failed on a file it had just found. It takes the run's newest, step 20, and says
+    so. A checkpoint named by its path that is missing is still refused."""
+    import pyxtts.fingerprint
+
+    cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
+    run = tmp_path / "run"
+    pyxtts.save_checkpoint(run / "step_00000010.safetensors", pyxtts.XTTSGPT(cfg, seed=10), step=10)
+    newer = pyxtts.XTTSGPT(cfg, seed=20)
+    real = pyxtts.fingerprint.saved_meta
+
+    def a_save_lands_first(path):
+        if not (run / "step_00000020.safetensors").exists():  # what Trainer.save does with keep_checkpoints 1
+            pyxtts.save_checkpoint(run / "step_00000020.safetensors", newer, step=20)
+            (run / "step_00000010.safetensors").unlink()
+        return real(path)
+
+    monkeypatch.setattr(pyxtts.fingerprint, "saved_meta", a_save_lands_first)
+    out = tmp_path / "o"
+    rc = pyxtts.cli.main(["export", "--checkpoint", "latest", "--checkpoint-dir", str(run), "--base", str(base),
+                          "--out", str(out)])
+    said = capsys.readouterr()
+    assert rc == 0, said.err
+    assert f"--checkpoint latest: {run / 'step_00000020.safetensors'}, step 20 of the run in {run}" in said.out
+    assert coqui_load(out)["gpt.mel_head.weight"].tobytes() == newer.state_dict()["mel_head.weight"].tobytes()
+    rc = pyxtts.cli.main(["export", "--checkpoint", str(run / "step_00000010.safetensors"), "--base", str(base),
+                          "--out", str(tmp_path / "p")])
+    assert rc == 2 and "step_00000010.safetensors: no such checkpoint file" in capsys.readouterr().err
+
+
 def test_export_into_an_earlier_export_needs_overwrite(base, tmp_path, capsys):
     """A second export into the same folder overwrote it silently and left files the base
     lacks (a speakers_xtts.pth there then failed Coqui's strict load): it is refused, and
