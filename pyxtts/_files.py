@@ -13,9 +13,10 @@ files of a process that died (``<name>.tmp-<pid>``, and the ``<name>.tmp-<pid>.d
 writer scratches in) are removed by the next write of that name, or by
 ``remove_stale_temps(folder)``.
 
-``lock_folder(folder)`` holds a folder for one writer (a training run, a prepare) until
-its file descriptor is closed or its process ends; ``lock_holder(folder)`` says which
-process holds it.
+``lock_folder(folder)`` holds a folder for one writer (a training run, a prepare, an
+export, a speak) until its file descriptor is closed or its process ends;
+``lock_holder(folder)`` says which process holds it, ``folder_in_use`` says so in words.
+``missing_folders`` and ``remove_empty_folders`` take back the folders a failed writer made.
 """
 from __future__ import annotations
 
@@ -23,11 +24,14 @@ import errno
 import os
 import re
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["TEMP_RE", "folder_problem", "lock_folder", "lock_holder", "remove_stale_temps", "scratch_folder",
-           "write_all_atomic", "write_atomic", "write_error"]
+from pyxtts._interrupts import deferred_sigint
+
+__all__ = ["TEMP_RE", "folder_in_use", "folder_problem", "lock_folder", "lock_holder", "missing_folders",
+           "remove_empty_folders", "remove_stale_temps", "scratch_folder", "write_all_atomic", "write_atomic",
+           "write_error"]
 
 # <name>.tmp-<pid>, and <name>.tmp-<pid>.d (a folder a writer scratches in)
 TEMP_RE = re.compile(r"(.+)\.tmp-(\d+)(\.d)?")
@@ -156,12 +160,14 @@ def write_error(path: Path, exc: BaseException) -> OSError | None:
 
 
 def write_all_atomic(folder: str | os.PathLike, writers: Mapping[str, Callable[[Path], None]],
-                     make_folder: bool = True) -> None:
+                     make_folder: bool = True, remove: Sequence[str] = ()) -> None:
     """Writes each file ``name`` of ``writers`` in ``folder`` (made when missing, unless not
     ``make_folder``) by calling its ``write(tmp)`` for ``<name>.tmp-<pid>``; each temporary
     file gets the mode a new file gets (0666 less the umask) and is fsynced; then every one
-    is renamed over its name and the folder fsynced (the module doc says what a failure or
-    a crash leaves)."""
+    is renamed over its name, the files ``remove`` names are removed, and the folder is
+    fsynced (the module doc says what a failure or a crash leaves). A Ctrl-C during the
+    renames and removals is raised once they are all done: the folder then holds all the
+    new files, not some."""
     folder = Path(folder)
     pending: list[tuple[Path, Path]] = []  # (temporary file, target)
     current = folder / next(iter(writers))
@@ -180,9 +186,13 @@ def write_all_atomic(folder: str | os.PathLike, writers: Mapping[str, Callable[[
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        for tmp, target in pending:
-            current = target
-            os.replace(tmp, target)
+        with deferred_sigint():
+            for tmp, target in pending:
+                current = target
+                os.replace(tmp, target)
+            for name in remove:
+                current = folder / name
+                current.unlink(missing_ok=True)
     except BaseException as exc:
         for tmp, _ in pending:
             _remove(tmp)
@@ -246,3 +256,29 @@ def lock_holder(folder: Path) -> int | None:
             if (major, minor) == (os.major(st.st_dev), os.minor(st.st_dev)) and fields[4].isdigit():
                 return int(fields[4])
     return None
+
+
+def folder_in_use(folder: Path, argument: str, advice: str) -> BlockingIOError:
+    """The error of a writer refused ``folder`` (``argument``'s) because another holds its
+    lock, naming the process that holds it where the system says; ``advice``: what to do."""
+    pid = lock_holder(folder)
+    who = "another pyxtts command" + (f" (process {pid})" if pid is not None and pid != os.getpid() else "")
+    return BlockingIOError(errno.EAGAIN, f"{argument}: {str(folder)!r} is in use by {who} writing into it: {advice}")
+
+
+def missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and those of its parents that do not exist, deepest first: what making it
+    would make."""
+    return [p for p in (folder, *folder.parents) if not p.exists() and not p.is_symlink()]
+
+
+def remove_empty_folders(folders: list[Path]) -> None:
+    """Removes ``folders`` (deepest first, as ``missing_folders`` gives them) while they are
+    empty; the first that is not ends it (one gone already is passed over)."""
+    for f in folders:
+        try:
+            f.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:
+            break

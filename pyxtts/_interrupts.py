@@ -7,6 +7,9 @@ the resumed run would train that batch twice. ``train_step_with_accumulation`` o
 commit just before the update (``begin_commit``); the trainer closes it once the step is
 counted and logged (``end_commit``), which raises a Ctrl-C that came meanwhile. Only the
 handler ``holding_sigint`` installs honours it: elsewhere ``begin_commit`` changes nothing.
+
+``deferred_sigint`` holds Ctrl-C across a few steps anywhere (the renames that put an
+export's files in place), and raises it after them.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import signal
 import threading
 from typing import Iterator
 
-__all__ = ["begin_commit", "end_commit", "holding_sigint"]
+__all__ = ["begin_commit", "deferred_sigint", "end_commit", "holding_sigint"]
 
 
 class _Commit:
@@ -62,3 +65,27 @@ def holding_sigint() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         _commit.active = _commit.pending = False
+
+
+@contextlib.contextmanager
+def deferred_sigint() -> Iterator[None]:
+    """Inside, a Ctrl-C is noted, not raised; on leaving, one that came is handed to the
+    handler that was there before (Python's raises ``KeyboardInterrupt``). For the few
+    steps that must all happen or none (the renames that put several files in place):
+    they are done before the interrupt is. Only in the main thread, where Python runs its
+    signal handlers, over a handler Python knows (not one installed from C); elsewhere it
+    changes nothing."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous is None:
+        yield
+        return
+    came: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if came and callable(previous):
+            previous(signal.SIGINT, None)
+        elif came and previous == signal.SIG_DFL:
+            signal.raise_signal(signal.SIGINT)

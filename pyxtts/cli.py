@@ -641,14 +641,45 @@ def _say_run_checkpoint(args: argparse.Namespace, source: str) -> None:
               f"in {Path(source).parent} (--checkpoint-dir or --config name another run's folder)")
 
 
+RUN_CHECKPOINT_TRIES = 3  # --checkpoint best/latest of a run that removes its older checkpoints as it saves
+
+
+def _file_identity(path: Path) -> tuple[int, int, int] | None:
+    """(device, inode, modification time) of ``path``: another once a new file is renamed
+    over it; None when there is none."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns
+
+
 def _export(args: argparse.Namespace) -> int:
     from pyxtts.checkpoint import CheckpointError
     from pyxtts.coqui_checkpoint import export_xtts_checkpoint
 
+    before = _file_identity(Path(args.out) / "model.pth")
     try:
-        source = _export_source(args)
-        _say_run_checkpoint(args, source)
-        report = export_xtts_checkpoint(source, args.base, args.out, vocab=args.vocab, overwrite=args.overwrite)
+        for attempt in range(RUN_CHECKPOINT_TRIES):
+            source = _export_source(args)
+            try:
+                _say_run_checkpoint(args, source)
+                report = export_xtts_checkpoint(source, args.base, args.out, vocab=args.vocab,
+                                                overwrite=args.overwrite)
+                break
+            except (CheckpointError, FileNotFoundError):
+                # the run it trains removed it meanwhile (keep_checkpoints): its newest now
+                if args.checkpoint not in ("best", "latest") or Path(source).exists() \
+                        or attempt == RUN_CHECKPOINT_TRIES - 1:
+                    raise
+    except KeyboardInterrupt:  # the files go into place together, after every one is written
+        if _file_identity(Path(args.out) / "model.pth") != before:
+            print(f"pyxtts export: interrupted once the export was in place: {args.out} holds it whole",
+                  file=sys.stderr)
+        else:
+            print(f"pyxtts export: interrupted; nothing of this export was written ({args.out} is as it was)",
+                  file=sys.stderr)
+        return 130
     except (CheckpointError, OSError, TypeError, ValueError) as exc:
         return _fail("export", exc)
     print(f"written: {report['model_pth']}")
@@ -676,8 +707,10 @@ def _speak(args: argparse.Namespace) -> int:
     import wave
 
     from pyxtts.checkpoint import CheckpointError
-    from pyxtts.speak import synthesize
+    from pyxtts.speak import clip_paths, synthesize
 
+    clips = clip_paths(args.out, len(args.text))
+    before = [_file_identity(f) for f in clips]
     try:
         source = None
         if args.checkpoint is not None:
@@ -692,6 +725,13 @@ def _speak(args: argparse.Namespace) -> int:
         files = synthesize(args.text, args.out, args.reference, args.language, xtts_dir=args.xtts_dir,
                            checkpoint=source, base=args.base, vocab=args.vocab, seed=args.seed,
                            overwrite=args.overwrite, progress=True)
+    except KeyboardInterrupt:  # the clips go into place together, once all are spoken
+        if all(_file_identity(f) not in (None, b) for f, b in zip(clips, before)):
+            print(f"pyxtts speak: interrupted once the clips were in place: {', '.join(map(str, clips))}",
+                  file=sys.stderr)
+        else:
+            print(f"pyxtts speak: interrupted; no clip was written ({args.out} is as it was)", file=sys.stderr)
+        return 130
     except RuntimeError as exc:  # the child's: its last line says why (Coqui's warnings come before it)
         lines = str(exc).strip().splitlines()
         print(f"pyxtts speak: {lines[0].partition(':')[0]}: {lines[-1].strip()}", file=sys.stderr)

@@ -39,7 +39,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from pyxtts._files import write_all_atomic
+from pyxtts._files import folder_in_use, lock_folder, missing_folders, remove_empty_folders, write_all_atomic
 from pyxtts.checkpoint import (FORMAT, FORMAT_VERSION, MODEL_PREFIX, CheckpointError, read_checkpoint,
                                save_checkpoint)
 from pyxtts.text_vocab import TEXT_ROWS
@@ -454,17 +454,33 @@ def _coqui_config_json(base_dir: Path, ext: Any) -> bytes:
     return (json.dumps(cfg, indent=4, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def _write_export(out: Path, writers: Mapping[str, Callable[[Path], None]]) -> None:
+def _write_export(out: Path, writers: Mapping[str, Callable[[Path], None]], overwrite: bool,
+                  absent: list[str]) -> list[str]:
     """The export's files, all written before any is renamed into ``out``
-    (``write_all_atomic``): a full disk or a read-only folder leaves ``out`` as it was (an
-    earlier export whole), and a folder made for it is removed again."""
-    made = not out.exists()
+    (``write_all_atomic``), with ``out`` held (``lock_folder``) from the check for an
+    earlier export to the removal of its files the base lacks (``absent``), which are
+    returned: a second export into it meanwhile is refused, naming the process. A full
+    disk or a read-only folder leaves ``out`` as it was (an earlier export whole), and the
+    folders made for it are removed again."""
+    made = missing_folders(out)
     try:
-        write_all_atomic(out, writers)
+        lock = lock_folder(out)
+    except BlockingIOError:  # the folder is another export's: nothing of it is touched
+        raise folder_in_use(out, "out", "wait for it to end, or export into another folder") from None
+    try:
+        held = [n for n in ("model.pth", *COQUI_LOADER_FILES) if (out / n).exists()]
+        if held and not overwrite:
+            raise FileExistsError(f"out: {str(out)!r} holds an export already ({', '.join(held)}); pass overwrite=True "
+                                  "to replace it, or export into another folder")
+        removed = [n for n in absent if (out / n).is_file()]  # an earlier export's, which the base lacks
+        write_all_atomic(out, writers, remove=removed)
     except BaseException:
-        if made and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
+        remove_empty_folders(made)  # before the lock goes: no other export is in them
         raise
+    finally:
+        if lock is not None:
+            os.close(lock)
+    return removed
 
 
 def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, out: str | os.PathLike,
@@ -478,8 +494,10 @@ def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, ou
     ``speakers_xtts.pth`` (those present) are copied beside it. Every file is written to a
     temporary name first and renamed once all are written, so a failure (a full disk, a
     read-only folder: an OSError naming the file and the cause) leaves ``out`` as it was,
-    an earlier export in it whole. The model and the base must describe the same GPT (sizes, heads,
-    token ids). Returns ``{"model_pth", "replaced", "carried_from_base", "copied",
+    an earlier export in it whole, and removes the folders made for it. ``out`` is held
+    (``pyxtts._files.lock_folder``) while it is written: another export into it meanwhile,
+    in any process, is refused (BlockingIOError naming the process). The model and the
+    base must describe the same GPT (sizes, heads, token ids). Returns ``{"model_pth", "replaced", "carried_from_base", "copied",
     "not_in_base"}`` (lists of names); the base is never modified.
 
     A model grown to an extended vocabulary (``prepare --new-language``) needs ``vocab``,
@@ -532,10 +550,6 @@ def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, ou
             pickle_data = resized_pickle(ck.file, {ref: v.shape for ref, v in resized.items()}) if resized else None
         except TorchFileError as exc:
             raise CheckpointError(f"{ck.file.path}: {exc}") from exc
-        held = [n for n in ("model.pth", *COQUI_LOADER_FILES) if (out / n).exists()]
-        if held and not overwrite:
-            raise FileExistsError(f"out: {str(out)!r} holds an export already ({', '.join(held)}); pass overwrite=True "
-                                  "to replace it, or export into another folder")
         writers: dict[str, Callable[[Path], None]] = {
             "model.pth": lambda tmp: rewrite_storages(ck.file, tmp, storages, pickle_data)}
         if growth is not None:  # the extended vocabulary and the config that names its language
@@ -553,15 +567,12 @@ def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, ou
                 copied.append(name)
             else:
                 absent.append(name)
-        _write_export(out, writers)
+        removed = _write_export(out, writers, overwrite, absent)
         report = {"model_pth": str(out / "model.pth"), "replaced": sorted(ck.prefix + k for k in state),
                   "carried_from_base": sorted(ck.prefix + k for k in ck.tensors if k not in state)}
     finally:
         ck.file.close()
     if growth is not None:
         report["language"] = growth[1].language
-    removed = [n for n in absent if (out / n).is_file()]  # an earlier export's, which the base lacks
-    for name in removed:
-        (out / name).unlink()
     report.update(copied=copied, not_in_base=absent, removed=removed)
     return report

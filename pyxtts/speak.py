@@ -26,8 +26,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from pyxtts._args import flag, integer, path_arg
+from pyxtts._files import folder_in_use, lock_folder, missing_folders, remove_empty_folders
+from pyxtts._interrupts import deferred_sigint
 
-__all__ = ["SAMPLE_RATE_IN", "check_test_sentences", "coqui_installed", "speak", "synthesize"]
+__all__ = ["SAMPLE_RATE_IN", "check_test_sentences", "clip_paths", "coqui_installed", "speak", "synthesize"]
 
 SAMPLE_RATE_IN = 22050  # what Coqui's conditioning encoders read
 MIN_REFERENCE_S = 0.33  # Coqui's get_gpt_cond_latents fails on a reference shorter than this
@@ -176,9 +178,13 @@ def synthesize(texts: str | Sequence[str], out: str | os.PathLike, reference: st
     a copy of ``base``, the folder it was fine-tuned from (``vocab``: a new language's
     vocabulary, as for ``export_xtts_checkpoint``). That export and the clips are written in a
     scratch folder beside ``out`` and moved into place once all are spoken: a failure leaves
-    ``out`` as it was. Existing clips are replaced only with ``overwrite``. ``progress``: a
-    line says what speaks once the inputs are checked. Needs coqui-tts (``pip install
-    coqui-tts``, which brings torch)."""
+    ``out`` as it was (a Ctrl-C during the moves comes after them). Existing clips are
+    replaced only with ``overwrite``, the ``reference`` recording never. A folder ``out`` is
+    held (``pyxtts._files.lock_folder``) until its clips are in place: another speak into it
+    meanwhile is refused (BlockingIOError naming the process); a ``.wav`` file another
+    process wrote meanwhile is not replaced without ``overwrite`` (FileExistsError).
+    ``progress``: a line says what speaks once the inputs are checked. Needs coqui-tts
+    (``pip install coqui-tts``, which brings torch)."""
     texts = [texts] if isinstance(texts, str) else texts
     if not isinstance(texts, (list, tuple)) or not texts or \
             not all(isinstance(t, str) and t.strip() for t in texts):
@@ -198,7 +204,7 @@ def synthesize(texts: str | Sequence[str], out: str | os.PathLike, reference: st
         raise ValueError("base: expected the Coqui XTTS folder the checkpoint was fine-tuned from (its export "
                          "goes into a copy of it), got None")
     folder = path_arg("xtts_dir", xtts_dir) if xtts_dir is not None else path_arg("base", base)
-    files = _targets(out, len(texts), overwrite)
+    files = _targets(out, len(texts), overwrite, reference)
     if not coqui_installed():
         raise ImportError("speaking needs coqui-tts, which runs XTTS's inference: pip install coqui-tts "
                           "(it brings torch)")
@@ -216,8 +222,10 @@ def synthesize(texts: str | Sequence[str], out: str | os.PathLike, reference: st
     sentences = [{"text": t, "language": language, "reference": str(reference)} for t in texts]
     check_test_sentences(sentences, folder, max_text, None, vocab=vocab, names=names, folder_name=folder_name)
     made = _make_folder(files[0].parent)
+    lock = _hold_clips_folder(out, files[0].parent)
     done = False
     try:
+        files = _targets(out, len(texts), overwrite, reference)  # again, held: what is there now
         try:
             scratch = Path(tempfile.mkdtemp(prefix=".pyxtts-speak-", dir=files[0].parent))
         except OSError as exc:
@@ -235,24 +243,73 @@ def synthesize(texts: str | Sequence[str], out: str | os.PathLike, reference: st
                 voice = scratch / "xtts"
                 export_xtts_checkpoint(checkpoint, folder, voice, vocab=vocab)
             spoken = speak(voice, sentences, scratch / "clips", seed)
-            for clip, target in zip(spoken, files):
-                os.replace(clip, target)
+            _place(spoken, files, overwrite)
             done = True
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     finally:
-        for f in made if not done else []:  # the folders made for the clips: gone again, as they were
-            try:
-                f.rmdir()
-            except OSError:
-                break
+        if not done:  # the folders made for the clips: gone again, as they were
+            remove_empty_folders(made)
+        if lock is not None:
+            os.close(lock)
     return files
+
+
+def _hold_clips_folder(out: Path, folder: Path) -> int | None:
+    """The lock on the folder ``out`` names (``pyxtts._files.lock_folder``), held until the
+    clips are in it: a second speak into it meanwhile would find no clip there yet and have
+    its clips replaced by this one's (or, with overwrite, mixed with them). None for a
+    ``.wav`` file ``out``, whose folder other speaks may write their own files into
+    (``_place`` puts it in place without replacing another's)."""
+    if out.suffix.lower() == ".wav":
+        return None
+    try:
+        return lock_folder(folder)
+    except BlockingIOError:
+        raise folder_in_use(folder, "out", "wait for it to end, or speak into another folder") from None
+
+
+def _place(spoken: list[Path], files: list[Path], overwrite: bool) -> None:
+    """Moves the ``spoken`` clips to ``files``, all of them or, a Ctrl-C meanwhile being
+    taken once they are, none. Without ``overwrite``, a file that has appeared at a target
+    since it was checked (a speak into the same ``.wav`` file) is not replaced: the clips
+    moved so far are taken back and FileExistsError names it."""
+    placed: list[Path] = []
+    with deferred_sigint():
+        try:
+            for clip, target in zip(spoken, files):
+                if overwrite:
+                    os.replace(clip, target)
+                else:
+                    _move_new(clip, target)
+                placed.append(target)
+        except BaseException:
+            for target in placed if not overwrite else []:
+                target.unlink(missing_ok=True)
+            raise
+
+
+def _move_new(clip: Path, target: Path) -> None:
+    """``clip`` renamed to ``target``, which must not exist: a hard link, which fails when
+    it does (a file system without hard links: checked just before the rename)."""
+    try:
+        os.link(clip, target)
+    except FileExistsError:
+        raise FileExistsError(f"out: {str(target)!r} was written by another process while this one spoke; "
+                              "overwrite=True replaces it") from None
+    except OSError:
+        if target.exists():
+            raise FileExistsError(f"out: {str(target)!r} was written by another process while this one spoke; "
+                                  "overwrite=True replaces it") from None
+        os.replace(clip, target)
+        return
+    clip.unlink()
 
 
 def _make_folder(folder: Path) -> list[Path]:
     """Makes ``folder`` and its missing parents; returns those it made, deepest first.
     ValueError naming ``out`` when it cannot."""
-    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    missing = missing_folders(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -260,24 +317,42 @@ def _make_folder(folder: Path) -> list[Path]:
     return missing
 
 
-def _targets(out: Path, n: int, overwrite: bool) -> list[Path]:
-    """The files ``synthesize`` writes for ``n`` texts, refused when
-    one exists and ``overwrite`` is off."""
+def clip_paths(out: str | os.PathLike, n: int) -> list[Path]:
+    """Where ``synthesize`` puts the clips of ``n`` texts: ``out`` itself (a name ending in
+    ``.wav``), else ``out/0.wav``, ``out/1.wav``, ..."""
+    out = Path(out)
+    return [out] if out.suffix.lower() == ".wav" else [out / f"{i}.wav" for i in range(n)]
+
+
+def _targets(out: Path, n: int, overwrite: bool, reference: Path) -> list[Path]:
+    """The files ``synthesize`` writes for ``n`` texts, refused when one exists and
+    ``overwrite`` is off, or when one is the ``reference`` recording itself (the voice
+    would be lost to the clip spoken in it)."""
     if out.suffix.lower() == ".wav":
         if n != 1:
             raise ValueError(f"out: expected a folder for {n} texts (it receives 0.wav, 1.wav, ...), got the file "
                              f"name {str(out)!r}")
         if out.is_dir():
             raise ValueError(f"out: {str(out)!r} is a folder; name a .wav file, or a folder without .wav")
-        files = [out]
-    else:
-        if out.exists() and not out.is_dir():
-            raise ValueError(f"out: expected a folder for the clips, got {str(out)!r}, which is a file")
-        files = [out / f"{i}.wav" for i in range(n)]
+    elif out.exists() and not out.is_dir():
+        raise ValueError(f"out: expected a folder for the clips, got {str(out)!r}, which is a file")
+    files = clip_paths(out, n)
     there = [str(f) for f in files if f.exists()]
     if there and not overwrite:
         raise FileExistsError(f"out: {there[0]!r} exists; overwrite=True replaces it")
+    voice = [f for f in files if _same_file(f, reference)]
+    if voice:
+        raise ValueError(f"out: {str(voice[0])!r} is the recording the voice is cloned from (reference "
+                         f"{str(reference)!r}), which the clip would replace; speak into another file or folder")
     return files
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` are one file (a link, another spelling of the path)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist
+        return False
 
 
 def _read_audio(path: Path, where: str) -> tuple[np.ndarray, int]:

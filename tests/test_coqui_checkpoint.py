@@ -8,7 +8,9 @@ import dataclasses
 import errno
 import hashlib
 import json
+import os
 import shutil
+import signal
 import warnings
 
 import numpy as np
@@ -20,7 +22,9 @@ import pyxtts.coqui_checkpoint
 from conftest import SEED
 from coqui import require_coqui
 from fixtures_xtts import SMALL_ARGS, write_gpt_trainer_checkpoint, write_xtts_folder
+from conftest import run_python
 from helpers.disk import file_size_limit
+from helpers.processes import Paused, reaped
 
 CONDITIONING = ("conditioning_encoder.", "conditioning_perceiver.")
 
@@ -236,18 +240,18 @@ def test_a_train_that_fails_after_init_takes_its_import_back(base, tmp_path, cap
 
 def test_an_export_that_cannot_be_written_leaves_the_folder_as_it_was(base, tmp_path, monkeypatch):
     """A full disk during an export (a file size limit under model.pth's size: EFBIG where a
-    full disk gives ENOSPC) is an OSError naming the file and the cause, and a folder the
-    export made is gone again. Over an earlier export, a failure after model.pth is written
+    full disk gives ENOSPC) is an OSError naming the file and the cause, and the folders
+    the export made (its parents too) are gone again. Over an earlier export, a failure after model.pth is written
     (here: copying config.json) leaves every file of the earlier export as it was: model.pth
     was renamed into place before the files beside it were written, a mix of two exports."""
     cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
     model = pyxtts.XTTSGPT(cfg, seed=1)
-    out = tmp_path / "new"
+    out = tmp_path / "new" / "er"
     with file_size_limit((base / "model.pth").stat().st_size // 2):
         with pytest.raises(OSError) as caught:
             pyxtts.export_xtts_checkpoint(model, base, out)
     assert str(caught.value) == f"[Errno {errno.EFBIG}] cannot write {str(out / 'model.pth')!r}: File too large"
-    assert not out.exists()
+    assert not (tmp_path / "new").exists()
     out = tmp_path / "earlier"
     pyxtts.export_xtts_checkpoint(model, base, out)
     done = {p.name: file_hash(p) for p in out.iterdir()}
@@ -316,6 +320,38 @@ def test_cli_export_best_and_latest_of_a_run(base, tmp_path, capsys):
     assert rc == 2 and f"--checkpoint best: no run in '{tmp_path / 'rnu'}': it is not a folder" in err, err
 
 
+def test_export_latest_of_a_run_that_removes_it_meanwhile_takes_the_newest(base, tmp_path, capsys, monkeypatch):
+    """`--checkpoint latest` of a run training with keep_checkpoints 1: the run saved step 20
+    and removed step 10 between the export's choosing step 10 and reading it, and the
+    export failed on a file it had just found. It takes the run's newest, step 20, and says
+    so. A checkpoint named by its path that is missing is still refused."""
+    import pyxtts.fingerprint
+
+    cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
+    run = tmp_path / "run"
+    pyxtts.save_checkpoint(run / "step_00000010.safetensors", pyxtts.XTTSGPT(cfg, seed=10), step=10)
+    newer = pyxtts.XTTSGPT(cfg, seed=20)
+    real = pyxtts.fingerprint.saved_meta
+
+    def a_save_lands_first(path):
+        if not (run / "step_00000020.safetensors").exists():  # what Trainer.save does with keep_checkpoints 1
+            pyxtts.save_checkpoint(run / "step_00000020.safetensors", newer, step=20)
+            (run / "step_00000010.safetensors").unlink()
+        return real(path)
+
+    monkeypatch.setattr(pyxtts.fingerprint, "saved_meta", a_save_lands_first)
+    out = tmp_path / "o"
+    rc = pyxtts.cli.main(["export", "--checkpoint", "latest", "--checkpoint-dir", str(run), "--base", str(base),
+                          "--out", str(out)])
+    said = capsys.readouterr()
+    assert rc == 0, said.err
+    assert f"--checkpoint latest: {run / 'step_00000020.safetensors'}, step 20 of the run in {run}" in said.out
+    assert coqui_load(out)["gpt.mel_head.weight"].tobytes() == newer.state_dict()["mel_head.weight"].tobytes()
+    rc = pyxtts.cli.main(["export", "--checkpoint", str(run / "step_00000010.safetensors"), "--base", str(base),
+                          "--out", str(tmp_path / "p")])
+    assert rc == 2 and "step_00000010.safetensors: no such checkpoint file" in capsys.readouterr().err
+
+
 def test_export_into_an_earlier_export_needs_overwrite(base, tmp_path, capsys):
     """A second export into the same folder overwrote it silently and left files the base
     lacks (a speakers_xtts.pth there then failed Coqui's strict load): it is refused, and
@@ -340,6 +376,82 @@ def test_export_into_an_earlier_export_needs_overwrite(base, tmp_path, capsys):
     assert pyxtts.cli.main(["export", "--checkpoint", str(ckpt), "--base", str(tmp_path / "run"), "--out",
                             str(tmp_path / "p")]) == 2
     assert f"pyxtts export: --base: {tmp_path / 'run' / 'model.pth'}: " in capsys.readouterr().err
+
+
+def test_ctrl_c_while_an_export_goes_into_place_comes_after_it(base, tmp_path, capsys, monkeypatch):
+    """A Ctrl-C that lands while an export's files are renamed into place (over an earlier
+    export holding a speakers_xtts.pth the base lacks) stopped it half-way: the new
+    model.pth beside the earlier export's stale file, which fails Coqui's strict load. The
+    renames and the removal finish first; the command then says the export is whole. A
+    Ctrl-C while the files are written says the folder is as it was, and it is."""
+    cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
+    ckpt = tmp_path / "step_00000002.safetensors"
+    pyxtts.save_checkpoint(ckpt, pyxtts.XTTSGPT(cfg, seed=2), step=2)
+    pyxtts.export_xtts_checkpoint(ckpt, base, tmp_path / "clean")
+    out = tmp_path / "o"
+    pyxtts.export_xtts_checkpoint(pyxtts.XTTSGPT(cfg, seed=1), base, out)
+    (out / "speakers_xtts.pth").write_bytes(b"an earlier base's")
+    before = {p.name: file_hash(p) for p in out.iterdir()}
+    argv = ["export", "--checkpoint", str(ckpt), "--base", str(base), "--out", str(out), "--overwrite"]
+
+    def written_then_ctrl_c(src, dst, storages, pickle_data=None):
+        real_rewrite(src, dst, storages, pickle_data)
+        raise KeyboardInterrupt
+
+    real_rewrite = pyxtts.coqui_checkpoint.rewrite_storages
+    monkeypatch.setattr(pyxtts.coqui_checkpoint, "rewrite_storages", written_then_ctrl_c)
+    assert pyxtts.cli.main(argv) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        f"pyxtts export: interrupted; nothing of this export was written ({out} is as it was)"
+    assert {p.name: file_hash(p) for p in out.iterdir()} == before
+    monkeypatch.setattr(pyxtts.coqui_checkpoint, "rewrite_storages", real_rewrite)
+    real_replace = os.replace
+
+    def replace_then_ctrl_c(src, dst):
+        real_replace(src, dst)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(os, "replace", replace_then_ctrl_c)
+    assert pyxtts.cli.main(argv) == 130
+    monkeypatch.undo()
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        f"pyxtts export: interrupted once the export was in place: {out} holds it whole"
+    clean = {p.name: file_hash(p) for p in (tmp_path / "clean").iterdir()}
+    assert {p.name: file_hash(p) for p in out.iterdir()} == clean
+    coqui_load(out)
+
+
+CLI = "import sys, pyxtts.cli; sys.exit(pyxtts.cli.main(sys.argv[1:]))"
+
+
+def test_a_second_export_into_a_folder_being_written_is_refused(base, tmp_path):
+    """Two `pyxtts export` into one --out at once: the second, which found no export there
+    yet, wrote its own and said so, and the first then renamed its files over it (or, with
+    both mid-write, a model.pth of one beside a vocab.json of the other). The second is
+    refused, with --overwrite too, naming the first one's process; the first writes its
+    export whole."""
+    cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
+    mine, theirs = pyxtts.XTTSGPT(cfg, seed=11), pyxtts.XTTSGPT(cfg, seed=12)
+    pyxtts.save_checkpoint(tmp_path / "mine.safetensors", mine, step=1)
+    pyxtts.save_checkpoint(tmp_path / "theirs.safetensors", theirs, step=1)
+    out = tmp_path / "new" / "o"
+
+    def argv(name, *more):
+        return ["export", "--checkpoint", str(tmp_path / name), "--base", str(base), "--out", str(out), *more]
+
+    first = Paused("pyxtts.coqui_checkpoint", "rewrite_storages", argv("mine.safetensors"), tmp_path / "first")
+    with reaped(first.child):
+        first.wait_until_paused()
+        for more in ([], ["--overwrite"]):
+            second = run_python(CLI, *argv("theirs.safetensors", *more))
+            assert second.returncode == 2, second.stdout
+            assert second.stderr.splitlines()[-1] == (
+                f"pyxtts export: --out: {str(out)!r} is in use by another pyxtts command (process {first.child.pid}) "
+                "writing into it: wait for it to end, or export into another folder"), second.stderr
+        rc, said, err = first.go()
+    assert rc == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.pth", "vocab.json"]
+    assert coqui_load(out)["gpt.mel_head.weight"].tobytes() == mine.state_dict()["mel_head.weight"].tobytes()
 
 
 def test_config_json_of_the_export_is_the_bases(base, tmp_path):

@@ -3,6 +3,8 @@ pyxtts checkpoint exported first into a scratch copy of its base, through Coqui'
 in a child process; every refusal names its flag and leaves --out as it was."""
 from __future__ import annotations
 
+import os
+import signal
 import wave
 from pathlib import Path
 
@@ -107,6 +109,8 @@ def refusal_cases(tmp_path: Path, base: Path, voice: Path) -> list[tuple[list[st
          "--base: expected the Coqui XTTS folder"),
         ([*xtts, *one, "--seed", "-1", "--out", str(tmp_path / "n/a.wav")], "--seed: expected an int >= 0"),
         ([*xtts, *one, "--out", str(tmp_path / "old.wav" / "x")], "--out: the folder"),
+        ([*xtts, "--text", "hello", "--reference", str(tmp_path / "old.wav"), "--out", str(tmp_path / "." / "old.wav"),
+          "--overwrite"], f"--out: {str(tmp_path / 'old.wav')!r} is the recording the voice is cloned from"),
         (["--checkpoint", "best", "--checkpoint-dir", str(tmp_path / "norun"), "--base", str(base), *one,
           "--out", str(tmp_path / "n/a.wav")], "--checkpoint best: no run in"),
     ]
@@ -139,6 +143,102 @@ def test_a_failing_child_leaves_out_as_it_was(base, voice, tmp_path, capsys, mon
     assert rc == 2 and err == "pyxtts speak: speaking failed (exit 1): sentence 1: 9 of 9 samples for 1.wav are " \
                               "NaN or inf: ...\n"
     assert listing(tmp_path) == before
+
+
+def clips_child(export_dir, sentences, out_dir, seed):
+    """The child's clips, without Coqui: one constant clip per sentence, its level the seed's."""
+    out_dir.mkdir(parents=True)
+    for i in range(len(sentences)):
+        write_wav(out_dir / f"{i}.wav", np.full(240, 0.01 * (seed + 1), np.float32), 24000)
+    return [out_dir / f"{i}.wav" for i in range(len(sentences))]
+
+
+def speak_argv(base, voice, out, *more):
+    return ["speak", "--xtts-dir", str(base), "--text", "hello", "--reference", str(voice), "--out", str(out), *more]
+
+
+def test_a_second_speak_into_a_folder_being_spoken_into_is_refused(base, voice, tmp_path, capsys, monkeypatch):
+    """Two speaks into one --out folder at once: the second found no clip there yet (the
+    first one's were still being spoken) and its clips then replaced the first one's,
+    though neither had --overwrite (with it, the clips of the two were mixed). The second
+    is refused while the first holds the folder; the first's clips land whole."""
+    out = tmp_path / "clips"
+    second: list[tuple[int, str]] = []
+
+    def first_child(export_dir, sentences, out_dir, seed):
+        monkeypatch.setattr(pyxtts.speak, "speak", clips_child)  # the second's child, had it one
+        for more in ([], ["--overwrite"]):
+            rc = pyxtts.cli.main(speak_argv(base, voice, out, "--seed", "5", *more))
+            second.append((rc, capsys.readouterr().err))
+        return clips_child(export_dir, sentences, out_dir, seed)
+
+    monkeypatch.setattr(pyxtts.speak, "speak", first_child)
+    assert pyxtts.cli.main(speak_argv(base, voice, out, "--text", "two")) == 0, capsys.readouterr().err
+    refused = f"pyxtts speak: --out: {str(out)!r} is in use by another pyxtts command writing into it: wait for it " \
+              "to end, or speak into another folder\n"
+    assert second == [(2, refused), (2, refused)]
+    assert listing(out) == {"0.wav": (out / "0.wav").read_bytes(), "1.wav": (out / "1.wav").read_bytes()}
+    with wave.open(str(out / "0.wav")) as w:
+        assert np.frombuffer(w.readframes(240), "<i2")[0] == int(0.01 * 32767)  # seed 0's: the first's
+
+
+def test_a_wav_file_written_meanwhile_is_not_replaced(base, voice, tmp_path, capsys, monkeypatch):
+    """Two speaks into one .wav file at once (without --overwrite): the one that ends last
+    found no file when it started and replaced the other's clip. It now refuses, naming
+    the file, which keeps the other's clip; other .wav files of the folder are spoken
+    into meanwhile as before."""
+    out = tmp_path / "hello.wav"
+    seen: list[int] = []
+
+    def first_child(export_dir, sentences, out_dir, seed):
+        monkeypatch.setattr(pyxtts.speak, "speak", clips_child)  # the others' children
+        seen.append(pyxtts.cli.main(speak_argv(base, voice, out, "--seed", "5")))
+        seen.append(pyxtts.cli.main(speak_argv(base, voice, tmp_path / "other.wav", "--seed", "5")))
+        return clips_child(export_dir, sentences, out_dir, seed)
+
+    monkeypatch.setattr(pyxtts.speak, "speak", clips_child)
+    pyxtts.cli.main(speak_argv(base, voice, tmp_path / "theirs.wav", "--seed", "5"))
+    theirs = (tmp_path / "theirs.wav").read_bytes()
+    monkeypatch.setattr(pyxtts.speak, "speak", first_child)
+    capsys.readouterr()
+    assert pyxtts.cli.main(speak_argv(base, voice, out)) == 2
+    assert seen == [0, 0]
+    assert capsys.readouterr().err.splitlines()[-1] == f"pyxtts speak: --out: {str(out)!r} was written by another " \
+                                                       "process while this one spoke; --overwrite replaces it"
+    assert out.read_bytes() == theirs and (tmp_path / "other.wav").read_bytes() == theirs
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hello.wav", "me.wav", "other.wav", "theirs.wav"]
+
+
+def test_ctrl_c_while_speaking_leaves_out_as_it_was_and_after_it_the_clips_whole(base, voice, tmp_path, capsys,
+                                                                                  monkeypatch):
+    """Ctrl-C while the child speaks: --out is as it was (the folders made for it and the
+    scratch gone), and the last line says so. One that lands while the clips are moved into
+    place (it stopped the moves half-way: the first text's clip new, the second's the
+    earlier speak's) is taken once they all are, and the line says the clips are there."""
+    out = tmp_path / "new" / "clips"
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pyxtts.speak, "speak", interrupted)
+    before = listing(tmp_path)
+    assert pyxtts.cli.main(speak_argv(base, voice, out, "--text", "two")) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        f"pyxtts speak: interrupted; no clip was written ({out} is as it was)"
+    assert listing(tmp_path) == before
+    monkeypatch.setattr(pyxtts.speak, "speak", clips_child)
+    real_link = os.link
+
+    def link_then_ctrl_c(src, dst):
+        real_link(src, dst)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(os, "link", link_then_ctrl_c)
+    assert pyxtts.cli.main(speak_argv(base, voice, out, "--text", "two")) == 130
+    monkeypatch.undo()
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        f"pyxtts speak: interrupted once the clips were in place: {out / '0.wav'}, {out / '1.wav'}"
+    assert sorted(p.name for p in out.iterdir()) == ["0.wav", "1.wav"]
 
 
 def never_started(*args):
