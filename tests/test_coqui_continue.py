@@ -1,6 +1,6 @@
-"""Continuing a run of Coqui's GPTTrainer (``pyxtts.continue_xtts_run``), against Coqui
-itself: its own ``Trainer`` fits ``GPTTrainer`` (the recipe's AdamW and param groups) for a
-few accumulated steps on
+"""Continuing a run of Coqui's GPTTrainer (``pyxtts train --init RUN/checkpoint_N.pth
+--continue``, ``pyxtts.continue_xtts_run``), against Coqui itself: its own ``Trainer`` fits
+``GPTTrainer`` (the recipe's AdamW and param groups) for a few accumulated steps on
 espeak-ng speech and a small XTTS v2 folder, and writes ``checkpoint_N.pth``. The continued
 pyxtts run holds Coqui's moments element for element, its step and rate, and takes the
 next update torch's AdamW takes from the same gradients; what cannot map exactly is
@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import pyxtts
+import pyxtts.cli
 from pyxtts.checkpoint import CheckpointError, flat_offsets, load_checkpoint
 from pyxtts.coqui_checkpoint import read_xtts_checkpoint
 from pyxtts.trainer import model_from_config, optimizer_from_config
@@ -228,6 +229,51 @@ def test_the_next_update_is_torchs(coqui_run, tmp_path, rng):
         assert moved.max() > 0, name  # the update is there to compare
 
 
+def test_the_cli_continues_the_coqui_run(coqui_run, tmp_path, capsys):
+    """`pyxtts train --init RUN/checkpoint_4.pth --continue` goes on at Coqui's optimizer
+    step 3: its first step is step 4 at the run's rate, and --resume then goes on from
+    pyxtts's own checkpoints."""
+    yaml_path = tmp_path / "cont.yaml"
+    yaml_path.write_text("base: xtts_v2_finetune\ntraining:\n  gradient_accumulation_steps: 1\n  max_steps: 5\n"
+                         "  epochs: null\n  device: cpu\n  checkpoint_interval: 5\n  eval_interval: 1000\n"
+                         "  enable_memory_cleanup: false\ndata:\n  batch_size: 2\n  num_workers: 1\n",
+                         encoding="utf-8")
+    ck_dir = tmp_path / "ck"
+    argv = ["train", "--config", str(yaml_path), "--init", str(coqui_run.folder / f"checkpoint_{CHECKPOINT}.pth"),
+            "--synthetic", "8", "--checkpoint-dir", str(ck_dir), "--no-progress"]
+    assert pyxtts.cli.main([*argv, "--continue"]) == 0
+    out, err = capsys.readouterr()
+    assert ("--continue: the Coqui run goes on at its optimizer step 3 (Coqui's step 4 counts batches; epoch 1) "
+            "with its AdamW moments and lr 5e-06") in err
+    assert "trained 2 steps, 4-5, after resuming at step 3 (max_steps)" in out
+    records = [json.loads(line) for line in (ck_dir / "train_log.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r.get("type") == "train"]
+    assert [r["step"] for r in steps] == [4, 5] and all(r["lr"] == 5e-6 for r in steps)
+    assert sorted(p.name for p in ck_dir.glob("step_*")) == ["step_00000003.safetensors", "step_00000005.safetensors"]
+    # a second --continue into the same folder is refused: --resume goes on from here
+    assert pyxtts.cli.main([*argv, "--continue"]) == 2
+    assert "--resume continues that run" in capsys.readouterr().err
+
+
+def test_a_bf16_run_keeps_coquis_float32_weights_as_its_master(coqui_run, tmp_path):
+    """A run continued in bf16 has bf16 parameters, and Coqui's float32 weights, not their
+    rounding, as the master its updates apply to."""
+    config = continue_config(coqui_run, tmp_path / "ck")
+    config.training.precision = "bf16"
+    info = pyxtts.continue_xtts_run(coqui_run.folder / f"checkpoint_{CHECKPOINT}.pth", config)
+    model = model_from_config(config, "cpu")
+    opt = optimizer_from_config(model, config.training)
+    load_checkpoint(info["path"], model, opt)
+    ck = coqui_file(coqui_run)
+    sd = opt.state_dict()
+    params = model.parameters()
+    for name, lo in flat_offsets(params).items():
+        weights = ck["model"]["xtts.gpt." + name].numpy()
+        assert np.array_equal(sd["master"][lo:lo + weights.size], weights.reshape(-1)), name
+        assert params[name].dtype == pyxtts.bfloat16, name
+    assert sd["step"] == 3
+
+
 @pytest.mark.parametrize("weight_decay", [0.0, 1e-2])
 def test_a_run_with_one_param_group(coqui_run, tmp_path, weight_decay):
     """Without optimizer_wd_only_on_weights, GPTTrainer's AdamW has one param group over
@@ -391,3 +437,23 @@ def test_a_config_that_is_not_the_runs_is_refused(coqui_run, tmp_path):
     with pytest.raises(TypeError, match=r"^config: expected an XTTSConfig, got dict$"):
         pyxtts.continue_xtts_run(pth, {})
     assert not (tmp_path / "ck").exists()
+
+
+def test_the_cli_refuses_continue_without_a_coqui_run(coqui_run, tmp_path, capsys):
+    pth = str(coqui_run.folder / f"checkpoint_{CHECKPOINT}.pth")
+    ck_dir = tmp_path / "ck"
+    base = ["train", "--synthetic", "8", "--checkpoint-dir", str(ck_dir), "--no-progress"]
+    for extra, said in ((["--continue"], "--continue: continues the Coqui run whose checkpoint --init names"),
+                        (["--init", pth, "--continue", "--resume"], "--continue: not with --resume latest"),
+                        (["--init", pth, "--continue", "--overwrite"], "--continue: not with --overwrite"),
+                        (["--init", str(coqui_run.xtts_dir), "--continue"],
+                         f"--continue {coqui_run.xtts_dir}: {coqui_run.xtts_dir / 'model.pth'}: holds no optimizer "
+                         "state")):
+        assert pyxtts.cli.main([*base, *extra]) == 2
+        assert said in capsys.readouterr().err
+        assert not ck_dir.exists()
+    # the continued checkpoint and the import are taken back when the command fails after them
+    assert pyxtts.cli.main(["train", "--data", str(tmp_path / "nowhere"), "--init", pth, "--continue",
+                            "--checkpoint-dir", str(ck_dir), "--no-progress"]) == 2
+    assert "nowhere" in capsys.readouterr().err
+    assert not ck_dir.exists()
