@@ -69,6 +69,7 @@ from pyxtts.checkpoint import (
     save_checkpoint,
 )
 from pyxtts.coqui_checkpoint import export_xtts_checkpoint, import_xtts_checkpoint
+from pyxtts.coqui_continue import continue_xtts_run
 from pyxtts.config import (
     DataConfig,
     TrainingConfig,
@@ -130,6 +131,7 @@ __all__ = [
     "cleanup_gpu_memory",
     "collate",
     "collate_references",
+    "continue_xtts_run",
     "cuda_available",
     "device_count",
     "device_info",

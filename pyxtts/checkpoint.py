@@ -531,10 +531,9 @@ def _check_master(path: Path, model: Any, optimizer: Any, state: Mapping[str, np
     views = model.parameters()
     if not isinstance(master, np.ndarray) or master.dtype != np.float32 or master.ndim != 1:
         return  # AdamW.load_state_dict refuses it, naming the problem
-    base = min(v.data_ptr() for v in views.values())
     dt = model.dtype.numpy
-    for name, v in views.items():
-        lo = (v.data_ptr() - base) // v.itemsize
+    for name, lo in flat_offsets(views).items():
+        v = views[name]
         part = master[lo:lo + v.numel()]
         if part.size != v.numel():
             return
@@ -544,6 +543,13 @@ def _check_master(path: Path, model: Any, optimizer: Any, state: Mapping[str, np
             raise CheckpointError(f"{path}: model.{name} and the optimizer's master copy disagree (the "
                                   "parameters must be the master rounded to the model's dtype): the file "
                                   "is inconsistent")
+
+
+def flat_offsets(views: Mapping[str, Any]) -> dict[str, int]:
+    """Where each parameter (``model.parameters()``: views of one flat buffer) starts in
+    that buffer, in elements: its place in the optimizer's flat ``m``, ``v`` and master."""
+    base = min(v.data_ptr() for v in views.values())
+    return {name: (v.data_ptr() - base) // v.itemsize for name, v in views.items()}
 
 
 def _strip_tensors(skeleton: Any) -> Any:

@@ -274,6 +274,52 @@ def _init_from_xtts(config: Any, source: str, vocab: Path | None = None, keep_ru
     return config
 
 
+def _check_continue(args: argparse.Namespace) -> None:
+    """``--continue`` continues the Coqui run ``--init`` names, in a folder of its own."""
+    if args.init is None:
+        raise ValueError("--continue: continues the Coqui run whose checkpoint --init names; pass --init "
+                         "RUN/checkpoint_N.pth (a checkpoint of Coqui's trainer, which holds its optimizer state)")
+    if args.resume is not None:
+        raise ValueError(f"--continue: not with --resume {args.resume}: --continue starts pyxtts's run from the Coqui "
+                         "run's checkpoint, --resume goes on from pyxtts's own checkpoints (once the continued run "
+                         "has written some, --resume alone continues it)")
+    if args.overwrite:
+        raise ValueError("--continue: not with --overwrite: a continued run starts in a checkpoint_dir without a "
+                         "pyxtts run's checkpoints; pass another --checkpoint-dir")
+
+
+def _continue_once(config: Any, source: str, strategy: Any, imported: _NewImport | None) -> Path:
+    """``continue_xtts_run(source, config)``: the checkpoint the run resumes from. With
+    several processes rank 0 writes it and the others take the newest checkpoint of the
+    folder, which held none before (a refusal on rank 0 stops them all)."""
+    from pyxtts.checkpoint import CheckpointError
+    from pyxtts.coqui_continue import continue_xtts_run
+    from pyxtts.trainer import run_checkpoint
+
+    info, error = None, None
+    if strategy is None or strategy.is_main:
+        try:
+            info = continue_xtts_run(source, config)
+        except (CheckpointError, OSError) as exc:
+            error = exc
+    if strategy is not None and strategy.failed_rank(error is not None) is not None and error is None:
+        raise CheckpointError("--continue: rank 0 could not continue the Coqui run (its error says why)")
+    if error is not None:
+        if isinstance(error, CheckpointError):
+            raise CheckpointError(f"--continue {source}: {error}") from error
+        raise error
+    if info is None:
+        return run_checkpoint(config.training.checkpoint_dir, "latest")
+    if imported is not None:
+        imported.written.append(Path(info["path"]))
+    coqui = ("" if info["coqui_step"] is None else
+             f" (Coqui's step {info['coqui_step']} counts batches; epoch {info['coqui_epoch']})")
+    _train_note(f"--continue: the Coqui run goes on at its optimizer step {info['step']}{coqui} with its AdamW "
+                f"moments and lr {info['lr']:g}; its best loss does not carry over (docs/coqui.md, Continuing a Coqui run)",
+                strategy)
+    return Path(info["path"])
+
+
 class _NewImport:
     """The ``init_xtts.safetensors`` that ``--init`` is about to write into a run's folder,
     taken back when the command then fails before the run writes anything beside it (a typo
@@ -286,13 +332,19 @@ class _NewImport:
         self.made_folder = not folder.exists()
         self.existed = self.path.exists()
         self.before = set() if self.made_folder or not folder.is_dir() else {p.name for p in folder.iterdir()}
+        self.written: list[Path] = []  # the command's files beside it (--continue's checkpoint)
 
     def undo(self) -> None:
         folder = self.path.parent
+        if not folder.is_dir():
+            return
+        ours = {p.name for p in self.written} | ({self.path.name} if not self.existed else set())
+        if {p.name for p in folder.iterdir()} - ours != self.before - ours:
+            return  # the run wrote beside them: they are the run's now
+        for p in self.written:
+            p.unlink(missing_ok=True)
         if self.existed or not self.path.is_file():
             return
-        if {p.name for p in folder.iterdir()} != self.before | {self.path.name}:
-            return  # the run wrote beside it: the import is the run's now
         self.path.unlink()
         if self.made_folder and not any(folder.iterdir()):
             folder.rmdir()
@@ -466,6 +518,8 @@ def _train(args: argparse.Namespace) -> int:
         vocab = prepared_vocab(args.data) if args.data is not None else None
         if args.data is not None and args.eval_data is not None:
             _check_eval_vocab(args.data, args.eval_data)
+        if args.continue_run:
+            _check_continue(args)
         if args.init is not None:
             before = config
             if strategy is None or strategy.is_main:
@@ -474,6 +528,9 @@ def _train(args: argparse.Namespace) -> int:
             note = _replanned(before, config, args.device if strategy is None else strategy.device)
             if note is not None:
                 _train_note(note, strategy)
+        continued = None  # the checkpoint that continues a Coqui run (--continue)
+        if args.continue_run:
+            continued = _continue_once(config, args.init, strategy, imported)
         if args.data is not None:
             train, held = _train_data(args.data, want_eval=args.eval_data is None, strategy=strategy)
         elif demo or args.synthetic is not None:  # the flag before the config's data: it is the later word
@@ -495,6 +552,8 @@ def _train(args: argparse.Namespace) -> int:
         elif config.data.eval_metadata is not None and held is None:
             evals = _dataset(config.data.eval_metadata, "data.eval_metadata")
         resume = False if args.resume is None else (True if args.resume == "latest" else args.resume)
+        if continued is not None:
+            resume = continued
         if not args.overwrite:
             check_resumable(config, resume)
         trainer = Trainer(config, device=None if strategy is not None else args.device, log_path=args.log,
@@ -783,6 +842,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="start from a Coqui XTTS checkpoint (the released folder or a model.pth, or a "
                          "checkpoint_N.pth or best_model.pth of Coqui's trainer); its model config replaces the "
                          "config's model section")
+    tr.add_argument("--continue", dest="continue_run", action="store_true",
+                    help="with --init RUN/checkpoint_N.pth: continue that Coqui run (its AdamW moments, optimizer "
+                         "step and learning rate), as Coqui's --continue_path does; docs/coqui.md says what carries "
+                         "over")
     tr.add_argument("--gpus", default=None, metavar="LIST",
                     help="train on these GPUs (e.g. 0,1), one process each: runs torchrun --standalone with "
                          "CUDA_VISIBLE_DEVICES=LIST (needs pyxtts[distributed]); several machines: run torchrun "

@@ -150,3 +150,13 @@ def test_the_recipe_tables_coqui_names_are_coquis():
     assert len(names) > 40
     unknown = [n for n in names if n not in known and n not in RECIPE_CONSTANTS]
     assert not unknown, unknown
+
+
+def test_the_docs_count_xtts_v2s_gpt_tensors():
+    """docs/coqui.md said XTTS v2's GPT has 90 tensors, the count of the tests' 2-layer
+    models; at XTTS v2's 30 layers it has 426 (the count does not depend on the width)."""
+    model = dataclasses.replace(XTTSConfig.load("xtts_v2_finetune").model, d_model=64, n_heads=4)
+    assert model.n_layers == 30 and model.conditioning
+    assert len(pyxtts.XTTSGPT(model).parameters()) == 426
+    text = (REPO / "docs" / "coqui.md").read_text(encoding="utf-8")
+    assert "the GPT's 426 tensors" in text and "for XTTS v2 all 426" in text and "90 tensors" not in text
