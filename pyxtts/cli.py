@@ -9,7 +9,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import pyxtts
 from pyxtts._args import CLI_FLAGS, as_flags
@@ -690,17 +690,35 @@ def _export_source(args: argparse.Namespace) -> str:
         raise FileNotFoundError(f"--checkpoint {args.checkpoint}: {exc}") from None
 
 
-def _say_run_checkpoint(args: argparse.Namespace, source: str) -> None:
-    """Which run's checkpoint ``--checkpoint best/latest`` took: --checkpoint-dir or --config
-    may name another run's folder than the one meant."""
+def _say_run_checkpoint(args: argparse.Namespace, source: str, step: int | None = None) -> None:
+    """Which run's checkpoint ``--checkpoint best/latest`` took (``step``: as the command
+    read it with the weights; the run may have replaced the file since): --checkpoint-dir
+    or --config may name another run's folder than the one meant."""
     if args.checkpoint in ("best", "latest"):
-        from pyxtts.fingerprint import saved_meta
-
-        print(f"--checkpoint {args.checkpoint}: {source}, step {saved_meta(Path(source)).get('step')} of the run "
+        print(f"--checkpoint {args.checkpoint}: {source}{'' if step is None else f', step {step}'} of the run "
               f"in {Path(source).parent} (--checkpoint-dir or --config name another run's folder)")
 
 
 RUN_CHECKPOINT_TRIES = 3  # --checkpoint best/latest of a run that removes its older checkpoints as it saves
+
+_T = TypeVar("_T")
+
+
+def _with_run_checkpoint(args: argparse.Namespace, use: Callable[[str], _T]) -> tuple[str, _T]:
+    """(the file, ``use(file)``) of ``--checkpoint``. For best / latest the run's newest again
+    when the run removed the file chosen before ``use`` read it (``keep_checkpoints``): up to
+    RUN_CHECKPOINT_TRIES choices; a file named by its path is used once."""
+    from pyxtts.checkpoint import CheckpointError
+
+    attempt = 1
+    while True:
+        source = _export_source(args)
+        try:
+            return source, use(source)
+        except (CheckpointError, FileNotFoundError):
+            if args.checkpoint not in ("best", "latest") or Path(source).exists() or attempt == RUN_CHECKPOINT_TRIES:
+                raise
+        attempt += 1
 
 
 def _file_identity(path: Path) -> tuple[int, int, int] | None:
@@ -719,18 +737,8 @@ def _export(args: argparse.Namespace) -> int:
 
     before = _file_identity(Path(args.out) / "model.pth")
     try:
-        for attempt in range(RUN_CHECKPOINT_TRIES):
-            source = _export_source(args)
-            try:
-                _say_run_checkpoint(args, source)
-                report = export_xtts_checkpoint(source, args.base, args.out, vocab=args.vocab,
-                                                overwrite=args.overwrite)
-                break
-            except (CheckpointError, FileNotFoundError):
-                # the run it trains removed it meanwhile (keep_checkpoints): its newest now
-                if args.checkpoint not in ("best", "latest") or Path(source).exists() \
-                        or attempt == RUN_CHECKPOINT_TRIES - 1:
-                    raise
+        source, report = _with_run_checkpoint(args, lambda source: export_xtts_checkpoint(
+            source, args.base, args.out, vocab=args.vocab, overwrite=args.overwrite))
     except KeyboardInterrupt:  # the files go into place together, after every one is written
         if _file_identity(Path(args.out) / "model.pth") != before:
             print(f"pyxtts export: interrupted once the export was in place: {args.out} holds it whole",
@@ -741,6 +749,7 @@ def _export(args: argparse.Namespace) -> int:
         return 130
     except (CheckpointError, OSError, TypeError, ValueError) as exc:
         return _fail("export", exc)
+    _say_run_checkpoint(args, source, report["step"])
     print(f"written: {report['model_pth']}")
     print(f"  {len(report['replaced'])} GPT tensors from {source}")
     if report["carried_from_base"]:
@@ -770,20 +779,25 @@ def _speak(args: argparse.Namespace) -> int:
 
     clips = clip_paths(args.out, len(args.text))
     before = [_file_identity(f) for f in clips]
+
+    def spoken(source: str | None) -> list[Path]:
+        if source is not None:
+            _say_run_checkpoint(args, source)  # its step: in synthesize's line, from the export's read
+        return synthesize(args.text, args.out, args.reference, args.language, xtts_dir=args.xtts_dir,
+                          checkpoint=source, base=args.base, vocab=args.vocab, seed=args.seed,
+                          overwrite=args.overwrite, progress=True)
+
     try:
-        source = None
         if args.checkpoint is not None:
             if args.base is None:
                 raise ValueError("--base: expected the Coqui XTTS folder the checkpoint was fine-tuned from (the "
                                  "checkpoint is exported into a scratch copy of it to be spoken)")
-            source = _export_source(args)
-            _say_run_checkpoint(args, source)
+            files = _with_run_checkpoint(args, spoken)[1]
         elif args.base is not None or args.checkpoint_dir is not None or args.config is not None:
             used = "--base" if args.base is not None else "--checkpoint-dir" if args.checkpoint_dir else "--config"
             raise ValueError(f"{used}: only used with --checkpoint; --xtts-dir is spoken as it is")
-        files = synthesize(args.text, args.out, args.reference, args.language, xtts_dir=args.xtts_dir,
-                           checkpoint=source, base=args.base, vocab=args.vocab, seed=args.seed,
-                           overwrite=args.overwrite, progress=True)
+        else:
+            files = spoken(None)
     except KeyboardInterrupt:  # the clips go into place together, once all are spoken
         if all(_file_identity(f) not in (None, b) for f, b in zip(clips, before)):
             print(f"pyxtts speak: interrupted once the clips were in place: {', '.join(map(str, clips))}",

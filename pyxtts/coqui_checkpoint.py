@@ -286,12 +286,13 @@ def _grown(ck: XTTSCheckpoint, state: dict, cfg: Any, vocab: Path) -> tuple[dict
 
 # ---- export ----------------------------------------------------------------------------
 
-def _source(model_or_checkpoint: Any) -> tuple[Any, dict[str, np.ndarray], str]:
-    """(ModelConfig, name -> array, description) of an XTTSGPT or a pyxtts checkpoint path."""
+def _source(model_or_checkpoint: Any) -> tuple[Any, dict[str, np.ndarray], str, dict]:
+    """(ModelConfig, name -> array, description, the checkpoint's metadata: {} for a model)
+    of an XTTSGPT or a pyxtts checkpoint path, the file read once."""
     from pyxtts.model import XTTSGPT, ModelConfig
 
     if isinstance(model_or_checkpoint, XTTSGPT):
-        return model_or_checkpoint.config, model_or_checkpoint.state_dict(), "the model"
+        return model_or_checkpoint.config, model_or_checkpoint.state_dict(), "the model", {}
     if not isinstance(model_or_checkpoint, (str, os.PathLike)):
         raise TypeError(f"model_or_checkpoint: expected an XTTSGPT or the path of a pyxtts checkpoint, "
                         f"got {type(model_or_checkpoint).__name__}")
@@ -304,7 +305,7 @@ def _source(model_or_checkpoint: Any) -> tuple[Any, dict[str, np.ndarray], str]:
     state = {k[len(MODEL_PREFIX):]: v for k, v in tensors.items() if k.startswith(MODEL_PREFIX)}
     if not state:
         raise CheckpointError(f"{path}: holds no model tensors")
-    return config, state, str(path)
+    return config, state, str(path), meta
 
 
 def _cast(name: str, value: np.ndarray, ref: TensorRef, rows: int | None = None) -> np.ndarray:
@@ -350,17 +351,18 @@ class _TrainedVocab:
         return f"{self.file} (sha256 {self.sha256[:12]}...), which {self.where} records"
 
 
-def _trained_vocab(model_or_checkpoint: Any) -> _TrainedVocab | None:
+def _trained_vocab(model_or_checkpoint: Any, meta: dict) -> _TrainedVocab | None:
     """The extended vocabulary the checkpoint's run trained with: from the checkpoint itself
-    when it is an import, else from the import its config's ``training.init_checkpoint``
-    names (looked for beside the checkpoint first: the run's folder may have moved). None
-    when nothing records one (XTTS v2's own vocabulary, a model object, a missing import)."""
+    (``meta``, its metadata as the export read it) when it is an import, else from the
+    import its config's ``training.init_checkpoint`` names (looked for beside the checkpoint
+    first: the run's folder may have moved). None when nothing records one (XTTS v2's own
+    vocabulary, a model object, a missing import)."""
     from pyxtts.fingerprint import saved_extra
 
     if not isinstance(model_or_checkpoint, (str, os.PathLike)):
         return None
     path = Path(model_or_checkpoint)
-    extra, where = saved_extra(path), path
+    extra, where = (meta["extra"] if isinstance(meta.get("extra"), dict) else {}), path
     if not isinstance(extra.get("vocab"), dict):
         training = ((extra.get("config") or {}).get("training") or {}) if isinstance(extra.get("config"), dict) else {}
         init = training.get("init_checkpoint") if isinstance(training, dict) else None
@@ -497,8 +499,9 @@ def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, ou
     an earlier export in it whole, and removes the folders made for it. ``out`` is held
     (``pyxtts._files.lock_folder``) while it is written: another export into it meanwhile,
     in any process, is refused (BlockingIOError naming the process). The model and the
-    base must describe the same GPT (sizes, heads, token ids). Returns ``{"model_pth", "replaced", "carried_from_base", "copied",
-    "not_in_base"}`` (lists of names); the base is never modified.
+    base must describe the same GPT (sizes, heads, token ids). Returns ``{"model_pth", "step", "replaced",
+    "carried_from_base", "copied", "not_in_base"}`` (lists of names; ``step``: the checkpoint's
+    training step, read with its tensors, None for a model); the base is never modified.
 
     A model grown to an extended vocabulary (``prepare --new-language``) needs ``vocab``,
     that vocabulary: its text rows replace the base's at their new size, ``vocab.json`` is
@@ -509,7 +512,7 @@ def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, ou
     it) is refused (FileExistsError) unless ``overwrite``; then its export files are
     replaced and those the base lacks removed (a stale ``speakers_xtts.pth`` fails Coqui's
     load), listed as the report's ``removed``; other files in it are left alone."""
-    config, state, source = _source(model_or_checkpoint)
+    config, state, source, meta = _source(model_or_checkpoint)
     base = Path(base)
     base_dir = base if base.is_dir() else base.parent
     out = Path(out)
@@ -533,7 +536,7 @@ def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, ou
         if ck.n_heads_guessed:
             raise CheckpointError(f"{ck.file.path}: the base has no config (config.json beside it or pickled "
                                   "in it), so its GPT cannot be checked against the model")
-        growth = _vocab_growth(config, ck.config, base_dir, vocab, _trained_vocab(model_or_checkpoint))
+        growth = _vocab_growth(config, ck.config, base_dir, vocab, _trained_vocab(model_or_checkpoint, meta))
         base_cfg = ck.config if growth is None else dataclasses.replace(ck.config, text_vocab_size=growth[1].size)
         _compare(config, base_cfg, ck.config_source, source)
         unknown = [k for k in state if k not in ck.tensors]
@@ -568,7 +571,8 @@ def export_xtts_checkpoint(model_or_checkpoint: Any, base: str | os.PathLike, ou
             else:
                 absent.append(name)
         removed = _write_export(out, writers, overwrite, absent)
-        report = {"model_pth": str(out / "model.pth"), "replaced": sorted(ck.prefix + k for k in state),
+        report = {"model_pth": str(out / "model.pth"), "step": meta.get("step"),
+                  "replaced": sorted(ck.prefix + k for k in state),
                   "carried_from_base": sorted(ck.prefix + k for k in ck.tensors if k not in state)}
     finally:
         ck.file.close()

@@ -183,7 +183,8 @@ def synthesize(texts: str | Sequence[str], out: str | os.PathLike, reference: st
     held (``pyxtts._files.lock_folder``) until its clips are in place: another speak into it
     meanwhile is refused (BlockingIOError naming the process); a ``.wav`` file another
     process wrote meanwhile is not replaced without ``overwrite`` (FileExistsError).
-    ``progress``: a line says what speaks once the inputs are checked. Needs coqui-tts
+    ``progress``: a line says what speaks (a checkpoint's step as its export read it) once
+    the inputs are checked and the checkpoint exported. Needs coqui-tts
     (``pip install coqui-tts``, which brings torch)."""
     texts = [texts] if isinstance(texts, str) else texts
     if not isinstance(texts, (list, tuple)) or not texts or \
@@ -232,16 +233,18 @@ def synthesize(texts: str | Sequence[str], out: str | os.PathLike, reference: st
             raise ValueError(f"out: the folder {str(files[0].parent)!r} cannot be written "
                              f"({exc.strerror or exc})") from None
         try:
-            if progress:
-                what = str(folder) if checkpoint is None else f"{checkpoint} exported into a scratch copy of {folder}"
-                print(f"speaking {len(texts)} text{'s' if len(texts) > 1 else ''} with {what}: Coqui's inference in "
-                      "a child process, loading the model first", flush=True)
-            voice = folder
+            voice, what = folder, str(folder)
             if checkpoint is not None:
                 from pyxtts.coqui_checkpoint import export_xtts_checkpoint
 
                 voice = scratch / "xtts"
-                export_xtts_checkpoint(checkpoint, folder, voice, vocab=vocab)
+                # the step of the weights exported: a run may have replaced the file since
+                step = export_xtts_checkpoint(checkpoint, folder, voice, vocab=vocab)["step"]
+                at = "" if step is None else f" (step {step})"
+                what = f"{checkpoint}{at} exported into a scratch copy of {folder}"
+            if progress:
+                print(f"speaking {len(texts)} text{'s' if len(texts) > 1 else ''} with {what}: Coqui's inference in "
+                      "a child process, loading the model first", flush=True)
             spoken = speak(voice, sentences, scratch / "clips", seed)
             _place(spoken, files, overwrite)
             done = True

@@ -325,13 +325,13 @@ def test_export_latest_of_a_run_that_removes_it_meanwhile_takes_the_newest(base,
     and removed step 10 between the export's choosing step 10 and reading it, and the
     export failed on a file it had just found. It takes the run's newest, step 20, and says
     so. A checkpoint named by its path that is missing is still refused."""
-    import pyxtts.fingerprint
+    import pyxtts.coqui_checkpoint
 
     cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
     run = tmp_path / "run"
     pyxtts.save_checkpoint(run / "step_00000010.safetensors", pyxtts.XTTSGPT(cfg, seed=10), step=10)
     newer = pyxtts.XTTSGPT(cfg, seed=20)
-    real = pyxtts.fingerprint.saved_meta
+    real = pyxtts.coqui_checkpoint.read_checkpoint
 
     def a_save_lands_first(path):
         if not (run / "step_00000020.safetensors").exists():  # what Trainer.save does with keep_checkpoints 1
@@ -339,7 +339,7 @@ def test_export_latest_of_a_run_that_removes_it_meanwhile_takes_the_newest(base,
             (run / "step_00000010.safetensors").unlink()
         return real(path)
 
-    monkeypatch.setattr(pyxtts.fingerprint, "saved_meta", a_save_lands_first)
+    monkeypatch.setattr(pyxtts.coqui_checkpoint, "read_checkpoint", a_save_lands_first)
     out = tmp_path / "o"
     rc = pyxtts.cli.main(["export", "--checkpoint", "latest", "--checkpoint-dir", str(run), "--base", str(base),
                           "--out", str(out)])
@@ -350,6 +350,36 @@ def test_export_latest_of_a_run_that_removes_it_meanwhile_takes_the_newest(base,
     rc = pyxtts.cli.main(["export", "--checkpoint", str(run / "step_00000010.safetensors"), "--base", str(base),
                           "--out", str(tmp_path / "p")])
     assert rc == 2 and "step_00000010.safetensors: no such checkpoint file" in capsys.readouterr().err
+
+
+def test_export_best_says_the_step_of_the_weights_it_exported(base, tmp_path, capsys, monkeypatch):
+    """`--checkpoint best` said "step N" read from best.safetensors before the export read it
+    again: a run's evaluation that replaced best.safetensors in between made it name step 4
+    for step 8's weights. The step said is the one read with the weights exported."""
+    import pyxtts.coqui_checkpoint
+
+    cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
+    run = tmp_path / "run"
+    pyxtts.save_checkpoint(run / "best.safetensors", pyxtts.XTTSGPT(cfg, seed=4), step=4)
+    better = pyxtts.XTTSGPT(cfg, seed=8)
+    real = pyxtts.coqui_checkpoint.read_checkpoint
+    replaced = []
+
+    def an_evaluation_lands_first(path):
+        if not replaced:  # the run's new best, saved (renamed over the old) as the export starts to read
+            pyxtts.save_checkpoint(run / "best.safetensors", better, step=8)
+            replaced.append(path)
+        return real(path)
+
+    monkeypatch.setattr(pyxtts.coqui_checkpoint, "read_checkpoint", an_evaluation_lands_first)
+    out = tmp_path / "o"
+    rc = pyxtts.cli.main(["export", "--checkpoint", "best", "--checkpoint-dir", str(run), "--base", str(base),
+                          "--out", str(out)])
+    said = capsys.readouterr()
+    assert rc == 0 and replaced, said.err
+    assert coqui_load(out)["gpt.mel_head.weight"].tobytes() == better.state_dict()["mel_head.weight"].tobytes()
+    assert f"--checkpoint best: {run / 'best.safetensors'}, step 8 of the run in {run}" in said.out, said.out
+    assert "step 4" not in said.out
 
 
 def test_export_into_an_earlier_export_needs_overwrite(base, tmp_path, capsys):

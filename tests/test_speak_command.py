@@ -81,12 +81,54 @@ def test_a_checkpoint_is_exported_into_a_scratch_copy_of_its_base_and_spoken(bas
                           str(voice), "--out", str(out), "--seed", "7"])
     text = capsys.readouterr()
     assert rc == 0, text.err
-    assert f"--checkpoint best: {run / 'best.safetensors'}, step 4" in text.out
+    assert f"--checkpoint best: {run / 'best.safetensors'} of the run in {run}" in text.out
+    assert f"with {run / 'best.safetensors'} (step 4) exported into a scratch copy of {base}" in text.out
     assert seen["head"].tobytes() == best.state_dict()["mel_head.weight"].tobytes()
     assert [s["text"] for s in seen["sentences"]] == ["hello there", "guten tag"] and seen["seed"] == 7
     assert {s["language"] for s in seen["sentences"]} == {"de"}
     assert sorted(p.name for p in out.iterdir()) == ["0.wav", "1.wav"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["clips", "me.wav", "run"]  # the export is gone
+
+
+def test_latest_of_a_run_that_removes_it_meanwhile_speaks_the_newest(base, voice, tmp_path, capsys, monkeypatch):
+    """`--checkpoint latest` of a run training with keep_checkpoints 1: the run saved step 20
+    and removed step 10 between speak's choosing step 10 and exporting it, and speak failed
+    on a file it had just found. It speaks the run's newest, step 20, as export does, and
+    the step it names is the one exported."""
+    c = require_coqui()
+    import pyxtts.coqui_checkpoint
+
+    cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
+    run = tmp_path / "run"
+    pyxtts.save_checkpoint(run / "step_00000010.safetensors", pyxtts.XTTSGPT(cfg, seed=10), step=10)
+    newer = pyxtts.XTTSGPT(cfg, seed=20)
+    real = pyxtts.coqui_checkpoint.read_checkpoint
+
+    def a_save_lands_first(path):
+        if not (run / "step_00000020.safetensors").exists():  # what Trainer.save does with keep_checkpoints 1
+            pyxtts.save_checkpoint(run / "step_00000020.safetensors", newer, step=20)
+            (run / "step_00000010.safetensors").unlink()
+        return real(path)
+
+    seen = {}
+
+    def child(export_dir, sentences, out_dir, seed):
+        state = c.torch.load(export_dir / "model.pth", map_location="cpu", weights_only=False)["model"]
+        seen.update(head=state["gpt.mel_head.weight"].numpy().copy())
+        out_dir.mkdir(parents=True)
+        write_wav(out_dir / "0.wav", np.full(240, 0.01, np.float32), 24000)
+        return [out_dir / "0.wav"]
+
+    monkeypatch.setattr(pyxtts.coqui_checkpoint, "read_checkpoint", a_save_lands_first)
+    monkeypatch.setattr(pyxtts.speak, "speak", child)
+    out = tmp_path / "hi.wav"
+    rc = pyxtts.cli.main(["speak", "--checkpoint", "latest", "--checkpoint-dir", str(run), "--base", str(base),
+                          "--text", "hello there", "--reference", str(voice), "--out", str(out)])
+    text = capsys.readouterr()
+    assert rc == 0, text.err
+    assert seen["head"].tobytes() == newer.state_dict()["mel_head.weight"].tobytes()
+    assert f"with {run / 'step_00000020.safetensors'} (step 20) exported into a scratch copy" in text.out, text.out
+    assert out.is_file()
 
 
 def refusal_cases(tmp_path: Path, base: Path, voice: Path) -> list[tuple[list[str], str]]:
