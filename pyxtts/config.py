@@ -586,8 +586,16 @@ class XTTSConfig:
 
 
 def _yaml_word(value: Any) -> str:
-    """A setting as the YAML file spells it: true, false, auto."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
+    """A setting as the YAML file spells it: true, false, null, auto, [0.9, 0.96]."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_yaml_word(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_yaml_word(v)}" for k, v in value.items()) + "}"
+    return str(value)
 
 
 # YAML 1.2 floats: PyYAML follows YAML 1.1, where a float needs a dot, so "2e-3" and

@@ -66,7 +66,7 @@ from pyxtts.callbacks import (BEST_NAME, MAX_SKIPPED, BestCheckpoint, Callback, 
 from pyxtts.callbacks.checkpoints import CHECKPOINT_RE, checkpoint_step, step_checkpoint_name
 from pyxtts.checkpoint import (ArchitectureError, CheckpointError, load_checkpoint, load_checkpoint_checked,
                                save_checkpoint)
-from pyxtts.config import XTTSConfig, offload_for
+from pyxtts.config import XTTSConfig, _yaml_word, offload_for
 from pyxtts.coqui_config import coqui_decay
 from pyxtts.data import DataError, Sample, TTSDataset, batch_groups, collate, collate_references
 from pyxtts.data import _checked as _checked_sample
@@ -495,7 +495,7 @@ class Trainer:
                 self._reporter.warn(f"resume: resuming from {path.name}, the newest usable checkpoint "
                                     f"({len(unusable)} newer one(s) could not be used)")
             saved = _saved_extra(path).get("config")
-            changed = setting_changes(saved, self.config.to_dict())
+            changed = setting_changes(saved, self.config.to_dict(), word=_yaml_word)  # as the YAML file says them
             if changed:  # allowed (a lower learning rate, say), but never unseen
                 self._reporter.warn(f"resume: the config differs from the one {path.name} was saved with: "
                                     + "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6

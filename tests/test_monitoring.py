@@ -672,6 +672,25 @@ def test_a_resume_with_other_settings_says_which(tmp_path, capsys):
     assert "differs" not in capsys.readouterr().err
 
 
+def test_a_resume_says_the_changed_settings_as_the_yaml_file_spells_them(tmp_path, capsys):
+    """A resume that turned training.optimizer_offload off said "True -> False" (and None,
+    'constant', (0.9, 0.999)): Python's spelling, where the YAML file the user edits says
+    true, false, null, constant and [0.9, 0.999]. The note says them as the file does."""
+    cfg = make_config(tmp_path, max_steps=4, optimizer_offload=True)
+    train, held = datasets(cfg)
+    Trainer(cfg, progress=False).fit(train, held)
+    later = make_config(tmp_path, max_steps=6, optimizer_offload=False, epochs=100, betas=[0.9, 0.98],
+                        lr_schedule="warmup_cosine", warmup_steps=1)
+    assert (tuple(cfg.training.betas), cfg.training.warmup_steps) == ((0.9, 0.96), 0)
+    capsys.readouterr()
+    Trainer(later, progress=False).fit(train, held, resume=True)
+    err = capsys.readouterr().err
+    assert ("resume: the config differs from the one step_00000004.safetensors was saved with: "
+            "training.betas: [0.9, 0.96] -> [0.9, 0.98]; training.lr_schedule: constant -> warmup_cosine; "
+            "training.warmup_steps: 0 -> 1; training.max_steps: 4 -> 6; training.epochs: null -> 100; "
+            "training.optimizer_offload: true -> false\n") in err, err
+
+
 def test_a_resume_that_changes_the_learning_rate_says_so(tmp_path, capsys):
     """A warmup_cosine run extended past its end (a larger --max-steps) goes on from a rate
     the stretched curve gives, not from min_lr: 2.3 times min_lr at step 50,000 of a run
