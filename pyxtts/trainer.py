@@ -703,6 +703,9 @@ class Trainer:
                   f"{', optimizer state in host memory' if offloaded else ''}): {len(train)} samples, batch {effective} = "
                   f"{c.data.batch_size} x {t.gradient_accumulation_steps} accumulation, "
                   f"{counted(per_epoch, 'step')} an epoch, {counted(total, 'step')} in all")
+        if offloaded and not self.progress:  # said without progress too: it costs host memory and time
+            self._reporter.warn(f"optimizer state in host memory: {format_bytes(self.optimizer.host_state_bytes)} "
+                                f"(training.optimizer_offload: {_yaml_word(t.optimizer_offload)})")
         if effective > len(train):  # said even without progress: the recipe's batch on a small set
             self._reporter.warn(f"the effective batch ({effective} samples an optimizer step) is larger than the "
                                 f"{len(train)} training samples: each step takes the whole set, so a run takes "

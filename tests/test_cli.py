@@ -14,6 +14,7 @@ import pyxtts
 import pyxtts.cli
 from conftest import run_python
 from pyxtts import SyntheticDataset, XTTSConfig, _C, write_shards
+from pyxtts.memory import format_bytes
 from pyxtts.memtest import run_memtest
 
 pytestmark = pytest.mark.usefixtures("no_limit_no_fault")
@@ -385,6 +386,16 @@ def test_train_says_when_the_optimizer_state_is_in_host_memory(tmp_path, capsys)
                             "--checkpoint-dir", str(tmp_path / "run")]) == 0
     err = capsys.readouterr().err
     assert "checkpointing" in err and ", optimizer state in host memory): " in err, err
+    # --no-progress: the JSONL log's optimizer_host_bytes was all that said it; the start does
+    argv = ["train", "--config", str(cfg), "--synthetic", "8", "--max-steps", "1", "--no-progress"]
+    assert pyxtts.cli.main([*argv, "--checkpoint-dir", str(tmp_path / "quiet")]) == 0
+    err = capsys.readouterr().err
+    host = [r["optimizer_host_bytes"] for r in train_log(tmp_path / "quiet") if r["type"] == "train"][-1]
+    assert f"optimizer state in host memory: {format_bytes(host)} (training.optimizer_offload: true)" in err, err
+    assert "checkpointing" not in err  # the rest of the progress output stays off
+    cfg.write_text("base: cpu_demo\ntraining:\n  optimizer_offload: false\n")
+    assert pyxtts.cli.main([*argv, "--checkpoint-dir", str(tmp_path / "on_device")]) == 0
+    assert "host memory" not in capsys.readouterr().err
 
 
 def test_a_host_too_small_for_the_offloaded_state_is_named_with_what_helps(tmp_path, capsys):
