@@ -513,6 +513,29 @@ def test_readme_is_a_front_page_with_the_ci_test_command():
     assert pages <= linked, pages - linked
 
 
+def test_the_demo_time_is_the_same_in_its_config_and_the_readme():
+    """cpu_demo.yaml's header quoted "26 s wall" (2026-11-28) where the README said 17-19 s
+    (2026-11-29) for the same command: the header's wall and CPU times, load and date are
+    the README's, in its demo line and its figures table."""
+    import re
+
+    header = "\n".join(line.lstrip("# ") for line in
+                       (REPO / "pyxtts" / "configs" / "cpu_demo.yaml").read_text().splitlines()
+                       if line.startswith("#"))
+    found = re.search(r"\((\d+-\d+) s wall, (\d+-\d+) s CPU .*? at load\s+(\d\.\d-\d\.\d), "
+                      r"`(/usr/bin/time -v pyxtts train --no-progress)`, (\d{4}-\d\d-\d\d)\)", header, flags=re.S)
+    assert found, header
+    wall, cpu, load, command, date = found.groups()
+    readme = (REPO / "README.md").read_text()
+    demo = re.search(r"- \*\*The demo\*\*(.*?)\n- ", readme, flags=re.S)
+    row = next((line for line in readme.splitlines() if line.startswith("| CPU demo |")), None)
+    assert demo and row, "the README's demo line and its figures row"
+    line = " ".join(demo.group(1).split())
+    assert f"{wall} s wall and {cpu} s of CPU time at load average {load}" in line, line
+    assert f"`{command}`, {date})" in line, line
+    assert f"{wall} s wall, {cpu} s CPU" in row and f"{date}, 2-core AMD EPYC, load {load}" in row, row
+
+
 def shown_commands(text: str) -> list[tuple[str, str]]:
     """(command, its arguments) of every `pyxtts COMMAND ...` a page shows: inline code and
     the lines of its code blocks (continuations joined, comments dropped)."""
