@@ -250,7 +250,7 @@ def _init_from_xtts(config: Any, source: str, vocab: Path | None = None, keep_ru
         if made and out.parent.is_dir() and not any(out.parent.iterdir()):
             out.parent.rmdir()  # a refused --init leaves no empty run folder behind
         if isinstance(exc, CheckpointError):
-            raise CheckpointError(f"--init {source}: {exc}") from exc
+            raise CheckpointError(f"--init {source}: {exc}{_own_checkpoint_hint(source)}") from exc
         raise type(exc)(f"--init {source}: {exc.strerror or exc}") from exc
     config = config.with_model(ModelConfig(**meta["config"]))
     config.training.init_checkpoint = str(out)
@@ -272,6 +272,22 @@ def _init_from_xtts(config: Any, source: str, vocab: Path | None = None, keep_ru
     if config.training.xtts_dir is None and folder is not None:
         config.training.xtts_dir = folder  # what test_sentences are spoken through
     return config
+
+
+def _own_checkpoint_hint(source: str) -> str:
+    """How a run starts from a pyxtts checkpoint (``best.safetensors``, a step checkpoint),
+    to end ``--init``'s refusal of one; "" for any other file."""
+    from pyxtts.checkpoint import CheckpointError
+    from pyxtts.fingerprint import saved_meta
+
+    if not Path(source).is_file():
+        return ""
+    try:
+        saved_meta(Path(source))
+    except CheckpointError:
+        return ""
+    return ("; it is a pyxtts checkpoint, and --init takes Coqui's: a new run starts from its weights with "
+            "training.init_checkpoint: PATH in its config")
 
 
 def _check_continue(args: argparse.Namespace) -> None:

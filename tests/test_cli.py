@@ -428,6 +428,28 @@ def test_a_refused_init_leaves_no_run_folder(tmp_path, capsys):
     assert "no --config: Coqui's recipe (xtts_v2_finetune.yaml" in err, err
 
 
+def test_init_of_a_pyxtts_checkpoint_says_how_a_run_starts_from_one(tmp_path, capsys):
+    """`--init run/best.safetensors` was refused as "not a PyTorch zip checkpoint", without
+    saying that --init takes Coqui's checkpoints and training.init_checkpoint takes pyxtts's."""
+    run = tmp_path / "run"
+    assert pyxtts.cli.main(["train", "--synthetic", "8", "--max-steps", "1", "--checkpoint-dir", str(run),
+                            "--no-progress"]) == 0
+    best = run / "best.safetensors"
+    capsys.readouterr()
+    assert pyxtts.cli.main(["train", "--init", str(best), "--checkpoint-dir", str(tmp_path / "new"),
+                            "--synthetic", "8"]) == 2
+    err = capsys.readouterr().err
+    assert (f"--init {best}: " in err and "it is a pyxtts checkpoint, and --init takes Coqui's: a new run starts "
+            "from its weights with training.init_checkpoint: PATH in its config") in err, err
+    (tmp_path / "start.yaml").write_text(f"base: cpu_demo\ntraining:\n  init_checkpoint: {best}\n")
+    assert pyxtts.cli.main(["train", "--config", str(tmp_path / "start.yaml"), "--synthetic", "8", "--max-steps",
+                            "1", "--checkpoint-dir", str(tmp_path / "new"), "--no-progress"]) == 0
+    (tmp_path / "other.bin").write_bytes(b"neither")  # any other file: no such hint
+    assert pyxtts.cli.main(["train", "--init", str(tmp_path / "other.bin"), "--checkpoint-dir", str(tmp_path / "o"),
+                            "--synthetic", "8"]) == 2
+    assert "pyxtts checkpoint" not in capsys.readouterr().err
+
+
 def test_resume_of_another_model_is_refused_at_once_with_how_to_continue(tmp_path, capsys):
     """A run resumed without the --init it started with was refused after building XTTS v2's
     model (30 s on a CPU, gigabytes) and once per checkpoint, without saying what was missing."""
