@@ -309,6 +309,52 @@ def test_a_process_killed_mid_run_ends_the_others_and_the_checkpoint_stays(tmp_p
         read_checkpoint(path)
 
 
+# the recipe on the small Coqui checkpoints' GPT (fixtures_xtts), a global batch of 2
+RECIPE = """\
+base: xtts_v2_finetune
+training:
+  max_steps: 2
+  epochs: null
+  device: cpu
+  distributed_timeout_s: 60
+data:
+  batch_size: 2
+  num_workers: 0
+"""
+
+
+def test_init_and_continue_into_a_folder_in_use_write_nothing_there(tmp_path):
+    """`--init` imports into the run's folder, `--continue` writes its first checkpoint there:
+    into a folder another run holds (here this process, as a run that has just started),
+    both are refused on every process before anything is written, naming the holder, and
+    that run's files stay as they were."""
+    from fixtures_xtts import write_gpt_trainer_checkpoint, write_xtts_folder  # skips without coqui-tts
+
+    from pyxtts._files import lock_folder
+
+    xtts = write_xtts_folder(tmp_path / "XTTS-v2", 5)
+    coqui_run = write_gpt_trainer_checkpoint(tmp_path / "coqui-run", 6)
+    (tmp_path / "recipe.yaml").write_text(RECIPE, encoding="utf-8")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "init_xtts.safetensors").write_bytes(b"the running run's import")
+    lock = lock_folder(run)
+    try:
+        for extra in (["--init", str(xtts), "--overwrite"], ["--init", str(coqui_run), "--continue"]):
+            p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                                "-m", "pyxtts", "train", "--config", str(tmp_path / "recipe.yaml"), "--synthetic",
+                                "8", "--checkpoint-dir", str(run), "--no-progress", *extra],
+                               env=ENV, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+            assert p.returncode != 0, p.stderr[-4000:]
+            for rank in (0, 1):
+                assert (f"pyxtts train (rank {rank}): {str(run)!r} is in use by another training run (process "
+                        f"{os.getpid()})") in p.stderr, p.stderr[-4000:]
+            assert [f.name for f in run.iterdir()] == ["init_xtts.safetensors"], extra
+            assert (run / "init_xtts.safetensors").read_bytes() == b"the running run's import", extra
+    finally:
+        os.close(lock)
+
+
 def test_gpus_runs_torchrun_with_the_same_arguments(tmp_path, capsys):
     import pyxtts.cli
 
