@@ -800,6 +800,7 @@ class Trainer:
             raise ValueError(f"eval_dataset: expected evaluation samples, since training.early_stopping_patience "
                              f"is {patience} (it counts evaluations); got None. Pass eval_dataset or set "
                              "early_stopping_patience to null")
+        _check_shares(len(train), self.config.effective_batch_size, self.strategy.world_size)
         return train, held
 
     def _start(self, resume: bool | str | os.PathLike, overwrite: bool, fingerprint: dict) -> Path | None:
@@ -920,6 +921,26 @@ class Trainer:
                          final_loss=final, eval_loss=last_eval, checkpoint=ckpt, log_path=self.log_path,
                          elapsed_s=elapsed, history=history, evals=run.evals, best_checkpoint=best,
                          steps_taken=run.steps_taken)
+
+
+def _check_shares(samples: int, effective: int, world: int) -> None:
+    """Several processes take a contiguous share of every batch, at least one sample each
+    (``DataParallel.shard``): of the full batches of ``effective`` samples, and of an
+    epoch's last, smaller one (``samples`` modulo ``effective``: the batches are cut from
+    pools of whole batches). A ValueError before anything is written when one has fewer
+    samples than there are processes."""
+    if world == 1:
+        return
+    if effective < world:
+        raise ValueError(f"the effective batch, data.batch_size x gradient_accumulation_steps = {effective}, cannot "
+                         f"be shared by {world} processes: each takes at least one sample of every batch; raise it "
+                         f"to {world} or more, or train on fewer processes")
+    last = samples % effective
+    if 0 < last < world:
+        raise ValueError(f"dataset: its {samples} samples leave a last batch of {counted(last, 'sample')} each epoch "
+                         f"(the effective batch is {effective}), which {world} processes cannot share: each takes at "
+                         f"least one sample of every batch; remove {counted(last, 'sample')} or add {world - last}, "
+                         "change data.batch_size x gradient_accumulation_steps, or train on fewer processes")
 
 
 def _strategy(strategy: Strategy | None, device: str | None, t: Any) -> tuple[Strategy, str]:

@@ -309,6 +309,33 @@ def test_a_process_killed_mid_run_ends_the_others_and_the_checkpoint_stays(tmp_p
         read_checkpoint(path)
 
 
+@pytest.mark.parametrize("samples, batch, says", [
+    (49, 3, "dataset: its 49 samples leave a last batch of 1 sample each epoch (the effective batch is 6), which 2 "
+            "processes cannot share: each takes at least one sample of every batch; remove 1 sample or add 1, "
+            "change data.batch_size x gradient_accumulation_steps, or train on fewer processes"),
+    (48, 0, "the effective batch, data.batch_size x gradient_accumulation_steps = 1, cannot be shared by 2 "
+            "processes: each takes at least one sample of every batch; raise it to 2 or more, or train on fewer "
+            "processes")])
+def test_a_batch_the_processes_cannot_share_is_refused_before_anything_is_written(samples, batch, says, tmp_path):
+    """Each process takes at least one sample of every batch: an effective batch below the
+    number of processes, or a dataset whose size leaves a last batch of one sample for two
+    processes, is refused on every process before the run writes anything (it failed at
+    the epoch's start, after the evaluation of step 0 had written the log and a best
+    checkpoint, and said to raise a batch that was large enough)."""
+    cfg = config(tmp_path, 6)
+    if batch == 0:  # one sample a step
+        cfg.write_text(cfg.read_text().replace("gradient_accumulation_steps: 2", "gradient_accumulation_steps: 1")
+                       .replace("batch_size: 3", "batch_size: 1"), encoding="utf-8")
+    run = tmp_path / "run"
+    cmd = train_cmd(2, cfg, run)
+    cmd[cmd.index("--synthetic") + 1] = str(samples)
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert p.returncode != 0
+    for rank in (0, 1):
+        assert f"pyxtts train (rank {rank}): {says}" in p.stderr, p.stderr[-4000:]
+    assert not run.exists()
+
+
 # the recipe on the small Coqui checkpoints' GPT (fixtures_xtts), a global batch of 2
 RECIPE = """\
 base: xtts_v2_finetune
