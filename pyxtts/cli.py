@@ -1016,16 +1016,23 @@ def torchrun_command(gpus: str, argv: list[str]) -> tuple[list[str], dict[str, s
 
 def _run_on_gpus(gpus: str, argv: list[str]) -> int:
     """``--gpus``: the same training under torchrun, one process per GPU; its exit status."""
-    from pyxtts.distributed import launched
+    from pyxtts.distributed import check_torch_version, launched
 
     if launched():
         return _fail("train", ValueError("--gpus: this process is already one of several (torchrun started it); "
                                          "drop --gpus"))
+    import importlib.metadata
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:
         return _fail("train", ImportError("--gpus runs torchrun, which needs torch, not installed; install it "
                                           "with: pip install 'pyxtts[distributed]'"))
+    try:  # before torchrun starts a process per GPU, each of which would say so
+        check_torch_version(importlib.metadata.version("torch"))
+    except importlib.metadata.PackageNotFoundError:  # torch without its metadata: the workers check it
+        pass
+    except ImportError as exc:
+        return _fail("train", ImportError(f"--gpus: {exc}"))
     try:
         command, env = torchrun_command(gpus, argv)
     except ValueError as exc:

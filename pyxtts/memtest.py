@@ -410,7 +410,7 @@ def memtest(args: argparse.Namespace) -> int:
         report = run_memtest(config, args.batch_size, args.device, args.memory, step=not args.no_step,
                              verbose=args.verbose, world_size=world_size, nodes=nodes, config_args=again,
                              before_step=plan_first)
-    except (OSError, TypeError, ValueError) as exc:
+    except (ImportError, OSError, TypeError, ValueError) as exc:  # ImportError: torchrun's, without torch.distributed
         print(f"pyxtts memtest: {as_flags('memtest', str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
