@@ -503,11 +503,12 @@ def _train(args: argparse.Namespace) -> int:
     from pyxtts.checkpoint import CheckpointError
     from pyxtts.config import XTTSConfig
     from pyxtts.data import DataError, SyntheticDataset, prepared_vocab
-    from pyxtts.trainer import RunExistsError, Terminated, Trainer, check_resumable
+    from pyxtts.trainer import RunExistsError, Terminated, Trainer, check_resumable, hold_run_folder
 
     demo = args.config is None and args.init is None
     strategy = None
     imported: _NewImport | None = None  # taken back if the command fails before the run writes
+    hold = None  # the run's folder, held from before --init writes into it to the run's end
     try:
         if args.synthetic is not None and args.synthetic < 1:
             raise ValueError(f"--synthetic: expected a number of samples, an int >= 1, got {args.synthetic}")
@@ -536,6 +537,9 @@ def _train(args: argparse.Namespace) -> int:
             _check_eval_vocab(args.data, args.eval_data)
         if args.continue_run:
             _check_continue(args)
+        # the run's folder is this command's before --init or --continue writes into it: a run
+        # training there now keeps its files (the trainer takes the hold over)
+        hold = hold_run_folder(config.training.checkpoint_dir, strategy)
         if args.init is not None:
             before = config
             if strategy is None or strategy.is_main:
@@ -575,6 +579,7 @@ def _train(args: argparse.Namespace) -> int:
         trainer = Trainer(config, device=None if strategy is not None else args.device, log_path=args.log,
                           progress=not args.no_progress, strategy=strategy)
         trainer.resume_hint = _resume_command(args.argv)
+        trainer.folder_hold = hold
         result = trainer.fit(train, evals, resume=resume, overwrite=args.overwrite)
         imported = None
     except pyxtts.OutOfMemoryError as exc:
@@ -605,6 +610,8 @@ def _train(args: argparse.Namespace) -> int:
     finally:
         if imported is not None:
             imported.undo()
+        if hold is not None:  # a command that failed before fit took it over
+            hold.release()
         if strategy is not None:
             strategy.close()
     if strategy is not None and not strategy.is_main:
@@ -1039,16 +1046,23 @@ def torchrun_command(gpus: str, argv: list[str]) -> tuple[list[str], dict[str, s
 
 def _run_on_gpus(gpus: str, argv: list[str]) -> int:
     """``--gpus``: the same training under torchrun, one process per GPU; its exit status."""
-    from pyxtts.distributed import launched
+    from pyxtts.distributed import check_torch_version, launched
 
     if launched():
         return _fail("train", ValueError("--gpus: this process is already one of several (torchrun started it); "
                                          "drop --gpus"))
+    import importlib.metadata
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:
         return _fail("train", ImportError("--gpus runs torchrun, which needs torch, not installed; install it "
                                           "with: pip install 'pyxtts[distributed]'"))
+    try:  # before torchrun starts a process per GPU, each of which would say so
+        check_torch_version(importlib.metadata.version("torch"))
+    except importlib.metadata.PackageNotFoundError:  # torch without its metadata: the workers check it
+        pass
+    except ImportError as exc:
+        return _fail("train", ImportError(f"--gpus: {exc}"))
     try:
         command, env = torchrun_command(gpus, argv)
     except ValueError as exc:

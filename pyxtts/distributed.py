@@ -21,14 +21,16 @@ and names a process that diverged.
 from __future__ import annotations
 
 import os
+import re
 from datetime import timedelta
 from typing import Any, Callable
 
 from pyxtts.strategy import contiguous_slice
 
-__all__ = ["EXTRA", "DataParallel", "launched"]
+__all__ = ["EXTRA", "MIN_TORCH", "DataParallel", "check_torch_version", "launched"]
 
 EXTRA = "pip install 'pyxtts[distributed]'"
+MIN_TORCH = (2, 4)  # the [distributed] extra's torch>=2.4
 ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 DEFAULT_TIMEOUT_S = 600.0  # a collective that waits longer than this ends the job (a hung or dead process)
 DEFAULT_BUCKET_BYTES = 25 << 20  # DDP's bucket_cap_mb: fewer, larger collectives below it
@@ -42,10 +44,22 @@ def _torch() -> tuple[Any, Any]:
     except ImportError as exc:
         raise ImportError(f"training on several processes needs torch.distributed, which is not installed "
                           f"({exc}); install it with: {EXTRA}") from exc
+    check_torch_version(torch.__version__)
     if not dist.is_available():
         raise ImportError(f"this torch ({torch.__version__}) was built without torch.distributed; install a build "
                           f"that has it: {EXTRA}")
     return torch, dist
+
+
+def check_torch_version(version: str) -> None:
+    """ImportError when torch ``version`` (its ``__version__``, "2.3.1+cu121") is older than
+    ``MIN_TORCH``, naming it and the command that installs a newer one; a version that
+    does not read as one (a build of its own) is taken as it is."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if m is not None and (int(m.group(1)), int(m.group(2))) < MIN_TORCH:
+        least = ".".join(map(str, MIN_TORCH))
+        raise ImportError(f"training on several processes needs torch >= {least}, and this is torch {version}; "
+                          f"install a newer one with: pip install 'torch>={least}' (what {EXTRA} asks for)")
 
 
 def launched() -> bool:

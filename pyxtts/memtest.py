@@ -46,6 +46,7 @@ class MemtestReport:
     verdict: str
     offload: bool = False  # the optimizer's state in host memory (training.optimizer_offload resolved)
     host_available: int | None = None  # this machine's available memory (MemAvailable), with offload
+    host_needed: int = 0  # the host memory the offloaded states of the processes on one machine need
     short: str | None = None  # "device" or "host": the memory that is short, when the plan does not fit
     measured_peak: int | None = None  # allocator peak during the real step (bytes)
     measured_rss: int | None = None  # process peak RSS after the step (bytes)
@@ -148,11 +149,12 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
             comm = device_communication(dev, world_size, per_node)
             lines.append(f"{plan.communication_label}, by part:")
             lines += [f"  {what:48s} {fb(n):>14}" for what, n in comm.parts]
+    # each process on a machine keeps its own optimizer state in that machine's memory
     report = MemtestReport(device=dev, budget=budget, plan=plan, verdict="", offload=offload,
-                           host_available=host_avail)
+                           host_available=host_avail, host_needed=plan.host_total * per_node)
     shared = _on_device_bytes(plan, dev) - plan.total
     fits_device = plan.total + shared <= budget
-    fits_host = host_avail is None or plan.host_total <= host_avail
+    fits_host = host_avail is None or report.host_needed <= host_avail
     fits_plan = fits_device and fits_host
     report.short = None if fits_plan else "device" if not fits_device else "host"
     lines.append("")
@@ -160,12 +162,14 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
     if shared:
         lines.append(f"host: the offloaded optimizer state's {fb(plan.host_total)} is in {dev}'s memory too: "
                      f"{fb(plan.total + shared)} in all against the budget (offload saves nothing on the CPU)")
+    each = "" if per_node == 1 else (f" in each of the {per_node} processes on a machine, "
+                                     f"{fb(report.host_needed)} in all")
     if host_avail is not None:
-        lines.append(f"host: the offloaded optimizer state needs {fb(plan.host_total)} "
-                     f"({locked}); this machine has {fb(host_avail)} available{'' if fits_host else ': NOT ENOUGH'}")
+        lines.append(f"host: the offloaded optimizer state needs {fb(plan.host_total)} ({locked}){each}; this "
+                     f"machine has {fb(host_avail)} available{'' if fits_host else ': NOT ENOUGH'}")
     elif plan.host_total:
-        lines.append(f"host: the offloaded optimizer state needs {fb(plan.host_total)} ({locked}) on the machine "
-                     f"that trains ({dev} is not in this one, so its memory is not checked)")
+        lines.append(f"host: the offloaded optimizer state needs {fb(plan.host_total)} ({locked}){each} on the "
+                     f"machine that trains ({dev} is not in this one, so its memory is not checked)")
     if step and not here:
         lines.append(f"real step: not run ({dev} is not in this machine: planned for {fb(total)})")
     elif step and fits_plan:
@@ -220,7 +224,8 @@ def run_memtest(config: XTTSConfig, batch_size: int | None = None, device: str |
                      f"{fb(budget)} (planned {fb(plan.total)})")
     elif report.short == "host":
         lines.append(f"verdict: {report.verdict.upper()}: host memory is short: the optimizer state needs "
-                     f"{fb(plan.host_total)}, {fb(host_avail or 0)} is available (the device would take "
+                     f"{fb(report.host_needed)}{'' if per_node == 1 else f' ({per_node} processes)'}, "
+                     f"{fb(host_avail or 0)} is available (the device would take "
                      f"{fb(plan.total)} of {fb(budget)})")
     elif report.short == "device":
         lines.append(f"verdict: {report.verdict.upper()}: device memory is short: {fb(peak)} of {fb(budget)} "
@@ -267,7 +272,7 @@ def _advice(config: XTTSConfig, dev: str, total: int, budget: int, report: Memte
     if report.verdict == "does not fit":
         if report.short == "host":
             on_device = plan_for(config, dev, offload=False, world_size=world[0], nodes=world[1]).total
-            out.append(f"free host memory for the optimizer state ({fb(report.plan.host_total)}), or keep the "
+            out.append(f"free host memory for the optimizer state ({fb(report.host_needed)}), or keep the "
                        f"state on the device: training.optimizer_offload false plans {fb(on_device)} there, "
                        f"{'within' if on_device <= budget else 'over'} the budget of {fb(budget)}")
             return out
@@ -405,7 +410,7 @@ def memtest(args: argparse.Namespace) -> int:
         report = run_memtest(config, args.batch_size, args.device, args.memory, step=not args.no_step,
                              verbose=args.verbose, world_size=world_size, nodes=nodes, config_args=again,
                              before_step=plan_first)
-    except (OSError, TypeError, ValueError) as exc:
+    except (ImportError, OSError, TypeError, ValueError) as exc:  # ImportError: torchrun's, without torch.distributed
         print(f"pyxtts memtest: {as_flags('memtest', str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -81,8 +81,9 @@ from pyxtts.monitor import _rss_bytes
 from pyxtts.schedule import ConstantLR, LRSchedule, MultiStepLR, WarmupCosineLR
 from pyxtts.strategy import SingleProcess, Strategy
 
-__all__ = ["CHECKPOINT_RE", "MAX_SKIPPED", "FitResult", "RunExistsError", "RunInUseError", "Terminated",
-           "Trainer", "model_from_config", "optimizer_from_config", "run_checkpoint", "schedule_from_config"]
+__all__ = ["CHECKPOINT_RE", "MAX_SKIPPED", "FitResult", "RunExistsError", "RunFolder", "RunInUseError",
+           "Terminated", "Trainer", "hold_run_folder", "model_from_config", "optimizer_from_config", "run_checkpoint",
+           "schedule_from_config"]
 
 # Steps the tokens/s shown is averaged over: one step's rate swings several-fold with the
 # machine's other load and the batch's lengths.
@@ -189,6 +190,60 @@ class RunInUseError(BlockingIOError):
                                        "folder (--checkpoint-dir DIR, training.checkpoint_dir)")
 
 
+@dataclass
+class RunFolder:
+    """A run's ``folder`` held for it (``hold_run_folder``) until ``release``: ``lock``, the
+    lock's file descriptor (rank 0's; None on the other processes, and where the file system
+    keeps no locks); ``made``: holding it made the folder."""
+
+    folder: Path
+    lock: int | None
+    made: bool
+
+    def release(self) -> None:
+        """Lets go of the folder (once; again does nothing); a folder that holding it made
+        and that is still empty is removed first, while no other run can be in it."""
+        lock, self.lock = self.lock, None
+        if lock is None:
+            return
+        try:
+            if self.made and not any(self.folder.iterdir()):
+                self.folder.rmdir()
+        except OSError:  # removed meanwhile: nothing to tidy
+            pass
+        finally:
+            os.close(lock)
+
+
+def hold_run_folder(checkpoint_dir: str | os.PathLike, strategy: Strategy | None = None) -> RunFolder:
+    """Holds ``checkpoint_dir`` (made when missing) for one run, its only writer: rank 0
+    locks it for the processes of a run (``strategy``; None: one process). Another run into
+    the same folder at the same time would mix its checkpoints, best checkpoint and log with
+    this one's, so it is refused with ``RunInUseError`` on every process; the hold ends with
+    ``RunFolder.release``, or with the process however it ends. Held, the folder loses the
+    temporary files of saves whose process died mid-write (a checkpoint of another step than
+    the next saves would stay there for good)."""
+    folder = Path(checkpoint_dir)
+    strategy = SingleProcess() if strategy is None else strategy
+    hold, busy = RunFolder(folder, None, False), None
+    if strategy.is_main:
+        hold.made = not folder.exists()
+        try:
+            hold.lock = lock_folder(folder)
+        except BlockingIOError:
+            busy = RunInUseError(folder, lock_holder(folder))
+        else:  # the folder is this run's: what saves killed mid-write left goes
+            remove_stale_temps(folder)
+    # several processes: every one stops when rank 0 cannot hold the folder (on rank 0's
+    # machine /proc/locks names the holder)
+    if strategy.failed_rank(busy is not None) is not None:
+        try:
+            raise busy or RunInUseError(folder, lock_holder(folder))
+        finally:  # no cycle through this frame: a trainer goes when the caller lets go of the error
+            busy = None
+    return hold
+
+
 class RunExistsError(FileExistsError):
     """A fresh run's ``checkpoint_dir`` holds an earlier run's checkpoints: nothing was
     deleted. ``checkpoint_dir`` and ``newest`` (the newest checkpoint) say which."""
@@ -253,7 +308,10 @@ class Trainer:
     evaluation, the best checkpoint, step checkpoints). ``strategy``: the processes that
     train together (``pyxtts.strategy``); by default ``DataParallel`` when torchrun
     started this process (its environment says so), else one process; several processes
-    put the model on ``cuda:LOCAL_RANK`` (or the CPU) unless ``device`` says otherwise."""
+    put the model on ``cuda:LOCAL_RANK`` (or the CPU) unless ``device`` says otherwise.
+    ``fit`` holds ``checkpoint_dir`` for its run (``hold_run_folder``); a caller that writes
+    into the folder before (``pyxtts train --init``) holds it first and sets ``folder_hold``,
+    which the next ``fit`` takes over and lets go of."""
 
     def __init__(self, config: XTTSConfig, *, device: str | None = None, log_path: str | os.PathLike | None = None,
                  progress: bool = True, callbacks: Sequence[Callback] = (), strategy: Strategy | None = None) -> None:
@@ -305,7 +363,9 @@ class Trainer:
         self.checkpoint_dir = Path(t.checkpoint_dir)
         self.log_path = log_path if log_path is not None else self.checkpoint_dir / "train_log.jsonl"
         self._data_fingerprint: dict | None = None  # of the data fit trains on (_data_fingerprint)
-        self._made_folder = False  # fit made checkpoint_dir (_hold_folder)
+        # checkpoint_dir held already (hold_run_folder), for the next fit to take over: pyxtts
+        # train holds it before --init writes into it
+        self.folder_hold: RunFolder | None = None
         self._totals = _Totals()  # of the steps of the fit call under way
 
     # the position of the run (pyxtts.callbacks.RunState): the step, and what follows from it
@@ -634,47 +694,23 @@ class Trainer:
         if refs is None and c.model.conditioning and train[0].cond is None:
             self._say("note: the samples carry no reference recordings (ref_audio) or conditioning latents, so the "
                       "conditioning encoder and perceiver are not trained; pyxtts prepare's shards carry them")
-        lock = self._hold_folder()
+        hold = self._hold_folder()
         try:
             return self._fit_held(train, held, refs, resume, overwrite, fingerprint)
         finally:
-            self._let_go_folder(lock)
+            hold.release()
 
-    def _hold_folder(self) -> int | None:
-        """The lock on ``checkpoint_dir`` that makes this run its only writer (rank 0 holds it
-        for the processes of a run): another run into the same folder at the same time would
-        mix its checkpoints, best checkpoint and log with this one's, so it is refused
-        (``RunInUseError``); the lock ends with ``fit``, or with the process however it ends.
-        Held, the folder loses the temporary files of saves whose process died mid-write
-        (a checkpoint of another step than the next saves would stay there for good). A
-        folder made for it that is still empty when ``fit`` ends is removed."""
-        lock, busy = None, None
-        if self.strategy.is_main:
-            self._made_folder = not self.checkpoint_dir.exists()
-            try:
-                lock = lock_folder(self.checkpoint_dir)
-            except BlockingIOError:
-                busy = RunInUseError(self.checkpoint_dir, lock_holder(self.checkpoint_dir))
-            else:  # the folder is this run's: what saves killed mid-write left goes
-                remove_stale_temps(self.checkpoint_dir)
-        # several processes: every one stops when rank 0 cannot hold the folder
-        if self.strategy.failed_rank(busy is not None) is not None:
-            try:
-                raise busy or RunInUseError(self.checkpoint_dir, None)
-            finally:  # no cycle through this frame: the trainer goes when the caller lets go of the error
-                busy = None
-        return lock
-
-    def _let_go_folder(self, lock: int | None) -> None:
-        if lock is None:
-            return
-        try:
-            if self._made_folder and not any(self.checkpoint_dir.iterdir()):
-                self.checkpoint_dir.rmdir()  # before the lock goes: no other run is in it
-        except OSError:  # removed meanwhile: nothing to tidy
-            pass
-        finally:
-            os.close(lock)
+    def _hold_folder(self) -> RunFolder:
+        """``folder_hold`` when the caller holds ``checkpoint_dir`` already (it is this fit's
+        now), else ``hold_run_folder``."""
+        held, self.folder_hold = self.folder_hold, None
+        if held is None:
+            return hold_run_folder(self.checkpoint_dir, self.strategy)
+        if held.folder != self.checkpoint_dir:
+            held.release()
+            raise ValueError(f"folder_hold: holds {str(held.folder)!r}, not this run's checkpoint_dir "
+                             f"{str(self.checkpoint_dir)!r}")
+        return held
 
     def _fit_held(self, train: TTSDataset, held: TTSDataset | None, refs: Any, resume: bool | str | os.PathLike,
                   overwrite: bool, fingerprint: dict) -> FitResult:
@@ -767,6 +803,7 @@ class Trainer:
             raise ValueError(f"eval_dataset: expected evaluation samples, since training.early_stopping_patience "
                              f"is {patience} (it counts evaluations); got None. Pass eval_dataset or set "
                              "early_stopping_patience to null")
+        _check_shares(len(train), self.config.effective_batch_size, self.strategy.world_size)
         return train, held
 
     def _start(self, resume: bool | str | os.PathLike, overwrite: bool, fingerprint: dict) -> Path | None:
@@ -887,6 +924,26 @@ class Trainer:
                          final_loss=final, eval_loss=last_eval, checkpoint=ckpt, log_path=self.log_path,
                          elapsed_s=elapsed, history=history, evals=run.evals, best_checkpoint=best,
                          steps_taken=run.steps_taken)
+
+
+def _check_shares(samples: int, effective: int, world: int) -> None:
+    """Several processes take a contiguous share of every batch, at least one sample each
+    (``DataParallel.shard``): of the full batches of ``effective`` samples, and of an
+    epoch's last, smaller one (``samples`` modulo ``effective``: the batches are cut from
+    pools of whole batches). A ValueError before anything is written when one has fewer
+    samples than there are processes."""
+    if world == 1:
+        return
+    if effective < world:
+        raise ValueError(f"the effective batch, data.batch_size x gradient_accumulation_steps = {effective}, cannot "
+                         f"be shared by {world} processes: each takes at least one sample of every batch; raise it "
+                         f"to {world} or more, or train on fewer processes")
+    last = samples % effective
+    if 0 < last < world:
+        raise ValueError(f"dataset: its {samples} samples leave a last batch of {counted(last, 'sample')} each epoch "
+                         f"(the effective batch is {effective}), which {world} processes cannot share: each takes at "
+                         f"least one sample of every batch; remove {counted(last, 'sample')} or add {world - last}, "
+                         "change data.batch_size x gradient_accumulation_steps, or train on fewer processes")
 
 
 def _strategy(strategy: Strategy | None, device: str | None, t: Any) -> tuple[Strategy, str]:

@@ -299,6 +299,35 @@ def test_memtest_names_the_host_when_it_is_short(monkeypatch):
     assert any("training.optimizer_offload false" in a for a in report.advice)
 
 
+def test_memtest_counts_the_offloaded_state_of_every_process_on_the_machine(monkeypatch):
+    """Each process keeps its own optimizer state in host memory: two on one machine need
+    twice one's, two on two machines one's each."""
+    from pyxtts import memtest
+
+    cfg = XTTSConfig.load("cpu_demo")
+    cfg.training.optimizer_offload = True
+    one = run_memtest(cfg, step=False).plan.host_total
+    real = memtest._C.device_info
+
+    def host_of_one_and_a_half(device):
+        info = dict(real(device))
+        if device == "cpu":
+            info["free_memory"] = one * 3 // 2
+        return info
+
+    monkeypatch.setattr(memtest._C, "device_info", host_of_one_and_a_half)
+    assert run_memtest(cfg, step=False).short is None
+    report = run_memtest(cfg, step=False, world_size=2)
+    assert report.plan.host_total == one and report.host_needed == 2 * one
+    assert report.verdict == "does not fit" and report.short == "host"
+    assert (f"needs {format_bytes(one)} (pageable) in each of the 2 processes on a machine, {format_bytes(2 * one)} in all; this "
+            f"machine has {format_bytes(one * 3 // 2)} available: NOT ENOUGH") in report.text, report.text
+    assert f"host memory is short: the optimizer state needs {format_bytes(2 * one)} (2 processes)" in report.text
+    assert any(f"free host memory for the optimizer state ({format_bytes(2 * one)})" in a for a in report.advice)
+    apart = run_memtest(cfg, step=False, world_size=2, nodes=2)
+    assert apart.host_needed == one and apart.short is None
+
+
 @pytest.mark.skipif(pyxtts.cuda_available(), reason="says so only where no GPU is")
 def test_optimize_config_says_when_auto_plans_for_the_cpu(tmp_path, capsys):
     rc = pyxtts.cli.main(["optimize-config", "--config", "cpu_demo", "--output", str(tmp_path / "o.yaml")])

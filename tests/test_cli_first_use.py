@@ -410,6 +410,46 @@ def test_api_quickstart_runs_without_torch(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
 
 
+# what torchrun puts in each process's environment (here for a process of which it starts none)
+TORCHRUN_ENV = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+TOO_OLD = ("training on several processes needs torch >= 2.4, and this is torch 2.3.1+cu121; install a newer one "
+           "with: pip install 'torch>=2.4' (what pip install 'pyxtts[distributed]' asks for)")
+
+
+def test_a_torch_too_old_for_several_processes_is_named_with_the_version_that_is_needed(tmp_path):
+    """The [distributed] extra asks for torch >= 2.4; an older one (installed before pyxtts)
+    went on into torch.distributed and failed there, or waited for the other processes.
+    Under torchrun each process says so in one line; `train --gpus` says it before
+    starting torchrun."""
+    from pyxtts.distributed import check_torch_version
+
+    for fine in ("2.4.0", "2.13.0+cpu", "10.0", "nightly"):
+        check_torch_version(fine)
+    with pytest.raises(ImportError, match=r"needs torch >= 2\.4, and this is torch 1\.13\.1;"):
+        check_torch_version("1.13.1")
+    old_torch = "import torch\ntorch.__version__ = '2.3.1+cu121'\n"
+    for command in (["train", "--synthetic", "8", "--checkpoint-dir", str(tmp_path / "run")],
+                    ["memtest", "--config", "cpu_demo", "--no-step"]):
+        r = run_python(old_torch + CLI, *command, env=TORCHRUN_ENV, cwd=str(tmp_path), timeout=60)
+        assert r.returncode == 2, r.stderr[-2000:]
+        assert r.stderr.splitlines()[-1] == f"pyxtts {command[0]}: {TOO_OLD}", r.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
+    old_metadata = "import importlib.metadata\nimportlib.metadata.version = lambda name: '2.3.1+cu121'\n"
+    r = run_python(old_metadata + CLI, "train", "--gpus", "0,1", "--synthetic", "8", cwd=str(tmp_path), timeout=60)
+    assert r.returncode == 2 and r.stderr.splitlines()[-1] == f"pyxtts train: --gpus: {TOO_OLD}", r.stderr[-2000:]
+
+
+def test_memtest_under_torchrun_without_torch_says_what_to_install(tmp_path):
+    """It raised the ImportError with its traceback."""
+    r = run_python("import sys\nsys.modules['torch'] = None\n" + CLI, "memtest", "--config", "cpu_demo",
+                   "--no-step", env=TORCHRUN_ENV, cwd=str(tmp_path), timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.splitlines()[-1].startswith("pyxtts memtest: training on several processes needs "
+                                                "torch.distributed, which is not installed"), r.stderr[-2000:]
+    assert r.stderr.splitlines()[-1].endswith("install it with: pip install 'pyxtts[distributed]'")
+
+
 def test_checkpoints_get_the_mode_of_any_new_file(tmp_path):
     """They were written 0600 (safetensors' choice), unreadable to a group sharing a run."""
     cfg = tiny_config(tmp_path, steps=1)

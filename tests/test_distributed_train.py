@@ -309,6 +309,79 @@ def test_a_process_killed_mid_run_ends_the_others_and_the_checkpoint_stays(tmp_p
         read_checkpoint(path)
 
 
+@pytest.mark.parametrize("samples, batch, says", [
+    (49, 3, "dataset: its 49 samples leave a last batch of 1 sample each epoch (the effective batch is 6), which 2 "
+            "processes cannot share: each takes at least one sample of every batch; remove 1 sample or add 1, "
+            "change data.batch_size x gradient_accumulation_steps, or train on fewer processes"),
+    (48, 0, "the effective batch, data.batch_size x gradient_accumulation_steps = 1, cannot be shared by 2 "
+            "processes: each takes at least one sample of every batch; raise it to 2 or more, or train on fewer "
+            "processes")])
+def test_a_batch_the_processes_cannot_share_is_refused_before_anything_is_written(samples, batch, says, tmp_path):
+    """Each process takes at least one sample of every batch: an effective batch below the
+    number of processes, or a dataset whose size leaves a last batch of one sample for two
+    processes, is refused on every process before the run writes anything (it failed at
+    the epoch's start, after the evaluation of step 0 had written the log and a best
+    checkpoint, and said to raise a batch that was large enough)."""
+    cfg = config(tmp_path, 6)
+    if batch == 0:  # one sample a step
+        cfg.write_text(cfg.read_text().replace("gradient_accumulation_steps: 2", "gradient_accumulation_steps: 1")
+                       .replace("batch_size: 3", "batch_size: 1"), encoding="utf-8")
+    run = tmp_path / "run"
+    cmd = train_cmd(2, cfg, run)
+    cmd[cmd.index("--synthetic") + 1] = str(samples)
+    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert p.returncode != 0
+    for rank in (0, 1):
+        assert f"pyxtts train (rank {rank}): {says}" in p.stderr, p.stderr[-4000:]
+    assert not run.exists()
+
+
+# the recipe on the small Coqui checkpoints' GPT (fixtures_xtts), a global batch of 2
+RECIPE = """\
+base: xtts_v2_finetune
+training:
+  max_steps: 2
+  epochs: null
+  device: cpu
+  distributed_timeout_s: 60
+data:
+  batch_size: 2
+  num_workers: 0
+"""
+
+
+def test_init_and_continue_into_a_folder_in_use_write_nothing_there(tmp_path):
+    """`--init` imports into the run's folder, `--continue` writes its first checkpoint there:
+    into a folder another run holds (here this process, as a run that has just started),
+    both are refused on every process before anything is written, naming the holder, and
+    that run's files stay as they were."""
+    from fixtures_xtts import write_gpt_trainer_checkpoint, write_xtts_folder  # skips without coqui-tts
+
+    from pyxtts._files import lock_folder
+
+    xtts = write_xtts_folder(tmp_path / "XTTS-v2", 5)
+    coqui_run = write_gpt_trainer_checkpoint(tmp_path / "coqui-run", 6)
+    (tmp_path / "recipe.yaml").write_text(RECIPE, encoding="utf-8")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "init_xtts.safetensors").write_bytes(b"the running run's import")
+    lock = lock_folder(run)
+    try:
+        for extra in (["--init", str(xtts), "--overwrite"], ["--init", str(coqui_run), "--continue"]):
+            p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                                "-m", "pyxtts", "train", "--config", str(tmp_path / "recipe.yaml"), "--synthetic",
+                                "8", "--checkpoint-dir", str(run), "--no-progress", *extra],
+                               env=ENV, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+            assert p.returncode != 0, p.stderr[-4000:]
+            for rank in (0, 1):
+                assert (f"pyxtts train (rank {rank}): {str(run)!r} is in use by another training run (process "
+                        f"{os.getpid()})") in p.stderr, p.stderr[-4000:]
+            assert [f.name for f in run.iterdir()] == ["init_xtts.safetensors"], extra
+            assert (run / "init_xtts.safetensors").read_bytes() == b"the running run's import", extra
+    finally:
+        os.close(lock)
+
+
 def test_gpus_runs_torchrun_with_the_same_arguments(tmp_path, capsys):
     import pyxtts.cli
 

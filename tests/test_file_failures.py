@@ -312,6 +312,29 @@ def test_a_second_run_into_a_folder_in_use_is_refused_and_touches_nothing(tmp_pa
     assert Trainer(cfg, progress=False).fit(train, held, resume=True).step == 9
 
 
+def test_fit_takes_over_the_hold_of_its_folder_and_no_other(tmp_path):
+    """`pyxtts train` holds the run's folder before --init writes there and hands the hold to
+    the trainer (folder_hold): fit trains under it and lets go of it at its end; a hold of
+    another folder is refused, let go of, and nothing is trained."""
+    from pyxtts.trainer import hold_run_folder
+
+    cfg = make_config(tmp_path)
+    train, held = datasets(cfg)
+    trainer = Trainer(cfg, progress=False)
+    other = hold_run_folder(tmp_path / "other")
+    trainer.folder_hold = other
+    with pytest.raises(ValueError, match=r"folder_hold: holds '.*other', not this run's checkpoint_dir '.*ckpt'"):
+        trainer.fit(train, held)
+    assert trainer.step == 0 and trainer.folder_hold is None and not (tmp_path / "ckpt").exists()
+    assert not (tmp_path / "other").exists()  # let go of: made for the hold, and empty
+    hold = hold_run_folder(tmp_path / "ckpt")
+    with pytest.raises(RunInUseError):  # held: no other run gets it meanwhile
+        hold_run_folder(tmp_path / "ckpt")
+    trainer.folder_hold = hold
+    assert trainer.fit(train, held).step == 6
+    hold_run_folder(tmp_path / "ckpt").release()  # fit let go of it
+
+
 def test_a_run_that_cannot_start_leaves_no_folder_it_made(tmp_path):
     """The folder a refused fit made for its lock is removed: a mistyped folder name leaves
     nothing behind."""
