@@ -177,7 +177,7 @@ class MemoryPlan:
     sequence_length: int
     logits_rows: int
     train: bool
-    allocator_rounding: int = 0  # block rounding the allocator adds (in total)
+    allocator_rounding: int = 0  # what the allocator's blocks add to the requests (in total)
     head_casts: int = 0  # 16-bit models: fp32 head biases and a dt copy of dlogits (in scratch)
     reduce_workspace: int = 0  # partial sums of the deterministic reductions (in scratch)
     precision: str = "fp32"

@@ -20,23 +20,55 @@ static size_t stage_p_bytes(size_t chunk, pxt_dtype dt) {
     return (chunk * pxt_dtype_size(dt) + 255) / 256 * 256;
 }
 
-pxt_adamw_bytes pxt_adamw_state_bytes(size_t numel, int n_tensors, pxt_dtype dt, int ema,
-                                      const pxt_adamw_placement *where) {
-    size_t flat = pxt_alloc_block_size(numel * sizeof(float));
-    size_t ws = pxt_alloc_block_size(PXT_SUMSQ_PARTS * sizeof(double));
+/* The state's buffers, in the order pxt_adamw_init reserves them (the host
+ * pool's first when offloaded, then the norm's workspace on the device). A plan
+ * replays this same list: a block's size depends on the blocks before it. */
+enum { R_M, R_V, R_MASTER, R_EMA, R_SEGMENTS, R_STAGE, R_WORKSPACE, R_COUNT };
+
+typedef struct {
+    int want[R_COUNT];     /* reserved at all */
+    size_t bytes[R_COUNT]; /* requested */
+    int host[R_COUNT];     /* in the host pool */
+} state_requests;
+
+static state_requests requests_of(size_t numel, int n_tensors, pxt_dtype dt, int ema,
+                                  const pxt_adamw_placement *where) {
+    int offload = where && where->offload;
+    size_t fb = numel * sizeof(float);
     size_t segs = (size_t)n_tensors * sizeof(pxt_adamw_segment);
-    pxt_adamw_bytes b;
-    if (where && where->offload) { /* the master always: the device's parameters are 16-bit
-                                      or, in fp32, a copy the host cannot update in place */
-        size_t c = chunk_of(numel, where);
-        b.device = ws;
-        b.host = (3 + (ema != 0)) * flat + pxt_alloc_block_size(2 * segs) +
-                 pxt_alloc_block_size(2 * stage_g_bytes(c) + 2 * stage_p_bytes(c, dt));
-    } else {
-        b.device = (2 + (dt != PXT_FLOAT32) + (ema != 0)) * flat + pxt_alloc_block_size(segs) + ws;
-        b.host = 0;
+    size_t c = chunk_of(numel, where);
+    state_requests r;
+    memset(&r, 0, sizeof r);
+    /* the master always offloaded: the device's parameters are 16-bit or, in fp32,
+     * a copy the host cannot update in place */
+    int want[R_COUNT] = {1, 1, offload || dt != PXT_FLOAT32, ema != 0, 1, offload, 1};
+    size_t bytes[R_COUNT] = {fb,
+                             fb,
+                             fb,
+                             fb,
+                             offload ? 2 * segs : segs,
+                             2 * stage_g_bytes(c) + 2 * stage_p_bytes(c, dt),
+                             PXT_SUMSQ_PARTS * sizeof(double)};
+    for (int i = 0; i < R_COUNT; i++) {
+        r.want[i] = want[i];
+        r.bytes[i] = bytes[i];
+        r.host[i] = offload && i != R_WORKSPACE;
     }
-    return b;
+    return r;
+}
+
+int pxt_adamw_plan(pxt_allocator *dev, pxt_allocator *host, size_t numel, int n_tensors,
+                   pxt_dtype dt, int ema, const pxt_adamw_placement *where, pxt_adamw_bytes *out) {
+    state_requests r = requests_of(numel, n_tensors, dt, ema, where);
+    out->device = out->host = 0;
+    for (int i = 0; i < R_COUNT; i++) {
+        size_t block = 0;
+        if (r.want[i]) {
+            PXT_TRY(pxt_alloc_plan_take(r.host[i] ? host : dev, r.bytes[i], &block));
+        }
+        *(r.host[i] ? &out->host : &out->device) += block;
+    }
+    return PXT_OK;
 }
 
 /* ---- rules ------------------------------------------------------------------------ */
@@ -124,7 +156,7 @@ static size_t chunk_len(const pxt_adamw *o, size_t lo) {
 static int reserve(pxt_adamw *o, pxt_storage **s, size_t nbytes, int host) {
     if (!host) {
         PXT_TRY(pxt_storage_new(o->flat->device, nbytes, s));
-        o->state_bytes += pxt_alloc_block_size(nbytes);
+        o->state_bytes += pxt_block_size((*s)->block); /* what the allocator counts */
         return PXT_OK;
     }
     pxt_allocator *pool = pxt_host_pool(o->flat->device);
@@ -132,7 +164,7 @@ static int reserve(pxt_adamw *o, pxt_storage **s, size_t nbytes, int host) {
         return PXT_ERR_VALUE;
     }
     PXT_TRY(pxt_storage_new_in(pool, nbytes, s));
-    o->host_bytes += pxt_alloc_block_size(nbytes);
+    o->host_bytes += pxt_block_size((*s)->block);
     return PXT_OK;
 }
 
@@ -189,7 +221,6 @@ int pxt_adamw_init(pxt_adamw *o, pxt_flat *f, const pxt_adamw_hparams *h, int em
     o->offload = offload;
     o->chunk = chunk_of(o->n, where);
     size_t fb = o->n * sizeof(float);
-    size_t segs = (size_t)o->n_segments * sizeof(pxt_adamw_segment);
     int d = f->device.index;
     o->decay = calloc((size_t)o->n_segments ? (size_t)o->n_segments : 1, 1);
     if (!o->decay) {
@@ -198,26 +229,14 @@ int pxt_adamw_init(pxt_adamw *o, pxt_flat *f, const pxt_adamw_hparams *h, int em
     for (int i = 0; i < o->n_segments; i++) {
         o->decay[i] = decay ? decay[i] != 0 : f->layout.params[i].decay != 0;
     }
-    /* the order of pxt_adamw_state_bytes; the host pool's blocks first when offloaded */
-    int rc = reserve(o, &o->m, fb, offload);
-    if (rc == PXT_OK) {
-        rc = reserve(o, &o->v, fb, offload);
-    }
-    if (rc == PXT_OK && (offload || f->dt != PXT_FLOAT32)) {
-        rc = reserve(o, &o->master, fb, offload);
-    }
-    if (rc == PXT_OK && ema) {
-        rc = reserve(o, &o->ema, fb, offload);
-    }
-    if (rc == PXT_OK) {
-        rc = reserve(o, &o->segments, offload ? 2 * segs : segs, offload);
-    }
-    if (rc == PXT_OK && offload) {
-        rc = reserve(o, &o->stage, 2 * stage_g_bytes(o->chunk) + 2 * stage_p_bytes(o->chunk, f->dt),
-                     1);
-    }
-    if (rc == PXT_OK) {
-        rc = reserve(o, &o->workspace, PXT_SUMSQ_PARTS * sizeof(double), 0);
+    state_requests r = requests_of(o->n, o->n_segments, f->dt, ema, where);
+    pxt_storage **slot[R_COUNT] = {&o->m,        &o->v,     &o->master,   &o->ema,
+                                   &o->segments, &o->stage, &o->workspace};
+    int rc = PXT_OK;
+    for (int i = 0; i < R_COUNT && rc == PXT_OK; i++) {
+        if (r.want[i]) {
+            rc = reserve(o, slot[i], r.bytes[i], r.host[i]);
+        }
     }
     if (rc == PXT_OK) {
         rc = fill_segments(o);

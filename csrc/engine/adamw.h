@@ -85,8 +85,10 @@ typedef struct {
     long long good_steps;   /* clean steps since the scale last changed */
     long long step;         /* updates applied (skipped steps do not count) */
     int swapped;            /* the model's parameters hold the EMA (swap_ema) */
-    size_t state_bytes;     /* device allocator bytes, added to flat->optimizer_bytes */
-    size_t host_bytes;      /* host pool bytes, added to flat->optimizer_host_bytes */
+    size_t state_bytes;     /* device allocator bytes (its blocks' sizes), added to
+                               flat->optimizer_bytes */
+    size_t host_bytes;      /* host pool bytes (its blocks' sizes), added to
+                               flat->optimizer_host_bytes */
 } pxt_adamw;
 
 /* What one step did. */
@@ -99,12 +101,15 @@ typedef struct {
 
 /* Allocator bytes of an AdamW's state for a flat buffer of numel elements in
  * n_tensors tensors, parameters of dtype dt, with or without an EMA: on the
- * model's device and in the host pool, as pxt_adamw_init reserves them. */
+ * model's device and in the host pool. pxt_adamw_plan replays the requests of
+ * pxt_adamw_init, in its order, through plan allocators (alloc.h) of the
+ * model's device (dev) and of the host pool (host; used only offloaded), which
+ * it leaves holding the state's blocks. */
 typedef struct {
     size_t device, host;
 } pxt_adamw_bytes;
-pxt_adamw_bytes pxt_adamw_state_bytes(size_t numel, int n_tensors, pxt_dtype dt, int ema,
-                                      const pxt_adamw_placement *where);
+int pxt_adamw_plan(pxt_allocator *dev, pxt_allocator *host, size_t numel, int n_tensors,
+                   pxt_dtype dt, int ema, const pxt_adamw_placement *where, pxt_adamw_bytes *out);
 
 /* The rules that keep one step finite (PXT_ERR_VALUE naming `name`, else PXT_OK):
  * lr * weight_decay <= 1, and lr times the bound of Adam's normalised update for

@@ -14,7 +14,14 @@
  *
  * Every stat changes only on success, so a failed request leaves allocated
  * bytes exactly as they were; reserved bytes too, unless the retry released
- * unused segments on the way. */
+ * unused segments on the way.
+ *
+ * A plan allocator (pxt_alloc_plan_new) runs this same code over no memory:
+ * its segments take nothing from a device and its blocks have no addresses
+ * (NULL, or in a copy of a live allocator the live blocks' own, which nothing
+ * dereferences). Where a block lands, whether it splits, and so its size depend
+ * on the free blocks before it, which is why planners replay their requests
+ * here rather than size each block alone. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +68,7 @@ struct pxt_allocator {
     pxt_alloc_stats st;
     long long inject_after; /* -1: off */
     int inject_raw;
+    int plan; /* a plan allocator: no memory, no limit, no device */
 };
 
 static _Thread_local pxt_oom_info last_oom;
@@ -170,7 +178,9 @@ static void segment_release(pxt_allocator *a, pxt_segment *s) {
     if (s->next) {
         s->next->prev = s->prev;
     }
-    if (a->host) {
+    if (a->plan) {
+        /* no memory to give back */
+    } else if (a->host) {
         a->backend->host_free(a->host_index, s->base);
     } else {
         a->backend->raw_free(a->device.index, s->base);
@@ -218,9 +228,10 @@ static int segment_new(pxt_allocator *a, int pool, size_t seg_size) {
     if (!s) {
         return pxt_error(PXT_ERR_OOM, "out of host memory for allocator bookkeeping");
     }
-    void *base = NULL;
-    int rc = a->host ? a->backend->host_alloc(a->host_index, seg_size, &base, &a->pinned)
-                     : a->backend->raw_alloc(a->device.index, seg_size, &base);
+    void *base = NULL; /* a plan's segments have no memory */
+    int rc = a->plan   ? PXT_OK
+             : a->host ? a->backend->host_alloc(a->host_index, seg_size, &base, &a->pinned)
+                       : a->backend->raw_alloc(a->device.index, seg_size, &base);
     if (rc != PXT_OK) {
         free(s);
         return rc;
@@ -266,25 +277,17 @@ static void segment_sizes(int pool, size_t size, size_t out[2]) {
     }
 }
 
-/* A whole segment first. When the budget or the device says no, hand every
- * unused segment back and try again; only then settle for a segment of just
- * the block (near the limit). Trying the small fallback before releasing the
- * cache would pile up tiny segments (one raw allocation per block) while the
- * cache sits on memory that a whole segment could use. */
 /* Whether a free block of block_size splits off the rest after serving size. */
 static int splits(int pool, size_t block_size, size_t size) {
     size_t rest = block_size - size;
     return pool == 0 ? rest >= PXT_ALIGN : rest > PXT_SMALL_SIZE;
 }
 
-size_t pxt_alloc_block_size(size_t nbytes) {
-    size_t size = round_up(nbytes ? nbytes : 1, PXT_ALIGN);
-    int pool = size <= PXT_SMALL_SIZE ? 0 : 1;
-    size_t seg[2];
-    segment_sizes(pool, size, seg);
-    return splits(pool, seg[0], size) ? size : seg[0];
-}
-
+/* A whole segment first. When the budget or the device says no, hand every
+ * unused segment back and try again; only then settle for a segment of just
+ * the block (near the limit). Trying the small fallback before releasing the
+ * cache would pile up tiny segments (one raw allocation per block) while the
+ * cache sits on memory that a whole segment could use. */
 static int grow(pxt_allocator *a, int pool, size_t size) {
     size_t sizes[2];
     segment_sizes(pool, size, sizes);
@@ -318,7 +321,7 @@ static void fmt_bytes(size_t n, char *buf, size_t len) {
 
 /* The device's total once (lock held); the host pool's is the machine's RAM. */
 static void read_total(pxt_allocator *a) {
-    if (!a->device_total) {
+    if (!a->device_total && !a->plan) {
         const pxt_backend *be = a->host ? pxt_backend_for(PXT_CPU) : a->backend;
         pxt_device_props p;
         if (be->device_props(a->host ? 0 : a->device.index, &p) == PXT_OK) {
@@ -403,8 +406,8 @@ int pxt_alloc(pxt_allocator *a, size_t nbytes, pxt_block **out) {
     bin_remove(a, pool, b);
     size_t rest = b->size - size;
     if (splits(pool, b->size, size)) {
-        pxt_block *r = spare_take(a); /* the tail stays free */
-        r->ptr = b->ptr + size;
+        pxt_block *r = spare_take(a);           /* the tail stays free */
+        r->ptr = b->ptr ? b->ptr + size : NULL; /* NULL: a plan's fresh segment */
         r->size = rest;
         r->seg = b->seg;
         r->prev = b;
@@ -468,6 +471,8 @@ void pxt_free(pxt_allocator *a, pxt_block *b) {
 }
 
 void *pxt_block_ptr(const pxt_block *b) { return b->ptr; }
+
+size_t pxt_block_size(const pxt_block *b) { return b ? b->size : 0; }
 
 size_t pxt_empty_cache(pxt_allocator *a) {
     pthread_mutex_lock(&a->lock);
@@ -599,6 +604,144 @@ pxt_allocator *pxt_host_pool(pxt_device user) {
     }
     pthread_mutex_unlock(&registry_lock);
     return a;
+}
+
+/* ---- plans: the same code over no memory ------------------------------------
+ * A copy keeps every segment and block of the live allocator (sizes, order,
+ * which are free) and each bin's list in its order: the lookup takes the first
+ * fitting block of its class in list order, so the order decides where a
+ * request lands. A copied block keeps the live block's address as its
+ * identity (plan_twin finds it by it); a plan never dereferences an address. */
+
+/* The block of plan p copied from the live block b, or NULL. */
+static pxt_block *plan_twin(pxt_allocator *p, const pxt_block *b) {
+    for (pxt_segment *s = p->segments; s; s = s->next) {
+        if (s->base != b->seg->base) {
+            continue;
+        }
+        for (pxt_block *c = s->first; c; c = c->next) {
+            if (c->ptr == b->ptr) {
+                return c;
+            }
+        }
+    }
+    return NULL;
+}
+
+/* Copies from's segments and blocks into the empty plan p (from's lock held). */
+static int plan_copy(pxt_allocator *p, const pxt_allocator *from) {
+    pxt_segment *last = NULL;
+    for (const pxt_segment *s = from->segments; s; s = s->next) {
+        pxt_segment *c = calloc(1, sizeof *c);
+        if (!c) {
+            return pxt_error(PXT_ERR_OOM, "out of host memory for a memory plan");
+        }
+        c->base = s->base;
+        c->size = s->size;
+        c->pool = s->pool;
+        c->prev = last;
+        if (last) {
+            last->next = c;
+        } else {
+            p->segments = c;
+        }
+        last = c;
+        pxt_block *prev = NULL;
+        for (const pxt_block *b = s->first; b; b = b->next) {
+            pxt_block *cb = calloc(1, sizeof *cb);
+            if (!cb) {
+                return pxt_error(PXT_ERR_OOM, "out of host memory for a memory plan");
+            }
+            cb->ptr = b->ptr;
+            cb->size = b->size;
+            cb->requested = b->requested;
+            cb->seg = c;
+            cb->prev = prev;
+            if (prev) {
+                prev->next = cb;
+            } else {
+                c->first = cb;
+            }
+            prev = cb;
+        }
+    }
+    for (int pool = 0; pool < NPOOLS; pool++) {
+        for (int i = 0; i < NBINS; i++) {
+            const pxt_block *b = from->bins[pool][i];
+            while (b && b->fnext) {
+                b = b->fnext;
+            }
+            for (; b; b = b->fprev) { /* tail first: each insert goes to the head */
+                bin_insert(p, pool, plan_twin(p, b));
+            }
+        }
+    }
+    p->st = from->st;
+    p->st.limit_bytes = PXT_NO_LIMIT;
+    return PXT_OK;
+}
+
+pxt_allocator *pxt_alloc_plan_new(pxt_allocator *from) {
+    pxt_allocator *p = allocator_new((pxt_device){PXT_CPU, 0}, NULL);
+    if (!p) {
+        return NULL;
+    }
+    p->plan = 1;
+    if (from) {
+        pthread_mutex_lock(&from->lock);
+        int rc = from->plan ? pxt_error(PXT_ERR_VALUE, "pxt_alloc_plan_new: from is a plan")
+                            : plan_copy(p, from);
+        pthread_mutex_unlock(&from->lock);
+        if (rc != PXT_OK) {
+            pxt_alloc_plan_free(p);
+            return NULL;
+        }
+    }
+    return p;
+}
+
+void pxt_alloc_plan_release(pxt_allocator *p, const pxt_block *live) {
+    pxt_block *twin = p->plan && live ? plan_twin(p, live) : NULL;
+    if (twin && !twin->is_free) {
+        pxt_free(p, twin);
+    }
+}
+
+int pxt_alloc_plan_take(pxt_allocator *p, size_t nbytes, size_t *block) {
+    *block = 0;
+    if (!p->plan) {
+        return pxt_error(PXT_ERR_VALUE, "pxt_alloc_plan_take: not a plan allocator");
+    }
+    if (!nbytes) {
+        return PXT_OK; /* a storage of 0 bytes takes no block */
+    }
+    pxt_block *b = NULL;
+    PXT_TRY(pxt_alloc(p, nbytes, &b));
+    *block = b->size;
+    return PXT_OK;
+}
+
+void pxt_alloc_plan_free(pxt_allocator *p) {
+    if (!p || !p->plan) {
+        return;
+    }
+    while (p->segments) {
+        pxt_segment *s = p->segments;
+        p->segments = s->next;
+        for (pxt_block *b = s->first; b;) {
+            pxt_block *next = b->next;
+            free(b);
+            b = next;
+        }
+        free(s);
+    }
+    while (p->spare) {
+        pxt_block *b = p->spare;
+        p->spare = b->next;
+        free(b);
+    }
+    pthread_mutex_destroy(&p->lock);
+    free(p);
 }
 
 #undef NBINS

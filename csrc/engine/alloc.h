@@ -65,9 +65,10 @@ int pxt_alloc(pxt_allocator *a, size_t nbytes, pxt_block **out);
 void pxt_free(pxt_allocator *a, pxt_block *b);
 void *pxt_block_ptr(const pxt_block *b);
 
-/* The bytes a request of nbytes takes from a fresh segment (allocated_bytes
- * counts blocks: rounding, and large-pool remainders too small to split). */
-size_t pxt_alloc_block_size(size_t nbytes);
+/* The bytes b takes (allocated_bytes counts these: the request rounded up to
+ * PXT_ALIGN, or the whole free block it came from when the rest was too small
+ * to split off). 0 for NULL. */
+size_t pxt_block_size(const pxt_block *b);
 
 /* Returns every wholly free segment to the device; the bytes released. */
 size_t pxt_empty_cache(pxt_allocator *a);
@@ -82,6 +83,30 @@ void pxt_reset_peak(pxt_allocator *a);
 void pxt_inject_oom(pxt_allocator *a, long long after, int raw);
 
 const pxt_oom_info *pxt_last_oom(void);
+
+/* ---- plans -------------------------------------------------------------------
+ * A block's size depends on where it lands: a request is served from the
+ * smallest free block class that holds it, which may be the free rest of an
+ * earlier segment, split there or (a rest too small to keep) taken whole. So a
+ * planner cannot size a buffer alone: it replays the requests that will be
+ * made, in their order, through a plan allocator, which is this allocator's
+ * own code over no memory, and reads the sizes the blocks get. The plan equals
+ * what the live allocator will count when the live one starts in the state the
+ * plan started in, nothing else allocates or frees there in between, and it
+ * takes every segment whole (no limit or full device pushes it to release its
+ * cache or take a segment of just the block; a plan has no limit). */
+
+/* A plan allocator: empty (from NULL: a fresh allocator), or a copy of the live
+ * allocator from's state. NULL (error set) out of host memory. */
+pxt_allocator *pxt_alloc_plan_new(pxt_allocator *from);
+/* In plan p, a copy of a live allocator: frees the copy of its block `live`
+ * (NULL, or a block p does not hold: nothing), as pxt_free would free it there. */
+void pxt_alloc_plan_release(pxt_allocator *p, const pxt_block *live);
+/* Replays a request of nbytes in plan p: *block the bytes it takes, 0 for 0
+ * bytes (a storage of 0 bytes takes no block). */
+int pxt_alloc_plan_take(pxt_allocator *p, size_t nbytes, size_t *block);
+/* Frees a plan allocator (NULL, or a live allocator: nothing). */
+void pxt_alloc_plan_free(pxt_allocator *p);
 
 /* Total memory of the device, from its backend (cached on first call). */
 size_t pxt_allocator_device_total(pxt_allocator *a);

@@ -45,6 +45,15 @@ int pxt_block_model_reserve(pxt_block_model *m, const pxt_block_plan *p) {
     return PXT_OK;
 }
 
+int pxt_block_model_plan_arena(const pxt_block_model *m, pxt_allocator *plan,
+                               const pxt_block_plan *p, size_t *out) {
+    if (m->arena && pxt_block_plan_same(&m->plan, p)) {
+        *out = pxt_block_size(m->arena->block);
+        return PXT_OK;
+    }
+    return pxt_alloc_plan_take(plan, p->arena_bytes, out);
+}
+
 size_t pxt_block_model_release_arena(pxt_block_model *m) {
     size_t n = m->arena ? m->arena->nbytes : 0;
     pxt_storage_clear(&m->arena);

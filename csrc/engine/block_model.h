@@ -48,6 +48,11 @@ void pxt_block_model_free(pxt_block_model *m);
  * still held; when that runs out of memory the old one (a cache) is handed back
  * and the request tried once more. On failure only that cache has changed. */
 int pxt_block_model_reserve(pxt_block_model *m, const pxt_block_plan *p);
+/* The block of p's arena in `plan`, a plan allocator copied from m's device's
+ * allocator (alloc.h), as pxt_block_model_reserve takes it when memory suffices:
+ * m's arena when p is its plan, else p's, reserved while m's is still held. */
+int pxt_block_model_plan_arena(const pxt_block_model *m, pxt_allocator *plan,
+                               const pxt_block_plan *p, size_t *out);
 /* y (in the arena at plan.y) = block(x); the arena must be planned for the shape. */
 int pxt_block_model_forward(pxt_block_model *m, const pxt_block_inputs *in);
 /* dx (at plan.dres), and dcontext (at plan.dcontext) with cross-attention,

@@ -57,6 +57,16 @@ static int upload(pxt_flat *f, float *host, size_t n) {
     return rc;
 }
 
+/* The requests of the two buffers, in the order pxt_flat_init makes them. */
+static size_t params_bytes(size_t n, pxt_dtype dt) { return n * pxt_dtype_size(dt); }
+static size_t grads_bytes(size_t n) { return n * sizeof(float); }
+
+int pxt_flat_plan(pxt_allocator *dev, size_t numel, pxt_dtype dt, size_t *params, size_t *grads) {
+    *params = *grads = 0;
+    PXT_TRY(pxt_alloc_plan_take(dev, params_bytes(numel, dt), params));
+    return pxt_alloc_plan_take(dev, grads_bytes(numel), grads);
+}
+
 int pxt_flat_init(pxt_flat *f, pxt_param_layout *layout, pxt_device dev, pxt_dtype dt,
                   uint64_t seed, float resid_std) {
     memset(f, 0, sizeof *f);
@@ -68,10 +78,10 @@ int pxt_flat_init(pxt_flat *f, pxt_param_layout *layout, pxt_device dev, pxt_dty
     size_t n = f->layout.numel;
     int rc = f->be ? PXT_OK : pxt_error(PXT_ERR_VALUE, "this build has no backend for the device");
     if (rc == PXT_OK) {
-        rc = pxt_storage_new(dev, n * pxt_dtype_size(dt), &f->params);
+        rc = pxt_storage_new(dev, params_bytes(n, dt), &f->params);
     }
     if (rc == PXT_OK) {
-        rc = pxt_storage_new(dev, n * sizeof(float), &f->grads);
+        rc = pxt_storage_new(dev, grads_bytes(n), &f->grads);
     }
     if (rc == PXT_OK) {
         rc = pxt_flat_zero_grad(f);

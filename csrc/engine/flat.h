@@ -38,6 +38,10 @@ typedef struct {
 int pxt_flat_init(pxt_flat *f, pxt_param_layout *layout, pxt_device dev, pxt_dtype dt,
                   uint64_t seed, float resid_std);
 void pxt_flat_free(pxt_flat *f);
+/* Replays pxt_flat_init's requests (the parameters, then the gradients) for
+ * numel elements of dtype dt through plan allocator dev (alloc.h): the bytes of
+ * their blocks there. */
+int pxt_flat_plan(pxt_allocator *dev, size_t numel, pxt_dtype dt, size_t *params, size_t *grads);
 
 int pxt_flat_zero_grad(pxt_flat *f);
 /* Marks f, and its parameter and gradient buffers (whose views then refuse writes),

@@ -80,14 +80,12 @@ int pxt_gpt_plan(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, px
     return rc;
 }
 
-size_t pxt_gpt_fixed_bytes(size_t numel, pxt_dtype dt, int train, size_t optimizer_bytes) {
-    return numel * (pxt_dtype_size(dt) + (train ? sizeof(float) : 0)) + optimizer_bytes;
+size_t pxt_gpt_fixed_bytes(const pxt_gpt_blocks *b, int train) {
+    return b->params + (train ? b->grads + b->opt : 0);
 }
 
-size_t pxt_gpt_total_bytes(size_t numel, pxt_dtype dt, const pxt_plan *p, size_t optimizer_bytes) {
-    size_t params = pxt_alloc_block_size(numel * pxt_dtype_size(dt));
-    size_t grads = p->train ? pxt_alloc_block_size(numel * sizeof(float)) : 0;
-    return params + pxt_alloc_block_size(p->arena_bytes) + grads + optimizer_bytes;
+size_t pxt_gpt_total_bytes(const pxt_gpt_blocks *b, int train) {
+    return pxt_gpt_fixed_bytes(b, train) + b->arena;
 }
 
 size_t pxt_gpt_arena_budget(const pxt_gpt *m) {
@@ -95,7 +93,7 @@ size_t pxt_gpt_arena_budget(const pxt_gpt *m) {
     pxt_alloc_stats s;
     pxt_get_stats(a, &s);
     size_t cap = s.limit_bytes != PXT_NO_LIMIT ? s.limit_bytes : pxt_allocator_device_total(a);
-    size_t used = s.allocated_bytes - (m->arena ? m->arena->nbytes : 0);
+    size_t used = s.allocated_bytes - (m->arena ? pxt_block_size(m->arena->block) : 0);
     return cap > used ? cap - used : 0;
 }
 
@@ -158,6 +156,17 @@ int pxt_gpt_reserve(pxt_gpt *m, pxt_plan *p, int keep_larger) {
     m->plan = *p; /* arrays move over */
     memset(p, 0, sizeof *p);
     return PXT_OK;
+}
+
+int pxt_gpt_plan_arena(const pxt_gpt *m, pxt_allocator *plan, const pxt_plan *p, size_t *out) {
+    if (m->arena && pxt_plan_same(&m->plan, p)) {
+        *out = pxt_block_size(m->arena->block);
+        return PXT_OK;
+    }
+    if (m->arena) {
+        pxt_alloc_plan_release(plan, m->arena->block);
+    }
+    return pxt_alloc_plan_take(plan, p->arena_bytes, out);
 }
 
 size_t pxt_gpt_release_arena(pxt_gpt *m) {

@@ -110,12 +110,24 @@ void pxt_gpt_free(pxt_gpt *m);
  * step reports the shortfall). */
 int pxt_gpt_plan(pxt_plan *p, const pxt_gpt_config *c, const pxt_backend *be, pxt_dtype dt, int B,
                  int Lt, int La, int Nc, int S, int ckpt, int train, size_t budget);
-/* Bytes outside the arena a step needs: parameters, gradients when training,
- * and optimizer state. */
-size_t pxt_gpt_fixed_bytes(size_t numel, pxt_dtype dt, int train, size_t optimizer_bytes);
-/* What the allocator will count for a plan: each buffer a block of a fresh
- * segment (optimizer_bytes already is: pxt_adamw_state_bytes). */
-size_t pxt_gpt_total_bytes(size_t numel, pxt_dtype dt, const pxt_plan *p, size_t optimizer_bytes);
+/* The allocator bytes of a model's buffers and of a step's arena, each its
+ * block's size (what the allocators count): read off the live blocks for what
+ * exists, replayed in order through plan allocators (alloc.h) for what does not. */
+typedef struct {
+    size_t params, grads; /* the flat buffers, on the model's device */
+    size_t opt, opt_host; /* optimizer state: on the device, in the host pool */
+    size_t arena;         /* the step's arena, on the device */
+} pxt_gpt_blocks;
+
+/* Bytes outside the arena a step needs on the device: parameters, gradients
+ * when training, and optimizer state. */
+size_t pxt_gpt_fixed_bytes(const pxt_gpt_blocks *b, int train);
+/* What the device's allocator counts for a step: those and the arena. */
+size_t pxt_gpt_total_bytes(const pxt_gpt_blocks *b, int train);
+/* The block of a step of plan p's arena in `plan`, a plan allocator copied from
+ * m's device's allocator, as pxt_gpt_reserve takes it (keep_larger 0): m's
+ * arena when p is its plan, else p's, reserved once m's arena is freed. */
+int pxt_gpt_plan_arena(const pxt_gpt *m, pxt_allocator *plan, const pxt_plan *p, size_t *out);
 /* Bytes available for this model's arena: the limit (else the device's total)
  * minus what is allocated besides the current arena. */
 size_t pxt_gpt_arena_budget(const pxt_gpt *m);

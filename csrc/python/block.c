@@ -553,9 +553,17 @@ static PyObject *block_estimate(PyObject *op, PyObject *args, PyObject *kwargs) 
                         m->flat.dt);
     size_t pb = m->flat.layout.numel * pxt_dtype_size(m->flat.dt);
     size_t gb = m->flat.layout.numel * sizeof(float);
-    /* what the allocator will count: each buffer as a block of a fresh segment */
+    /* what the allocator counts: the buffers' blocks, and the arena's replayed
+     * through a copy of the allocator it would come from */
+    size_t arena = 0;
+    pxt_allocator *plan = pxt_alloc_plan_new(pxt_allocator_get(m->flat.device));
+    int rc = plan ? pxt_block_model_plan_arena(m, plan, &p, &arena) : PXT_ERR_OOM;
+    pxt_alloc_plan_free(plan);
+    if (rc != PXT_OK) {
+        return pxt_raise(rc);
+    }
     size_t total =
-        pxt_alloc_block_size(pb) + pxt_alloc_block_size(gb) + pxt_alloc_block_size(p.arena_bytes);
+        pxt_block_size(m->flat.params->block) + pxt_block_size(m->flat.grads->block) + arena;
     return Py_BuildValue(
         "{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:s,s:L,s:L,s:L}", "parameters",
         (Py_ssize_t)pb, "gradients", (Py_ssize_t)gb, "inputs", (Py_ssize_t)p.inputs_bytes, "output",

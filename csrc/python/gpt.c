@@ -274,14 +274,14 @@ static PyObject *gpt_write(PyObject *op, PyObject *args) {
 /* ---- plans --------------------------------------------------------------------------- */
 
 /* n_params: elements of the flat buffers (padding included); count: the parameters.
- * opt: the optimizer state's bytes on the device and in the host pool; pinned: the
- * host pool is page-locked (a GPU's). */
+ * b: the blocks the allocators count (the optimizer state's on the device and in the
+ * host pool); pinned: the host pool is page-locked (a GPU's). */
 static PyObject *plan_dict(size_t n_params, size_t count, pxt_dtype dt, const pxt_plan *p,
-                           pxt_adamw_bytes opt, int pinned) {
-    size_t opt_bytes = opt.device;
+                           const pxt_gpt_blocks *b, int pinned) {
+    size_t opt_bytes = b->opt, host_bytes = b->opt_host;
     size_t param_bytes = n_params * pxt_dtype_size(dt);
     size_t grad_bytes = p->train ? n_params * sizeof(float) : 0;
-    size_t total = pxt_gpt_total_bytes(n_params, dt, p, opt_bytes);
+    size_t total = pxt_gpt_total_bytes(b, p->train);
     PyObject *blocks = PyList_New(p->L), *policies = PyList_New(p->L);
     if (!blocks || !policies) {
         Py_XDECREF(blocks);
@@ -320,8 +320,9 @@ static PyObject *plan_dict(size_t n_params, size_t count, pxt_dtype dt, const px
         "cond_frames", q->S, "conditioning_policy", q->S ? pxt_py_ckpt_names[q->policy] : NULL,
         "conditioning_inputs", (Py_ssize_t)q->inputs_bytes, "conditioning_saved",
         (Py_ssize_t)q->saved_bytes, "conditioning_scratch", (Py_ssize_t)q->scratch_bytes,
-        "parameter_count", (Py_ssize_t)count, "host_optimizer", (Py_ssize_t)opt.host, "host_pinned",
-        (Py_ssize_t)(pinned ? opt.host : 0), "host_pageable", (Py_ssize_t)(pinned ? 0 : opt.host));
+        "parameter_count", (Py_ssize_t)count, "host_optimizer", (Py_ssize_t)host_bytes,
+        "host_pinned", (Py_ssize_t)(pinned ? host_bytes : 0), "host_pageable",
+        (Py_ssize_t)(pinned ? 0 : host_bytes));
 }
 
 /* The arena's budget from a budget argument: what is left of it once the
@@ -362,37 +363,49 @@ static PyObject *gpt_estimate(PyObject *op, PyObject *args, PyObject *kwargs) {
         return NULL;
     }
     const pxt_flat *f = &m->flat;
-    /* optimizer=None: what is attached */
-    pxt_adamw_bytes opt = {f->optimizer_bytes, f->optimizer_host_bytes};
+    int want = -1; /* optimizer=None: what is attached */
+    if (opt_arg != Py_None && (want = PyObject_IsTrue(opt_arg)) < 0) {
+        return NULL;
+    }
     int attached = f->optimizer_bytes || f->optimizer_host_bytes;
-    if (opt_arg != Py_None) {
-        int want = PyObject_IsTrue(opt_arg);
-        if (want < 0) {
-            return NULL;
-        }
+    /* what exists is read off its blocks; what a step adds is replayed through
+     * copies of the allocators it would come from */
+    pxt_gpt_blocks b = {pxt_block_size(f->params->block), pxt_block_size(f->grads->block),
+                        f->optimizer_bytes, f->optimizer_host_bytes, 0};
+    pxt_allocator *dev = pxt_alloc_plan_new(pxt_allocator_get(f->device)), *host = NULL;
+    int rc = dev ? PXT_OK : PXT_ERR_OOM;
+    if (rc == PXT_OK && want == 1 && !attached) { /* a default AdamW's */
         pxt_adamw_placement where = {.offload = offload.value};
-        pxt_adamw_bytes none = {0, 0};
-        opt = !want ? none
-              : attached
-                  ? opt
-                  : pxt_adamw_state_bytes(f->layout.numel, f->layout.count, f->dt, 0, &where);
+        pxt_adamw_bytes o = {0, 0};
+        if (offload.value && !(host = pxt_alloc_plan_new(pxt_host_pool(f->device)))) {
+            rc = PXT_ERR_OOM;
+        }
+        if (rc == PXT_OK) {
+            rc = pxt_adamw_plan(dev, host, f->layout.numel, f->layout.count, f->dt, 0, &where, &o);
+        }
+        b.opt = o.device;
+        b.opt_host = o.host;
     }
-    if (!train.value) {
-        opt = (pxt_adamw_bytes){0, 0};
+    if (want == 0 || !train.value) {
+        b.opt = b.opt_host = 0;
     }
-    size_t opt_bytes = opt.device;
     /* without a budget, parameters and gradients are already allocated: the arena gets the rest */
-    size_t avail =
-        budget.a.given
-            ? budget_left(budget.value, pxt_gpt_fixed_bytes(f->layout.numel, f->dt, 1, opt_bytes))
-            : pxt_gpt_arena_budget(m);
+    size_t avail = budget.a.given ? budget_left(budget.value, pxt_gpt_fixed_bytes(&b, 1))
+                                  : pxt_gpt_arena_budget(m);
     pxt_plan p;
-    int rc = pxt_gpt_plan(&p, &m->cfg, f->be, f->dt, (int)B.value, (int)Lt.value, (int)La.value,
+    if (rc == PXT_OK) {
+        rc = pxt_gpt_plan(&p, &m->cfg, f->be, f->dt, (int)B.value, (int)Lt.value, (int)La.value,
                           (int)Nc.value, (int)S.value, ckpt.index, train.value, avail);
+        if (rc == PXT_OK && (rc = pxt_gpt_plan_arena(m, dev, &p, &b.arena)) != PXT_OK) {
+            pxt_plan_free(&p);
+        }
+    }
+    pxt_alloc_plan_free(dev);
+    pxt_alloc_plan_free(host);
     if (rc != PXT_OK) {
         return pxt_raise(rc);
     }
-    PyObject *d = plan_dict(f->layout.numel, pxt_flat_num_parameters(f), f->dt, &p, opt,
+    PyObject *d = plan_dict(f->layout.numel, pxt_flat_num_parameters(f), f->dt, &p, &b,
                             pxt_host_pool_pinned(f->device));
     pxt_plan_free(&p);
     return d;
@@ -449,24 +462,36 @@ static PyObject *py_plan_memory(PyObject *mod, PyObject *args, PyObject *kwargs)
     for (int i = 0; i < layout.count; i++) {
         count += layout.params[i].numel;
     }
-    pxt_adamw_placement where = {.offload = offload.value};
-    pxt_adamw_bytes opt = optimizer && train.value
-                              ? pxt_adamw_state_bytes(n_params, layout.count, dt, 0, &where)
-                              : (pxt_adamw_bytes){0, 0};
-    size_t opt_bytes = opt.device;
+    /* a model not yet built, in allocators that hold nothing yet: its requests
+     * replayed in order (parameters, gradients, optimizer state, the arena) */
+    pxt_gpt_blocks b = {0, 0, 0, 0, 0};
+    pxt_allocator *pd = pxt_alloc_plan_new(NULL), *ph = pxt_alloc_plan_new(NULL);
+    rc = pd && ph ? pxt_flat_plan(pd, n_params, dt, &b.params, &b.grads) : PXT_ERR_OOM;
+    if (rc == PXT_OK && optimizer && train.value) {
+        pxt_adamw_placement where = {.offload = offload.value};
+        pxt_adamw_bytes o = {0, 0};
+        rc = pxt_adamw_plan(pd, ph, n_params, layout.count, dt, 0, &where, &o);
+        b.opt = o.device;
+        b.opt_host = o.host;
+    }
     pxt_param_layout_free(&layout);
-    size_t avail =
-        budget.a.given
-            ? budget_left(budget.value, pxt_gpt_fixed_bytes(n_params, dt, train.value, opt_bytes))
-            : (size_t)-1;
+    size_t avail = budget.a.given ? budget_left(budget.value, pxt_gpt_fixed_bytes(&b, train.value))
+                                  : (size_t)-1;
     pxt_plan p;
-    rc = pxt_gpt_plan(&p, &c, be, dt, (int)B.value, (int)Lt.value, (int)La.value,
-                      Nc.a.given ? (int)Nc.value : c.n_cond, (int)S.value, ckpt.index, train.value,
-                      avail);
+    if (rc == PXT_OK) {
+        rc = pxt_gpt_plan(&p, &c, be, dt, (int)B.value, (int)Lt.value, (int)La.value,
+                          Nc.a.given ? (int)Nc.value : c.n_cond, (int)S.value, ckpt.index,
+                          train.value, avail);
+        if (rc == PXT_OK && (rc = pxt_alloc_plan_take(pd, p.arena_bytes, &b.arena)) != PXT_OK) {
+            pxt_plan_free(&p);
+        }
+    }
+    pxt_alloc_plan_free(pd);
+    pxt_alloc_plan_free(ph);
     if (rc != PXT_OK) {
         return pxt_raise(rc);
     }
-    PyObject *d = plan_dict(n_params, count, dt, &p, opt, pxt_host_pool_pinned(dev.value));
+    PyObject *d = plan_dict(n_params, count, dt, &p, &b, pxt_host_pool_pinned(dev.value));
     pxt_plan_free(&p);
     return d;
 }
