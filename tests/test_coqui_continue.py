@@ -26,7 +26,7 @@ from pyxtts.coqui_checkpoint import read_xtts_checkpoint
 from pyxtts.trainer import model_from_config, optimizer_from_config
 
 fx = pytest.importorskip("fixtures_prepare")
-from helpers import random_batch  # noqa: E402
+from helpers import SEED, random_batch  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("no_limit_no_fault"),
               pytest.mark.skipif(fx.ESPEAK is None, reason="espeak-ng is not installed")]
@@ -293,7 +293,7 @@ def test_a_run_with_one_param_group(coqui_run, tmp_path, weight_decay):
     finally:
         model.config = own
     assert len(opt.param_groups) == 1
-    gen = torch.Generator().manual_seed(5)
+    gen = torch.Generator().manual_seed(SEED)
     for _ in range(2):
         for p in model.xtts.gpt.parameters():
             p.grad = torch.randn(p.shape, generator=gen)

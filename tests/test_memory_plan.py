@@ -29,6 +29,8 @@ import pytest
 import pyxtts
 from pyxtts.config import XTTSConfig
 
+from helpers import make_rng
+
 pytestmark = pytest.mark.usefixtures("check_memory")
 
 B, LT, LA = 2, 16, 24
@@ -66,7 +68,7 @@ CASES = [
 
 
 def _batch(cfg: pyxtts.ModelConfig) -> dict:
-    rng = np.random.default_rng(0)
+    rng = make_rng("memory-plan-batch")
     b = {"text_inputs": rng.integers(0, cfg.text_vocab_size, (B, LT)),
          "text_targets": rng.integers(0, cfg.text_vocab_size, (B, LT)),
          "audio_inputs": rng.integers(0, cfg.audio_vocab_size, (B, LA)),
