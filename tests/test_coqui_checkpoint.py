@@ -325,21 +325,10 @@ def test_export_latest_of_a_run_that_removes_it_meanwhile_takes_the_newest(base,
     and removed step 10 between the export's choosing step 10 and reading it, and the
     export failed on a file it had just found. It takes the run's newest, step 20, and says
     so. A checkpoint named by its path that is missing is still refused."""
-    import pyxtts.coqui_checkpoint
+    from helpers.pruning import save_lands_before_the_read
 
-    cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
     run = tmp_path / "run"
-    pyxtts.save_checkpoint(run / "step_00000010.safetensors", pyxtts.XTTSGPT(cfg, seed=10), step=10)
-    newer = pyxtts.XTTSGPT(cfg, seed=20)
-    real = pyxtts.coqui_checkpoint.read_checkpoint
-
-    def a_save_lands_first(path):
-        if not (run / "step_00000020.safetensors").exists():  # what Trainer.save does with keep_checkpoints 1
-            pyxtts.save_checkpoint(run / "step_00000020.safetensors", newer, step=20)
-            (run / "step_00000010.safetensors").unlink()
-        return real(path)
-
-    monkeypatch.setattr(pyxtts.coqui_checkpoint, "read_checkpoint", a_save_lands_first)
+    newer = save_lands_before_the_read(monkeypatch, pyxtts.ModelConfig.from_xtts_config(base / "config.json"), run)
     out = tmp_path / "o"
     rc = pyxtts.cli.main(["export", "--checkpoint", "latest", "--checkpoint-dir", str(run), "--base", str(base),
                           "--out", str(out)])

@@ -96,20 +96,10 @@ def test_latest_of_a_run_that_removes_it_meanwhile_speaks_the_newest(base, voice
     on a file it had just found. It speaks the run's newest, step 20, as export does, and
     the step it names is the one exported."""
     c = require_coqui()
-    import pyxtts.coqui_checkpoint
+    from helpers.pruning import save_lands_before_the_read
 
-    cfg = pyxtts.ModelConfig.from_xtts_config(base / "config.json")
     run = tmp_path / "run"
-    pyxtts.save_checkpoint(run / "step_00000010.safetensors", pyxtts.XTTSGPT(cfg, seed=10), step=10)
-    newer = pyxtts.XTTSGPT(cfg, seed=20)
-    real = pyxtts.coqui_checkpoint.read_checkpoint
-
-    def a_save_lands_first(path):
-        if not (run / "step_00000020.safetensors").exists():  # what Trainer.save does with keep_checkpoints 1
-            pyxtts.save_checkpoint(run / "step_00000020.safetensors", newer, step=20)
-            (run / "step_00000010.safetensors").unlink()
-        return real(path)
-
+    newer = save_lands_before_the_read(monkeypatch, pyxtts.ModelConfig.from_xtts_config(base / "config.json"), run)
     seen = {}
 
     def child(export_dir, sentences, out_dir, seed):
@@ -119,7 +109,6 @@ def test_latest_of_a_run_that_removes_it_meanwhile_speaks_the_newest(base, voice
         write_wav(out_dir / "0.wav", np.full(240, 0.01, np.float32), 24000)
         return [out_dir / "0.wav"]
 
-    monkeypatch.setattr(pyxtts.coqui_checkpoint, "read_checkpoint", a_save_lands_first)
     monkeypatch.setattr(pyxtts.speak, "speak", child)
     out = tmp_path / "hi.wav"
     rc = pyxtts.cli.main(["speak", "--checkpoint", "latest", "--checkpoint-dir", str(run), "--base", str(base),
