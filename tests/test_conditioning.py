@@ -468,3 +468,11 @@ def test_bad_cond_mels_are_refused_before_any_work(rng):
         pyxtts.ModelConfig(d_model=6, n_heads=2, n_cond_latents=1)
     with pytest.raises(TypeError, match="ModelConfig.conditioning: expected bool"):
         pyxtts.ModelConfig(conditioning=1)
+
+
+def test_a_perceiver_too_large_is_refused_naming_the_rows_it_would_need():
+    """n_cond_latents near 2**31: the refusal's own sum of frames and latents overflowed an
+    int (UBSan reported it; the message said a negative number). The rows are counted in
+    64 bits."""
+    with pytest.raises(ValueError, match=r"\(64 x 2147484164\) is too large"):
+        dataclasses.replace(SMALL, n_cond_latents=2**31 - 1)

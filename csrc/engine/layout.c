@@ -317,10 +317,11 @@ int pxt_gpt_config_check(const pxt_gpt_config *c) {
         /* rows of the encoder (frames) and of the perceiver's keys (latents + frames) */
         if ((int64_t)c->d_model * 4 * ((int64_t)c->max_cond_frames + c->n_cond) > INT32_MAX / 4 ||
             (int64_t)pxt_cond_ff_inner(c->d_model) * 2 * c->n_cond > INT32_MAX / 4) {
-            return pxt_error(PXT_ERR_VALUE,
-                             "ModelConfig: d_model x (max_cond_frames + n_cond_latents) (%d x %d) "
-                             "is too large",
-                             c->d_model, c->max_cond_frames + c->n_cond);
+            return pxt_error(
+                PXT_ERR_VALUE,
+                "ModelConfig: d_model x (max_cond_frames + n_cond_latents) (%d x %lld) "
+                "is too large",
+                c->d_model, (long long)c->max_cond_frames + c->n_cond);
         }
     }
     return PXT_OK;
