@@ -29,7 +29,7 @@ import pytest
 import pyxtts
 from pyxtts.config import XTTSConfig
 
-from helpers import make_rng
+from helpers import make_rng, random_batch
 
 pytestmark = pytest.mark.usefixtures("check_memory")
 
@@ -67,18 +67,6 @@ CASES = [
 ]
 
 
-def _batch(cfg: pyxtts.ModelConfig) -> dict:
-    rng = make_rng("memory-plan-batch")
-    b = {"text_inputs": rng.integers(0, cfg.text_vocab_size, (B, LT)),
-         "text_targets": rng.integers(0, cfg.text_vocab_size, (B, LT)),
-         "audio_inputs": rng.integers(0, cfg.audio_vocab_size, (B, LA)),
-         "audio_targets": rng.integers(0, cfg.audio_vocab_size, (B, LA)),
-         "text_lengths": np.full(B, LT), "audio_lengths": np.full(B, LA)}
-    if cfg.n_cond_latents:
-        b["cond_latents"] = rng.standard_normal((B, cfg.n_cond_latents, cfg.d_model)).astype(np.float32)
-    return b
-
-
 def run_case(case: tuple, fresh: bool) -> list[str]:
     """Builds the case's model and AdamW and runs one forward and backward, comparing every
     plan with the allocators' counts; the mismatches, as text. ``fresh``: the allocators hold
@@ -103,7 +91,7 @@ def run_case(case: tuple, fresh: bool) -> list[str]:
     same("opt.host_state_bytes", opt.host_state_bytes, pyxtts.memory_allocated("host") - host0)
     plan = model.estimate_memory(B, LT, LA)
     pyxtts.reset_peak_memory_stats("cpu")
-    model.forward_backward(_batch(cfg))
+    model.forward_backward(random_batch(make_rng("memory-plan-batch"), cfg, B, LT, LA, full=True))
     dev, host = pyxtts.memory_allocated("cpu") - dev0, pyxtts.memory_allocated("host") - host0
     same("estimate_memory total", plan.total, dev)
     same("estimate_memory total, the step's peak", plan.total, pyxtts.max_memory_allocated("cpu") - dev0)
