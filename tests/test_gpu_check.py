@@ -115,7 +115,7 @@ def test_run_one_cuts_each_limit_to_its_budget_and_skips_what_has_none(tmp_path)
 
 
 def test_pack_puts_every_json_into_one_tar(tmp_path):
-    """The device tool brings back 8 files at most: run ONE's JSON travel in one tar."""
+    """A remote runner may bring back as few as 8 files: run ONE's JSON travel in one tar."""
     import tarfile
     res, out = tmp_path / "res", tmp_path / "out"
     res.mkdir()

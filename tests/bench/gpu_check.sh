@@ -25,7 +25,8 @@
 #      attention 70                                                   => <= 570 s
 # The step limits below add up to these; a step that runs out is killed and reported.
 #
-# With the device tool of this workplace (nothing is fetched there: the wheels travel):
+# On a GPU machine without network access (nothing is fetched there: the wheels travel
+# with the tree):
 #   once, here:  echo /.whl/ >> .git/info/exclude; echo /.gpu/ >> .git/info/exclude
 #                python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #                  --implementation cp --platform manylinux_2_28_x86_64 \
@@ -198,8 +199,8 @@ run_b() {
 # graphs, graphs-recipe, a third attention path) should add 70-95 s.
 # PYXTTS_GPU_CHECK_BUDGET (s, default 585) is the whole run's: each step's limit is cut to
 # what is left, and a step with under 10 s left is reported as not run, so the summary is
-# written before the device tool's own limit (600 s a command) stops everything.
-# The device tool brings back 8 files at most: the log, the summary, results.tar (every
+# written before a remote runner's limit of 600 s a command stops everything.
+# Such a runner may bring back as few as 8 files: the log, the summary, results.tar (every
 # JSON, packed again after each step, so a run stopped early still has what it measured).
 run_one() {
     local R=tests/bench/results run
