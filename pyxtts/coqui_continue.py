@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from pyxtts._files import missing_folders, remove_empty_folders
 from pyxtts.checkpoint import CheckpointError, architecture_diffs, flat_offsets, save_checkpoint
 from pyxtts.coqui_checkpoint import XTTSCheckpoint, plain, read_xtts_checkpoint
 from pyxtts.coqui_config import coqui_decay
@@ -231,12 +232,11 @@ def continue_xtts_run(pth_path: str | os.PathLike, config: Any) -> dict:
     folder = Path(config.training.checkpoint_dir)
     _check_folder(folder)
     ck = read_xtts_checkpoint(pth_path)
-    made = not folder.exists()
+    made = missing_folders(folder)
     try:
         path, info = _write_continued(ck, config, folder)
     except BaseException:
-        if made and folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
+        remove_empty_folders(made)  # the checkpoint_dir and the parents made for it
         raise
     finally:
         ck.file.close()

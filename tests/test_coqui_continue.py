@@ -457,3 +457,18 @@ def test_the_cli_refuses_continue_without_a_coqui_run(coqui_run, tmp_path, capsy
                             "--checkpoint-dir", str(ck_dir), "--no-progress"]) == 2
     assert "nowhere" in capsys.readouterr().err
     assert not ck_dir.exists()
+
+
+def test_a_failed_write_takes_back_the_folders_it_made(coqui_run, tmp_path, monkeypatch):
+    """A checkpoint_dir whose parents are missing too: a write that fails (a full disk)
+    leaves none of the folders made for it, as export and speak leave none."""
+    import pyxtts.coqui_continue
+
+    def full(path, *args, **kwargs):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(pyxtts.coqui_continue, "save_checkpoint", full)
+    config = continue_config(coqui_run, tmp_path / "a" / "b" / "ck")
+    with pytest.raises(OSError, match="No space left"):
+        pyxtts.continue_xtts_run(coqui_run.folder / f"checkpoint_{CHECKPOINT}.pth", config)
+    assert not (tmp_path / "a").exists()
